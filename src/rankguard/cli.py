@@ -1,0 +1,56 @@
+"""The ``rankguard`` command: ``rankguard run ...`` (the launcher).
+
+Exit codes (stable, documented in the README): 0 every rank succeeded; 1 a rank failed (raised,
+exited non-zero, was killed) and restarts ran out; 2 bad usage, nothing started; 3 a rank hung
+and restarts ran out; 130 / 143 the launcher received SIGINT / SIGTERM.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from .errors import UsageError
+
+USAGE = """usage: rankguard run [options] SCRIPT [ARGS...]
+       rankguard run [options] -m MODULE [ARGS...]
+
+Commands:
+  run    launch a torch.distributed job on this node, protected against hangs
+         (rankguard run --help for its options)"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "--version":
+        from . import __version__
+
+        print(f"rankguard {__version__}")
+        return 0
+    if command != "run":
+        print(f"rankguard: unknown command {command!r} (commands: run; see rankguard --help)",
+              file=sys.stderr)
+        return 2
+    return _run(rest)
+
+
+def _run(argv: list[str]) -> int:
+    from .launcher import cli as run_cli
+    from .launcher import store
+
+    try:
+        config = run_cli.parse(argv)
+        sock = store.reserve_port(config.master_addr, config.master_port)
+    except UsageError as exc:
+        print(f"rankguard run: error: {exc}", file=sys.stderr)
+        return 2
+    from .launcher.agent import Launcher
+
+    return Launcher(config, sock).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

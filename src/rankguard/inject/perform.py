@@ -1,0 +1,125 @@
+"""Performing injected faults for real, inside the rank they target.
+
+The rank's bootstrap builds one :class:`Injector` from the specs in its environment. Faults tied
+to a moment of the program (``start``, ``init``, ``opN``) run in the main thread at that moment;
+faults tied to a time run from a timer thread, and those that must act in the main thread (hang,
+slow, raise) reach it through a Python-level interrupt of the main thread.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import signal
+import sys
+import threading
+import time
+
+from .spec import FaultSpec, InjectedFault
+
+# A signal number whose Python handler performs main-thread faults. Only its Python handler is
+# used, through _thread.interrupt_main: no signal is ever sent to the process.
+_MAIN_THREAD_SIGNAL = signal.SIGUSR2
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _busy_python(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def _busy_holding_gil(seconds: float) -> None:
+    # sum() over a range runs in C without ever releasing the GIL; calibrate its speed first.
+    n = 2_000_000
+    start = time.perf_counter()
+    sum(range(n))
+    rate = n / max(time.perf_counter() - start, 1e-6)
+    sum(range(int(min(seconds * rate, 2**62))))
+
+
+def perform(spec: FaultSpec) -> None:
+    """Carry out ``spec`` now, in the calling thread. Returns only for ``slow`` and ``gil``."""
+    print(f"rankguard: injecting {spec.text}", file=sys.stderr, flush=True)
+    kind = spec.kind
+    if kind == "crash":
+        _flush()
+        os._exit(int(spec.arg or 1))
+    if kind == "raise":
+        raise InjectedFault(f"fault injected by --inject {spec.text}")
+    if kind in ("kill", "term", "stop"):
+        _flush()
+        sig = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "stop": signal.SIGSTOP}[kind]
+        os.kill(os.getpid(), sig)
+        if kind == "stop":
+            return  # resumed by SIGCONT: carry on as if nothing happened
+        time.sleep(3600)  # a rank that handles SIGTERM itself: wait for it to act
+        return
+    if kind == "hang":
+        while True:
+            time.sleep(3600)
+    if kind == "slow":
+        _busy_python(float(spec.arg or 0))
+        return
+    if kind == "gil":
+        _busy_holding_gil(float(spec.arg) if spec.arg is not None else 1e9)
+        return
+    raise AssertionError(f"unhandled fault kind {kind}")  # parse() admits only known kinds
+
+
+class Injector:
+    """The faults that apply to this rank in this attempt, and the hooks that trigger them."""
+
+    def __init__(self, specs: list[FaultSpec], rank: int, attempt: int) -> None:
+        mine = [s for s in specs if s.applies_to(rank, attempt)]
+        self._start = [s for s in mine if s.at == "start"]
+        self._init = [s for s in mine if s.at == "init"]
+        self._by_op = {s.op: s for s in mine if s.at == "op"}
+        self._timed = [s for s in mine if s.at == "time"]
+        self.active = bool(mine)
+
+    def at_start(self) -> None:
+        """Run ``at=start`` faults and arm the timed ones (timer threads, daemonic)."""
+        for spec in self._start:
+            perform(spec)
+        if self._timed:
+            signal.signal(_MAIN_THREAD_SIGNAL, self._on_main_thread_interrupt)
+        for spec in self._timed:
+            timer = threading.Timer(spec.seconds, self._fire_timed, args=(spec,))
+            timer.daemon = True
+            timer.start()
+
+    def at_init(self) -> None:
+        for spec in self._init:
+            perform(spec)
+
+    def before_op(self, seq: int) -> None:
+        """Called before the ``seq``-th collective of the default group (1-based)."""
+        spec = self._by_op.get(seq)
+        if spec is not None:
+            perform(spec)
+
+    @property
+    def has_op_faults(self) -> bool:
+        return bool(self._by_op)
+
+    _pending: FaultSpec | None = None
+
+    def _fire_timed(self, spec: FaultSpec) -> None:
+        if spec.kind in ("hang", "slow", "raise"):
+            self._pending = spec
+            _thread.interrupt_main(_MAIN_THREAD_SIGNAL)
+        else:
+            perform(spec)
+
+    def _on_main_thread_interrupt(self, signum: int, frame: object) -> None:
+        spec, self._pending = self._pending, None
+        if spec is not None:
+            perform(spec)

@@ -1,0 +1,60 @@
+"""The journal: one JSON object per line for every fault, decision and timing of a run.
+
+Summaries, reports and tests read the journal, never log text. Every event has ``event`` (its
+name), ``ts`` (wall-clock seconds since the epoch) and ``run_id``; the other fields depend on the
+event and are listed in the README ("Journal events"). Names and fields are a stable interface:
+add fields, never rename or remove them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Iterator
+
+EVENTS = (
+    "run_start",
+    "attempt_start",
+    "rank_start",
+    "rank_exit",
+    "first_step",
+    "straggler",
+    "hang_detected",
+    "stacks",
+    "escalate",
+    "restart",
+    "leftover",
+    "run_end",
+)
+
+
+class Journal:
+    """Appends events to a JSON-lines file, flushed after each event."""
+
+    def __init__(self, path: str, run_id: str) -> None:
+        self.path = path
+        self.run_id = run_id
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self._file = open(path, "a", buffering=1)  # noqa: SIM115 (closed by close())
+
+    def write(self, event: str, **fields: Any) -> dict[str, Any]:
+        """Append one event and return it. ``event`` must be one of :data:`EVENTS`."""
+        if event not in EVENTS:
+            raise ValueError(f"unknown journal event {event!r}")
+        record = {"event": event, "ts": round(time.time(), 6), "run_id": self.run_id, **fields}
+        self._file.write(json.dumps(record, default=str) + "\n")
+        return record
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read(path: str) -> Iterator[dict[str, Any]]:
+    """The events of a journal file, in order (a torn last line is skipped)."""
+    with open(path) as f:
+        for line in f:
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue

@@ -1,0 +1,274 @@
+"""The launcher's agent: runs attempts, watches them, tears them down, restarts, exits.
+
+One attempt:
+
+1. start every rank (``group``), then host the store (the first time) while they import torch;
+2. wait on events (rank exits, output, signals to the launcher) with a tick of ``TICK_S`` for
+   reading ledgers (``monitor``): a death is seen within milliseconds, a hang within
+   ``--hang-timeout`` plus one tick;
+3. on the first fault: capture stacks, stop the ranks (``teardown``), verify nothing is left;
+4. classify outcomes (``outcome``), journal them, then restart or return the exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import ledger as _ledger
+from ..journal import Journal
+from ..proctree import MARKER
+from . import store as _store
+from . import guardian, teardown
+from .config import RunConfig
+from .group import Rank, RankGroup
+from .monitor import HangMonitor, Verdict
+from .outcome import Fault, RankOutcome, classify, fault_of, raised_fault, signal_name
+from .summary import AttemptReport, render
+
+TICK_S = 0.2
+EXIT_OK = 0
+EXIT_RANK_FAILED = 1
+EXIT_USAGE = 2
+EXIT_HUNG = 3
+_SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+@dataclass
+class _Attempt:
+    """What happened in one attempt."""
+
+    fault: Fault | None = None
+    hang: Verdict | None = None
+    outcomes: list[RankOutcome] = field(default_factory=list)
+    report: AttemptReport | None = None
+    first_step_at: float | None = None
+
+
+class Launcher:
+    """Runs ``config`` to the end; ``run()`` returns the process exit code."""
+
+    def __init__(self, config: RunConfig, listen_socket: socket.socket) -> None:
+        self.config = config
+        self._socket = listen_socket
+        self._port = listen_socket.getsockname()[1]
+        self._token = uuid.uuid4().hex
+        self._journal = Journal(config.journal_path, config.run_id)
+        self._store: Any = None
+        self._signal: int | None = None
+        self._wakeup_r, self._wakeup_w = os.pipe()
+        self._guardian: subprocess.Popen[bytes] | None = None
+
+    def run(self) -> int:
+        self._install_signal_handlers()
+        self._start_guardian()
+        cfg = self.config
+        self._journal.write("run_start", nproc=cfg.nproc, command=list(cfg.command),
+                            max_restarts=cfg.max_restarts, hang_timeout=cfg.hang_timeout,
+                            straggler_timeout=cfg.straggler_timeout, grace=cfg.grace,
+                            master_port=self._port, log_dir=cfg.log_dir,
+                            injections=[s.text for s in cfg.injections])
+        reports: list[AttemptReport] = []
+        restart_s: list[float] = []
+        last_fault: Fault | None = None
+        attempt_result = _Attempt()
+        try:
+            for attempt in range(cfg.max_restarts + 1):
+                if attempt:
+                    self._journal.write("restart", attempt=attempt,
+                                        root_cause=last_fault.describe() if last_fault else None)
+                    print(f"rankguard: restarting (attempt {attempt} of {cfg.max_restarts})",
+                          file=sys.stderr, flush=True)
+                attempt_result = self._run_attempt(attempt)
+                assert attempt_result.report is not None
+                reports.append(attempt_result.report)
+                if last_fault is not None and attempt_result.first_step_at is not None:
+                    restart_s.append(attempt_result.first_step_at - last_fault.at)
+                last_fault = attempt_result.fault
+                if last_fault is None or last_fault.kind == "launcher_signal":
+                    break
+        finally:
+            self._stop_guardian()
+        fault = attempt_result.fault
+        if fault is None:
+            status, code = "succeeded", EXIT_OK
+        elif fault.kind == "launcher_signal":
+            assert self._signal is not None
+            status, code = "was interrupted", _SIGNAL_EXIT.get(self._signal, 128 + self._signal)
+        else:
+            status = "failed"
+            code = EXIT_HUNG if fault.kind == "hung" else EXIT_RANK_FAILED
+        root = next((r.root_cause for r in reports if r.root_cause), None)
+        self._journal.write("run_end", status=status.split()[-1], exit_code=code,
+                            root_cause=root, attempts=len(reports))
+        self._journal.close()
+        print(render(cfg.run_id, status, code, reports, cfg.log_dir, cfg.journal_path,
+                     restart_s), file=sys.stderr, flush=True)
+        return code
+
+    # -- one attempt -------------------------------------------------------------------------
+
+    def _run_attempt(self, attempt: int) -> _Attempt:
+        cfg = self.config
+        result = _Attempt()
+        group = RankGroup.start(cfg, attempt, self._token, self._port)
+        started = time.monotonic()
+        self._journal.write("attempt_start", attempt=attempt)
+        for member in group.ranks:
+            self._journal.write("rank_start", attempt=attempt, rank=member.rank, pid=member.pid)
+        if self._store is None:
+            self._store = _store.host(self._socket, cfg.master_addr)
+        group.add_reader(self._wakeup_r, self._drain_wakeup)
+        monitor = HangMonitor(cfg.nproc, cfg.hang_timeout, cfg.straggler_timeout)
+        readers = {m.rank: _ledger.LedgerReader(m.ledger_path) for m in group.ranks}
+        for member in group.ranks:
+            monitor.watch(member.rank, member.pid, readers[member.rank], member.started_at)
+        try:
+            self._watch(group, monitor, readers, result, started)
+            report = AttemptReport(attempt, [], None)
+            teardown_at = None
+            if result.fault is not None:
+                report.detect_s = time.monotonic() - result.fault.at
+                if group.live():
+                    report.stacks = teardown.capture_stacks(group, monitor)
+                if result.hang is not None:
+                    self._journal.write(
+                        "hang_detected", attempt=attempt, blamed=list(result.hang.blamed),
+                        waiting=list(result.hang.waiting), op=result.hang.op,
+                        seq=result.hang.seq, waited_s=result.hang.waited_s,
+                        reason=result.hang.reason, stacks=report.stacks)
+                    report.verdict = result.hang.describe()
+                elif report.stacks:
+                    self._journal.write("stacks", attempt=attempt, stacks=report.stacks)
+                teardown_at = time.monotonic()
+                teardown.stop_ranks(group, self._journal, cfg.grace, result.fault.kind)
+                report.stop_s = time.monotonic() - result.fault.at
+            group.drain_output(time.monotonic() + 1.0)
+        finally:
+            teardown.stop_ranks(group, self._journal, 0.0, "launcher_exit")  # no-op when done
+            group.close()
+        teardown.sweep(self._token, self._journal, attempt)
+        last = {rank: reader.read() for rank, reader in readers.items()}
+        for reader in readers.values():
+            reader.close()
+        result.outcomes = classify(group.ranks, last, result.fault, result.hang, teardown_at)
+        for outcome in result.outcomes:
+            self._journal.write("rank_exit", attempt=attempt, **outcome.as_dict())
+        report.outcomes = result.outcomes
+        report.root_cause = result.fault.describe() if result.fault else None
+        if result.first_step_at is not None:
+            report.first_step_s = result.first_step_at - started
+        result.report = report
+        return result
+
+    def _watch(self, group: RankGroup, monitor: HangMonitor,
+               readers: dict[int, _ledger.LedgerReader], result: _Attempt,
+               started: float) -> None:
+        """Handle events until every rank exited cleanly or the first fault."""
+        next_tick = time.monotonic() + TICK_S
+        while group.live() and result.fault is None:
+            exited = group.pump(next_tick - time.monotonic())
+            now = time.monotonic()
+            for member in exited:
+                monitor.unwatch(member.rank)
+                fault = fault_of(member, readers[member.rank].read())
+                if fault is not None and result.fault is None:
+                    result.fault = fault
+                    print(f"rankguard: {fault.describe()}; stopping the other ranks",
+                          file=sys.stderr, flush=True)
+            if self._signal is not None and result.fault is None:
+                result.fault = Fault("launcher_signal", now, None,
+                                     f"the launcher received {signal_name(self._signal)}")
+            if result.fault is not None or now < next_tick:
+                continue
+            next_tick = now + TICK_S
+            self._check_raised(group, readers, result)
+            for verdict in monitor.check(now):
+                self._on_verdict(verdict, result, now)
+            if result.first_step_at is None and self._all_stepped(readers, group):
+                result.first_step_at = now
+                self._journal.write("first_step", attempt=group.attempt,
+                                    since_start_s=round(now - started, 3))
+
+    @staticmethod
+    def _check_raised(group: RankGroup, readers: dict[int, _ledger.LedgerReader],
+                      result: _Attempt) -> None:
+        """A rank whose exception reached the top is failing: act before its slow exit."""
+        for member in group.live():
+            progress = readers[member.rank].read()
+            if progress.fault == _ledger.FAULT_RAISED and result.fault is None:
+                result.fault = raised_fault(member.rank, progress)
+                print(f"rankguard: {result.fault.describe()}; stopping the other ranks",
+                      file=sys.stderr, flush=True)
+
+    def _on_verdict(self, verdict: Verdict, result: _Attempt, now: float) -> None:
+        if not verdict.hung:
+            self._journal.write("straggler", ranks=list(verdict.blamed), op=verdict.op,
+                                seq=verdict.seq, waited_s=verdict.waited_s,
+                                waiting=list(verdict.waiting))
+            print(f"rankguard: straggler: {verdict.describe()}; waiting up to "
+                  f"--straggler-timeout {self.config.straggler_timeout:g} s",
+                  file=sys.stderr, flush=True)
+            return
+        if result.fault is None:
+            result.hang = verdict
+            # the fault began when the peers started waiting, not when we noticed
+            result.fault = Fault("hung", now - verdict.waited_s, None, "hang: " + verdict.describe())
+            print(f"rankguard: hang: {verdict.describe()}", file=sys.stderr, flush=True)
+
+    @staticmethod
+    def _all_stepped(readers: dict[int, _ledger.LedgerReader], group: RankGroup) -> bool:
+        for member in group.ranks:
+            world = readers[member.rank].read().groups[0]
+            if world.done < 2:  # init + one collective
+                return False
+        return True
+
+    # -- signals and the guardian ------------------------------------------------------------
+
+    def _install_signal_handlers(self) -> None:
+        os.set_blocking(self._wakeup_w, False)
+        signal.set_wakeup_fd(self._wakeup_w)
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            if self._signal is None:
+                self._signal = signum
+                print(f"rankguard: received {signal_name(signum)}; stopping all ranks",
+                      file=sys.stderr, flush=True)
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, on_signal)
+
+    def _drain_wakeup(self) -> None:
+        try:
+            os.read(self._wakeup_r, 512)
+        except BlockingIOError:
+            pass
+
+    def _start_guardian(self) -> None:
+        env = {k: v for k, v in os.environ.items() if k != MARKER}
+        self._guardian = subprocess.Popen(
+            [sys.executable, "-m", "rankguard.launcher.guardian", self._token],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True, env=env)
+
+    def _stop_guardian(self) -> None:
+        if self._guardian is None:
+            return
+        assert self._guardian.stdin is not None
+        try:
+            self._guardian.stdin.write(guardian.CLEAN_EXIT)
+            self._guardian.stdin.close()
+        except OSError:
+            pass
+        try:
+            self._guardian.wait(timeout=3.0)
+        except subprocess.TimeoutExpired:
+            self._guardian.kill()
+            self._guardian.wait(timeout=1.0)

@@ -1,0 +1,204 @@
+"""The rank processes of one attempt: starting them, their output, noticing their exits.
+
+Exits are events, not polls: each rank has a pidfd in one selector, beside its output pipes and
+whatever the agent registers (its signal wakeup fd). ``pump(timeout)`` waits for the next event,
+handles it, and returns the ranks that exited.
+
+Each rank runs ``python -m rankguard.runtime.bootstrap`` in its own session (so its process group
+can be signalled as a whole) with torchrun's environment plus rankguard's own variables.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import IO, Callable
+
+from .. import ledger as _ledger
+from ..proctree import MARKER
+from .config import RunConfig
+
+
+@dataclass(eq=False)
+class Rank:
+    """One rank process of an attempt."""
+
+    rank: int
+    proc: subprocess.Popen[bytes]
+    ledger_path: str
+    stacks_path: str
+    log_path: str
+    started_at: float
+    pidfd: int = -1
+    returncode: int | None = None
+    exited_at: float | None = None
+    killed_by_launcher: bool = False  # needed SIGKILL after the grace period
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.returncode is None
+
+
+@dataclass
+class _Stream:
+    rank: int
+    prefix: bytes
+    tee: IO[bytes] | None
+    log: IO[bytes]
+    pending: bytes = b""
+
+
+def rank_env(config: RunConfig, rank: int, attempt: int, token: str, master_port: int,
+             ledger_path: str, stacks_path: str) -> dict[str, str]:
+    """torchrun's environment for ``rank`` plus rankguard's variables."""
+    env = dict(os.environ)
+    world = config.nproc
+    env.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+        GROUP_RANK="0", GROUP_WORLD_SIZE="1", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(world),
+        ROLE_NAME="default", MASTER_ADDR=config.master_addr, MASTER_PORT=str(master_port),
+        TORCHELASTIC_RESTART_COUNT=str(attempt), TORCHELASTIC_MAX_RESTARTS=str(config.max_restarts),
+        TORCHELASTIC_RUN_ID=config.run_id, TORCHELASTIC_USE_AGENT_STORE="True",
+        TORCH_NCCL_ASYNC_ERROR_HANDLING=env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
+        PYTHONUNBUFFERED=env.get("PYTHONUNBUFFERED", "1"),
+        RANKGUARD_LEDGER=ledger_path, RANKGUARD_STACKS=stacks_path,
+        RANKGUARD_ATTEMPT=str(attempt), RANKGUARD_LAUNCHER_PID=str(os.getpid()),
+        RANKGUARD_NAMESPACE=f"/rankguard/{config.run_id}/attempt{attempt}/",
+        RANKGUARD_INJECT=";".join(spec.text for spec in config.injections),
+    )
+    env[MARKER] = token
+    return env
+
+
+@dataclass
+class RankGroup:
+    """All ranks of one attempt and the selector that watches them."""
+
+    config: RunConfig
+    attempt: int
+    dir: str
+    ranks: list[Rank] = field(default_factory=list)
+    selector: selectors.BaseSelector = field(default_factory=selectors.DefaultSelector)
+
+    @classmethod
+    def start(cls, config: RunConfig, attempt: int, token: str, master_port: int) -> "RankGroup":
+        """Create the ledgers and start every rank; returns at once (ranks import in parallel)."""
+        attempt_dir = os.path.join(config.log_dir, f"attempt{attempt}")
+        os.makedirs(attempt_dir, exist_ok=True)
+        group = cls(config, attempt, attempt_dir)
+        for rank in range(config.nproc):
+            group._spawn(rank, token, master_port)
+        return group
+
+    def _spawn(self, rank: int, token: str, master_port: int) -> None:
+        ledger_path = os.path.join(_ledger.default_dir(),
+                                   f"rankguard-{self.config.run_id}-{self.attempt}-{rank}.ledger")
+        _ledger.create(ledger_path, self.config.nproc)
+        stacks_path = os.path.join(self.dir, f"stacks_rank{rank}.txt")
+        log_path = os.path.join(self.dir, f"rank{rank}.log")
+        env = rank_env(self.config, rank, self.attempt, token, master_port, ledger_path,
+                       stacks_path)
+        argv = [sys.executable, "-m", "rankguard.runtime.bootstrap", *self.config.command]
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+        member = Rank(rank, proc, ledger_path, stacks_path, log_path, time.monotonic())
+        member.pidfd = os.pidfd_open(proc.pid)
+        self.selector.register(member.pidfd, selectors.EVENT_READ, ("exit", member))
+        log = open(log_path, "ab")  # noqa: SIM115 (closed when both pipes reach EOF)
+        for pipe, tee in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+            assert pipe is not None
+            os.set_blocking(pipe.fileno(), False)
+            stream = _Stream(rank, f"[rank{rank}]:".encode(),
+                             tee.buffer if self.config.tee else None, log)
+            self.selector.register(pipe, selectors.EVENT_READ, ("out", stream))
+        self.ranks.append(member)
+
+    def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
+        """Wake ``pump`` and call ``callback`` when ``fd`` is readable."""
+        self.selector.register(fd, selectors.EVENT_READ, ("call", callback))
+
+    def live(self) -> list[Rank]:
+        return [member for member in self.ranks if member.alive]
+
+    def pump(self, timeout: float) -> list[Rank]:
+        """Wait up to ``timeout`` s for events, handle them; returns ranks that exited."""
+        exited = []
+        for key, _ in self.selector.select(max(timeout, 0.0)):
+            what, obj = key.data
+            if what == "exit":
+                self._reap(obj, key.fileobj)
+                exited.append(obj)
+            elif what == "out":
+                self._read_output(key.fileobj, obj)
+            else:
+                obj()
+        return exited
+
+    def _reap(self, member: Rank, pidfd: object) -> None:
+        member.returncode = member.proc.wait()
+        member.exited_at = time.monotonic()
+        self.selector.unregister(pidfd)
+        os.close(member.pidfd)
+
+    def _read_output(self, pipe: IO[bytes], stream: _Stream) -> None:
+        try:
+            data = os.read(pipe.fileno(), 1 << 16)
+        except BlockingIOError:
+            return
+        if not data:
+            self.selector.unregister(pipe)
+            pipe.close()
+            if stream.pending:
+                self._emit(stream, stream.pending + b"\n")
+                stream.pending = b""
+            return
+        data = stream.pending + data
+        complete, _, stream.pending = data.rpartition(b"\n")
+        if complete:
+            self._emit(stream, complete + b"\n")
+
+    @staticmethod
+    def _emit(stream: _Stream, data: bytes) -> None:
+        stream.log.write(data)
+        stream.log.flush()
+        if stream.tee is not None:
+            lines = data.splitlines(keepends=True)
+            stream.tee.write(b"".join(stream.prefix + line for line in lines))
+            stream.tee.flush()
+
+    def wait_exits(self, deadline: float) -> None:
+        """Handle events until every rank has exited or ``deadline`` (monotonic) passes."""
+        while self.live():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self.pump(left)
+
+    def drain_output(self, deadline: float) -> None:
+        """Read the rest of the ranks' output (pipes close when the last holder exits)."""
+        while any(key.data[0] == "out" for key in self.selector.get_map().values()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self.pump(min(left, 0.05))
+
+    def close(self) -> None:
+        for key in list(self.selector.get_map().values()):
+            if key.data[0] == "out":
+                key.fileobj.close()
+                key.data[1].log.close()
+        self.selector.close()
+        for member in self.ranks:
+            try:
+                os.unlink(member.ledger_path)
+            except OSError:
+                pass

@@ -1,0 +1,40 @@
+"""The guardian: a small process that outlives a killed launcher and ends the job's processes.
+
+``python -m rankguard.launcher.guardian TOKEN``, started by the launcher in a session of its
+own with a pipe on its stdin. When the pipe closes (the launcher exited, however it died), it
+kills every process carrying the run's marker, sweeping a few times over ``SWEEP_S`` seconds to
+catch processes that were starting. A launcher that finished its own teardown writes
+``CLEAN_EXIT`` first: then one sweep is enough. Without it, SIGKILL to a launcher leaves orphaned ranks
+(measured with torchrun). Ranks also ask for SIGKILL on the launcher's death (PR_SET_PDEATHSIG);
+the guardian catches what that misses: their children, and anything that left their tree.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+from ..proctree import kill_all, with_marker
+
+SWEEP_S = 1.0
+CLEAN_EXIT = b"done"
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    token = sys.argv[1]
+    received = b""
+    while chunk := os.read(0, 4096):
+        received += chunk
+    end = time.monotonic() + (0.0 if received.endswith(CLEAN_EXIT) else SWEEP_S)
+    while True:
+        kill_all(with_marker(token))
+        if time.monotonic() >= end:
+            return
+        time.sleep(0.1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""Stopping the ranks of an attempt: stacks first, then an escalation ladder, each step bounded.
+
+1. **stacks**: every live rank whose stack handler is installed dumps all its threads' Python
+   stacks to its stacks file (SIGUSR1, faulthandler; a stopped rank is continued so the handler
+   runs). Bounded by ``STACKS_BUDGET``.
+2. **term**: SIGTERM to each rank's process group and tree (stopped ones are continued so they
+   receive it); wait up to ``grace`` for the exits, event-driven.
+3. **kill**: SIGKILL to the process trees of the ranks still alive; wait up to ``KILL_BUDGET``.
+4. **verify**: find any process that still carries the run's marker and kill it, journaled as
+   ``leftover``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from .. import proctree
+from ..journal import Journal
+from .group import Rank, RankGroup
+from .monitor import HangMonitor
+
+STACKS_BUDGET = 1.0
+KILL_BUDGET = 2.0
+_SETTLE = 0.05
+
+
+def capture_stacks(group: RankGroup, monitor: HangMonitor, budget: float = STACKS_BUDGET
+                   ) -> dict[int, str]:
+    """Ask every live, ready rank for its stacks; returns rank -> file that holds them."""
+    sizes: dict[Rank, int] = {}
+    snaps = monitor.snapshot()
+    for member in group.live():
+        snap = snaps.get(member.rank)
+        if snap is None or not snap.stacks_ready or snap.fault:
+            continue  # not ready for the signal yet, or already on its way out
+        sizes[member] = _size(member.stacks_path)
+        try:
+            os.kill(member.pid, signal.SIGUSR1)
+            os.kill(member.pid, signal.SIGCONT)
+        except OSError:
+            continue
+    deadline = time.monotonic() + budget
+    waiting = dict(sizes)  # rank -> file size seen last
+    grew_at: dict[Rank, float] = {}
+    while waiting and time.monotonic() < deadline:
+        time.sleep(0.01)
+        now = time.monotonic()
+        for member, seen in list(waiting.items()):
+            if member.proc.poll() is not None:
+                del waiting[member]
+                continue
+            size = _size(member.stacks_path)
+            if size > seen:
+                waiting[member] = size
+                grew_at[member] = now
+            elif member in grew_at and now - grew_at[member] > _SETTLE:
+                del waiting[member]  # written and quiet: the dump is complete
+    return {m.rank: m.stacks_path for m in sizes if _size(m.stacks_path) > 0}
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def stop_ranks(group: RankGroup, journal: Journal, grace: float, reason: str) -> None:
+    """SIGTERM, wait ``grace``, SIGKILL; marks ranks that needed the kill."""
+    live = group.live()
+    if live:
+        journal.write("escalate", step="term", ranks=[m.rank for m in live], reason=reason,
+                      attempt=group.attempt)
+        for member in live:
+            proctree.signal_tree(member.pid, signal.SIGTERM)
+            proctree.signal_tree(member.pid, signal.SIGCONT)
+        group.wait_exits(time.monotonic() + grace)
+    live = group.live()
+    if live:
+        journal.write("escalate", step="kill", ranks=[m.rank for m in live], reason=reason,
+                      attempt=group.attempt)
+        for member in live:
+            member.killed_by_launcher = True
+            proctree.signal_tree(member.pid, signal.SIGKILL)
+            proctree.signal_tree(member.pid, signal.SIGCONT)
+        group.wait_exits(time.monotonic() + KILL_BUDGET)
+
+
+def sweep(token: str, journal: Journal, attempt: int) -> list[str]:
+    """Kill every process still carrying the run's marker; returns their descriptions."""
+    leftovers = proctree.with_marker(token)
+    if not leftovers:
+        return []
+    described = [proctree.describe(pid) for pid in leftovers]
+    proctree.kill_all(leftovers)
+    journal.write("leftover", attempt=attempt, processes=described)
+    return described

@@ -1,0 +1,274 @@
+"""The progress ledger: what each rank is doing, in shared memory, readable by its supervisor.
+
+One small file per rank (under /dev/shm when it exists), mapped into memory by the rank, which
+writes it, and by the supervisor, which reads it without locks or system calls. The rank records
+for each process group it belongs to how many collectives it has entered and how many of them
+completed, the kind of the last one and when. Comparing the ledgers of all ranks tells which
+rank never reached the collective the others wait in (see ``launcher.monitor``).
+
+Writes are plain stores into the mapping, a few hundred nanoseconds each. Readers may see a
+record that is one update old; nothing depends on a consistent snapshot across fields.
+
+Layout (little-endian):
+
+- header, 64 bytes: magic, version, pid, flags, fault kind, fault-in-collective, fault time,
+  start time.
+- ``MAX_GROUPS`` group slots of 64 bytes: group key, member bitmask, is-world, size, entered,
+  done, kind of the last op entered, time of the last enter, time of the last completion.
+
+Sequence numbers: in the world group, entry 1 is ``init_process_group`` and entry ``k + 1`` is
+the ``k``-th collective, so ``seq`` as shown to people (``all_reduce #k``) is ``entered - 1``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import os
+import struct
+import time
+import zlib
+from dataclasses import dataclass
+
+from .errors import LedgerError
+
+MAGIC = 0x52474C31  # "RGL1"
+VERSION = 1
+MAX_GROUPS = 16
+HEADER = struct.Struct("<IIqIIIIdd16x")  # magic version pid flags fault in_coll reserved t_fault t_start
+_OFF_PID, _OFF_FLAGS, _OFF_FAULT, _OFF_T_FAULT, _OFF_T_START = 8, 16, 20, 32, 40
+SLOT = struct.Struct("<QQIIQQI4xdd")
+SLOT_SIZE = 64
+SIZE = HEADER.size + MAX_GROUPS * SLOT_SIZE
+WORLD_SLOT = 0
+
+# header flag bits
+FLAG_BOOTSTRAPPED = 1  # the rank's bootstrap is running
+FLAG_STACKS_READY = 2  # the stack-dump signal handler is installed: safe to send it
+
+# fault kinds recorded by the rank itself
+FAULT_NONE = 0
+FAULT_RAISED = 1
+
+# The kinds of operations, by the name the ledger shows to people.
+OP_NAMES = (
+    "none",
+    "init_process_group",
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_coalesced",
+    "broadcast",
+    "barrier",
+    "reduce",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "send",
+    "recv",
+    "recv_anysource",
+)
+OP_CODES = {name: code for code, name in enumerate(OP_NAMES)}
+
+
+
+def group_key(name: str) -> int:
+    """A stable 64-bit key for a process group name, the same on every rank."""
+    return (zlib.crc32(name.encode()) << 32) | zlib.crc32(name[::-1].encode())
+
+
+def default_dir() -> str:
+    """Where ledgers live: /dev/shm (memory) when it exists, else the temp folder."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") else os.environ.get("TMPDIR", "/tmp")
+
+
+def create(path: str, world_size: int) -> None:
+    """Create a zeroed ledger file for one rank, with the world group in slot 0.
+
+    The supervisor creates it before the rank starts, so it can always be read.
+    """
+    buf = bytearray(SIZE)
+    HEADER.pack_into(buf, 0, MAGIC, VERSION, 0, 0, FAULT_NONE, 0, 0, 0.0, 0.0)
+    members = (1 << world_size) - 1 if world_size <= 64 else 0
+    SLOT.pack_into(buf, HEADER.size, group_key("world"), members, 1, world_size, 0, 0, 0, 0.0, 0.0)
+    with open(path, "wb") as f:
+        f.write(buf)
+
+
+def _map(path: str, writable: bool) -> mmap.mmap:
+    try:
+        fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+    except OSError as exc:
+        raise LedgerError(f"cannot open ledger {path}: {exc.strerror}") from exc
+    try:
+        if os.fstat(fd).st_size != SIZE:
+            raise LedgerError(f"ledger {path} has the wrong size (not written by this rankguard)")
+        access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+        mapping = mmap.mmap(fd, SIZE, access=access)
+    finally:
+        os.close(fd)
+    if HEADER.unpack_from(mapping, 0)[0] != MAGIC:
+        raise LedgerError(f"ledger {path} does not start with the rankguard magic number")
+    return mapping
+
+
+class _SlotWriter:
+    """Writes the entries of one group slot. Used from the rank's threads."""
+
+    __slots__ = ("_buf", "_offset", "_entered", "_done")
+
+    def __init__(self, buf: mmap.mmap, offset: int) -> None:
+        self._buf = buf
+        self._offset = offset
+        self._entered = SLOT.unpack_from(buf, offset)[4]
+        self._done = itertools.count(SLOT.unpack_from(buf, offset)[5] + 1)
+
+    def enter(self, kind: int) -> int:
+        """Record that the rank entered an operation of ``kind``; returns the entry number."""
+        self._entered += 1
+        buf, off = self._buf, self._offset
+        _KIND_TIME.pack_into(buf, off + 40, kind, 0, time.monotonic())
+        _COUNT.pack_into(buf, off + 24, self._entered)
+        return self._entered
+
+    def done(self) -> None:
+        """Record that one more operation of this group completed (any thread)."""
+        n = next(self._done)  # itertools.count is atomic under the GIL
+        _DONE.pack_into(self._buf, self._offset + 56, time.monotonic())
+        _COUNT.pack_into(self._buf, self._offset + 32, n)
+
+    @property
+    def entered(self) -> int:
+        return self._entered
+
+
+_KIND_TIME = struct.Struct("<IId")  # kind, padding, t_enter at slot offset 40
+_DONE = struct.Struct("<d")  # t_done at slot offset 56
+_COUNT = struct.Struct("<Q")  # entered at 24, done at 32
+
+
+class LedgerWriter:
+    """The rank's side of its ledger. Creating one maps the file the supervisor made."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._buf = _map(path, writable=True)
+        self._slots: dict[int, _SlotWriter] = {}
+        self._used = 1
+        for index in range(1, MAX_GROUPS):
+            if SLOT.unpack_from(self._buf, HEADER.size + index * SLOT_SIZE)[0]:
+                self._used = index + 1
+        struct.pack_into("<q", self._buf, _OFF_PID, os.getpid())
+        struct.pack_into("<d", self._buf, _OFF_T_START, time.monotonic())
+
+    def set_flag(self, flag: int) -> None:
+        flags = struct.unpack_from("<I", self._buf, _OFF_FLAGS)[0]
+        struct.pack_into("<I", self._buf, _OFF_FLAGS, flags | flag)
+
+    def record_fault(self, kind: int, in_collective: bool) -> None:
+        """Record that the rank is failing (an exception reached the top), and when."""
+        struct.pack_into("<d", self._buf, _OFF_T_FAULT, time.monotonic())
+        struct.pack_into("<II", self._buf, _OFF_FAULT, kind, int(in_collective))
+
+    def world(self) -> _SlotWriter:
+        return self.slot(WORLD_SLOT)
+
+    def slot(self, index: int) -> _SlotWriter:
+        writer = self._slots.get(index)
+        if writer is None:
+            writer = self._slots[index] = _SlotWriter(self._buf, HEADER.size + index * SLOT_SIZE)
+        return writer
+
+    def add_group(self, name: str, global_ranks: list[int]) -> _SlotWriter | None:
+        """Give a sub-group its slot; None when all slots are taken (the group goes untracked)."""
+        if self._used >= MAX_GROUPS:
+            return None
+        index = self._used
+        self._used += 1
+        members = 0
+        for rank in global_ranks:
+            if rank < 64:
+                members |= 1 << rank
+        SLOT.pack_into(self._buf, HEADER.size + index * SLOT_SIZE, group_key(name), members, 0,
+                       len(global_ranks), 0, 0, 0, 0.0, 0.0)
+        return self.slot(index)
+
+    def in_collective(self) -> bool:
+        """Whether any operation this rank entered has not completed yet."""
+        return any(s.entered > SLOT.unpack_from(self._buf, s._offset)[5]
+                   for s in self._slots.values())
+
+
+@dataclass(frozen=True)
+class GroupProgress:
+    """One group slot of one rank, as read by the supervisor."""
+
+    key: int
+    members: int
+    is_world: bool
+    size: int
+    entered: int
+    done: int
+    kind: str
+    t_enter: float
+    t_done: float
+
+    @property
+    def waiting(self) -> bool:
+        """The rank has entered an operation of this group that has not completed."""
+        return self.entered > self.done
+
+    @property
+    def last_event(self) -> float:
+        return max(self.t_enter, self.t_done)
+
+    def member_ranks(self, world_size: int) -> list[int]:
+        if self.is_world:
+            return list(range(world_size))
+        return [r for r in range(min(world_size, 64)) if self.members >> r & 1]
+
+
+@dataclass(frozen=True)
+class RankProgress:
+    """The whole ledger of one rank at one moment."""
+
+    pid: int
+    flags: int
+    fault: int
+    fault_in_collective: bool
+    t_fault: float
+    t_start: float
+    groups: tuple[GroupProgress, ...]
+
+    @property
+    def stacks_ready(self) -> bool:
+        return bool(self.flags & FLAG_STACKS_READY)
+
+
+class LedgerReader:
+    """The supervisor's read-only view of one rank's ledger."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._buf = _map(path, writable=False)
+
+    def read(self) -> RankProgress:
+        _, _, pid, flags, fault, fault_in_coll, _, t_fault, t_start = HEADER.unpack_from(self._buf, 0)
+        groups = []
+        for index in range(MAX_GROUPS):
+            key, members, is_world, size, entered, done, kind, t_enter, t_done = SLOT.unpack_from(
+                self._buf, HEADER.size + index * SLOT_SIZE)
+            if not key:
+                continue
+            name = OP_NAMES[kind] if kind < len(OP_NAMES) else f"op{kind}"
+            groups.append(GroupProgress(key, members, bool(is_world), size, entered, done, name,
+                                        t_enter, t_done))
+        return RankProgress(pid, flags, fault, bool(fault_in_coll), t_fault, t_start,
+                            tuple(groups))
+
+    def close(self) -> None:
+        self._buf.close()

@@ -1,0 +1,83 @@
+"""Finding and killing every process of a job, however it was started.
+
+A job's processes are found three ways, so that none escapes: the process tree under each rank
+(psutil), each rank's process group, and a marker in the environment (``RANKGUARD_RUN_TOKEN``)
+that every descendant inherits, found by reading ``/proc/*/environ``. The last one also finds
+processes that left their process group or were re-parented to init.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import psutil
+
+MARKER = "RANKGUARD_RUN_TOKEN"
+
+
+def with_marker(token: str) -> list[int]:
+    """PIDs of live processes whose environment carries ``MARKER=token`` (not this process)."""
+    needle = f"{MARKER}={token}\0".encode()
+    found = []
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                data = f.read() + b"\0"
+        except OSError:
+            continue
+        if needle in data:
+            found.append(int(entry))
+    return [pid for pid in found if _alive(pid)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def descendants(pid: int) -> list[int]:
+    """PIDs of every live descendant of ``pid`` (empty when it is gone)."""
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def signal_tree(pid: int, sig: int, *, group: bool = True) -> None:
+    """Send ``sig`` to ``pid``, its descendants and (``group``) its process group; no errors."""
+    targets = [pid, *descendants(pid)]
+    if group:
+        try:
+            os.killpg(pid, sig)
+        except OSError:
+            pass
+    for target in targets:
+        try:
+            os.kill(target, sig)
+        except OSError:
+            pass
+
+
+def kill_all(pids: list[int]) -> None:
+    """SIGKILL each of ``pids`` (and SIGCONT, so that stopped ones die at once); no errors."""
+    for pid in pids:
+        for sig in (signal.SIGKILL, signal.SIGCONT):
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+
+
+def describe(pid: int) -> str:
+    """``pid name: command line`` for reports, or just the pid when it is gone."""
+    try:
+        proc = psutil.Process(pid)
+        return f"{pid} {proc.name()}: {' '.join(proc.cmdline())[:200]}"
+    except psutil.Error:
+        return str(pid)

@@ -1,0 +1,132 @@
+"""The first code a rank runs under ``rankguard run``; then it runs the user's script unchanged.
+
+``python -m rankguard.runtime.bootstrap (SCRIPT | -m MODULE) [ARGS...]``
+
+Before the script starts it:
+
+1. asks the kernel to SIGKILL this rank if the launcher dies (and exits if it already has);
+2. maps the progress ledger the launcher created (``RANKGUARD_LEDGER``);
+3. installs a stack dump of all threads on SIGUSR1 (``faulthandler``: works even while the main
+   thread is inside a C call), written to ``RANKGUARD_STACKS``;
+4. arms the injected faults of this rank and attempt (``RANKGUARD_INJECT``);
+5. instruments ``torch.distributed`` as soon as it is imported (see ``instrument``), without
+   importing torch itself, so that a script that never uses torch pays nothing for it.
+
+An exception that escapes the script is printed as Python would, recorded in the ledger with its
+time (so the launcher can tell the first fault from its victims), and ends the rank with code 1.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import importlib.abc
+import importlib.machinery
+import os
+import runpy
+import signal
+import sys
+import traceback
+from typing import Any
+
+from .. import ledger as _ledger
+from ..inject import perform as _perform
+from ..inject import spec as _spec
+from . import instrument
+
+STACK_SIGNAL = signal.SIGUSR1
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_launcher() -> None:
+    launcher = int(os.environ.get("RANKGUARD_LAUNCHER_PID", "0"))
+    if not launcher:
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != launcher:  # the launcher died before prctl took effect
+        os._exit(1)
+
+
+class _InstrumentOnImport(importlib.abc.MetaPathFinder):
+    """Runs ``instrument.install()`` right after ``torch.distributed`` has been imported."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != "torch.distributed":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        original_exec = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            original_exec(module)
+            instrument.install()
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _prepare(rank: int, attempt: int) -> None:
+    ledger_path = os.environ.get("RANKGUARD_LEDGER")
+    if ledger_path:
+        instrument.state.ledger = _ledger.LedgerWriter(ledger_path)
+        instrument.state.ledger.set_flag(_ledger.FLAG_BOOTSTRAPPED)
+    stacks_path = os.environ.get("RANKGUARD_STACKS")
+    if stacks_path:
+        stacks_file = open(stacks_path, "a")  # noqa: SIM115 (kept open for the process's life)
+        faulthandler.register(STACK_SIGNAL, file=stacks_file, all_threads=True, chain=False)
+        if instrument.state.ledger is not None:
+            instrument.state.ledger.set_flag(_ledger.FLAG_STACKS_READY)
+    instrument.state.namespace = os.environ.get("RANKGUARD_NAMESPACE")
+    injector = _perform.Injector(_spec.decode(os.environ.get("RANKGUARD_INJECT", "")), rank,
+                                 attempt)
+    if injector.active:
+        instrument.state.injector = injector
+    if "torch.distributed" in sys.modules:
+        instrument.install()
+    else:
+        sys.meta_path.insert(0, _InstrumentOnImport())
+    injector.at_start()
+
+
+def _run_user_code(argv: list[str]) -> None:
+    if argv[0] == "-m":
+        module, args = argv[1], argv[2:]
+        sys.argv = [module, *args]
+        sys.path[0] = os.getcwd()
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    else:
+        script, args = argv[0], argv[1:]
+        sys.argv = [script, *args]
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
+        runpy.run_path(script, run_name="__main__")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or (argv[0] == "-m" and len(argv) < 2):
+        print("usage: python -m rankguard.runtime.bootstrap (SCRIPT | -m MODULE) [ARGS...]",
+              file=sys.stderr)
+        sys.exit(2)
+    _die_with_launcher()
+    _prepare(int(os.environ.get("RANK", "0")), int(os.environ.get("RANKGUARD_ATTEMPT", "0")))
+    try:
+        _run_user_code(argv)
+    except SystemExit:
+        raise
+    except BaseException:
+        ledger = instrument.state.ledger
+        if ledger is not None:
+            ledger.record_fault(_ledger.FAULT_RAISED, ledger.in_collective())
+        traceback.print_exc()
+        sys.stderr.flush()
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

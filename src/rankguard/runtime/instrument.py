@@ -1,0 +1,225 @@
+"""Zero-code-change instrumentation of torch.distributed.
+
+``install()`` is called by the rank bootstrap as soon as ``torch.distributed`` is imported. It
+registers a backend, ``rankguard_gloo``, whose process groups are :class:`InstrumentedGroup`:
+a Python subclass of ``ProcessGroup`` that forwards every operation to a real gloo backend and
+records it in the progress ledger. Because the whole process group is that object, every
+collective reaches it: the ones called from Python (``dist.all_reduce``) and the ones
+DistributedDataParallel issues from C++ during backward.
+
+It then patches three functions of ``torch.distributed`` so that user scripts need no change:
+
+- ``init_process_group`` and ``new_group``: the ``gloo`` backend (named, or the default for CPU)
+  becomes ``rankguard_gloo``. Under the launcher, ``init_method="env://"`` (the default) is
+  served by a client of the launcher's store under this attempt's own namespace, so stale keys of
+  an earlier attempt can never meet a later one.
+- ``get_backend`` reports ``gloo`` for those groups, as the script expects.
+
+NCCL groups are left as they are in this version (no GPU to test them here).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from datetime import timedelta
+from typing import Any, Callable
+
+from .. import ledger as _ledger
+
+BACKEND = "rankguard_gloo"
+
+# The names torch.distributed calls on a group object, mapped to the gloo Backend method that
+# implements each and to the ledger's name for it.
+_OPS = {
+    "allreduce": ("allreduce", "all_reduce"),
+    "allreduce_coalesced": ("allreduce_coalesced", "all_reduce_coalesced"),
+    "allgather": ("allgather", "all_gather"),
+    "all_gather_single": ("_allgather_base", "all_gather_into_tensor"),
+    "_allgather_base": ("_allgather_base", "all_gather_into_tensor"),
+    "allgather_coalesced": ("allgather_coalesced", "all_gather_coalesced"),
+    "all_gather_single_coalesced": ("allgather_into_tensor_coalesced", "all_gather_coalesced"),
+    "allgather_into_tensor_coalesced": ("allgather_into_tensor_coalesced", "all_gather_coalesced"),
+    "broadcast": ("broadcast", "broadcast"),
+    "barrier": ("barrier", "barrier"),
+    "reduce": ("reduce", "reduce"),
+    "gather": ("gather", "gather"),
+    "scatter": ("scatter", "scatter"),
+    "reduce_scatter": ("reduce_scatter", "reduce_scatter"),
+    "reduce_scatter_single": ("_reduce_scatter_base", "reduce_scatter_tensor"),
+    "_reduce_scatter_base": ("_reduce_scatter_base", "reduce_scatter_tensor"),
+    "reduce_scatter_single_coalesced": ("reduce_scatter_tensor_coalesced", "reduce_scatter_tensor"),
+    "reduce_scatter_tensor_coalesced": ("reduce_scatter_tensor_coalesced", "reduce_scatter_tensor"),
+    "alltoall": ("alltoall", "all_to_all"),
+    "all_to_all_single": ("alltoall_base", "all_to_all_single"),
+    "alltoall_base": ("alltoall_base", "all_to_all_single"),
+    "send": ("send", "send"),
+    "recv": ("recv", "recv"),
+    "recv_anysource": ("recv_anysource", "recv_anysource"),
+}
+
+
+class _State:
+    """What the rank's runtime knows; set by the bootstrap before the script runs."""
+
+    ledger: _ledger.LedgerWriter | None = None
+    injector: Any = None
+    namespace: str | None = None  # store prefix of this attempt, under the launcher
+    creating_default = threading.local()
+
+
+state = _State()
+
+
+def _make_op(name: str, backend_method: str, op_name: str) -> Callable[..., Any]:
+    code = _ledger.OP_CODES[op_name]
+
+    def op(self: Any, *args: Any, **kwargs: Any) -> Any:
+        slot = self._rankguard_slot
+        if slot is None:
+            return getattr(self._rankguard_backend, backend_method)(*args, **kwargs)
+        if self._rankguard_is_world and state.injector is not None:
+            state.injector.before_op(slot.entered)  # entered - 1 collectives so far, +1 for init
+        slot.enter(code)
+        work = getattr(self._rankguard_backend, backend_method)(*args, **kwargs)
+        try:
+            work.get_future().add_done_callback(self._rankguard_on_done)
+        except RuntimeError:  # a work without a future: count it done once issued
+            slot.done()
+        return work
+
+    op.__name__ = name
+    op.__qualname__ = f"InstrumentedGroup.{name}"
+    op.__doc__ = f"``{op_name}`` on the wrapped backend, recorded in the progress ledger."
+    return op
+
+
+def _group_class() -> type:
+    """Build the ProcessGroup subclass (torch must be imported first)."""
+    import torch
+    from torch.distributed import ProcessGroup
+
+    class InstrumentedGroup(ProcessGroup):
+        """A process group that records every operation in the ledger, then runs it on gloo."""
+
+        def __init__(self, backend: Any, rank: int, size: int, slot: Any, is_world: bool) -> None:
+            super().__init__(rank, size)
+            self._rankguard_backend = backend
+            self._rankguard_slot = slot
+            self._rankguard_is_world = is_world
+            self._rankguard_on_done = (lambda _fut: slot.done()) if slot is not None else None
+            self._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, backend)
+            self._set_default_backend(ProcessGroup.BackendType.GLOO)
+
+        def getBackendName(self) -> str:  # noqa: N802 (torch's name)
+            return "gloo"
+
+    for name, (backend_method, op_name) in _OPS.items():
+        setattr(InstrumentedGroup, name, _make_op(name, backend_method, op_name))
+    return InstrumentedGroup
+
+
+def _create_group(options: Any, backend_options: Any) -> Any:
+    from torch.distributed import ProcessGroupGloo
+
+    backend = ProcessGroupGloo(options.store, options.group_rank, options.group_size,
+                               timeout=options.timeout)
+    backend.options.global_ranks_in_group = list(options.global_ranks_in_group)
+    backend.options.group_name = options.group_id
+    is_world = bool(getattr(state.creating_default, "value", False))
+    slot = None
+    if state.ledger is not None:
+        if is_world:
+            slot = state.ledger.world()
+        else:
+            slot = state.ledger.add_group(options.group_id, list(options.global_ranks_in_group))
+    return _group_class_cached()(backend, options.group_rank, options.group_size, slot, is_world)
+
+
+@functools.cache
+def _group_class_cached() -> type:
+    return _group_class()
+
+
+def _translate(backend: Any) -> Any:
+    """The instrumented backend where plain gloo would serve the group, else ``backend``.
+
+    Mixed specs (``cpu:gloo,cuda:nccl``) stay as they are: a Python process group replaces the
+    whole group, which would drop the NCCL half.
+    """
+    if backend is None:
+        return backend if _cuda_available() else BACKEND
+    return BACKEND if str(backend).lower() == "gloo" else backend
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _attempt_store(timeout: timedelta) -> Any:
+    """A client of the launcher's store, under this attempt's namespace."""
+    from torch.distributed import PrefixStore, TCPStore
+
+    store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                     timeout=timeout)
+    return PrefixStore(state.namespace, store)
+
+
+def install() -> None:
+    """Register the instrumented backend and patch torch.distributed. Idempotent."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    if getattr(dist, "_rankguard_installed", False) or not dist.is_available():
+        return
+    dist.Backend.register_backend(BACKEND, _create_group, extended_api=True, devices=["cpu"])
+
+    original_init = c10d.init_process_group
+    original_new_group = c10d.new_group
+    original_get_backend = c10d.get_backend
+
+    @functools.wraps(original_init)
+    def init_process_group(backend: Any = None, init_method: Any = None, *args: Any,
+                           **kwargs: Any) -> Any:
+        world = state.ledger.world() if state.ledger is not None else None
+        if state.injector is not None:
+            state.injector.at_init()
+        if world is not None:
+            world.enter(_ledger.OP_CODES["init_process_group"])
+        if (state.namespace and kwargs.get("store") is None
+                and init_method in (None, "env://")):
+            timeout = kwargs.get("timeout") or c10d.default_pg_timeout
+            kwargs["store"] = _attempt_store(timeout)
+            kwargs.setdefault("rank", int(os.environ["RANK"]))
+            kwargs.setdefault("world_size", int(os.environ["WORLD_SIZE"]))
+            kwargs["timeout"] = timeout
+            init_method = None
+        state.creating_default.value = True
+        try:
+            return original_init(_translate(backend), init_method, *args, **kwargs)
+        finally:
+            state.creating_default.value = False
+            if world is not None:
+                world.done()
+
+    @functools.wraps(original_new_group)
+    def new_group(*args: Any, **kwargs: Any) -> Any:
+        if len(args) >= 3:
+            args = (*args[:2], _translate(args[2]), *args[3:])
+        elif kwargs.get("backend") is not None:
+            kwargs["backend"] = _translate(kwargs["backend"])
+        return original_new_group(*args, **kwargs)
+
+    @functools.wraps(original_get_backend)
+    def get_backend(group: Any = None) -> Any:
+        name = original_get_backend(group)
+        return dist.Backend("gloo") if name == BACKEND else name
+
+    for module in (dist, c10d):
+        module.init_process_group = init_process_group
+        module.new_group = new_group
+        module.get_backend = get_backend
+    dist._rankguard_installed = True

@@ -1,0 +1,46 @@
+"""The --inject grammar: what parses, and the message for what does not."""
+
+import pytest
+
+from rankguard.errors import UsageError
+from rankguard.inject.spec import decode, encode, parse
+
+
+def test_spec_with_op_moment_parses_kind_rank_and_op():
+    spec = parse("hang:rank=2,at=op30")
+    assert (spec.kind, spec.rank, spec.at, spec.op, spec.attempt) == ("hang", 2, "op", 30, 0)
+
+
+def test_spec_with_argument_time_and_any_attempt_parses():
+    spec = parse("slow:2.5:rank=0,at=1.5s,attempt=any")
+    assert (spec.arg, spec.at, spec.seconds, spec.attempt) == (2.5, "time", 1.5, None)
+    assert spec.applies_to(0, 7) and not spec.applies_to(1, 0)
+
+
+def test_crash_code_and_init_moment_parse():
+    spec = parse("crash:7:rank=1,at=init")
+    assert (spec.arg, spec.at) == (7, "init")
+
+
+def test_encode_decode_round_trip():
+    specs = [parse("kill:rank=1,at=op3"), parse("gil:rank=0,at=start")]
+    assert decode(encode(specs)) == specs
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("explode:rank=1,at=op3", "unknown kind 'explode'"),
+    ("hang:rank=1", "both rank= and at= are required"),
+    ("hang:rank=x,at=op3", "not a rank number"),
+    ("hang:rank=1,at=later", "not start, init, opN"),
+    ("hang:rank=1,at=op0", "counted from op1"),
+    ("slow:rank=1,at=op3", "needs SECONDS"),
+    ("kill:3:rank=1,at=op3", "takes no argument"),
+    ("crash:300:rank=1,at=op3", "out of range"),
+    ("hang:rank=1,at=op3,when=now", "is not rank=, at= or attempt="),
+    ("hang:rank=1,at=op3,attempt=two", "not a number or 'any'"),
+])
+def test_bad_spec_is_rejected_with_a_message_naming_the_problem(text, fragment):
+    with pytest.raises(UsageError) as info:
+        parse(text)
+    assert fragment in str(info.value)
+    assert str(info.value).startswith("--inject:")

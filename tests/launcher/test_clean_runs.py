@@ -1,0 +1,38 @@
+"""Runs without faults: torchrun's environment, instrumentation, exit code 0."""
+
+from tests.conftest import script
+
+
+def test_two_ranks_run_to_success_with_torchrun_environment(run_rankguard):
+    run = run_rankguard(["--nproc-per-node", "2", script("allreduce.py"), "5"])
+    assert run.code == 0, run.stderr
+    for rank in (0, 1):
+        assert f"[rank{rank}]:OK rank={rank} backend=gloo local_rank={rank} world=2 restart=0" \
+            in run.stdout
+    assert run.outcomes() == {0: "ok", 1: "ok"}
+    end = run.event("run_end")
+    assert (end["status"], end["exit_code"], end["root_cause"]) == ("succeeded", 0, None)
+    assert run.event("first_step")["since_start_s"] > 0
+
+
+def test_collectives_reach_the_ledger_including_ddp_from_cpp(run_rankguard, tmp_path):
+    # A DDP step issues its gradient all-reduce from C++; the attempt's first_step event needs
+    # every rank's ledger to show init plus at least one completed collective.
+    run = run_rankguard(["--nproc-per-node", "2", "examples/train.py", "--steps", "3",
+                         "--ckpt-every", "100", "--ckpt-dir", str(tmp_path / "ckpt")])
+    assert run.code == 0, run.stderr
+    assert "done: 3 steps on 2 ranks" in run.stdout
+    run.event("first_step")
+
+
+def test_module_mode_runs_a_module(run_rankguard):
+    run = run_rankguard(["--nproc-per-node", "1", "-m", "tests.scripts.allreduce", "2"])
+    assert run.code == 0, run.stderr
+    assert "OK rank=0 backend=gloo" in run.stdout
+
+
+def test_rank_output_is_kept_in_the_log_dir(run_rankguard):
+    run = run_rankguard(["--nproc-per-node", "2", "--no-tee", script("allreduce.py"), "2"])
+    assert run.code == 0
+    assert "[rank" not in run.stdout
+    assert "OK rank=1" in (run.log_dir / "attempt0" / "rank1.log").read_text()

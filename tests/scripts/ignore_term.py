@@ -1,0 +1,13 @@
+"""Every rank ignores SIGTERM and starts a grandchild; rank 1 then crashes."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+time.sleep(0.5)
+if os.environ["RANK"] == "1":
+    os._exit(5)
+time.sleep(600)

@@ -1,0 +1,45 @@
+"""The shared-memory ledger: what a rank writes is what the supervisor reads."""
+
+import pytest
+
+from rankguard import ledger
+from rankguard.errors import LedgerError
+
+
+def test_writer_entries_are_read_back_per_group(tmp_path):
+    path = str(tmp_path / "r0.ledger")
+    ledger.create(path, world_size=4)
+    writer, reader = ledger.LedgerWriter(path), ledger.LedgerReader(path)
+    world = writer.world()
+    world.enter(ledger.OP_CODES["init_process_group"])
+    world.done()
+    world.enter(ledger.OP_CODES["all_reduce"])
+    sub = writer.add_group("5", [1, 3])
+    sub.enter(ledger.OP_CODES["broadcast"])
+    snap = reader.read()
+    assert snap.pid > 0
+    w, s = snap.groups
+    assert (w.is_world, w.entered, w.done, w.kind, w.waiting) == (True, 2, 1, "all_reduce", True)
+    assert w.member_ranks(4) == [0, 1, 2, 3]
+    assert (s.is_world, s.member_ranks(4), s.kind) == (False, [1, 3], "broadcast")
+    assert writer.in_collective()
+
+
+def test_fault_and_flags_are_recorded(tmp_path):
+    path = str(tmp_path / "r0.ledger")
+    ledger.create(path, world_size=2)
+    writer = ledger.LedgerWriter(path)
+    writer.set_flag(ledger.FLAG_STACKS_READY)
+    writer.record_fault(ledger.FAULT_RAISED, in_collective=True)
+    snap = ledger.LedgerReader(path).read()
+    assert snap.stacks_ready and snap.fault == ledger.FAULT_RAISED and snap.fault_in_collective
+    assert snap.t_fault >= snap.t_start > 0
+
+
+def test_foreign_file_is_refused(tmp_path):
+    path = tmp_path / "junk"
+    path.write_bytes(b"x" * ledger.SIZE)
+    with pytest.raises(LedgerError, match="magic"):
+        ledger.LedgerReader(str(path))
+    with pytest.raises(LedgerError, match="cannot open"):
+        ledger.LedgerReader(str(tmp_path / "missing"))
