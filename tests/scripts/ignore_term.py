@@ -1,4 +1,5 @@
-"""Every rank ignores SIGTERM and starts a grandchild; rank 1 then crashes."""
+"""Every rank ignores SIGTERM and starts a grandchild; rank 1 then crashes (unless
+RANK_NEVER_CRASH is set)."""
 import os
 import signal
 import subprocess
@@ -8,6 +9,7 @@ import time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 time.sleep(0.5)
-if os.environ["RANK"] == "1":
+print("started", flush=True)
+if os.environ["RANK"] == "1" and not os.environ.get("RANK_NEVER_CRASH"):
     os._exit(5)
 time.sleep(600)

@@ -176,6 +176,10 @@ class Launcher:
         while group.live() and result.fault is None:
             exited = group.pump(next_tick - time.monotonic())
             now = time.monotonic()
+            if result.first_step_at is None and self._all_stepped(readers, group):
+                result.first_step_at = now
+                self._journal.write("first_step", attempt=group.attempt,
+                                    since_start_s=round(now - started, 3))
             for member in exited:
                 monitor.unwatch(member.rank)
                 fault = fault_of(member, readers[member.rank].read())
@@ -192,10 +196,6 @@ class Launcher:
             self._check_raised(group, readers, result)
             for verdict in monitor.check(now):
                 self._on_verdict(verdict, result, now)
-            if result.first_step_at is None and self._all_stepped(readers, group):
-                result.first_step_at = now
-                self._journal.write("first_step", attempt=group.attempt,
-                                    since_start_s=round(now - started, 3))
 
     @staticmethod
     def _check_raised(group: RankGroup, readers: dict[int, _ledger.LedgerReader],

@@ -1,0 +1,104 @@
+"""Each kind of rank fault, at the moments that matter, ends bounded and explained.
+
+Bounds here are generous on purpose (they prove boundedness, not speed; bench/ measures speed).
+"""
+
+import pytest
+
+from tests.conftest import script
+
+ALLREDUCE = [script("allreduce.py"), "400", "0.01"]
+
+
+def _stopped_after_fault_s(run):
+    """Seconds from the first rank_exit-worthy event to run_end, from the journal."""
+    return run.event("run_end")["ts"] - run.event("attempt_start")["ts"]
+
+
+@pytest.mark.parametrize("spec, outcome, detail", [
+    ("crash:3:rank=1,at=op5", "exited", "rank 1 exited with code 3"),
+    ("kill:rank=1,at=op5", "signalled", "rank 1 was killed by SIGKILL"),
+    ("term:rank=1,at=op5", "signalled", "rank 1 was killed by SIGTERM"),
+    ("raise:rank=1,at=op5", "raised", "rank 1 raised an exception"),
+    ("kill:rank=0,at=init", "signalled", "rank 0 was killed by SIGKILL"),
+    ("crash:rank=1,at=2.5s", "exited", "rank 1 exited with code 1"),
+    ("raise:rank=0,at=3s", "raised", "rank 0 raised an exception"),
+])
+def test_dying_rank_is_the_root_cause_and_the_others_are_victims(run_rankguard, spec, outcome,
+                                                                 detail):
+    run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "3", "--inject", spec,
+                         *ALLREDUCE])
+    assert run.code == 1, run.stderr
+    faulty = int(spec.split("rank=")[1].split(",")[0])
+    other = 1 - faulty
+    assert run.outcomes() == {faulty: outcome, other: "victim"}
+    assert run.event("run_end")["root_cause"] == detail
+    assert f"root cause: {detail}" in run.stderr
+    escalations = [e for e in run.events if e["event"] == "escalate"]
+    assert all(e["step"] == "term" for e in escalations)  # nobody needed SIGKILL
+
+
+def test_survivors_are_stopped_within_half_a_second_of_a_death(run_rankguard):
+    run = run_rankguard(["--nproc-per-node", "3", "--inject", "kill:rank=2,at=op10", *ALLREDUCE])
+    assert run.code == 1
+    exits = [e for e in run.events if e["event"] == "rank_exit"]
+    assert {e["rank"]: e["outcome"] for e in exits} == {0: "victim", 1: "victim", 2: "signalled"}
+    assert "all ranks stopped" in run.stderr
+    stop_s = float(run.stderr.split("all ranks stopped ")[1].split(" s")[0])
+    assert stop_s < 0.5, run.stderr
+
+
+@pytest.mark.parametrize("spec, reason", [
+    ("hang:rank=1,at=op10", "no_progress"),
+    ("stop:rank=0,at=op10", "stopped"),
+    ("hang:rank=1,at=init", "no_progress"),
+])
+def test_frozen_rank_is_blamed_within_the_hang_budget_with_stacks(run_rankguard, spec, reason):
+    run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "2", "--inject", spec,
+                         *ALLREDUCE])
+    assert run.code == 3, run.stderr
+    blamed = int(spec.split("rank=")[1].split(",")[0])
+    hang = run.event("hang_detected")
+    assert hang["blamed"] == [blamed] and hang["waiting"] == [1 - blamed]
+    assert hang["reason"] == reason
+    if "init" in spec:
+        assert hang["op"] == "init_process_group"
+    else:
+        assert (hang["op"], hang["seq"]) == ("all_reduce", 10)
+    assert 2.0 <= hang["waited_s"] < 2.0 + 1.5
+    assert run.outcomes() == {blamed: "hung", 1 - blamed: "victim"}
+    stacks = (run.log_dir / "attempt0" / f"stacks_rank{blamed}.txt").read_text()
+    assert "Current thread" in stacks or "Thread 0x" in stacks
+    assert "perform" in stacks  # the injected fault's frame: where the rank was stuck
+    assert str(blamed) in hang["stacks"] or blamed in hang["stacks"]
+
+
+def test_busy_rank_is_a_straggler_and_is_not_killed(run_rankguard):
+    run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "1.5", "--straggler-timeout",
+                         "60", "--inject", "slow:5:rank=1,at=op10", script("allreduce.py"), "20"])
+    assert run.code == 0, run.stderr
+    straggler = run.event("straggler")
+    assert straggler["ranks"] == [1] and straggler["seq"] == 10
+    assert not [e for e in run.events if e["event"] == "hang_detected"]
+    assert run.outcomes() == {0: "ok", 1: "ok"}
+
+
+def test_rank_holding_the_gil_is_blamed_only_after_the_straggler_timeout(run_rankguard):
+    run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "1.5", "--straggler-timeout",
+                         "5", "--inject", "gil:rank=1,at=op10", *ALLREDUCE])
+    assert run.code == 3, run.stderr
+    assert run.event("straggler")["ranks"] == [1]
+    hang = run.event("hang_detected")
+    assert hang["blamed"] == [1] and hang["reason"] == "straggler_timeout"
+    assert hang["waited_s"] >= 5.0
+    assert run.event("straggler")["ts"] < hang["ts"]
+
+
+def test_rank_ignoring_sigterm_is_killed_after_grace_with_its_grandchild(run_rankguard):
+    run = run_rankguard(["--nproc-per-node", "2", "--grace", "1", script("ignore_term.py")],
+                        timeout=60)
+    assert run.code == 1
+    assert run.outcomes() == {0: "teardown_timeout", 1: "exited"}
+    steps = [e["step"] for e in run.events if e["event"] == "escalate"]
+    assert steps == ["term", "kill"]
+    # the grandchildren (sleep 600) are gone too: the autouse fixture fails the test otherwise

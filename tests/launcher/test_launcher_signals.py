@@ -1,0 +1,52 @@
+"""Signals to the launcher itself: the same bounded teardown, and nothing outlives it."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from tests.conftest import _processes_with, TEST_ID_VAR, finish, launch, script
+
+
+def _wait_for_ranks(log_dir, n, timeout=30.0):
+    """Until every rank printed its first line (the script is running)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        logs = [log_dir / "attempt0" / f"rank{r}.log" for r in range(n)]
+        if all(p.exists() and p.read_text() for p in logs):
+            return
+        time.sleep(0.05)
+    pytest.fail("ranks did not start")
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_to_launcher_stops_every_rank_within_grace(tmp_path, sig, code):
+    log_dir = tmp_path / "logs"
+    proc = launch(["--nproc-per-node", "2", "--grace", "2", script("sleeper.py")], log_dir)
+    started = time.monotonic()
+    _wait_for_ranks(log_dir, 2)
+    sent = time.monotonic()
+    os.kill(proc.pid, sig)
+    run = finish(proc, log_dir, 30, started)
+    assert run.code == code, run.stderr
+    assert time.monotonic() - sent < 2 + 1 + 1.5  # grace + 1 s, plus process exit slack
+    assert run.outcomes() == {0: "victim", 1: "victim"}
+    assert run.event("run_end")["root_cause"] == f"the launcher received {sig.name}"
+
+
+def test_sigkill_to_launcher_leaves_no_rank_or_grandchild(tmp_path):
+    log_dir = tmp_path / "logs"
+    proc = launch(["--nproc-per-node", "2", script("ignore_term.py")], log_dir,
+                  env={"RANK_NEVER_CRASH": "1"})
+    started = time.monotonic()
+    _wait_for_ranks(log_dir, 2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=10)
+    deadline = time.monotonic() + 5
+    left = _processes_with(TEST_ID_VAR, os.environ[TEST_ID_VAR])
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = _processes_with(TEST_ID_VAR, os.environ[TEST_ID_VAR])
+    assert left == [], "job processes outlived a SIGKILLed launcher"
+    assert time.monotonic() - started < 40
