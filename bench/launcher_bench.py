@@ -1,0 +1,158 @@
+"""rankguard run vs torchrun on the same machine and script: fault handling times.
+
+    python bench/launcher_bench.py [--nproc 4] [--cap 60]
+
+Prints, for each launcher: time from a rank's SIGKILL to every rank process gone; time from a
+rank's SIGSTOP to the hang verdict (torchrun has none: it waits for gloo's 30 min timeout, so we
+stop waiting at --cap); time from the fault to the first completed all-reduce of the restarted
+attempt; restart success over 20 restarts. All from one run, as ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "fault_worker.py")
+RESTARTER = os.path.join(HERE, "..", "tests", "scripts", "restart_until.py")
+
+
+def launcher_cmd(which: str, nproc: int, restarts: int, log_dir: str, extra: list[str]) -> list[str]:
+    if which == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc-per-node={nproc}", f"--max-restarts={restarts}", *extra]
+    return [sys.executable, "-m", "rankguard.cli", "run", "--master-port", "0",
+            "--nproc-per-node", str(nproc), "--max-restarts", str(restarts), "--hang-timeout", "3",
+            "--log-dir", log_dir, "--no-tee", *extra]
+
+
+def pids_alive(pids: list[int]) -> bool:
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ")[1][0] != "Z":
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def read_floats(pattern: str) -> list[float]:
+    values = []
+    for path in glob.glob(pattern):
+        with open(path) as f:
+            values += [float(x) for x in f.read().split()]
+    return values
+
+
+def run_fault(which: str, nproc: int, fault: str, restarts: int, cap: float) -> dict:
+    d = tempfile.mkdtemp(prefix=f"bench-{which}-")
+    env = {**os.environ, "BENCH_DIR": d, "FAULT": fault, "FAULT_RANK": "1", "FAULT_AT": "20",
+           "OMP_NUM_THREADS": "1"}
+    cmd = launcher_cmd(which, nproc, restarts, os.path.join(d, "logs"), [WORKER])
+    start = time.time()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    result: dict = {}
+    while not glob.glob(os.path.join(d, "fault.0")) and time.time() - start < cap:
+        time.sleep(0.005)
+    faults = read_floats(os.path.join(d, "fault.0"))
+    if not faults:
+        result["error"] = "fault never happened"
+    else:
+        t_fault = faults[0]
+        pids = [int(x) for x in read_floats(os.path.join(d, "pid.*.0"))]
+        while pids_alive(pids) and time.time() - t_fault < cap:
+            time.sleep(0.002)
+        gone = time.time()
+        result["stop_s"] = gone - t_fault if not pids_alive(pids) else None
+        if restarts:
+            while time.time() - t_fault < cap:
+                steps = read_floats(os.path.join(d, "step.*.1"))
+                if len(steps) == nproc:
+                    result["restart_first_step_s"] = max(steps) - t_fault
+                    break
+                time.sleep(0.01)
+        journal = os.path.join(d, "logs", "journal.jsonl")
+        if os.path.exists(journal):
+            for line in open(journal):
+                e = json.loads(line)
+                if e["event"] == "hang_detected" and "verdict_s" not in result:
+                    result["verdict_s"] = e["ts"] - t_fault
+    try:
+        proc.wait(timeout=max(1.0, cap - (time.time() - start)))
+    except subprocess.TimeoutExpired:
+        result["launcher_still_running_at_cap"] = True
+    os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
+    for pid in [int(x) for x in read_floats(os.path.join(d, "pid.*.*"))]:
+        for sig in (signal.SIGKILL, signal.SIGCONT):
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+    proc.wait()
+    shutil.rmtree(d, ignore_errors=True)
+    return result
+
+
+def run_restarts(which: str, nproc: int, n: int, cap: float) -> str:
+    d = tempfile.mkdtemp(prefix=f"bench-{which}-r-")
+    cmd = launcher_cmd(which, nproc, n, os.path.join(d, "logs"), [RESTARTER, str(n)])
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        out, _ = proc.communicate(timeout=cap)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return f"hung (killed at {cap:.0f} s)"
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    reached = max([int(x.split("OK attempt=")[1].split()[0]) for x in out.splitlines()
+                   if "OK attempt=" in x] or [-1])
+    ok = proc.returncode == 0 and reached == n
+    return f"{n}/{n} restarts ok" if ok else f"failed (exit {proc.returncode}, last good attempt {reached})"
+
+
+def fmt(value) -> str:
+    return f"{value:.2f} s" if isinstance(value, float) else "none"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--nproc", type=int, default=4)
+    p.add_argument("--cap", type=float, default=60.0)
+    p.add_argument("--restarts", type=int, default=20)
+    args = p.parse_args()
+    rows = []
+    results = {}
+    for which in ("rankguard", "torchrun"):
+        kill = run_fault(which, args.nproc, "kill", 0, args.cap)
+        stop = run_fault(which, args.nproc, "stop", 0, args.cap)
+        restart = run_fault(which, args.nproc, "kill", 1, args.cap)
+        restarts = run_restarts(which, 2, args.restarts, max(args.cap, 300))
+        results[which] = (kill, stop, restart, restarts)
+    rg, tr = results["rankguard"], results["torchrun"]
+    rows.append(("SIGKILL of rank 1 -> all rank processes gone", rg[0].get("stop_s"), tr[0].get("stop_s")))
+    rows.append(("SIGSTOP of rank 1 -> hang verdict", rg[1].get("verdict_s"), tr[1].get("verdict_s")))
+    rows.append(("SIGSTOP of rank 1 -> all rank processes gone", rg[1].get("stop_s"), tr[1].get("stop_s")))
+    rows.append(("SIGKILL -> first all-reduce of restarted attempt", rg[2].get("restart_first_step_s"),
+                 tr[2].get("restart_first_step_s")))
+    print(f"{args.nproc} ranks, gloo, CPU; cap {args.cap:.0f} s (none = not within the cap)")
+    print(f"{'measure':52} {'rankguard':>12} {'torchrun':>12} {'ratio':>8}")
+    for name, a, b in rows:
+        ratio = f"{b / a:.1f}x" if isinstance(a, float) and isinstance(b, float) and a > 0 else "-"
+        print(f"{name:52} {fmt(a):>12} {fmt(b):>12} {ratio:>8}")
+    print(f"{'restart success, 2 ranks, ' + str(args.restarts) + ' restarts':52} {rg[3]:>12} {tr[3]:>12}")
+
+
+if __name__ == "__main__":
+    main()
