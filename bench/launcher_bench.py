@@ -31,7 +31,7 @@ def launcher_cmd(which: str, nproc: int, restarts: int, log_dir: str, extra: lis
                 f"--nproc-per-node={nproc}", f"--max-restarts={restarts}", *extra]
     return [sys.executable, "-m", "rankguard.cli", "run", "--master-port", "0",
             "--nproc-per-node", str(nproc), "--max-restarts", str(restarts), "--hang-timeout", "3",
-            "--log-dir", log_dir, "--no-tee", *extra]
+            "--log-dir", log_dir, *extra]
 
 
 def pids_alive(pids: list[int]) -> bool:
@@ -106,20 +106,44 @@ def run_fault(which: str, nproc: int, fault: str, restarts: int, cap: float) -> 
 def run_restarts(which: str, nproc: int, n: int, cap: float) -> str:
     d = tempfile.mkdtemp(prefix=f"bench-{which}-r-")
     cmd = launcher_cmd(which, nproc, n, os.path.join(d, "logs"), [RESTARTER, str(n)])
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    log = open(os.path.join(d, "out.txt"), "w+")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "BENCH_DIR": d})
     try:
-        out, _ = proc.communicate(timeout=cap)
+        proc.wait(timeout=cap)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        return f"hung (killed at {cap:.0f} s)"
-    finally:
+        proc.wait()
+        orphans = kill_marked(d)  # torchrun's workers outlive it
         shutil.rmtree(d, ignore_errors=True)
+        return f"hung at {cap:.0f} s, {orphans} orphans"
+    log.seek(0)
+    out = log.read()
+    kill_marked(d)
+    shutil.rmtree(d, ignore_errors=True)
     reached = max([int(x.split("OK attempt=")[1].split()[0]) for x in out.splitlines()
                    if "OK attempt=" in x] or [-1])
     ok = proc.returncode == 0 and reached == n
     return f"{n}/{n} restarts ok" if ok else f"failed (exit {proc.returncode}, last good attempt {reached})"
+
+
+def kill_marked(bench_dir: str) -> int:
+    """SIGKILL every process whose environment has BENCH_DIR=bench_dir; returns how many."""
+    needle = f"BENCH_DIR={bench_dir}\0".encode()
+    killed = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle not in f.read() + b"\0":
+                    continue
+            os.kill(int(entry), signal.SIGKILL)
+            killed += 1
+        except OSError:
+            continue
+    return killed
 
 
 def fmt(value) -> str:
