@@ -20,6 +20,8 @@ import sys
 import tempfile
 import time
 
+from rankguard import proctree
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "fault_worker.py")
 RESTARTER = os.path.join(HERE, "..", "tests", "scripts", "restart_until.py")
@@ -130,20 +132,9 @@ def run_restarts(which: str, nproc: int, n: int, cap: float) -> str:
 
 def kill_marked(bench_dir: str) -> int:
     """SIGKILL every process whose environment has BENCH_DIR=bench_dir; returns how many."""
-    needle = f"BENCH_DIR={bench_dir}\0".encode()
-    killed = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle not in f.read() + b"\0":
-                    continue
-            os.kill(int(entry), signal.SIGKILL)
-            killed += 1
-        except OSError:
-            continue
-    return killed
+    pids = proctree.with_env("BENCH_DIR", bench_dir)
+    proctree.kill_all(pids)
+    return len(pids)
 
 
 def fmt(value) -> str:

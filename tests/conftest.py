@@ -25,21 +25,14 @@ ROOT = Path(__file__).parent.parent
 TEST_ID_VAR = "RANKGUARD_TEST_ID"
 
 
-def _processes_with(var: str, value: str) -> list[int]:
-    needle = f"{var}={value}\0".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle in f.read() + b"\0":
-                    with open(f"/proc/{entry}/stat") as s:
-                        if s.read().split(") ")[1][0] != "Z":
-                            found.append(int(entry))
-        except OSError:
-            continue
-    return found
+def wait_until_gone(test_id: str, timeout: float) -> list[int]:
+    """Processes tagged with ``test_id`` still alive after up to ``timeout`` s of waiting."""
+    deadline = time.monotonic() + timeout
+    left = proctree.with_env(TEST_ID_VAR, test_id)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = proctree.with_env(TEST_ID_VAR, test_id)
+    return left
 
 
 @pytest.fixture(autouse=True)
@@ -48,11 +41,7 @@ def no_leftover_processes(monkeypatch: pytest.MonkeyPatch) -> Any:
     test_id = uuid.uuid4().hex
     monkeypatch.setenv(TEST_ID_VAR, test_id)
     yield
-    deadline = time.monotonic() + 3.0
-    left = _processes_with(TEST_ID_VAR, test_id)
-    while left and time.monotonic() < deadline:
-        time.sleep(0.05)
-        left = _processes_with(TEST_ID_VAR, test_id)
+    left = wait_until_gone(test_id, 3.0)
     if left:
         described = [proctree.describe(pid) for pid in left]
         proctree.kill_all(left)

@@ -16,9 +16,9 @@ import psutil
 MARKER = "RANKGUARD_RUN_TOKEN"
 
 
-def with_marker(token: str) -> list[int]:
-    """PIDs of live processes whose environment carries ``MARKER=token`` (not this process)."""
-    needle = f"{MARKER}={token}\0".encode()
+def with_env(var: str, value: str) -> list[int]:
+    """PIDs of live processes whose environment carries ``var=value`` (not this process)."""
+    needle = f"{var}={value}\0".encode()
     found = []
     me = os.getpid()
     for entry in os.listdir("/proc"):
@@ -32,6 +32,11 @@ def with_marker(token: str) -> list[int]:
         if needle in data:
             found.append(int(entry))
     return [pid for pid in found if _alive(pid)]
+
+
+def with_marker(token: str) -> list[int]:
+    """PIDs of live processes of the run whose marker is ``token``."""
+    return with_env(MARKER, token)
 
 
 def _alive(pid: int) -> bool:

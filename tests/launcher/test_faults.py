@@ -10,11 +10,6 @@ from tests.conftest import script
 ALLREDUCE = [script("allreduce.py"), "400", "0.01"]
 
 
-def _stopped_after_fault_s(run):
-    """Seconds from the first rank_exit-worthy event to run_end, from the journal."""
-    return run.event("run_end")["ts"] - run.event("attempt_start")["ts"]
-
-
 @pytest.mark.parametrize("spec, outcome, detail", [
     ("crash:3:rank=1,at=op5", "exited", "rank 1 exited with code 3"),
     ("kill:rank=1,at=op5", "signalled", "rank 1 was killed by SIGKILL"),

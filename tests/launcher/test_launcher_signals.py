@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.conftest import _processes_with, TEST_ID_VAR, finish, launch, script
+from tests.conftest import TEST_ID_VAR, finish, launch, script, wait_until_gone
 
 
 def _wait_for_ranks(log_dir, n, timeout=30.0):
@@ -43,10 +43,6 @@ def test_sigkill_to_launcher_leaves_no_rank_or_grandchild(tmp_path):
     _wait_for_ranks(log_dir, 2)
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=10)
-    deadline = time.monotonic() + 5
-    left = _processes_with(TEST_ID_VAR, os.environ[TEST_ID_VAR])
-    while left and time.monotonic() < deadline:
-        time.sleep(0.05)
-        left = _processes_with(TEST_ID_VAR, os.environ[TEST_ID_VAR])
+    left = wait_until_gone(os.environ[TEST_ID_VAR], 5.0)
     assert left == [], "job processes outlived a SIGKILLed launcher"
     assert time.monotonic() - started < 40
