@@ -8,7 +8,9 @@ processes that left their process group or were re-parented to init.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
 import signal
 
 import psutil
@@ -67,6 +69,28 @@ def signal_tree(pid: int, sig: int, *, group: bool = True) -> None:
             os.kill(target, sig)
         except OSError:
             pass
+
+
+_TGKILL = {"x86_64": 234, "aarch64": 131}.get(platform.machine())
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def signal_main_thread(pid: int, sig: int) -> None:
+    """Send ``sig`` to the main thread of ``pid`` (tgkill), not to whichever thread takes it.
+
+    A process-directed signal may be handled by any thread; a stack dump requested that way
+    from a stopped process can run after its main thread has moved on. Falls back to ``kill``
+    where the syscall number is unknown.
+
+    Raises:
+        ProcessLookupError: ``pid`` does not exist.
+    """
+    if _TGKILL is None:
+        os.kill(pid, sig)
+        return
+    if _libc.syscall(_TGKILL, pid, pid, sig) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
 
 
 def kill_all(pids: list[int]) -> None:

@@ -37,7 +37,8 @@ def capture_stacks(group: RankGroup, monitor: HangMonitor, budget: float = STACK
             continue  # not ready for the signal yet, or already on its way out
         sizes[member] = _size(member.stacks_path)
         try:
-            os.kill(member.pid, signal.SIGUSR1)
+            # to the main thread: a stopped rank then dumps before running any further code
+            proctree.signal_main_thread(member.pid, signal.SIGUSR1)
             os.kill(member.pid, signal.SIGCONT)
         except OSError:
             continue
