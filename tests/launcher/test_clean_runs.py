@@ -36,3 +36,10 @@ def test_rank_output_is_kept_in_the_log_dir(run_rankguard):
     assert run.code == 0
     assert "[rank" not in run.stdout
     assert "OK rank=1" in (run.log_dir / "attempt0" / "rank1.log").read_text()
+
+
+def test_script_that_never_destroys_its_group_exits_cleanly(run_rankguard):
+    # Works still tracked at interpreter exit must not make gloo abort the rank (SIGABRT).
+    run = run_rankguard(["--nproc-per-node", "2", script("allreduce.py"), "3000", "0", "keep"])
+    assert run.code == 0, run.stderr[-2000:]
+    assert run.outcomes() == {0: "ok", 1: "ok"}

@@ -27,6 +27,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from .. import ledger as _ledger
+from .completions import CompletionTracker
 
 BACKEND = "rankguard_gloo"
 
@@ -70,6 +71,7 @@ class _State:
 
 
 state = _State()
+completions = CompletionTracker()
 
 
 def _make_op(name: str, backend_method: str, op_name: str) -> Callable[..., Any]:
@@ -83,10 +85,7 @@ def _make_op(name: str, backend_method: str, op_name: str) -> Callable[..., Any]
             state.injector.before_op(slot.entered)  # entered - 1 collectives so far, +1 for init
         slot.enter(code)
         work = getattr(self._rankguard_backend, backend_method)(*args, **kwargs)
-        try:
-            work.get_future().add_done_callback(self._rankguard_on_done)
-        except RuntimeError:  # a work without a future: count it done once issued
-            slot.done()
+        completions.add(slot, work)
         return work
 
     op.__name__ = name
@@ -108,7 +107,6 @@ def _group_class() -> type:
             self._rankguard_backend = backend
             self._rankguard_slot = slot
             self._rankguard_is_world = is_world
-            self._rankguard_on_done = (lambda _fut: slot.done()) if slot is not None else None
             self._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, backend)
             self._set_default_backend(ProcessGroup.BackendType.GLOO)
 
