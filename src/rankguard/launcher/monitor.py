@@ -1,8 +1,8 @@
 """Hang and straggler detection: compare the ranks' ledgers, then look at the absent ranks.
 
 For each process group, the ranks that have been waiting in an operation with no ledger event
-for ``hang_timeout`` are the *waiters*; the operation they wait in is the highest entry number
-among them. Members that have not entered it are *absent*:
+for ``hang_timeout`` are candidates; the operation they wait in is the highest entry number
+among them, and the candidates that entered it are the *waiters*. Members that have not entered it are *absent*:
 
 - an absent rank that made no progress (see ``progress``) for ``hang_timeout`` is **hung**;
 - an absent rank that is busy (progressed in the last ``BUSY_RECENT_S``) is a **straggler**:
@@ -105,6 +105,9 @@ class HangMonitor:
         if not waiters:
             return None
         target = max(entries[r].entered for r in waiters)
+        # A rank behind the target is not waiting on the others (they got past its operation,
+        # which it merely has not recorded as done, e.g. frozen before its next one).
+        waiters = [r for r in waiters if entries[r].entered == target]
         sample = entries[waiters[0]]
         members = [r for r in sample.member_ranks(self.world_size) if r in self._readers]
         waited = max(now - entries[r].last_event for r in waiters)

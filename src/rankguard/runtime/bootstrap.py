@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     except BaseException:
         ledger = instrument.state.ledger
         if ledger is not None:
+            instrument.completions.flush()  # so "inside a collective" is exact, not 20 ms stale
             ledger.record_fault(_ledger.FAULT_RAISED, ledger.in_collective())
         traceback.print_exc()
         sys.stderr.flush()

@@ -29,19 +29,32 @@ class CompletionTracker:
         self._pending: collections.deque[tuple[Any, Any]] = collections.deque()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held by whoever consumes the queue
+        self._start_lock = threading.Lock()
         self._closing = False
 
     def add(self, slot: Any, work: Any) -> None:
-        """Watch ``work``; call ``slot.done()`` when it completes. Cheap: an append."""
-        self._pending.append((slot, work))
+        """Watch ``work``; call ``slot.done()`` when it completes.
+
+        First marks done the works at the head of the queue that already completed (for
+        synchronous collectives, the previous one), so the ledger is current even for a rank
+        that dies before the next sweep. Never waits: if the sweeper holds the queue, it skips.
+        """
+        pending = self._pending
+        if pending and self._lock.acquire(blocking=False):
+            try:
+                while pending and pending[0][1].is_completed():
+                    pending.popleft()[0].done()
+            finally:
+                self._lock.release()
+        pending.append((slot, work))
         if not self._wake.is_set():
             self._wake.set()
             if self._thread is None:
                 self._start()
 
     def _start(self) -> None:
-        with self._lock:
+        with self._start_lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="rankguard-completions",
                                                 daemon=True)
@@ -56,17 +69,23 @@ class CompletionTracker:
             self._thread.join(timeout)
         self._pending.clear()
 
-    def _run(self) -> None:
+    def flush(self) -> None:
+        """Mark done, now and in the calling thread, every tracked work that has completed."""
         pending = self._pending
-        while not self._closing:
-            self._wake.wait()
-            time.sleep(SWEEP_S)
+        with self._lock:
             for _ in range(len(pending)):
                 slot, work = pending.popleft()
                 if work.is_completed():
                     slot.done()
                 else:
                     pending.append((slot, work))
+
+    def _run(self) -> None:
+        pending = self._pending
+        while not self._closing:
+            self._wake.wait()
+            time.sleep(SWEEP_S)
+            self.flush()
             self._wake.clear()
             if pending:  # re-check after clearing: add() may have seen the event still set
                 self._wake.set()
