@@ -5,6 +5,8 @@
 Two loops, each run under both launchers (best of 3 passes inside one run):
 - 1 rank, a 1-float all_reduce, 5,000 times: the fixed cost per collective in microseconds;
 - 4 ranks, a 1 MB all_reduce, 100 times: the share of a real collective's time.
+Then bench/overhead_inprocess.py: plain gloo and rankguard's group in one process, in paired
+rounds, and the cost of the instrumentation steps alone.
 """
 from __future__ import annotations
 
@@ -40,6 +42,15 @@ def main() -> None:
         theirs = per_op_us("torchrun", nproc, numel, iters)
         print(f"{label:40} {ours:>9.2f} us {theirs:>9.2f} us {ours - theirs:>+8.2f} us"
               f" ({(ours / theirs - 1) * 100:+.1f}%)")
+    out = subprocess.run([sys.executable, os.path.join(HERE, "overhead_inprocess.py")],
+                         capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout
+    found = dict(line.split("=") for line in out.split() if "=" in line)
+    print(f"in one process, 1 rank, median of 31 paired rounds: plain gloo "
+          f"{found['paired_plain_us']} us, rankguard {found['paired_ours_us']} us, "
+          f"difference {found['paired_diff_us']} us")
+    print(f"instrumentation steps alone: ledger enter {found['ledger_enter_us']} us + completion "
+          f"tracking {found['completion_add_us']} us")
 
 
 if __name__ == "__main__":
