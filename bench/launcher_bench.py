@@ -1,11 +1,12 @@
 """rankguard run vs torchrun on the same machine and script: fault handling times.
 
-    python bench/launcher_bench.py [--nproc 4] [--cap 60]
+    python bench/launcher_bench.py [--nproc 4] [--cap 60] [--repeat 5]
 
 Prints, for each launcher: time from a rank's SIGKILL to every rank process gone; time from a
 rank's SIGSTOP to the hang verdict (torchrun has none: it waits for gloo's 30 min timeout, so we
 stop waiting at --cap); time from the fault to the first completed all-reduce of the restarted
-attempt; restart success over 20 restarts. All from one run, as ratios.
+attempt; restart success over 20 restarts. All from one run, as ratios. The SIGKILL rows are
+medians of --repeat runs; the SIGSTOP row is one run (torchrun takes the whole cap there).
 """
 from __future__ import annotations
 
@@ -64,9 +65,10 @@ def run_fault(which: str, nproc: int, fault: str, restarts: int, cap: float) -> 
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     result: dict = {}
-    while not glob.glob(os.path.join(d, "fault.0")) and time.time() - start < cap:
+    faults: list[float] = []
+    while not faults and time.time() - start < cap:  # the file can exist before its content
         time.sleep(0.005)
-    faults = read_floats(os.path.join(d, "fault.0"))
+        faults = read_floats(os.path.join(d, "fault.0"))
     if not faults:
         result["error"] = "fault never happened"
     else:
@@ -137,6 +139,15 @@ def kill_marked(bench_dir: str) -> int:
     return len(pids)
 
 
+def median_of(results: list[dict]) -> dict:
+    """Per key, the median of the runs that measured it (None if fewer than half did)."""
+    merged: dict = {}
+    for key in {k for r in results for k in r}:
+        values = sorted(r[key] for r in results if isinstance(r.get(key), float))
+        merged[key] = values[len(values) // 2] if len(values) * 2 >= len(results) else None
+    return merged
+
+
 def fmt(value) -> str:
     return f"{value:.2f} s" if isinstance(value, float) else "none"
 
@@ -146,13 +157,16 @@ def main() -> None:
     p.add_argument("--nproc", type=int, default=4)
     p.add_argument("--cap", type=float, default=60.0)
     p.add_argument("--restarts", type=int, default=20)
+    p.add_argument("--repeat", type=int, default=5)
     args = p.parse_args()
     rows = []
     results = {}
     for which in ("rankguard", "torchrun"):
-        kill = run_fault(which, args.nproc, "kill", 0, args.cap)
+        kill = median_of([run_fault(which, args.nproc, "kill", 0, args.cap)
+                          for _ in range(args.repeat)])
         stop = run_fault(which, args.nproc, "stop", 0, args.cap)
-        restart = run_fault(which, args.nproc, "kill", 1, args.cap)
+        restart = median_of([run_fault(which, args.nproc, "kill", 1, args.cap)
+                             for _ in range(args.repeat)])
         restarts = run_restarts(which, 2, args.restarts, max(args.cap, 300))
         results[which] = (kill, stop, restart, restarts)
     rg, tr = results["rankguard"], results["torchrun"]

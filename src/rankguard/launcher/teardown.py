@@ -23,7 +23,8 @@ from .monitor import HangMonitor
 
 STACKS_BUDGET = 1.0
 KILL_BUDGET = 2.0
-_SETTLE = 0.05
+_POLL = 0.005
+_SETTLE = 0.02  # faulthandler writes a whole dump within its handler, in a few ms
 
 
 def capture_stacks(group: RankGroup, monitor: HangMonitor, budget: float = STACKS_BUDGET
@@ -46,7 +47,7 @@ def capture_stacks(group: RankGroup, monitor: HangMonitor, budget: float = STACK
     waiting = dict(sizes)  # rank -> file size seen last
     grew_at: dict[Rank, float] = {}
     while waiting and time.monotonic() < deadline:
-        time.sleep(0.01)
+        time.sleep(_POLL)
         now = time.monotonic()
         for member, seen in list(waiting.items()):
             if member.proc.poll() is not None:
