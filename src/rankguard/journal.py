@@ -19,6 +19,7 @@ EVENTS = (
     "rank_start",
     "rank_exit",
     "first_step",
+    "spares",
     "straggler",
     "hang_detected",
     "stacks",

@@ -30,6 +30,7 @@ from . import guardian, teardown
 from .config import RunConfig
 from .group import Rank, RankGroup
 from .monitor import HangMonitor, Verdict
+from .spares import SparePool
 from .outcome import Fault, RankOutcome, classify, fault_of, raised_fault, signal_name
 from .summary import AttemptReport, render
 
@@ -65,6 +66,8 @@ class Launcher:
         self._signal: int | None = None
         self._wakeup_r, self._wakeup_w = os.pipe()
         self._guardian: subprocess.Popen[bytes] | None = None
+        self._spares = SparePool(config, self._token, self._port) \
+            if config.spares and config.max_restarts > 0 else None
 
     def run(self) -> int:
         self._install_signal_handlers()
@@ -95,6 +98,8 @@ class Launcher:
                 if last_fault is None or last_fault.kind == "launcher_signal":
                     break
         finally:
+            if self._spares is not None:
+                self._spares.close()
             self._stop_guardian()
         fault = attempt_result.fault
         if fault is None:
@@ -118,11 +123,14 @@ class Launcher:
     def _run_attempt(self, attempt: int) -> _Attempt:
         cfg = self.config
         result = _Attempt()
-        group = RankGroup.start(cfg, attempt, self._token, self._port)
+        spares = self._spares
+        group = RankGroup.start(cfg, attempt, self._token, self._port,
+                                spares.take if spares is not None else lambda: None)
         started = time.monotonic()
         self._journal.write("attempt_start", attempt=attempt)
         for member in group.ranks:
-            self._journal.write("rank_start", attempt=attempt, rank=member.rank, pid=member.pid)
+            self._journal.write("rank_start", attempt=attempt, rank=member.rank, pid=member.pid,
+                                warm=member.warm)
         if self._store is None:
             self._store = _store.host(self._socket, cfg.master_addr)
         group.add_reader(self._wakeup_r, self._drain_wakeup)
@@ -154,7 +162,8 @@ class Launcher:
         finally:
             teardown.stop_ranks(group, self._journal, 0.0, "launcher_exit")  # no-op when done
             group.close()
-        teardown.sweep(self._token, self._journal, attempt)
+        teardown.sweep(self._token, self._journal, attempt,
+                       tuple(self._spares.pids()) if self._spares is not None else ())
         last = {rank: reader.read() for rank, reader in readers.items()}
         for reader in readers.values():
             reader.close()
@@ -180,6 +189,7 @@ class Launcher:
                 result.first_step_at = now
                 self._journal.write("first_step", attempt=group.attempt,
                                     since_start_s=round(now - started, 3))
+                self._prepare_spares(group.attempt)
             for member in exited:
                 monitor.unwatch(member.rank)
                 fault = fault_of(member, readers[member.rank].read())
@@ -196,6 +206,15 @@ class Launcher:
             self._check_raised(group, readers, result)
             for verdict in monitor.check(now):
                 self._on_verdict(verdict, result, now)
+
+    def _prepare_spares(self, attempt: int) -> None:
+        """Once an attempt has started well, get spares ready for its restart, if any remains."""
+        if self._spares is None or attempt >= self.config.max_restarts:
+            return
+        started = self._spares.fill()
+        if started:
+            self._journal.write("spares", attempt=attempt, started=started,
+                                pids=self._spares.pids())
 
     @staticmethod
     def _check_raised(group: RankGroup, readers: dict[int, _ledger.LedgerReader],

@@ -67,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="inject a fault, e.g. hang:rank=2,at=op30 (repeatable; see README)")
     p.add_argument("--no-tee", dest="tee", action="store_false",
                    help="write rank output only to the log dir, not to this terminal")
+    p.add_argument("--no-spares", dest="spares", action="store_false",
+                   help="restart with freshly started ranks instead of warm spares (spares: one "
+                   "process per rank with torch imported, started once an attempt has taken its "
+                   "first step, only while restarts remain)")
     p.add_argument("-m", "--module", dest="module", action="store_true",
                    help="run SCRIPT as a Python module, like python -m")
     p.add_argument("script", metavar="SCRIPT", help="the training script (or module with -m)")
@@ -180,5 +184,5 @@ def parse(argv: list[str]) -> _config.RunConfig:
         command=command, nproc=nproc, max_restarts=max_restarts, master_addr=ns.master_addr,
         master_port=port, run_id=run_id, log_dir=log_dir, journal_path=journal,
         hang_timeout=hang, straggler_timeout=straggler, grace=grace, injections=injections,
-        tee=ns.tee,
+        tee=ns.tee, spares=ns.spares,
     )

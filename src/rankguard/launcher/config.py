@@ -32,6 +32,7 @@ class RunConfig:
     grace: float = DEFAULT_GRACE
     injections: tuple[FaultSpec, ...] = field(default_factory=tuple)
     tee: bool = True  # copy rank output to the launcher's stdout/stderr, prefixed [rankN]:
+    spares: bool = True  # keep warm spares for restarts (only when --max-restarts > 0)
 
     @property
     def description(self) -> str:

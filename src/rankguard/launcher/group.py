@@ -10,6 +10,7 @@ can be signalled as a whole) with torchrun's environment plus rankguard's own va
 
 from __future__ import annotations
 
+import json
 import os
 import selectors
 import subprocess
@@ -37,6 +38,7 @@ class Rank:
     returncode: int | None = None
     exited_at: float | None = None
     killed_by_launcher: bool = False  # needed SIGKILL after the grace period
+    warm: bool = False  # a warm spare became this rank
 
     @property
     def pid(self) -> int:
@@ -45,6 +47,21 @@ class Rank:
     @property
     def alive(self) -> bool:
         return self.returncode is None
+
+
+def _activate(spare: subprocess.Popen[bytes], env: dict[str, str]) -> bool:
+    """Hand ``env`` to a waiting spare; False when the spare is gone."""
+    assert spare.stdin is not None
+    if spare.poll() is not None:
+        return False
+    try:
+        spare.stdin.write(json.dumps(env).encode() + b"\n")
+        spare.stdin.close()
+    except OSError:  # it died meanwhile
+        spare.kill()
+        spare.wait()
+        return False
+    return True
 
 
 @dataclass
@@ -56,27 +73,49 @@ class _Stream:
     pending: bytes = b""
 
 
-def rank_env(config: RunConfig, rank: int, attempt: int, token: str, master_port: int,
-             ledger_path: str, stacks_path: str) -> dict[str, str]:
-    """torchrun's environment for ``rank`` plus rankguard's variables."""
+def base_env(config: RunConfig, token: str, master_port: int) -> dict[str, str]:
+    """The environment every rank of the run shares (a warm spare starts with this)."""
     env = dict(os.environ)
     world = config.nproc
     env.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-        GROUP_RANK="0", GROUP_WORLD_SIZE="1", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(world),
-        ROLE_NAME="default", MASTER_ADDR=config.master_addr, MASTER_PORT=str(master_port),
-        TORCHELASTIC_RESTART_COUNT=str(attempt), TORCHELASTIC_MAX_RESTARTS=str(config.max_restarts),
+        WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", GROUP_WORLD_SIZE="1",
+        ROLE_WORLD_SIZE=str(world), ROLE_NAME="default", MASTER_ADDR=config.master_addr,
+        MASTER_PORT=str(master_port), TORCHELASTIC_MAX_RESTARTS=str(config.max_restarts),
         TORCHELASTIC_RUN_ID=config.run_id, TORCHELASTIC_USE_AGENT_STORE="True",
         TORCH_NCCL_ASYNC_ERROR_HANDLING=env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
         PYTHONUNBUFFERED=env.get("PYTHONUNBUFFERED", "1"),
-        RANKGUARD_LEDGER=ledger_path, RANKGUARD_STACKS=stacks_path,
-        RANKGUARD_ATTEMPT=str(attempt), RANKGUARD_LAUNCHER_PID=str(os.getpid()),
-        RANKGUARD_NAMESPACE=f"/rankguard/{config.run_id}/attempt{attempt}/",
+        RANKGUARD_LAUNCHER_PID=str(os.getpid()),
         RANKGUARD_INJECT=";".join(spec.text for spec in config.injections),
     )
     env[MARKER] = token
     return env
+
+
+def rank_env(config: RunConfig, rank: int, attempt: int, token: str, master_port: int,
+             ledger_path: str, stacks_path: str) -> dict[str, str]:
+    """torchrun's environment for ``rank`` plus rankguard's variables."""
+    env = base_env(config, token, master_port)
+    env.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), ROLE_RANK=str(rank),
+        TORCHELASTIC_RESTART_COUNT=str(attempt), RANKGUARD_LEDGER=ledger_path,
+        RANKGUARD_STACKS=stacks_path, RANKGUARD_ATTEMPT=str(attempt),
+        RANKGUARD_NAMESPACE=f"/rankguard/{config.run_id}/attempt{attempt}/",
+    )
+    return env
+
+
+def start_bootstrap(config: RunConfig, env: dict[str, str],
+                    spare: bool = False) -> subprocess.Popen[bytes]:
+    """Start ``python -m rankguard.runtime.bootstrap`` for the run's command, in its own session.
+
+    A spare gets a stdin pipe, for its activation line; a rank gets no stdin.
+    """
+    argv = [sys.executable, "-m", "rankguard.runtime.bootstrap", *(["--spare"] if spare else []),
+            *config.command]
+    return subprocess.Popen(argv, env=env, stdin=subprocess.PIPE if spare else subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
 
 
 @dataclass
@@ -90,16 +129,22 @@ class RankGroup:
     selector: selectors.BaseSelector = field(default_factory=selectors.DefaultSelector)
 
     @classmethod
-    def start(cls, config: RunConfig, attempt: int, token: str, master_port: int) -> "RankGroup":
-        """Create the ledgers and start every rank; returns at once (ranks import in parallel)."""
+    def start(cls, config: RunConfig, attempt: int, token: str, master_port: int,
+              spares: Callable[[], subprocess.Popen[bytes] | None] = lambda: None
+              ) -> "RankGroup":
+        """Create the ledgers and start every rank; returns at once (ranks import in parallel).
+
+        Each rank is a warm spare from ``spares()`` when it gives one, else a new process.
+        """
         attempt_dir = os.path.join(config.log_dir, f"attempt{attempt}")
         os.makedirs(attempt_dir, exist_ok=True)
         group = cls(config, attempt, attempt_dir)
         for rank in range(config.nproc):
-            group._spawn(rank, token, master_port)
+            group._spawn(rank, token, master_port, spares())
         return group
 
-    def _spawn(self, rank: int, token: str, master_port: int) -> None:
+    def _spawn(self, rank: int, token: str, master_port: int,
+               spare: subprocess.Popen[bytes] | None) -> None:
         ledger_path = os.path.join(_ledger.default_dir(),
                                    f"rankguard-{self.config.run_id}-{self.attempt}-{rank}.ledger")
         _ledger.create(ledger_path, self.config.nproc)
@@ -107,10 +152,10 @@ class RankGroup:
         log_path = os.path.join(self.dir, f"rank{rank}.log")
         env = rank_env(self.config, rank, self.attempt, token, master_port, ledger_path,
                        stacks_path)
-        argv = [sys.executable, "-m", "rankguard.runtime.bootstrap", *self.config.command]
-        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
-        member = Rank(rank, proc, ledger_path, stacks_path, log_path, time.monotonic())
+        proc = spare if spare is not None and _activate(spare, env) else \
+            start_bootstrap(self.config, env)
+        member = Rank(rank, proc, ledger_path, stacks_path, log_path, time.monotonic(),
+                      warm=proc is spare)
         member.pidfd = os.pidfd_open(proc.pid)
         self.selector.register(member.pidfd, selectors.EVENT_READ, ("exit", member))
         log = open(log_path, "ab")  # noqa: SIM115 (closed when both pipes reach EOF)

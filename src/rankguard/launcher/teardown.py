@@ -90,9 +90,10 @@ def stop_ranks(group: RankGroup, journal: Journal, grace: float, reason: str) ->
         group.wait_exits(time.monotonic() + KILL_BUDGET)
 
 
-def sweep(token: str, journal: Journal, attempt: int) -> list[str]:
-    """Kill every process still carrying the run's marker; returns their descriptions."""
-    leftovers = proctree.with_marker(token)
+def sweep(token: str, journal: Journal, attempt: int, keep: tuple[int, ...] = ()) -> list[str]:
+    """Kill every process still carrying the run's marker but ``keep`` (the warm spares);
+    returns their descriptions."""
+    leftovers = [pid for pid in proctree.with_marker(token) if pid not in keep]
     if not leftovers:
         return []
     described = [proctree.describe(pid) for pid in leftovers]

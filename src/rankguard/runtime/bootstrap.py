@@ -1,6 +1,9 @@
 """The first code a rank runs under ``rankguard run``; then it runs the user's script unchanged.
 
-``python -m rankguard.runtime.bootstrap (SCRIPT | -m MODULE) [ARGS...]``
+``python -m rankguard.runtime.bootstrap [--spare] (SCRIPT | -m MODULE) [ARGS...]``
+
+With ``--spare`` the process is a warm spare: it imports torch ahead of time, then waits for one
+JSON line on stdin, the environment of the rank it becomes (EOF: it is not needed, exit 0).
 
 Before the script starts it:
 
@@ -22,6 +25,7 @@ import ctypes
 import faulthandler
 import importlib.abc
 import importlib.machinery
+import json
 import os
 import runpy
 import signal
@@ -71,6 +75,19 @@ class _InstrumentOnImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _wait_for_activation() -> None:
+    """Spare mode: pay for ``import torch`` now, then become the rank the launcher names."""
+    import torch  # noqa: F401 (the point of a spare)
+
+    line = sys.stdin.buffer.readline()
+    if not line:
+        os._exit(0)
+    os.environ.update(json.loads(line))
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # the user's script gets no stdin, as a cold rank
+    os.close(devnull)
+
+
 def _prepare(rank: int, attempt: int) -> None:
     ledger_path = os.environ.get("RANKGUARD_LEDGER")
     if ledger_path:
@@ -109,11 +126,16 @@ def _run_user_code(argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    spare = bool(argv) and argv[0] == "--spare"
+    if spare:
+        argv = argv[1:]
     if not argv or (argv[0] == "-m" and len(argv) < 2):
-        print("usage: python -m rankguard.runtime.bootstrap (SCRIPT | -m MODULE) [ARGS...]",
-              file=sys.stderr)
+        print("usage: python -m rankguard.runtime.bootstrap [--spare] (SCRIPT | -m MODULE) "
+              "[ARGS...]", file=sys.stderr)
         sys.exit(2)
     _die_with_launcher()
+    if spare:
+        _wait_for_activation()
     _prepare(int(os.environ.get("RANK", "0")), int(os.environ.get("RANKGUARD_ATTEMPT", "0")))
     try:
         _run_user_code(argv)
