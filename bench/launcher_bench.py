@@ -5,7 +5,9 @@
 Prints, for each launcher: time from a rank's SIGKILL to every rank process gone; time from a
 rank's SIGSTOP to the hang verdict (torchrun has none: it waits for gloo's 30 min timeout, so we
 stop waiting at --cap); time from the fault to the first completed all-reduce of the restarted
-attempt; restart success over 20 restarts. All from one run, as ratios. The SIGKILL rows are
+attempt, for a fault at the 20th all-reduce (soon after the start: rankguard's warm spares are
+still importing torch) and at the 400th (about 8 s in: spares ready); restart success over 20
+restarts. All from one run, as ratios. The SIGKILL rows are
 medians of --repeat runs; the SIGSTOP row is one run (torchrun takes the whole cap there).
 """
 from __future__ import annotations
@@ -56,10 +58,11 @@ def read_floats(pattern: str) -> list[float]:
     return values
 
 
-def run_fault(which: str, nproc: int, fault: str, restarts: int, cap: float) -> dict:
+def run_fault(which: str, nproc: int, fault: str, restarts: int, cap: float,
+              fault_at: int = 20) -> dict:
     d = tempfile.mkdtemp(prefix=f"bench-{which}-")
-    env = {**os.environ, "BENCH_DIR": d, "FAULT": fault, "FAULT_RANK": "1", "FAULT_AT": "20",
-           "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "BENCH_DIR": d, "FAULT": fault, "FAULT_RANK": "1",
+           "FAULT_AT": str(fault_at), "STEPS": str(fault_at + 40), "OMP_NUM_THREADS": "1"}
     cmd = launcher_cmd(which, nproc, restarts, os.path.join(d, "logs"), [WORKER])
     start = time.time()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -167,14 +170,18 @@ def main() -> None:
         stop = run_fault(which, args.nproc, "stop", 0, args.cap)
         restart = median_of([run_fault(which, args.nproc, "kill", 1, args.cap)
                              for _ in range(args.repeat)])
+        late = median_of([run_fault(which, args.nproc, "kill", 1, args.cap, fault_at=400)
+                          for _ in range(args.repeat)])
         restarts = run_restarts(which, 2, args.restarts, max(args.cap, 300))
-        results[which] = (kill, stop, restart, restarts)
+        results[which] = (kill, stop, restart, restarts, late)
     rg, tr = results["rankguard"], results["torchrun"]
     rows.append(("SIGKILL of rank 1 -> all rank processes gone", rg[0].get("stop_s"), tr[0].get("stop_s")))
     rows.append(("SIGSTOP of rank 1 -> hang verdict", rg[1].get("verdict_s"), tr[1].get("verdict_s")))
     rows.append(("SIGSTOP of rank 1 -> all rank processes gone", rg[1].get("stop_s"), tr[1].get("stop_s")))
-    rows.append(("SIGKILL -> first all-reduce of restarted attempt", rg[2].get("restart_first_step_s"),
+    rows.append(("SIGKILL at op 20 -> first all-reduce, restarted", rg[2].get("restart_first_step_s"),
                  tr[2].get("restart_first_step_s")))
+    rows.append(("SIGKILL at op 400 -> first all-reduce, restarted", rg[4].get("restart_first_step_s"),
+                 tr[4].get("restart_first_step_s")))
     print(f"{args.nproc} ranks, gloo, CPU; cap {args.cap:.0f} s (none = not within the cap)")
     print(f"{'measure':52} {'rankguard':>12} {'torchrun':>12} {'ratio':>8}")
     for name, a, b in rows:
