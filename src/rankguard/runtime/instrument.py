@@ -121,17 +121,21 @@ def _group_class() -> type:
 def _create_group(options: Any, backend_options: Any) -> Any:
     from torch.distributed import ProcessGroupGloo
 
-    backend = ProcessGroupGloo(options.store, options.group_rank, options.group_size,
-                               timeout=options.timeout)
-    backend.options.global_ranks_in_group = list(options.global_ranks_in_group)
-    backend.options.group_name = options.group_id
     is_world = bool(getattr(state.creating_default, "value", False))
     slot = None
     if state.ledger is not None:
         if is_world:
             slot = state.ledger.world()
+            # The rank joins the rendezvous here (gloo connects to every peer), not earlier:
+            # a rank stuck before this point is absent from init, not inside it.
+            slot.enter(_ledger.OP_CODES["init_process_group"])
+            state.creating_default.entered = True
         else:
             slot = state.ledger.add_group(options.group_id, list(options.global_ranks_in_group))
+    backend = ProcessGroupGloo(options.store, options.group_rank, options.group_size,
+                               timeout=options.timeout)
+    backend.options.global_ranks_in_group = list(options.global_ranks_in_group)
+    backend.options.group_name = options.group_id
     return _group_class_cached()(backend, options.group_rank, options.group_size, slot, is_world)
 
 
@@ -185,8 +189,6 @@ def install() -> None:
         world = state.ledger.world() if state.ledger is not None else None
         if state.injector is not None:
             state.injector.at_init()
-        if world is not None:
-            world.enter(_ledger.OP_CODES["init_process_group"])
         if (state.namespace and kwargs.get("store") is None
                 and init_method in (None, "env://")):
             timeout = kwargs.get("timeout") or c10d.default_pg_timeout
@@ -195,12 +197,17 @@ def install() -> None:
             kwargs.setdefault("world_size", int(os.environ["WORLD_SIZE"]))
             kwargs["timeout"] = timeout
             init_method = None
-        state.creating_default.value = True
+        backend = _translate(backend)
+        creating = state.creating_default
+        creating.value, creating.entered = True, False
+        if world is not None and backend != BACKEND:
+            world.enter(_ledger.OP_CODES["init_process_group"])  # not ours: the nearest point
+            creating.entered = True
         try:
-            return original_init(_translate(backend), init_method, *args, **kwargs)
+            return original_init(backend, init_method, *args, **kwargs)
         finally:
-            state.creating_default.value = False
-            if world is not None:
+            creating.value = False
+            if world is not None and creating.entered:
                 world.done()
 
     @functools.wraps(original_new_group)
