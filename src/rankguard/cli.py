@@ -2,7 +2,8 @@
 
 Exit codes (stable, documented in the README): 0 every rank succeeded; 1 a rank failed (raised,
 exited non-zero, was killed) and restarts ran out; 2 bad usage, nothing started; 3 a rank hung
-and restarts ran out; 130 / 143 the launcher received SIGINT / SIGTERM.
+and restarts ran out; 4 an internal error of rankguard (every rank stopped); 130 / 143 the launcher
+received SIGINT / SIGTERM.
 """
 
 from __future__ import annotations

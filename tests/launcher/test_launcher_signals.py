@@ -46,3 +46,15 @@ def test_sigkill_to_launcher_leaves_no_rank_or_grandchild(tmp_path):
     left = wait_until_gone(os.environ[TEST_ID_VAR], 5.0)
     assert left == [], "job processes outlived a SIGKILLed launcher"
     assert time.monotonic() - started < 40
+
+
+def test_internal_error_stops_every_rank_and_exits_4(tmp_path):
+    log_dir = tmp_path / "logs"
+    proc = launch(["--nproc-per-node", "2", "--max-restarts", "1", "--no-spares",
+                   script("break_log_dir.py"), str(log_dir)], log_dir)
+    run = finish(proc, log_dir, 60, time.monotonic())
+    assert run.code == 4, run.stderr[-2000:]
+    assert "rankguard: internal error: NotADirectoryError" in run.stderr
+    assert "attempt1" in run.stderr and "every rank was stopped" in run.stderr
+    assert "Traceback: above" in run.stderr  # the log dir is broken: kept on stderr
+    # ranks of both attempts are gone: the autouse fixture fails the test otherwise

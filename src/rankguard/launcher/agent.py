@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,7 @@ EXIT_OK = 0
 EXIT_RANK_FAILED = 1
 EXIT_USAGE = 2
 EXIT_HUNG = 3
+EXIT_INTERNAL = 4
 _SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
@@ -70,6 +72,23 @@ class Launcher:
             if config.spares and config.max_restarts > 0 else None
 
     def run(self) -> int:
+        """Run every attempt; returns the exit code. An error of rankguard's own (not of a
+        rank) still stops every rank, and gives ``EXIT_INTERNAL`` with the traceback saved."""
+        try:
+            return self._run()
+        except Exception as exc:
+            where = os.path.join(self.config.log_dir, "internal_error.txt")
+            try:
+                with open(where, "w") as f:
+                    traceback.print_exc(file=f)
+            except OSError:  # the log dir itself may be what broke: keep the traceback here
+                traceback.print_exc()
+                where = "above"
+            print(f"rankguard: internal error: {type(exc).__name__}: {exc}; every rank was "
+                  f"stopped. Traceback: {where}", file=sys.stderr, flush=True)
+            return EXIT_INTERNAL
+
+    def _run(self) -> int:
         self._install_signal_handlers()
         self._start_guardian()
         cfg = self.config
