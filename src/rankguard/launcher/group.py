@@ -22,6 +22,7 @@ from typing import IO, Callable
 from .. import ledger as _ledger
 from ..proctree import MARKER
 from .config import RunConfig
+from .store import namespace
 
 
 @dataclass(eq=False)
@@ -50,18 +51,26 @@ class Rank:
 
 
 def _activate(spare: subprocess.Popen[bytes], env: dict[str, str]) -> bool:
-    """Hand ``env`` to a waiting spare; False when the spare is gone."""
+    """Hand ``env`` to a waiting spare; False (and the spare discarded) when it is gone."""
     assert spare.stdin is not None
-    if spare.poll() is not None:
-        return False
     try:
-        spare.stdin.write(json.dumps(env).encode() + b"\n")
-        spare.stdin.close()
+        if spare.poll() is None:
+            spare.stdin.write(json.dumps(env).encode() + b"\n")
+            spare.stdin.close()
+            return True
     except OSError:  # it died meanwhile
-        spare.kill()
-        spare.wait()
-        return False
-    return True
+        pass
+    discard(spare)
+    return False
+
+
+def discard(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a bootstrap process that never became a rank, reap it, close its pipes."""
+    proc.kill()
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
 
 
 @dataclass
@@ -100,7 +109,7 @@ def rank_env(config: RunConfig, rank: int, attempt: int, token: str, master_port
         RANK=str(rank), LOCAL_RANK=str(rank), ROLE_RANK=str(rank),
         TORCHELASTIC_RESTART_COUNT=str(attempt), RANKGUARD_LEDGER=ledger_path,
         RANKGUARD_STACKS=stacks_path, RANKGUARD_ATTEMPT=str(attempt),
-        RANKGUARD_NAMESPACE=f"/rankguard/{config.run_id}/attempt{attempt}/",
+        RANKGUARD_NAMESPACE=namespace(config.run_id, attempt),
     )
     return env
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import subprocess
 
 from .config import RunConfig
-from .group import base_env, start_bootstrap
+from .group import base_env, discard, start_bootstrap
 
 
 class SparePool:
@@ -46,9 +46,4 @@ class SparePool:
         """SIGKILL every unused spare (they hold no state) and reap it."""
         spares, self._spares = self._spares, []
         for spare in spares:
-            spare.kill()
-        for spare in spares:
-            spare.wait()
-            for pipe in (spare.stdin, spare.stdout, spare.stderr):
-                if pipe is not None:
-                    pipe.close()
+            discard(spare)
