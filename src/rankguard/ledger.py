@@ -26,6 +26,7 @@ import itertools
 import mmap
 import os
 import struct
+import tempfile
 import time
 import zlib
 from dataclasses import dataclass
@@ -45,10 +46,12 @@ WORLD_SLOT = 0
 # header flag bits
 FLAG_BOOTSTRAPPED = 1  # the rank's bootstrap is running
 FLAG_STACKS_READY = 2  # the stack-dump signal handler is installed: safe to send it
+FLAG_TERMINATING = 4  # the rank got SIGTERM and is tearing itself down
 
 # fault kinds recorded by the rank itself
 FAULT_NONE = 0
 FAULT_RAISED = 1
+FAULT_TERMINATED = 2  # SIGTERM reached the rank; it is tearing itself down (runtime.eviction)
 
 # The kinds of operations, by the name the ledger shows to people.
 OP_NAMES = (
@@ -145,6 +148,11 @@ class _SlotWriter:
     def entered(self) -> int:
         return self._entered
 
+    def progress(self) -> tuple[int, int, str]:
+        """(entered, done, name of the last operation entered), as written so far."""
+        _, _, _, _, entered, done, kind, _, _ = SLOT.unpack_from(self._buf, self._offset)
+        return entered, done, OP_NAMES[kind] if kind < len(OP_NAMES) else f"op{kind}"
+
 
 _KIND_TIME = struct.Struct("<IId")  # kind, padding, t_enter at slot offset 40
 _DONE = struct.Struct("<d")  # t_done at slot offset 56
@@ -164,6 +172,18 @@ class LedgerWriter:
                 self._used = index + 1
         struct.pack_into("<q", self._buf, _OFF_PID, os.getpid())
         struct.pack_into("<d", self._buf, _OFF_T_START, time.monotonic())
+
+    @classmethod
+    def private(cls, world_size: int = 1) -> LedgerWriter:
+        """A ledger of this process's own, for ranks without a supervisor to read it: the file
+        is removed as soon as it is mapped."""
+        fd, path = tempfile.mkstemp(prefix="rankguard-ledger-", dir=default_dir())
+        os.close(fd)
+        try:
+            create(path, world_size)
+            return cls(path)
+        finally:
+            os.unlink(path)
 
     def set_flag(self, flag: int) -> None:
         flags = struct.unpack_from("<I", self._buf, _OFF_FLAGS)[0]

@@ -23,6 +23,8 @@ def _run(args, tmp_path):
     (["--hang-timeout", "nan", "x.py"], "--hang-timeout: 'nan' is not a finite number"),
     (["--hang-timeout", "20", "--straggler-timeout", "5", "x.py"], "shorter than --hang-timeout"),
     (["--grace", "-1", "x.py"], "--grace: '-1' is below 0"),
+    (["--collective-timeout", "soon", "x.py"], "--collective-timeout: 'soon' is not a number"),
+    (["--collective-timeout", "0", "x.py"], "--collective-timeout: '0' is below 0.001"),
     (["--master-port", "70000", "x.py"], "above 65535"),
     (["--max-restarts", "1.5", "x.py"], "--max-restarts: '1.5' is not an integer"),
     (["--nnodes", "2", "x.py"], "only single-node runs"),

@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "before it too is blamed as hung (default 300)")
     p.add_argument("--grace", dest="grace", default=str(_config.DEFAULT_GRACE),
                    help="seconds between SIGTERM and SIGKILL when stopping ranks (default 5)")
+    p.add_argument("--collective-timeout", dest="collective_timeout", default="",
+                   help="deadline in seconds of every collective of every rank: one that has not "
+                   "completed by then raises rankguard.CollectiveTimeout in the rank, naming the "
+                   "ranks that had not arrived (default: none; the hang detector still applies)")
     p.add_argument("--inject", dest="inject", action="append", default=[], metavar="SPEC",
                    help="inject a fault, e.g. hang:rank=2,at=op30 (repeatable; see README)")
     p.add_argument("--no-tee", dest="tee", action="store_false",
@@ -162,6 +166,10 @@ def parse(argv: list[str]) -> _config.RunConfig:
                          f"--hang-timeout {hang:g} s", "a busy rank gets at least as long as a "
                          "frozen one; raise --straggler-timeout")
     grace = _number("--grace", ns.grace, float, 0, "e.g. --grace 5")
+    collective_timeout = None
+    if ns.collective_timeout:
+        collective_timeout = _number("--collective-timeout", ns.collective_timeout, float, 0.001,
+                                     "e.g. --collective-timeout 60")
     injections = tuple(inject_spec.parse(text) for text in ns.inject)
     for fault in injections:
         if fault.rank >= nproc:
@@ -184,5 +192,5 @@ def parse(argv: list[str]) -> _config.RunConfig:
         command=command, nproc=nproc, max_restarts=max_restarts, master_addr=ns.master_addr,
         master_port=port, run_id=run_id, log_dir=log_dir, journal_path=journal,
         hang_timeout=hang, straggler_timeout=straggler, grace=grace, injections=injections,
-        tee=ns.tee, spares=ns.spares,
+        tee=ns.tee, spares=ns.spares, collective_timeout=collective_timeout,
     )

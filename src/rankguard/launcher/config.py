@@ -33,6 +33,12 @@ class RunConfig:
     injections: tuple[FaultSpec, ...] = field(default_factory=tuple)
     tee: bool = True  # copy rank output to the launcher's stdout/stderr, prefixed [rankN]:
     spares: bool = True  # keep warm spares for restarts (only when --max-restarts > 0)
+    collective_timeout: float | None = None  # job-wide deadline of every collective
+
+    @property
+    def rank_grace(self) -> float:
+        """The SIGTERM teardown budget of a rank: inside ``grace``, so it ends before SIGKILL."""
+        return max(self.grace * 0.8, 0.05)
 
     @property
     def description(self) -> str:

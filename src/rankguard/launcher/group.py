@@ -96,7 +96,10 @@ def base_env(config: RunConfig, token: str, master_port: int) -> dict[str, str]:
         PYTHONUNBUFFERED=env.get("PYTHONUNBUFFERED", "1"),
         RANKGUARD_LAUNCHER_PID=str(os.getpid()),
         RANKGUARD_INJECT=";".join(spec.text for spec in config.injections),
+        RANKGUARD_GRACE=f"{config.rank_grace:g}",
     )
+    if config.collective_timeout is not None:
+        env["RANKGUARD_COLLECTIVE_TIMEOUT"] = f"{config.collective_timeout:g}"
     env[MARKER] = token
     return env
 

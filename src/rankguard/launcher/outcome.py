@@ -1,7 +1,8 @@
 """How each rank ended, and which fault was the root cause.
 
 Outcomes: ``ok`` (exit 0), ``raised`` (a Python exception escaped the script), ``exited``
-(non-zero exit code), ``signalled`` (killed by a signal it did not expect), ``hung`` (blamed for
+(non-zero exit code), ``signalled`` (killed by a signal it did not expect, or a SIGTERM that it
+answered with its own clean teardown, see ``runtime.eviction``), ``hung`` (blamed for
 a hang), ``victim`` (stopped, or failed inside a collective, because of another rank's fault),
 ``teardown_timeout`` (did not exit within the grace period and was SIGKILLed).
 
@@ -73,7 +74,12 @@ def raised_fault(rank: int, progress: _ledger.RankProgress) -> Fault:
 def fault_of(member: Rank, progress: _ledger.RankProgress | None) -> Fault | None:
     """The fault a rank's own exit represents, or None for a clean exit."""
     code = member.returncode
-    if code is None or code == 0:
+    if code is None:
+        return None
+    if progress is not None and progress.fault == _ledger.FAULT_TERMINATED:
+        return Fault("signalled", progress.t_fault, member.rank,
+                     f"got SIGTERM (tore itself down, {exit_detail(code)})")
+    if code == 0:
         return None
     assert member.exited_at is not None
     if progress is not None and progress.fault == _ledger.FAULT_RAISED:

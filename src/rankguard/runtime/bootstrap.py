@@ -9,10 +9,12 @@ Before the script starts it:
 
 1. asks the kernel to SIGKILL this rank if the launcher dies (and exits if it already has);
 2. maps the progress ledger the launcher created (``RANKGUARD_LEDGER``);
-3. installs a stack dump of all threads on SIGUSR1 (``faulthandler``: works even while the main
-   thread is inside a C call), written to ``RANKGUARD_STACKS``;
-4. arms the injected faults of this rank and attempt (``RANKGUARD_INJECT``);
-5. instruments ``torch.distributed`` as soon as it is imported (see ``instrument``), without
+3. installs a stack dump of all threads on SIGUSR1 (see ``stacks``), written to
+   ``RANKGUARD_STACKS``;
+4. installs the SIGTERM teardown (see ``eviction``) with the budget ``RANKGUARD_GRACE``, and
+   bounded mode when the launcher sets a job-wide ``RANKGUARD_COLLECTIVE_TIMEOUT``;
+5. arms the injected faults of this rank and attempt (``RANKGUARD_INJECT``);
+6. instruments ``torch.distributed`` as soon as it is imported (see ``instrument``), without
    importing torch itself, so that a script that never uses torch pays nothing for it.
 
 An exception that escapes the script is printed as Python would, recorded in the ledger with its
@@ -22,7 +24,6 @@ time (so the launcher can tell the first fault from its victims), and ends the r
 from __future__ import annotations
 
 import ctypes
-import faulthandler
 import importlib.abc
 import importlib.machinery
 import json
@@ -34,11 +35,12 @@ import traceback
 from typing import Any
 
 from .. import ledger as _ledger
+from ..errors import UsageError
 from ..inject import perform as _perform
 from ..inject import spec as _spec
-from . import instrument
+from . import deadline as _deadline
+from . import eviction, init, instrument, stacks
 
-STACK_SIGNAL = signal.SIGUSR1
 _PR_SET_PDEATHSIG = 1
 
 
@@ -93,12 +95,19 @@ def _prepare(rank: int, attempt: int) -> None:
     if ledger_path:
         instrument.state.ledger = _ledger.LedgerWriter(ledger_path)
         instrument.state.ledger.set_flag(_ledger.FLAG_BOOTSTRAPPED)
-    stacks_path = os.environ.get("RANKGUARD_STACKS")
-    if stacks_path:
-        stacks_file = open(stacks_path, "a")  # noqa: SIM115 (kept open for the process's life)
-        faulthandler.register(STACK_SIGNAL, file=stacks_file, all_threads=True, chain=False)
+    if os.environ.get("RANKGUARD_STACKS"):
+        stacks.install()
         if instrument.state.ledger is not None:
             instrument.state.ledger.set_flag(_ledger.FLAG_STACKS_READY)
+    try:
+        eviction.install(init.grace_from_env())
+        if os.environ.get(init.COLLECTIVE_TIMEOUT_ENV):
+            _deadline.set_default(_deadline.check_seconds(
+                init.COLLECTIVE_TIMEOUT_ENV, os.environ[init.COLLECTIVE_TIMEOUT_ENV]))
+            instrument.state.bounded = True
+    except UsageError as error:
+        print(f"rankguard: {error}", file=sys.stderr)
+        sys.exit(2)
     instrument.state.namespace = os.environ.get("RANKGUARD_NAMESPACE")
     injector = _perform.Injector(_spec.decode(os.environ.get("RANKGUARD_INJECT", "")), rank,
                                  attempt)

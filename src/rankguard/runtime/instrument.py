@@ -20,6 +20,7 @@ NCCL groups are left as they are in this version (no GPU to test them here).
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import threading
@@ -27,6 +28,11 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from .. import ledger as _ledger
+from ..errors import GroupRetired
+from . import bounded as _bounded
+from . import deadline as _deadline
+from . import groups
+from . import probe as _probe
 from .completions import CompletionTracker
 
 BACKEND = "rankguard_gloo"
@@ -62,11 +68,15 @@ _OPS = {
 
 
 class _State:
-    """What the rank's runtime knows; set by the bootstrap before the script runs."""
+    """What the rank's runtime knows; set by the bootstrap or ``rankguard.init()``."""
 
     ledger: _ledger.LedgerWriter | None = None
     injector: Any = None
     namespace: str | None = None  # store prefix of this attempt, under the launcher
+    bounded = False  # every operation returns a BoundedWork (see runtime.bounded)
+    asker: Any = None  # probe.Asker of the current generation
+    responder: Any = None  # probe.Responder of the current generation
+    pg_timeout: timedelta | None = None  # the timeout the default group was created with
     creating_default = threading.local()
 
 
@@ -78,15 +88,30 @@ def _make_op(name: str, backend_method: str, op_name: str) -> Callable[..., Any]
     code = _ledger.OP_CODES[op_name]
 
     def op(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self._rankguard_retired is not None:
+            raise GroupRetired(self._rankguard_name, self._rankguard_retired)
         slot = self._rankguard_slot
-        if slot is None:
-            return getattr(self._rankguard_backend, backend_method)(*args, **kwargs)
-        if self._rankguard_is_world and state.injector is not None:
-            state.injector.before_op(slot.entered)  # entered - 1 collectives so far, +1 for init
-        slot.enter(code)
+        limit = _deadline.current()
+        if not (state.bounded or limit is not None):
+            if slot is None:
+                return getattr(self._rankguard_backend, backend_method)(*args, **kwargs)
+            if self._rankguard_is_world and state.injector is not None:
+                state.injector.before_op(slot.entered)  # entered - 1 collectives so far, +1 for init
+            slot.enter(code)
+            work = getattr(self._rankguard_backend, backend_method)(*args, **kwargs)
+            completions.add(slot, work)
+            return work
+        if limit is not None:
+            _bounded.limit_options(args, limit)
+        entry = 0
+        if slot is not None:
+            if self._rankguard_is_world and state.injector is not None:
+                state.injector.before_op(slot.entered)
+            entry = slot.enter(code)
         work = getattr(self._rankguard_backend, backend_method)(*args, **kwargs)
-        completions.add(slot, work)
-        return work
+        if slot is not None:
+            completions.add(slot, work)
+        return _bounded.work_class()(work, self, entry, op_name, limit)
 
     op.__name__ = name
     op.__qualname__ = f"InstrumentedGroup.{name}"
@@ -102,11 +127,18 @@ def _group_class() -> type:
     class InstrumentedGroup(ProcessGroup):
         """A process group that records every operation in the ledger, then runs it on gloo."""
 
-        def __init__(self, backend: Any, rank: int, size: int, slot: Any, is_world: bool) -> None:
-            super().__init__(rank, size)
+        def __init__(self, backend: Any, options: Any, slot: Any, is_world: bool) -> None:
+            super().__init__(options.group_rank, options.group_size)
             self._rankguard_backend = backend
             self._rankguard_slot = slot
             self._rankguard_is_world = is_world
+            self._rankguard_name = "world" if is_world else str(options.group_id)
+            self._rankguard_ranks = (list(options.global_ranks_in_group)
+                                     or list(range(options.group_size)))  # empty for the world
+            self._rankguard_rank = self._rankguard_ranks[options.group_rank]
+            self._rankguard_retired: str | None = None
+            self._rankguard_notice: dict[str, Any] | None = None
+            groups.register(self)
             self._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, backend)
             self._set_default_backend(ProcessGroup.BackendType.GLOO)
 
@@ -136,7 +168,25 @@ def _create_group(options: Any, backend_options: Any) -> Any:
                                timeout=options.timeout)
     backend.options.global_ranks_in_group = list(options.global_ranks_in_group)
     backend.options.group_name = options.group_id
-    return _group_class_cached()(backend, options.group_rank, options.group_size, slot, is_world)
+    group = _group_class_cached()(backend, options, slot, is_world)
+    if is_world and state.bounded:
+        start_probing(options.store, group._rankguard_rank)
+    return group
+
+
+def start_probing(store: Any, rank: int) -> None:
+    """Answer peers' probes in this generation, and be able to ask them."""
+    if state.responder is not None:
+        state.responder.close()
+    else:
+        atexit.register(_stop_probing)
+    state.responder = _probe.Responder(store, rank, groups.describe, groups.on_notice)
+    state.asker = _probe.Asker(store)
+
+
+def _stop_probing() -> None:
+    if state.responder is not None:
+        state.responder.close()
 
 
 @functools.cache
@@ -198,6 +248,7 @@ def install() -> None:
             kwargs["timeout"] = timeout
             init_method = None
         backend = _translate(backend)
+        state.pg_timeout = kwargs.get("timeout")
         creating = state.creating_default
         creating.value, creating.entered = True, False
         if world is not None and backend != BACKEND:
@@ -228,3 +279,4 @@ def install() -> None:
         module.new_group = new_group
         module.get_backend = get_backend
     dist._rankguard_installed = True
+

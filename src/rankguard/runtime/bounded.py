@@ -1,0 +1,214 @@
+"""Bounded collectives: work handles whose wait ends, and whose failure names the missing ranks.
+
+In bounded mode (``rankguard.init()``, a ``rankguard.deadline()`` block, or a job-wide default)
+every operation of an instrumented group returns a :class:`BoundedWork` instead of gloo's own
+handle. The deadline itself is enforced by gloo: the remaining time is set as the operation's
+timeout, so gloo fails the operation at the deadline, closes its connections and leaves no
+thread behind. That also bounds collectives that DistributedDataParallel issues from C++.
+
+``BoundedWork.wait`` waits in slices of ``SLICE`` so that a retirement from another thread
+(a SIGTERM teardown, a supervisor's notice) wakes it within one slice. When the operation fails
+it retires the group, asks the peers where they are (``runtime.probe``) and raises
+:class:`rankguard.CollectiveTimeout` or :class:`rankguard.PeerFailed`, chained to gloo's error.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import time
+from datetime import timedelta
+from typing import Any
+
+from ..errors import CollectiveError, CollectiveTimeout, GroupRetired, PeerFailed
+from . import groups
+from .deadline import Deadline
+
+SLICE = timedelta(milliseconds=50)
+_MIN_TIMEOUT = timedelta(milliseconds=1)
+
+# Works whose future went to C++ (DDP): a failed one explains a RuntimeError from backward().
+handed_out: collections.deque[Any] = collections.deque(maxlen=256)
+last_failure: CollectiveError | None = None
+
+
+def limit_options(args: tuple[Any, ...], limit: Deadline) -> None:
+    """Give the operation's options (its last positional argument) the deadline as timeout."""
+    options = args[-1] if args else None
+    if options is not None and hasattr(options, "timeout"):
+        remaining = timedelta(seconds=limit.remaining())
+        options.timeout = remaining if remaining > _MIN_TIMEOUT else _MIN_TIMEOUT
+
+
+def explain(group: Any, entry: int, op: str, started: float, limit: Deadline | None,
+            error: BaseException | None, reported: dict[str, Any] | None = None
+            ) -> CollectiveError:
+    """Retire ``group``, tell its peers, ask them where they are, and build the error for its
+    failed operation number ``entry``. ``reported``: the notice of the peer that saw the
+    failure first, when that is how this rank learnt of it."""
+    global last_failure
+    from . import instrument
+
+    waited = time.monotonic() - started
+    seq = _seq(group, entry)
+    groups.retire(group, f"{op} #{seq} failed")
+    me = group._rankguard_rank
+    peers = [r for r in group._rankguard_ranks if r != me]
+    asker = instrument.state.asker
+    notice = {"by": me, "op": op, "seq": seq}
+    answers = asker.ask(group._rankguard_name, peers, notice) if asker is not None else {}
+    missing, states = [], {}
+    for peer in peers:
+        answer = answers.get(peer) if answers else None
+        if not answers:
+            continue
+        if answer is None:
+            states[peer] = "did not answer (stopped, dead, or holding the GIL)"
+            missing.append(peer)
+        elif answer["entered"] < entry:
+            behind = _seq_of(answer["entered"], answer["world"])
+            states[peer] = (f"was at {answer['op']} #{behind}" if behind > 0
+                            else "had not entered any collective")
+            missing.append(peer)
+        elif answer.get("retired"):
+            states[peer] = f"arrived, then gave up ({answer['retired']})"
+    text = str(error or "")
+    timed_out = "timed out" in text.lower() or (limit is not None and limit.remaining() <= 0)
+    if reported is not None:
+        kind, cause = PeerFailed, (f"was abandoned: rank {reported.get('by')} reported that "
+                                   f"{reported.get('op')} #{reported.get('seq')} failed there")
+    elif timed_out:
+        budget = f" of {limit.seconds:g} s" if limit is not None else ""
+        kind, cause = CollectiveTimeout, f"passed its deadline{budget}"
+    else:
+        first = text.splitlines()[0] if text else "the supervisor reported a failed peer"
+        kind, cause = PeerFailed, f"failed because a peer failed ({_short(first)})"
+    failure = kind(cause, op=op, seq=seq, group=group._rankguard_name, rank=me,
+                   missing=missing, waited=waited, peers=states)
+    last_failure = failure
+    return failure
+
+
+def _seq(group: Any, entry: int) -> int:
+    return _seq_of(entry, group._rankguard_is_world)
+
+
+def _seq_of(entry: int, is_world: bool) -> int:
+    return entry - 1 if is_world else entry  # the world's entry 1 is init_process_group
+
+
+def _short(gloo_text: str) -> str:
+    """gloo's message without its source path prefix."""
+    if gloo_text.startswith("[") and "] " in gloo_text:
+        gloo_text = gloo_text.split("] ", 1)[1]
+    return gloo_text if len(gloo_text) <= 160 else gloo_text[:157] + "..."
+
+
+@functools.cache
+def work_class() -> type:
+    """Build the Work subclass (torch must be imported first)."""
+    import torch.distributed as dist
+
+    class BoundedWork(dist.Work):
+        """A gloo work handle whose ``wait`` is bounded and explains its failure."""
+
+        def __init__(self, inner: Any, group: Any, entry: int, op: str,
+                     limit: Deadline | None) -> None:
+            super().__init__()
+            self._inner = inner
+            self._group = group
+            self._entry = entry
+            self._op = op
+            self._limit = limit
+            self._started = time.monotonic()
+
+        def wait(self, timeout: timedelta | None = None) -> bool:
+            inner = self._inner
+            own = None
+            if timeout is not None and timeout > timedelta(0):
+                own = Deadline.after(timeout.total_seconds())
+            while True:
+                try:
+                    return inner.wait(SLICE)
+                except RuntimeError as error:
+                    if inner.is_completed():
+                        raise self._failure(error) from error
+                    group = self._group
+                    if group._rankguard_retired is not None:
+                        if group._rankguard_notice is not None:
+                            raise explain(group, self._entry, self._op, self._started,
+                                          self._limit, None, group._rankguard_notice) from None
+                        raise GroupRetired(group._rankguard_name,
+                                           group._rankguard_retired) from None
+                    if own is not None and own.remaining() <= 0:
+                        raise self._failure(None, own) from None
+
+        def _failure(self, error: BaseException | None,
+                     limit: Deadline | None = None) -> CollectiveError:
+            if error is None and limit is not None:
+                error = TimeoutError("timed out")
+            return explain(self._group, self._entry, self._op, self._started,
+                           limit or self._limit, error)
+
+        def is_completed(self) -> bool:
+            return self._inner.is_completed()
+
+        def result(self) -> Any:
+            return self._inner.result()
+
+        def synchronize(self) -> None:
+            self._inner.synchronize()
+
+        def get_future(self) -> Any:
+            if not _backward_explained:
+                _explain_backward_failures()
+            handed_out.append(self)
+            return self._inner.get_future()
+
+        def explain_if_failed(self) -> CollectiveError | None:
+            if not self._inner.is_completed():
+                return None
+            try:
+                self._inner.wait()  # completed: returns at once, or raises gloo's error
+            except RuntimeError as error:
+                return self._failure(error)
+            return None
+
+    return BoundedWork
+
+
+_backward_explained = False
+
+
+def _explain_backward_failures() -> None:
+    """Make ``backward()`` raise the rankguard error of a collective that C++ code (DDP's
+    reducer) issued and that failed, chained to the RuntimeError that C++ raised. Installed the
+    first time a work's future goes to C++, when torch is fully imported."""
+    global _backward_explained
+    import torch.autograd
+
+    _backward_explained = True
+    original = torch.autograd.backward
+
+    @functools.wraps(original)
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        except RuntimeError as error:
+            failure = failure_behind() if handed_out else None
+            if failure is None:
+                raise
+            raise failure from error
+
+    torch.autograd.backward = backward
+
+
+def failure_behind() -> CollectiveError | None:
+    """The collective failure that made C++ code (DDP's backward) raise, if any."""
+    while handed_out:
+        work = handed_out.popleft()
+        failure = work.explain_if_failed()
+        if failure is not None:
+            handed_out.clear()
+            return failure
+    return None

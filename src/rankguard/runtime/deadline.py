@@ -1,0 +1,104 @@
+"""Deadlines on collectives: ``with rankguard.deadline(seconds): ...``.
+
+A deadline is an absolute point on the monotonic clock, set once at the edge (the ``with``
+statement, or the job-wide default when an operation starts) and read by every layer below, never
+re-derived. Nested deadlines keep the earliest. The effective deadline of an operation is the
+earliest of the innermost ``deadline()`` block of the calling thread and ``now + default``, where
+the job-wide default is set by ``rankguard.init(collective_timeout=...)`` or by the launcher's
+``--collective-timeout``.
+
+The instrumented process group hands the remaining time to gloo as the operation's own timeout,
+so the bound holds for collectives issued from C++ (DistributedDataParallel) too; see
+``runtime.bounded`` for what happens when it passes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from typing import Iterator
+
+from ..errors import UsageError
+
+
+class Deadline:
+    """An absolute deadline on the monotonic clock."""
+
+    __slots__ = ("at", "seconds")
+
+    def __init__(self, at: float, seconds: float) -> None:
+        self.at = at
+        self.seconds = seconds  # the budget it was made from, for messages
+
+    @classmethod
+    def after(cls, seconds: float) -> Deadline:
+        return cls(time.monotonic() + seconds, seconds)
+
+    def remaining(self) -> float:
+        """Seconds left; negative once it has passed."""
+        return self.at - time.monotonic()
+
+
+class _Scope(threading.local):
+    innermost: Deadline | None = None
+
+
+_scope = _Scope()
+_default_seconds: float | None = None
+
+
+def check_seconds(what: str, seconds: float) -> float:
+    """``seconds`` as a float, or UsageError naming ``what`` if it is not a positive number."""
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError):
+        raise UsageError(what, f"expected a number of seconds, got {seconds!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise UsageError(what, f"must be a positive number of seconds, got {seconds!r}")
+    return value
+
+
+def set_default(seconds: float | None) -> None:
+    """Set (or clear, with None) the job-wide deadline of every collective."""
+    global _default_seconds
+    _default_seconds = None if seconds is None else check_seconds("collective_timeout", seconds)
+
+
+def default() -> float | None:
+    """The job-wide deadline of every collective, in seconds, or None."""
+    return _default_seconds
+
+
+@contextlib.contextmanager
+def deadline(seconds: float) -> Iterator[Deadline]:
+    """Bound every collective issued by this thread inside the block to ``seconds`` from now.
+
+    A collective that has not completed when the deadline passes raises
+    :class:`rankguard.CollectiveTimeout` (naming the operation, its sequence number and the ranks
+    that had not arrived) and retires its process group. Nested blocks keep the earliest
+    deadline. Needs the process group to be created after ``rankguard.init()`` (or under
+    ``rankguard run``).
+
+    Raises:
+        UsageError: ``seconds`` is not a positive number.
+    """
+    limit = Deadline.after(check_seconds("rankguard.deadline(seconds)", seconds))
+    outer = _scope.innermost
+    if outer is not None and outer.at <= limit.at:
+        limit = outer
+    _scope.innermost = limit
+    try:
+        yield limit
+    finally:
+        _scope.innermost = outer
+
+
+def current() -> Deadline | None:
+    """The deadline an operation starting now must meet, or None for no deadline."""
+    scoped = _scope.innermost
+    if _default_seconds is None:
+        return scoped
+    job = Deadline.after(_default_seconds)
+    return scoped if scoped is not None and scoped.at <= job.at else job

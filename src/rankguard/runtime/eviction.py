@@ -1,0 +1,169 @@
+"""Clean eviction on SIGTERM, also while the main thread is blocked inside a collective.
+
+A Python ``signal.signal`` handler runs only when the main thread returns to the interpreter,
+which a rank blocked in a gloo collective with a frozen peer does not do for the backend's
+timeout. So the handler is only half of it: :func:`install` also points Python's signal wakeup
+fd at a pipe read by a **watcher thread**. The C-level handler writes the signal number there at
+once, whatever the main thread is doing, and the watcher starts the teardown:
+
+1. retire every instrumented process group: a main thread waiting in a bounded collective wakes
+   within one slice, and no new collective starts;
+2. mark the pending completions in the ledger (so the supervisor's record is exact);
+3. drain device work: ``torch.cuda.synchronize()``, only where CUDA was initialised;
+4. abort NCCL communicators (``ncclCommAbort``); gloo has no in-process abort: its connections
+   close when the process exits, which makes its peers fail at once instead of waiting;
+5. flush stdout and stderr, and end the process with ``os._exit(0)``.
+
+The steps run in a worker thread bounded by the grace budget; past it the process ends with
+:data:`EXIT_TEARDOWN_TIMEOUT` after naming the step that overran. Parts that do not exist (no
+torch, no process group, no CUDA) are skipped without a word. If the program replaces the SIGTERM
+handler after :func:`install`, the program owns SIGTERM and the watcher stands aside.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+from .. import ledger as _ledger
+from ..errors import UsageError
+from . import groups
+
+DEFAULT_GRACE_S = 5.0
+EXIT_TEARDOWN_TIMEOUT = 143  # what an orchestrator sees from a process that SIGTERM ended
+
+_lock = threading.Lock()
+_grace = DEFAULT_GRACE_S
+_begun = False
+_finished = threading.Event()
+_installed = False
+
+
+def install(grace: float = DEFAULT_GRACE_S) -> None:
+    """Tear down cleanly and exit 0 on SIGTERM, within ``grace`` seconds.
+
+    Call from the main thread. Calling again only changes the budget.
+
+    Raises:
+        UsageError: called from another thread than the main thread.
+    """
+    global _grace, _installed
+    _grace = grace
+    if _installed:
+        return
+    if threading.current_thread() is not threading.main_thread():
+        raise UsageError("rankguard.init()", "must be called from the main thread",
+                         "signal handlers can only be installed there")
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    forward_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    threading.Thread(target=_watch, args=(read_fd, forward_fd), name="rankguard-sigterm",
+                     daemon=True).start()
+    _installed = True
+
+
+def _watch(read_fd: int, forward_fd: int) -> None:
+    while True:
+        data = os.read(read_fd, 64)
+        if not data:
+            return
+        if forward_fd >= 0:  # a wakeup fd set before ours (an event loop) still gets its bytes
+            try:
+                os.write(forward_fd, data)
+            except OSError:
+                pass
+        if signal.SIGTERM in data and signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            begin("SIGTERM")
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    """The main thread's part: start the teardown if the watcher has not, then stay out of its
+    way (no more user code runs) until it ends the process."""
+    begin("SIGTERM")
+    _finished.wait(_grace + 1.0)
+    os._exit(EXIT_TEARDOWN_TIMEOUT)
+
+
+def begin(reason: str) -> None:
+    """Start the bounded teardown (once); the process ends when it is done."""
+    global _begun
+    with _lock:
+        if _begun:
+            return
+        _begun = True
+    threading.Thread(target=_run, args=(reason,), name="rankguard-teardown", daemon=True).start()
+
+
+def _run(reason: str) -> None:
+    started = time.monotonic()
+    progress = {"step": "starting"}
+    worker = threading.Thread(target=_steps, args=(reason, progress), daemon=True)
+    worker.start()
+    worker.join(_grace)
+    who = f"rank {os.environ['RANK']}" if "RANK" in os.environ else f"pid {os.getpid()}"
+    took = time.monotonic() - started
+    if worker.is_alive():
+        _say(f"rankguard: {who}: {reason}: teardown step '{progress['step']}' overran its "
+             f"{_grace:g} s budget; exiting {EXIT_TEARDOWN_TIMEOUT}")
+        _finished.set()
+        os._exit(EXIT_TEARDOWN_TIMEOUT)
+    released = progress.get("released", "")
+    _say(f"rankguard: {who}: {reason}: torn down in {took:.2f} s{released}; exiting 0")
+    _finished.set()
+    os._exit(0)
+
+
+def _steps(reason: str, progress: dict[str, str]) -> None:
+    from . import instrument
+
+    ledger = instrument.state.ledger
+    if ledger is not None:
+        progress["step"] = "record the teardown"
+        instrument.completions.flush()
+        ledger.record_fault(_ledger.FAULT_TERMINATED, ledger.in_collective())
+        ledger.set_flag(_ledger.FLAG_TERMINATING)
+    progress["step"] = "retire process groups"
+    live = groups.live()
+    groups.retire_all(f"terminating ({reason})")
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            progress["step"] = "torch.cuda.synchronize"
+            torch.cuda.synchronize()
+        progress["step"] = "abort NCCL communicators"
+        try:
+            abort_nccl()
+        except Exception as error:  # noqa: BLE001 (the exit that follows releases it anyway)
+            _say(f"rankguard: could not abort NCCL communicators: {error}")
+    if live:
+        progress["released"] = f" ({len(live)} process group{'s' * (len(live) > 1)} released)"
+    progress["step"] = "flush output"
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+
+
+def abort_nccl() -> None:
+    """Abort every NCCL communicator of this process (``ncclCommAbort``); no-op without one."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    from torch.distributed import distributed_c10d as c10d
+
+    uses_nccl = any("nccl" in str(c10d.get_backend(pg)).lower()
+                    for pg in list(c10d._world.pg_map))
+    if uses_nccl:
+        c10d._abort_process_group()
+
+
+def _say(line: str) -> None:
+    try:
+        os.write(2, (line + "\n").encode())
+    except OSError:
+        pass

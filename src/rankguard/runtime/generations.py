@@ -1,0 +1,135 @@
+"""Generations: after a fault, the surviving ranks form a new process group without restarting.
+
+A process group that saw a fault is retired, never reused. ``rankguard.regroup()`` forms the next
+**generation** from the ranks that are still healthy, on a fresh namespace of the same store
+(``rankguard/gen<N>/``), so no key of an earlier generation can meet a later one:
+
+1. **membership**: the first survivor to get here proposes the members, the current ranks minus
+   the ones known to have failed (the ``missing`` ranks of the last collective error, or the
+   ``exclude`` argument); the store's compare-and-set makes that proposal the one every survivor
+   adopts. A rank left out of it learns so and gets :class:`rankguard.GroupRetired`.
+2. **join**: every member marks its arrival and counts itself in; all must be in within the
+   timeout, or the ones that are not are named (:class:`rankguard.CollectiveTimeout`).
+3. **new group**: the old groups are discarded (their backends are never destructed, see
+   ``runtime.groups``) and the default group is created again, ranks numbered in the order of
+   their old ranks. ``RANK`` and ``WORLD_SIZE`` in the environment follow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Iterable
+
+from ..errors import CollectiveTimeout, GroupRetired, UsageError
+from . import bounded, groups, instrument
+from .deadline import check_seconds
+from .probe import clone_client
+
+DEFAULT_TIMEOUT_S = 10.0
+_POLL_S = 0.002
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The process group a rank belongs to after ``regroup()``.
+
+    Attributes:
+        number: the generation (0 is the group the job started with).
+        rank: this rank's number in it.
+        world_size: how many ranks it has.
+        previous_rank: this rank's number in the previous generation.
+        members: the previous-generation ranks that form it, in new-rank order.
+        took: seconds ``regroup()`` took.
+    """
+
+    number: int
+    rank: int
+    world_size: int
+    previous_rank: int
+    members: list[int]
+    took: float
+
+
+class _Lineage:
+    root: Any = None  # the store of generation 0, under which every later one lives
+    number = 0
+
+
+_lineage = _Lineage()
+
+
+def regroup(*, timeout: float = DEFAULT_TIMEOUT_S, exclude: Iterable[int] | None = None
+            ) -> Generation:
+    """Form the next generation of the default process group from the surviving ranks.
+
+    Every surviving rank calls it (typically after catching a ``rankguard.CollectiveError``).
+    Returns within ``timeout`` plus the time gloo takes to connect the members.
+
+    Args:
+        timeout: seconds to wait for every member to join.
+        exclude: ranks (current numbering) to leave out; default: the ranks that the last
+            collective error of this rank named as missing.
+
+    Raises:
+        UsageError: no process group exists, or ``timeout`` is not a positive number.
+        GroupRetired: this rank was left out of the new generation by its peers.
+        CollectiveTimeout: a member did not join within ``timeout``.
+    """
+    timeout = check_seconds("rankguard.regroup(timeout)", timeout)
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    if not dist.is_initialized():
+        raise UsageError("rankguard.regroup()", "there is no process group to regroup",
+                         "call it after init_process_group, when a collective has failed")
+    started = time.monotonic()
+    if _lineage.root is None:
+        _lineage.root = c10d._get_default_store()
+    number = _lineage.number + 1
+    rank, size = dist.get_rank(), dist.get_world_size()
+    pg_timeout = instrument.state.pg_timeout or c10d.default_pg_timeout
+    failed = set(exclude) if exclude is not None else _known_failed()
+    prefix = f"rankguard/gen{number}/"
+    client = clone_client(_lineage.root, timedelta(seconds=timeout)) or _lineage.root
+    proposal = json.dumps(sorted(set(range(size)) - failed))
+    members = json.loads(client.compare_set(f"{prefix}members", "", proposal))
+    if rank not in members:
+        groups.retire_all(f"left out of generation {number}")
+        raise GroupRetired("world", f"this rank was left out of generation {number} "
+                                    f"(members: {members})")
+    absent = _join(client, prefix, rank, members, started + timeout)
+    if absent:
+        groups.retire_all(f"generation {number} did not form")
+        raise CollectiveTimeout("did not form: members failed to join", op="regroup",
+                                seq=number, group="world", rank=rank, missing=absent,
+                                waited=time.monotonic() - started)
+    groups.retire_all(f"replaced by generation {number}")
+    groups.discard_all()
+    new_rank = members.index(rank)
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"{prefix}pg/", _lineage.root),
+                            rank=new_rank, world_size=len(members), timeout=pg_timeout)
+    _lineage.number = number
+    bounded.last_failure = None
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(new_rank), str(len(members))
+    return Generation(number, new_rank, len(members), rank, members, time.monotonic() - started)
+
+
+def _known_failed() -> set[int]:
+    failure = bounded.last_failure
+    return set(failure.missing) if failure is not None else set()
+
+
+def _join(client: Any, prefix: str, rank: int, members: list[int], deadline: float) -> list[int]:
+    """Members that did not join before ``deadline`` (empty when all did)."""
+    client.set(f"{prefix}joined/{rank}", "1")
+    joined = client.add(f"{prefix}count", 1)
+    while joined < len(members) and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+        joined = client.add(f"{prefix}count", 0)
+    if joined >= len(members):
+        return []
+    return [m for m in members if not client.check([f"{prefix}joined/{m}"])]

@@ -1,0 +1,86 @@
+"""The process groups of this rank that rankguard instruments, and their retirement.
+
+A group that saw a fault is **retired**, never reused (a gloo group whose collective timed out
+has closed its connections; one whose peer died is half-open). Retiring marks it, so every
+later operation raises :class:`rankguard.GroupRetired` at once, and keeps its gloo backend
+alive for the rest of the process: destroying a gloo backend joins its worker threads, which
+would block for the backend's timeout if one of them is still inside a collective with a frozen
+peer. The process exits without running that destructor.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import weakref
+from typing import Any
+
+_live: weakref.WeakSet[Any] = weakref.WeakSet()
+_lock = threading.Lock()
+
+
+def register(group: Any) -> None:
+    """Track an instrumented group (weakly: a destroyed group drops out)."""
+    with _lock:
+        _live.add(group)
+
+
+def live() -> list[Any]:
+    with _lock:
+        return list(_live)
+
+
+def retire(group: Any, reason: str, notice: dict[str, Any] | None = None) -> None:
+    """Mark ``group`` retired (first reason wins) and keep its backend out of destruction.
+
+    ``notice``: a peer's report that the group failed (see ``runtime.probe``), kept so that a
+    collective waiting on the group raises ``PeerFailed`` rather than ``GroupRetired``.
+    """
+    with _lock:
+        if group._rankguard_retired is not None:
+            return
+        group._rankguard_retired = reason
+        group._rankguard_notice = notice
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(group._rankguard_backend))
+
+
+def retire_all(reason: str) -> None:
+    for group in live():
+        retire(group, reason)
+
+
+def by_name(name: str) -> Any | None:
+    for group in live():
+        if group._rankguard_name == name:
+            return group
+    return None
+
+
+def on_notice(name: str, notice: dict[str, Any]) -> None:
+    """A peer reports that the group called ``name`` failed: retire it here too."""
+    group = by_name(name)
+    if group is not None:
+        retire(group, f"rank {notice.get('by')} reported that {notice.get('op')} "
+                      f"#{notice.get('seq')} failed", notice)
+
+
+def describe(name: str) -> dict[str, Any] | None:
+    """This rank's progress in the group called ``name``, as a peer's probe wants it."""
+    group = by_name(name)
+    if group is None:
+        return None
+    slot = group._rankguard_slot
+    entered, done, op = slot.progress() if slot is not None else (0, 0, "none")
+    return {"entered": entered, "done": done, "op": op, "world": group._rankguard_is_world,
+            "retired": group._rankguard_retired}
+
+
+def discard_all() -> None:
+    """Deinitialise torch.distributed without destructing any backend: every process group,
+    instrumented or not, is kept alive for the rest of the process, so no exit or later
+    ``init_process_group`` blocks on a worker thread stuck in a collective."""
+    from torch.distributed import distributed_c10d as c10d
+
+    for group in list(c10d._world.pg_map):
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
+    c10d.destroy_process_group()

@@ -1,0 +1,161 @@
+"""Asking the peers of a failed collective where they are.
+
+When a collective fails or times out, the rank that saw it wants to name the ranks that had not
+arrived. Every rank of a generation runs a small **responder** thread that blocks on a queue in
+the generation's store (its own client connection, so it never holds up the main thread's store
+calls) and answers each request with its own progress in the asked group: how many operations
+it entered and completed, the last one, and whether it retired the group. The answer comes from
+the rank's counters, which only its main thread advances, so it reports progress, not liveness:
+a rank whose main thread is frozen answers that it is behind, and a stopped, dead or GIL-holding
+rank does not answer at all.
+
+The asking rank pushes a request to each peer's queue and polls for the answers for at most
+``ANSWER_WINDOW_S``; no call here waits longer than that. A request may carry a **notice** that
+the group failed: the responder then retires the group locally, which wakes a main thread
+waiting in a collective that will never complete because the failure was elsewhere (in a ring,
+only the neighbours of a dead rank see its connection close).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import threading
+import time
+from datetime import timedelta
+from typing import Any, Callable
+
+ANSWER_WINDOW_S = 0.5
+_POLL_S = 0.01
+_IDLE_WAIT = timedelta(hours=1)  # a responder's wait for the next request; then it waits again
+_ASK_TIMEOUT = timedelta(seconds=2)
+
+Describe = Callable[[str], "dict[str, Any] | None"]
+OnNotice = Callable[[str, "dict[str, Any]"], None]
+_request_ids = itertools.count(1)
+
+
+def _queue(rank: int) -> str:
+    return f"rankguard/probe/{rank}"
+
+
+def _answer_key(request: str, rank: int) -> str:
+    return f"rankguard/answer/{request}/{rank}"
+
+
+def clone_client(store: Any, timeout: timedelta) -> Any | None:
+    """A new client connection to ``store``'s server with its own timeout, or None for a store
+    that cannot be cloned (HashStore, FileStore: peers cannot be asked then)."""
+    try:
+        client = store.clone()
+        client.set_timeout(timeout)
+        client.queue_push  # noqa: B018 (needs the queue API)
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return None
+    return client
+
+
+class Responder:
+    """Answers the probes addressed to this rank until ``close()``; one per generation."""
+
+    def __init__(self, store: Any, rank: int, describe: Describe, on_notice: OnNotice) -> None:
+        self._rank = rank
+        self._describe = describe
+        self._on_notice = on_notice
+        self._client = clone_client(store, _IDLE_WAIT)
+        self._closer = clone_client(store, _ASK_TIMEOUT)
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        if self._client is not None and self._closer is not None:
+            self._thread = threading.Thread(target=self._serve, name="rankguard-responder",
+                                            daemon=True)
+            self._thread.start()
+
+    def _serve(self) -> None:
+        client = self._client
+        while not self._closed:
+            try:
+                message = json.loads(client.queue_pop(_queue(self._rank), True))
+            except Exception:  # noqa: BLE001 (idle timeout, or the store is gone)
+                if self._store_gone():
+                    return
+                continue
+            if message.get("stop"):
+                return
+            group = message.get("group", "")
+            answer = self._describe(group)
+            if message.get("notice"):
+                self._on_notice(group, message["notice"])
+            try:
+                client.set(_answer_key(message["id"], self._rank), json.dumps(answer))
+            except Exception:  # noqa: BLE001 (the asker's store went away: nobody to answer)
+                return
+
+    def _store_gone(self) -> bool:
+        try:
+            self._closer.check(["rankguard/alive"])
+        except Exception:  # noqa: BLE001
+            return True
+        return False
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Stop answering and wait up to ``timeout`` s for the thread to end.
+
+        Called at interpreter exit too: a daemon thread still inside a torch call when the
+        interpreter finalizes is ended by a forced unwind that aborts the process.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread is not None:
+            try:
+                self._closer.queue_push(_queue(self._rank), json.dumps({"stop": True}))
+            except Exception:  # noqa: BLE001 (the store is gone: so is the thread's wait)
+                pass
+            self._thread.join(timeout)
+
+
+class Asker:
+    """Asks peers where they are; made when the generation forms, used when something fails."""
+
+    def __init__(self, store: Any) -> None:
+        self._client = clone_client(store, _ASK_TIMEOUT)
+
+    @property
+    def available(self) -> bool:
+        return self._client is not None
+
+    def ask(self, group: str, peers: list[int], notice: dict[str, Any] | None = None,
+            window: float = ANSWER_WINDOW_S) -> dict[int, dict[str, Any] | None]:
+        """Each peer's answer about ``group`` (None: no answer within ``window`` seconds);
+        with ``notice``, also tell them that the group failed.
+
+        Returns an empty dict when the peers cannot be asked (no cloneable store, or its server
+        is unreachable).
+        """
+        if self._client is None or not peers:
+            return {}
+        request = f"{os.getpid()}-{next(_request_ids)}"
+        body = json.dumps({"id": request, "group": group, "notice": notice})
+        try:
+            for peer in peers:
+                self._client.queue_push(_queue(peer), body)
+        except Exception:  # noqa: BLE001 (the store's server is dead or frozen)
+            return {}
+        answers: dict[int, dict[str, Any] | None] = {peer: None for peer in peers}
+        waiting = set(peers)
+        end = time.monotonic() + window
+        try:
+            while waiting:
+                for peer in list(waiting):
+                    key = _answer_key(request, peer)
+                    if self._client.check([key]):
+                        answers[peer] = json.loads(self._client.get(key))
+                        waiting.discard(peer)
+                if not waiting or time.monotonic() >= end:
+                    break
+                time.sleep(_POLL_S)
+        except Exception:  # noqa: BLE001 (the store went away while waiting)
+            pass
+        return answers

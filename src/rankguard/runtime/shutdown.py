@@ -1,0 +1,119 @@
+"""Guarded teardown: ``rankguard.shutdown(timeout)`` at the end of a script or a test session.
+
+``destroy_process_group()`` after a failure can hang (a peer never arrives at the last
+collective), and ``barrier(timeout=)`` exists only from torch 2.13 and names nobody. This is a
+barrier in the store instead: every rank marks its arrival under its own key and counts itself
+in; each rank polls the count until everyone is in or the budget is spent, then reads the keys
+to name the ranks that never arrived, on every rank that got there.
+
+- All arrived: the process groups are destroyed as usual.
+- Not all arrived (or the store is gone): the groups are **aborted** instead: retired (see
+  ``runtime.groups``: their gloo backends are never destructed, so no exit blocks on a stuck
+  thread), NCCL communicators aborted, and torch.distributed deinitialised so the process can
+  exit or start over. A line names the missing ranks; ``strict=True`` raises instead of
+  returning.
+
+Bound: ``timeout`` plus at most ``_DESTROY_ALLOWANCE_S`` for the destroy or abort itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from ..errors import TeardownTimeout
+from . import eviction, groups
+from .deadline import check_seconds
+from .probe import clone_client
+
+DEFAULT_TIMEOUT_S = 10.0
+_POLL_S = 0.005
+_DESTROY_ALLOWANCE_S = 1.0
+_calls = itertools.count()
+
+
+@dataclass(frozen=True)
+class ShutdownReport:
+    """What ``rankguard.shutdown()`` did.
+
+    Attributes:
+        clean: every rank arrived and the process groups were destroyed.
+        missing: the ranks that did not arrive within the timeout.
+        waited: seconds spent in the barrier.
+        detail: why it was not clean, in words ("" when clean).
+    """
+
+    clean: bool
+    missing: list[int] = field(default_factory=list)
+    waited: float = 0.0
+    detail: str = ""
+
+
+def shutdown(timeout: float = DEFAULT_TIMEOUT_S, *, strict: bool = False) -> ShutdownReport:
+    """Meet every rank at a bounded barrier, then destroy the process groups, or abort them.
+
+    Returns within ``timeout`` + 1 s. Without a process group there is nothing to do and the
+    report is clean.
+
+    Args:
+        timeout: seconds to wait for the other ranks at the barrier.
+        strict: raise :class:`TeardownTimeout` instead of returning an unclean report.
+
+    Raises:
+        UsageError: ``timeout`` is not a positive number.
+        TeardownTimeout: with ``strict=True``, when a rank did not arrive.
+    """
+    timeout = check_seconds("rankguard.shutdown(timeout)", timeout)
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return ShutdownReport(True)
+    from torch.distributed import distributed_c10d as c10d
+
+    started = time.monotonic()
+    rank, size = dist.get_rank(), dist.get_world_size()
+    missing, detail = _barrier(c10d._get_default_store(), rank, size, started + timeout)
+    waited = time.monotonic() - started
+    if not missing and not detail:
+        dist.destroy_process_group()
+        return ShutdownReport(True, waited=waited)
+    _abort(dist)
+    report = ShutdownReport(False, missing, waited, detail or
+                            f"ranks {', '.join(map(str, missing))} did not arrive")
+    error = TeardownTimeout(missing, waited, detail)
+    if strict:
+        raise error
+    os.write(2, f"rankguard: rank {rank}: {error}\n".encode())
+    return report
+
+
+def _barrier(store: object, rank: int, size: int, deadline: float) -> tuple[list[int], str]:
+    """Missing ranks, and a reason when they cannot be known (the store is gone)."""
+    prefix = f"rankguard/shutdown/{next(_calls)}/"
+    budget = max(deadline - time.monotonic(), 0.001)
+    client = clone_client(store, timedelta(seconds=budget)) or store
+    try:
+        client.set(f"{prefix}{rank}", "1")
+        arrived = client.add(f"{prefix}count", 1)
+        while arrived < size and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+            arrived = client.add(f"{prefix}count", 0)
+        if arrived >= size:
+            return [], ""
+        return [r for r in range(size) if not client.check([f"{prefix}{r}"])], ""
+    except Exception as error:  # noqa: BLE001 (the store's server died or froze)
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        return [], f"the store is unreachable: {first}"
+
+
+def _abort(dist: object) -> None:
+    groups.retire_all("aborted by rankguard.shutdown()")
+    try:
+        eviction.abort_nccl()
+    except Exception:  # noqa: BLE001 (exiting releases the communicators anyway)
+        pass
+    groups.discard_all()

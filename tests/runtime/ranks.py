@@ -1,0 +1,127 @@
+"""Start real rank processes the way ``mp.spawn`` programs and torchrun do, without either.
+
+``Ranks`` runs ``tests/scripts/runtime_scenarios.py SCENARIO`` as N processes with the env://
+variables set (rank 0 hosts the TCPStore), or under stock torchrun or ``rankguard run``, and
+reads what the scenario reports through its folder. Every wait here has a deadline; ``close()``
+kills whatever is still alive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rankguard import proctree
+
+from ..conftest import ROOT, script
+
+SCENARIOS = script("runtime_scenarios.py")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Ranks:
+    """N rank processes of one scenario; a context manager that kills them all at exit."""
+
+    def __init__(self, scenario: str, world: int, folder: Path, launcher: str = "plain",
+                 env: dict[str, str] | None = None, launcher_args: tuple[str, ...] = ()) -> None:
+        self.folder = folder
+        self.world = world
+        folder.mkdir(parents=True, exist_ok=True)
+        base = {**os.environ, "SCENARIO_DIR": str(folder), "PYTHONUNBUFFERED": "1",
+                **(env or {})}
+        self.procs: list[subprocess.Popen[str]] = []
+        self.launcher: subprocess.Popen[str] | None = None
+        self.started = time.monotonic()
+        if launcher == "plain":
+            port = str(free_port())
+            for rank in range(world):
+                rank_env = {**base, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                            "RANK": str(rank), "LOCAL_RANK": str(rank),
+                            "WORLD_SIZE": str(world)}
+                self.procs.append(self._start([sys.executable, SCENARIOS, scenario], rank_env))
+            return
+        if launcher == "torchrun":
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
+                   "--master-port", str(free_port()), *launcher_args, SCENARIOS, scenario]
+        else:
+            cmd = [sys.executable, "-m", "rankguard.cli", "run", "--nproc-per-node", str(world),
+                   "--master-port", "0", "--log-dir", str(folder / "logs"), *launcher_args,
+                   SCENARIOS, scenario]
+        self.launcher = self._start(cmd, base)
+
+    @staticmethod
+    def _start(cmd: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=str(ROOT), env=env, start_new_session=True)
+
+    def __enter__(self) -> Ranks:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def pid(self, rank: int, mark: str = "ready", timeout: float = 30.0) -> int:
+        """The pid rank ``rank`` wrote once it reached ``mark``."""
+        return int(self._await_file(f"{mark}_{rank}", f"rank {rank} did not reach {mark!r}",
+                                    timeout))
+
+    def result(self, rank: int, timeout: float = 30.0) -> dict[str, Any]:
+        """What rank ``rank`` reported."""
+        return json.loads(self._await_file(f"result_{rank}.json",
+                                           f"rank {rank} reported nothing", timeout))
+
+    def _await_file(self, name: str, failure: str, timeout: float) -> str:
+        """The text of ``name`` in the folder once it exists (written by a rename)."""
+        path = self.folder / name
+        deadline = time.monotonic() + timeout
+        while not path.exists():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{failure} within {timeout} s:\n{self.output()}")
+            if self.launcher is not None and self.launcher.poll() is not None:
+                raise AssertionError(f"the launcher exited early:\n{self.output()}")
+            time.sleep(0.02)
+        return path.read_text()
+
+    def wait(self, rank: int, timeout: float) -> int:
+        """Exit code of plain rank ``rank`` (negative: the signal)."""
+        return self.procs[rank].wait(timeout)
+
+    def wait_launcher(self, timeout: float) -> int:
+        assert self.launcher is not None
+        return self.launcher.wait(timeout)
+
+    def output(self) -> str:
+        """What the processes printed so far (only once they have exited)."""
+        texts = []
+        for proc in [*self.procs, *([self.launcher] if self.launcher else [])]:
+            if proc.poll() is not None and proc.stderr is not None and not proc.stderr.closed:
+                out, err = proc.communicate()
+                texts.append(f"--- pid {proc.pid} exit {proc.returncode}\n{out}{err}")
+        return "\n".join(texts)
+
+    def stderr(self, rank: int) -> str:
+        proc = self.procs[rank]
+        assert proc.poll() is not None
+        return proc.communicate()[1] if proc.stderr and not proc.stderr.closed else ""
+
+    def close(self) -> None:
+        for proc in [*self.procs, *([self.launcher] if self.launcher else [])]:
+            if proc.poll() is None:
+                proctree.signal_tree(proc.pid, signal.SIGKILL)
+                proctree.signal_tree(proc.pid, signal.SIGCONT)
+            try:
+                proc.communicate(timeout=10)
+            except (subprocess.TimeoutExpired, ValueError):
+                pass

@@ -1,0 +1,71 @@
+"""Bad arguments to the public runtime API get a UsageError that names them; calls that have
+nothing to act on do nothing, cleanly."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import rankguard
+from rankguard.runtime import deadline as deadline_module
+
+
+@pytest.mark.parametrize("seconds", [0, -1, float("nan"), float("inf"), "soon", None])
+def test_deadline_refuses_anything_but_a_positive_number_of_seconds(seconds: object) -> None:
+    with pytest.raises(rankguard.UsageError, match=r"rankguard.deadline\(seconds\)"):
+        with rankguard.deadline(seconds):  # type: ignore[arg-type]
+            pass
+
+
+def test_nested_deadlines_keep_the_earliest_and_restore_the_outer_one() -> None:
+    with rankguard.deadline(5) as outer:
+        with rankguard.deadline(60) as inner:
+            assert inner is outer
+            assert deadline_module.current() is outer
+        with rankguard.deadline(1) as tighter:
+            assert tighter.at < outer.at
+            assert deadline_module.current() is tighter
+        assert deadline_module.current() is outer
+    assert deadline_module.current() is None
+
+
+def test_init_from_another_thread_than_main_is_refused() -> None:
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            rankguard.init()
+        except rankguard.UsageError as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    thread.join(30)
+    assert len(errors) == 1 and "main thread" in str(errors[0])
+
+
+CHECKS = """
+import rankguard
+report = rankguard.shutdown(timeout=1)
+print("shutdown", report.clean, report.missing)
+for call in (lambda: rankguard.shutdown(timeout=0), lambda: rankguard.regroup(),
+             lambda: rankguard.init(grace=-2), lambda: rankguard.init(collective_timeout="x")):
+    try:
+        call()
+    except rankguard.UsageError as error:
+        print("usage", error)
+"""
+
+
+def test_shutdown_without_a_group_is_clean_and_bad_calls_name_their_argument() -> None:
+    proc = subprocess.run([sys.executable, "-c", CHECKS], capture_output=True, text=True,
+                          timeout=60)
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0, proc.stderr
+    assert lines[0] == "shutdown True []"
+    assert "rankguard.shutdown(timeout)" in lines[1]
+    assert "rankguard.regroup(): there is no process group" in lines[2]
+    assert lines[3].startswith("usage grace:") and lines[4].startswith("usage collective_timeout:")

@@ -1,0 +1,143 @@
+"""The rank runtime against real faults: real rank processes, real gloo groups, real signals.
+
+Each scenario runs as plain processes (the way an ``mp.spawn`` program does), and the ones the
+issue names also under stock torchrun and under ``rankguard run``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from .ranks import Ranks
+
+GRACE = 3.0
+LAUNCHERS = ["plain", "torchrun", "rankguard"]
+
+
+def gone_within(pid: int, timeout: float) -> bool:
+    try:
+        psutil.Process(pid).wait(timeout)
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.TimeoutExpired:
+        return False
+    return True
+
+
+def test_sigterm_inside_allreduce_with_frozen_peer_exits_0_within_grace(tmp_path: Path) -> None:
+    with Ranks("sigterm_in_collective", 2, tmp_path, env={"SCENARIO_GRACE": str(GRACE)}) as ranks:
+        pid = ranks.pid(0)
+        ranks.pid(1)
+        time.sleep(0.3)  # rank 0 is now blocked in the all_reduce that frozen rank 1 never joins
+        started = time.monotonic()
+        os.kill(pid, signal.SIGTERM)
+        code = ranks.wait(0, GRACE + 2)
+        took = time.monotonic() - started
+        err = ranks.stderr(0)
+    assert code == 0, err
+    assert took < GRACE, took
+    assert "torn down" in err and "1 process group released" in err, err
+
+
+@pytest.mark.parametrize("scenario", ["sigterm_idle", "sigterm_cpu"])
+def test_sigterm_before_init_or_on_cpu_only_worker_exits_0_without_noise(
+        tmp_path: Path, scenario: str) -> None:
+    with Ranks(scenario, 1, tmp_path) as ranks:
+        pid = ranks.pid(0)
+        time.sleep(0.2)
+        os.kill(pid, signal.SIGTERM)
+        code = ranks.wait(0, GRACE + 2)
+        err = ranks.stderr(0)
+    assert code == 0, err
+    assert "Traceback" not in err and "Error" not in err, err
+    assert err.count("\n") == 1 and "torn down" in err, err
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_sigterm_inside_allreduce_exits_0_under_each_launcher(tmp_path: Path,
+                                                              launcher: str) -> None:
+    with Ranks("sigterm_in_collective", 2, tmp_path, launcher,
+               env={"SCENARIO_GRACE": str(GRACE)}) as ranks:
+        pid = ranks.pid(0)
+        frozen = ranks.pid(1)
+        time.sleep(0.3)
+        os.kill(pid, signal.SIGTERM)
+        assert gone_within(pid, GRACE), "rank 0 outlived its grace budget"
+        os.kill(frozen, signal.SIGKILL)
+        if launcher != "plain":
+            ranks.wait_launcher(30)
+        out = ranks.output()
+    assert "rank 0: SIGTERM: torn down" in out and "exiting 0" in out, out
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("fault", ["frozen", "dead"])
+def test_shutdown_names_the_missing_rank_on_every_rank_within_timeout_plus_1s(
+        tmp_path: Path, launcher: str, fault: str) -> None:
+    if fault == "dead" and launcher != "plain":
+        pytest.skip("under a launcher a dead rank ends the job: the launcher's own business")
+    with Ranks(f"shutdown_peer_{fault}", 3, tmp_path, launcher,
+               env={"SCENARIO_TIMEOUT": "2"}) as ranks:
+        results = [ranks.result(rank) for rank in (0, 1)]
+        if launcher == "plain":
+            codes = [ranks.wait(rank, 10) for rank in (0, 1)]
+            assert codes == [0, 0], ranks.output()  # and no exit blocks on the aborted group
+    for result in results:
+        assert result["clean"] is False
+        assert result["missing"] == [2]
+        assert 2.0 <= result["elapsed"] < 3.0
+        assert result["initialized"] is False  # aborted: free to exit or start over
+
+
+def test_shutdown_is_clean_and_destroys_the_group_when_every_rank_arrives(tmp_path: Path
+                                                                          ) -> None:
+    with Ranks("shutdown_all", 3, tmp_path) as ranks:
+        results = [ranks.result(rank) for rank in range(3)]
+        codes = [ranks.wait(rank, 10) for rank in range(3)]
+    assert codes == [0, 0, 0]
+    assert all(r["clean"] and r["missing"] == [] and not r["initialized"] for r in results)
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_deadline_on_allreduce_with_frozen_peer_raises_collective_timeout_naming_it(
+        tmp_path: Path, launcher: str) -> None:
+    with Ranks("deadline_peer_frozen", 2, tmp_path, launcher) as ranks:
+        result = ranks.result(0)
+    assert result["type"] == "CollectiveTimeout"
+    assert (result["op"], result["seq"], result["missing"]) == ("all_reduce", 2, [1])
+    assert 0.9 <= result["waited"] < 2.0  # the deadline counts from the `with`, not the op
+    assert result["elapsed"] < 3.0  # deadline + asking the peers, bounded
+    assert "rank 1 did not answer" in result["message"]
+    assert result["after"] == "GroupRetired"  # the group is retired, by design
+
+
+def test_regroup_of_three_survivors_after_a_rank_is_killed_then_allreduce_is_correct(
+        tmp_path: Path) -> None:
+    with Ranks("regroup_after_kill", 4, tmp_path) as ranks:
+        results = [ranks.result(rank) for rank in range(3)]
+        codes = [ranks.wait(rank, 10) for rank in range(3)]
+    assert codes == [0, 0, 0]
+    for old_rank, result in enumerate(results):
+        assert result["type"] in ("PeerFailed", "GroupRetired"), result
+        assert result["generation"] == 1 and result["world_size"] == 3
+        assert result["rank"] == old_rank and result["env_rank"] == str(old_rank)
+        assert result["value"] == 3.0  # the new group of 3 all-reduces correctly
+        assert result["took"] < 5.0
+    assert any(r["missing"] == [3] for r in results)
+
+
+def test_ddp_peer_death_raises_peer_failed_from_backward_not_a_crash(tmp_path: Path) -> None:
+    with Ranks("ddp_peer_dies", 2, tmp_path) as ranks:
+        result = ranks.result(0)
+        code = ranks.wait(0, 10)
+    assert code == 0
+    assert result["type"] == "PeerFailed" and result["missing"] == [1]
+    assert result["op"] == "all_reduce"
+    assert result["cause"] == "RuntimeError"  # gloo's error from inside DDP, chained
+    assert result["elapsed"] < 5.0
