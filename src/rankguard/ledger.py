@@ -12,7 +12,9 @@ record that is one update old; nothing depends on a consistent snapshot across f
 Layout (little-endian):
 
 - header, 64 bytes: magic, version, pid, flags, fault kind, fault-in-collective, fault time,
-  start time.
+  start time, the ranks the rank's own fault blames (a bitmask of the ranks a
+  ``rankguard.CollectiveError`` named as not arrived), and a notice from the supervisor that a
+  peer failed (the only field the supervisor writes).
 - ``MAX_GROUPS`` group slots of 64 bytes: group key, member bitmask, is-world, size, entered,
   done, kind of the last op entered, time of the last enter, time of the last completion.
 
@@ -36,8 +38,9 @@ from .errors import LedgerError
 MAGIC = 0x52474C31  # "RGL1"
 VERSION = 1
 MAX_GROUPS = 16
-HEADER = struct.Struct("<IIqIIIIdd16x")  # magic version pid flags fault in_coll reserved t_fault t_start
-_OFF_PID, _OFF_FLAGS, _OFF_FAULT, _OFF_T_FAULT, _OFF_T_START = 8, 16, 20, 32, 40
+# magic version pid flags fault in_coll reserved t_fault t_start blamed
+HEADER = struct.Struct("<IIqIIIIddQ8x")
+_OFF_PID, _OFF_FLAGS, _OFF_FAULT, _OFF_T_FAULT, _OFF_T_START, _OFF_BLAMED = 8, 16, 20, 32, 40, 48
 SLOT = struct.Struct("<QQIIQQI4xdd")
 SLOT_SIZE = 64
 SIZE = HEADER.size + MAX_GROUPS * SLOT_SIZE
@@ -47,6 +50,13 @@ WORLD_SLOT = 0
 FLAG_BOOTSTRAPPED = 1  # the rank's bootstrap is running
 FLAG_STACKS_READY = 2  # the stack-dump signal handler is installed: safe to send it
 FLAG_TERMINATING = 4  # the rank got SIGTERM and is tearing itself down
+FLAG_BOUNDED = 8  # the rank's collectives are bounded: a supervisor's notice makes them raise
+
+# notices from the supervisor to the rank: a peer failed (kind, then the failed rank or -1)
+_NOTICE = struct.Struct("<Ii")
+_OFF_NOTICE = 56
+NOTICE_NONE, NOTICE_DIED, NOTICE_HUNG = 0, 1, 2
+NOTICE_NAMES = {NOTICE_DIED: "died", NOTICE_HUNG: "hung"}
 
 # fault kinds recorded by the rank itself
 FAULT_NONE = 0
@@ -95,7 +105,7 @@ def create(path: str, world_size: int) -> None:
     The supervisor creates it before the rank starts, so it can always be read.
     """
     buf = bytearray(SIZE)
-    HEADER.pack_into(buf, 0, MAGIC, VERSION, 0, 0, FAULT_NONE, 0, 0, 0.0, 0.0)
+    HEADER.pack_into(buf, 0, MAGIC, VERSION, 0, 0, FAULT_NONE, 0, 0, 0.0, 0.0, 0)
     members = (1 << world_size) - 1 if world_size <= 64 else 0
     SLOT.pack_into(buf, HEADER.size, group_key("world"), members, 1, world_size, 0, 0, 0, 0.0, 0.0)
     with open(path, "wb") as f:
@@ -194,6 +204,19 @@ class LedgerWriter:
         struct.pack_into("<d", self._buf, _OFF_T_FAULT, time.monotonic())
         struct.pack_into("<II", self._buf, _OFF_FAULT, kind, int(in_collective))
 
+    def record_blame(self, ranks: list[int]) -> None:
+        """Record the ranks that the rank's fault blames (ranks 0 to 63)."""
+        mask = 0
+        for rank in ranks:
+            if 0 <= rank < 64:
+                mask |= 1 << rank
+        struct.pack_into("<Q", self._buf, _OFF_BLAMED, mask)
+
+    def notice(self) -> tuple[str, int] | None:
+        """The supervisor's notice that a peer failed: (``died`` or ``hung``, its rank)."""
+        kind, rank = _NOTICE.unpack_from(self._buf, _OFF_NOTICE)
+        return (NOTICE_NAMES.get(kind, "failed"), rank) if kind else None
+
     def world(self) -> _SlotWriter:
         return self.slot(WORLD_SLOT)
 
@@ -263,10 +286,21 @@ class RankProgress:
     t_fault: float
     t_start: float
     groups: tuple[GroupProgress, ...]
+    blamed: tuple[int, ...] = ()  # ranks that the rank's own fault names as not arrived
 
     @property
     def stacks_ready(self) -> bool:
         return bool(self.flags & FLAG_STACKS_READY)
+
+
+def post_notice(path: str, kind: int, failed_rank: int) -> None:
+    """The supervisor tells the rank of ledger ``path`` that ``failed_rank`` (-1: unknown)
+    died or hung; a rank waiting in a bounded collective then raises ``PeerFailed``."""
+    buf = _map(path, writable=True)
+    try:
+        _NOTICE.pack_into(buf, _OFF_NOTICE, kind, failed_rank)
+    finally:
+        buf.close()
 
 
 class LedgerReader:
@@ -277,7 +311,8 @@ class LedgerReader:
         self._buf = _map(path, writable=False)
 
     def read(self) -> RankProgress:
-        _, _, pid, flags, fault, fault_in_coll, _, t_fault, t_start = HEADER.unpack_from(self._buf, 0)
+        _, _, pid, flags, fault, fault_in_coll, _, t_fault, t_start, blamed = HEADER.unpack_from(
+            self._buf, 0)
         groups = []
         for index in range(MAX_GROUPS):
             key, members, is_world, size, entered, done, kind, t_enter, t_done = SLOT.unpack_from(
@@ -288,7 +323,7 @@ class LedgerReader:
             groups.append(GroupProgress(key, members, bool(is_world), size, entered, done, name,
                                         t_enter, t_done))
         return RankProgress(pid, flags, fault, bool(fault_in_coll), t_fault, t_start,
-                            tuple(groups))
+                            tuple(groups), tuple(r for r in range(64) if blamed >> r & 1))
 
     def close(self) -> None:
         self._buf.close()

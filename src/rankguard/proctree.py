@@ -41,6 +41,14 @@ def with_marker(token: str) -> list[int]:
     return with_env(MARKER, token)
 
 
+def is_stopped(pid: int) -> bool:
+    """Whether the process is stopped by a signal (SIGSTOP and friends; not a tracer stop)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except psutil.Error:
+        return False
+
+
 def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE

@@ -102,3 +102,31 @@ def test_rank_ignoring_sigterm_is_killed_after_grace_with_its_grandchild(run_ran
     steps = [e["step"] for e in run.events if e["event"] == "escalate"]
     assert steps == ["term", "kill"]
     # the grandchildren (sleep 600) are gone too: the autouse fixture fails the test otherwise
+
+
+def test_collective_timeout_blames_the_rank_that_never_arrived_not_the_one_that_raised(
+        run_rankguard):
+    run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "60",
+                         "--collective-timeout", "1", "--inject", "stop:rank=1,at=op5",
+                         *ALLREDUCE])
+    assert run.code == 3, run.stderr
+    assert run.outcomes() == {0: "victim", 1: "hung"}
+    hang = run.event("hang_detected")
+    assert hang["blamed"] == [1] and hang["reason"] == "collective_deadline"
+    assert (hang["op"], hang["seq"]) == ("all_reduce", 5)
+    assert "rankguard.errors.CollectiveTimeout: rank 0: all_reduce #5" in run.stderr
+    assert run.wall_s < 30  # the 1 s deadline decided, not the 60 s hang timeout
+
+
+def test_bounded_ranks_get_the_launchers_notice_and_raise_peer_failed_before_any_sigterm(
+        run_rankguard):
+    run = run_rankguard(["--nproc-per-node", "3", "--hang-timeout", "2",
+                         "--collective-timeout", "120", "--inject", "stop:rank=1,at=op5",
+                         *ALLREDUCE])
+    assert run.code == 3, run.stderr
+    assert run.outcomes() == {0: "victim", 1: "hung", 2: "victim"}
+    steps = [(e["step"], e["ranks"]) for e in run.events if e["event"] == "escalate"]
+    assert steps[0] == ("notice", [0, 2])
+    assert ("term", [1]) in steps  # only the hung rank needed a signal
+    assert "PeerFailed: rank 0: all_reduce #5" in run.stderr
+    assert "the supervisor reported that rank 1 hung" in run.stderr

@@ -32,7 +32,8 @@ from .config import RunConfig
 from .group import Rank, RankGroup
 from .monitor import HangMonitor, Verdict
 from .spares import SparePool
-from .outcome import Fault, RankOutcome, classify, fault_of, raised_fault, signal_name
+from .outcome import (Fault, RankOutcome, classify, deadline_verdict, fault_of, raised_fault,
+                      signal_name)
 from .summary import AttemptReport, render
 
 TICK_S = 0.2
@@ -163,8 +164,13 @@ class Launcher:
             teardown_at = None
             if result.fault is not None:
                 report.detect_s = time.monotonic() - result.fault.at
-                if group.live():
-                    report.stacks = teardown.capture_stacks(group, monitor)
+                report.stacks = teardown.capture_stacks(group, monitor, stopped=False)
+                culprits = set(result.hang.blamed) if result.hang else (
+                    {result.fault.rank} if result.fault.rank is not None else set())
+                if result.fault.kind != "launcher_signal":
+                    teardown.notify_survivors(group, monitor, self._journal, culprits,
+                                              result.hang is not None)
+                report.stacks.update(teardown.capture_stacks(group, monitor, stopped=True))
                 if result.hang is not None:
                     self._journal.write(
                         "hang_detected", attempt=attempt, blamed=list(result.hang.blamed),
@@ -211,7 +217,12 @@ class Launcher:
                 self._prepare_spares(group.attempt)
             for member in exited:
                 monitor.unwatch(member.rank)
-                fault = fault_of(member, readers[member.rank].read())
+                progress = readers[member.rank].read()
+                verdict = self._deadline_verdict(member.rank, progress, group)
+                if verdict is not None:
+                    self._on_verdict(verdict, result, now)
+                    continue
+                fault = fault_of(member, progress)
                 if fault is not None and result.fault is None:
                     result.fault = fault
                     print(f"rankguard: {fault.describe()}; stopping the other ranks",
@@ -222,7 +233,7 @@ class Launcher:
             if result.fault is not None or now < next_tick:
                 continue
             next_tick = now + TICK_S
-            self._check_raised(group, readers, result)
+            self._check_raised(group, readers, result, now)
             for verdict in monitor.check(now):
                 self._on_verdict(verdict, result, now)
 
@@ -235,16 +246,25 @@ class Launcher:
             self._journal.write("spares", attempt=attempt, started=started,
                                 pids=self._spares.pids())
 
-    @staticmethod
-    def _check_raised(group: RankGroup, readers: dict[int, _ledger.LedgerReader],
-                      result: _Attempt) -> None:
+    def _check_raised(self, group: RankGroup, readers: dict[int, _ledger.LedgerReader],
+                      result: _Attempt, now: float) -> None:
         """A rank whose exception reached the top is failing: act before its slow exit."""
         for member in group.live():
             progress = readers[member.rank].read()
-            if progress.fault == _ledger.FAULT_RAISED and result.fault is None:
-                result.fault = raised_fault(member.rank, progress)
-                print(f"rankguard: {result.fault.describe()}; stopping the other ranks",
-                      file=sys.stderr, flush=True)
+            if progress.fault != _ledger.FAULT_RAISED or result.fault is not None:
+                continue
+            verdict = self._deadline_verdict(member.rank, progress, group)
+            if verdict is not None:
+                self._on_verdict(verdict, result, now)
+                continue
+            result.fault = raised_fault(member.rank, progress)
+            print(f"rankguard: {result.fault.describe()}; stopping the other ranks",
+                  file=sys.stderr, flush=True)
+
+    @staticmethod
+    def _deadline_verdict(rank: int, progress: _ledger.RankProgress,
+                          group: RankGroup) -> Verdict | None:
+        return deadline_verdict(rank, progress, {m.rank for m in group.live()})
 
     def _on_verdict(self, verdict: Verdict, result: _Attempt, now: float) -> None:
         if not verdict.hung:

@@ -232,9 +232,10 @@ class RankGroup:
             stream.tee.write(b"".join(stream.prefix + line for line in lines))
             stream.tee.flush()
 
-    def wait_exits(self, deadline: float) -> None:
-        """Handle events until every rank has exited or ``deadline`` (monotonic) passes."""
-        while self.live():
+    def wait_exits(self, deadline: float, ranks: set[int] | None = None) -> None:
+        """Handle events until every rank (of ``ranks``, default all) has exited or
+        ``deadline`` (monotonic) passes."""
+        while any(ranks is None or m.rank in ranks for m in self.live()):
             left = deadline - time.monotonic()
             if left <= 0:
                 return

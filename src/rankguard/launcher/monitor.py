@@ -33,7 +33,8 @@ class Verdict:
     op: str
     seq: int
     waited_s: float
-    reason: str  # stopped | no_progress | straggler_timeout | busy | stuck_in_collective
+    # stopped | no_progress | straggler_timeout | busy | stuck_in_collective | collective_deadline
+    reason: str
     group_key: int = 0
 
     @property
@@ -48,7 +49,9 @@ class Verdict:
             return (f"{blamed} entered {self.op_label} but it never completed; "
                     f"{waiters} waited {self.waited_s:.1f} s")
         what = {"stopped": "stopped (SIGSTOP)", "no_progress": "made no progress",
-                "busy": "busy", "straggler_timeout": "busy past --straggler-timeout"}
+                "busy": "busy", "straggler_timeout": "busy past --straggler-timeout",
+                "collective_deadline": "named by rankguard.CollectiveError when the "
+                                       "collective's deadline passed"}
         return (f"{blamed} never reached {self.op_label} ({what[self.reason]}); "
                 f"{waiters} waited {self.waited_s:.1f} s")
 

@@ -71,6 +71,22 @@ def raised_fault(rank: int, progress: _ledger.RankProgress) -> Fault:
     return Fault("raised", progress.t_fault, rank, f"raised an exception{where}")
 
 
+def deadline_verdict(rank: int, progress: _ledger.RankProgress,
+                     alive: set[int]) -> Verdict | None:
+    """The hang a rank's own collective error reports: it raised ``rankguard.CollectiveError``
+    naming ranks that never arrived, and they are all still running (a dead one is its own
+    fault, seen from its exit). None otherwise."""
+    if progress.fault != _ledger.FAULT_RAISED or not progress.blamed or not progress.groups:
+        return None
+    if not set(progress.blamed) <= alive:
+        return None
+    slot = max(progress.groups, key=lambda g: g.t_enter)
+    seq = slot.entered - 1 if slot.is_world else slot.entered
+    return Verdict(True, progress.blamed, (rank,), slot.kind, seq,
+                   round(max(progress.t_fault - slot.t_enter, 0.0), 3), "collective_deadline",
+                   slot.key)
+
+
 def fault_of(member: Rank, progress: _ledger.RankProgress | None) -> Fault | None:
     """The fault a rank's own exit represents, or None for a clean exit."""
     code = member.returncode

@@ -1,8 +1,13 @@
 """Stopping the ranks of an attempt: stacks first, then an escalation ladder, each step bounded.
 
+0. **notice** (ranks in bounded mode only; between the two halves of step 1): the survivors' ledgers get a notice that a peer
+   died or hung; a rank waiting in a bounded collective raises ``rankguard.PeerFailed`` within
+   one wait slice, and its program may end on its own. Bounded by ``NOTICE_BUDGET``.
 1. **stacks**: every live rank whose stack handler is installed dumps all its threads' Python
    stacks to its stacks file (SIGUSR1, faulthandler; a stopped rank is continued so the handler
-   runs). Bounded by ``STACKS_BUDGET``.
+   runs). Bounded by ``STACKS_BUDGET``. The running ranks dump first, then get the notice, and
+   the stopped ones are continued only after it, so a frozen rank cannot slip into the
+   collective its peers are being told to give up.
 2. **term**: SIGTERM to each rank's process group and tree (stopped ones are continued so they
    receive it); wait up to ``grace`` for the exits, event-driven.
 3. **kill**: SIGKILL to the process trees of the ranks still alive; wait up to ``KILL_BUDGET``.
@@ -16,23 +21,28 @@ import os
 import signal
 import time
 
+from .. import ledger as _ledger
 from .. import proctree
 from ..journal import Journal
 from .group import Rank, RankGroup
 from .monitor import HangMonitor
 
 STACKS_BUDGET = 1.0
+NOTICE_BUDGET = 2.0
 KILL_BUDGET = 2.0
 _POLL = 0.005
 _SETTLE = 0.02  # faulthandler writes a whole dump within its handler, in a few ms
 
 
-def capture_stacks(group: RankGroup, monitor: HangMonitor, budget: float = STACKS_BUDGET
-                   ) -> dict[int, str]:
-    """Ask every live, ready rank for its stacks; returns rank -> file that holds them."""
+def capture_stacks(group: RankGroup, monitor: HangMonitor, stopped: bool,
+                   budget: float = STACKS_BUDGET) -> dict[int, str]:
+    """Ask every live, ready rank that is ``stopped`` (or, with False, running) for its stacks;
+    returns rank -> file that holds them."""
     sizes: dict[Rank, int] = {}
     snaps = monitor.snapshot()
     for member in group.live():
+        if proctree.is_stopped(member.pid) != stopped:
+            continue
         snap = snaps.get(member.rank)
         if snap is None or not snap.stacks_ready or snap.fault:
             continue  # not ready for the signal yet, or already on its way out
@@ -67,6 +77,25 @@ def _size(path: str) -> int:
         return os.path.getsize(path)
     except OSError:
         return 0
+
+
+def notify_survivors(group: RankGroup, monitor: HangMonitor, journal: Journal,
+                     culprits: set[int], hung: bool, budget: float = NOTICE_BUDGET) -> None:
+    """Tell the live ranks in bounded mode, except ``culprits``, that a peer failed; wait up to
+    ``budget`` for them to exit on their own."""
+    snaps = monitor.snapshot()
+    told = {m.rank for m in group.live() if m.rank not in culprits and m.rank in snaps
+            and snaps[m.rank].flags & _ledger.FLAG_BOUNDED}
+    if not told:
+        return
+    kind = _ledger.NOTICE_HUNG if hung else _ledger.NOTICE_DIED
+    failed = min(culprits) if culprits else -1
+    for member in group.live():
+        if member.rank in told:
+            _ledger.post_notice(member.ledger_path, kind, failed)
+    journal.write("escalate", step="notice", ranks=sorted(told), reason="hung" if hung else
+                  "died", attempt=group.attempt)
+    group.wait_exits(time.monotonic() + budget, told)
 
 
 def stop_ranks(group: RankGroup, journal: Journal, grace: float, reason: str) -> None:

@@ -35,7 +35,7 @@ import traceback
 from typing import Any
 
 from .. import ledger as _ledger
-from ..errors import UsageError
+from ..errors import CollectiveError, UsageError
 from ..inject import perform as _perform
 from ..inject import spec as _spec
 from . import deadline as _deadline
@@ -104,7 +104,7 @@ def _prepare(rank: int, attempt: int) -> None:
         if os.environ.get(init.COLLECTIVE_TIMEOUT_ENV):
             _deadline.set_default(_deadline.check_seconds(
                 init.COLLECTIVE_TIMEOUT_ENV, os.environ[init.COLLECTIVE_TIMEOUT_ENV]))
-            instrument.state.bounded = True
+            instrument.enable_bounded()
     except UsageError as error:
         print(f"rankguard: {error}", file=sys.stderr)
         sys.exit(2)
@@ -133,6 +133,17 @@ def _run_user_code(argv: list[str]) -> None:
         runpy.run_path(script, run_name="__main__")
 
 
+def _collective_error(error: BaseException | None) -> CollectiveError | None:
+    """The rankguard collective error in ``error``'s chain (it may be wrapped), if any."""
+    seen = 0
+    while error is not None and seen < 16:
+        if isinstance(error, CollectiveError):
+            return error
+        error = error.__cause__ or error.__context__
+        seen += 1
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     spare = bool(argv) and argv[0] == "--spare"
@@ -150,11 +161,15 @@ def main(argv: list[str] | None = None) -> None:
         _run_user_code(argv)
     except SystemExit:
         raise
-    except BaseException:
+    except BaseException as error:
         ledger = instrument.state.ledger
         if ledger is not None:
             instrument.completions.flush()  # so "inside a collective" is exact, not 20 ms stale
-            ledger.record_fault(_ledger.FAULT_RAISED, ledger.in_collective())
+            failure = _collective_error(error)
+            if failure is not None:
+                ledger.record_blame(failure.missing)  # the launcher blames them, not this rank
+            ledger.record_fault(_ledger.FAULT_RAISED,
+                                failure is not None or ledger.in_collective())
         traceback.print_exc()
         sys.stderr.flush()
         sys.exit(1)

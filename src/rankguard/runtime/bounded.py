@@ -74,7 +74,11 @@ def explain(group: Any, entry: int, op: str, started: float, limit: Deadline | N
             states[peer] = f"arrived, then gave up ({answer['retired']})"
     text = str(error or "")
     timed_out = "timed out" in text.lower() or (limit is not None and limit.remaining() <= 0)
-    if reported is not None:
+    if reported is not None and reported.get("supervisor"):
+        who = f"rank {reported['rank']}" if reported["rank"] >= 0 else "a rank"
+        kind, cause = PeerFailed, (f"was abandoned: the supervisor reported that {who} "
+                                   f"{reported['kind']}")
+    elif reported is not None:
         kind, cause = PeerFailed, (f"was abandoned: rank {reported.get('by')} reported that "
                                    f"{reported.get('op')} #{reported.get('seq')} failed there")
     elif timed_out:
@@ -87,6 +91,18 @@ def explain(group: Any, entry: int, op: str, started: float, limit: Deadline | N
                    missing=missing, waited=waited, peers=states)
     last_failure = failure
     return failure
+
+
+def take_supervisor_notice(group: Any) -> None:
+    """Retire ``group`` if the supervisor posted, in the ledger, that a peer died or hung."""
+    from . import instrument
+
+    ledger = instrument.state.ledger
+    notice = ledger.notice() if ledger is not None else None
+    if notice is not None and group._rankguard_retired is None:
+        kind, rank = notice
+        groups.retire(group, f"the supervisor reported that rank {rank} {kind}",
+                      {"supervisor": True, "kind": kind, "rank": rank})
 
 
 def _seq(group: Any, entry: int) -> int:
@@ -134,6 +150,7 @@ def work_class() -> type:
                     if inner.is_completed():
                         raise self._failure(error) from error
                     group = self._group
+                    take_supervisor_notice(group)
                     if group._rankguard_retired is not None:
                         if group._rankguard_notice is not None:
                             raise explain(group, self._entry, self._op, self._started,

@@ -59,10 +59,10 @@ def init(*, grace: float | None = None, collective_timeout: float | None = None,
         _deadline.set_default(collective_timeout)
     eviction.install(grace)
     stacks.install(stacks_file)
-    instrument.state.bounded = True
     if instrument.state.ledger is None:
         world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
         instrument.state.ledger = _ledger.LedgerWriter.private(world_size)
+    instrument.enable_bounded()
     _instrument_torch()
 
 

@@ -84,10 +84,19 @@ state = _State()
 completions = CompletionTracker()
 
 
+def enable_bounded() -> None:
+    """Every operation from now on returns a BoundedWork; the supervisor may send notices."""
+    state.bounded = True
+    if state.ledger is not None:
+        state.ledger.set_flag(_ledger.FLAG_BOUNDED)
+
+
 def _make_op(name: str, backend_method: str, op_name: str) -> Callable[..., Any]:
     code = _ledger.OP_CODES[op_name]
 
     def op(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if state.bounded:
+            _bounded.take_supervisor_notice(self)
         if self._rankguard_retired is not None:
             raise GroupRetired(self._rankguard_name, self._rankguard_retired)
         slot = self._rankguard_slot
