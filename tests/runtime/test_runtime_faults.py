@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import time
 from pathlib import Path
 
 import psutil
 import pytest
+
+from rankguard import proctree
 
 from .ranks import Ranks
 
@@ -141,3 +144,22 @@ def test_ddp_peer_death_raises_peer_failed_from_backward_not_a_crash(tmp_path: P
     assert result["op"] == "all_reduce"
     assert result["cause"] == "RuntimeError"  # gloo's error from inside DDP, chained
     assert result["elapsed"] < 5.0
+
+
+def test_stacks_on_demand_while_the_main_thread_is_inside_a_collective(tmp_path: Path) -> None:
+    with Ranks("sigterm_in_collective", 2, tmp_path) as ranks:
+        pid = ranks.pid(0)
+        ranks.pid(1)
+        time.sleep(0.3)
+        stacks = Path(tempfile.gettempdir()) / f"rankguard-stacks-{pid}.txt"
+        proctree.signal_main_thread(pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 5
+        text = ""
+        while "sigterm_in_collective" not in text and time.monotonic() < deadline:
+            time.sleep(0.05)
+            text = stacks.read_text() if stacks.exists() else ""
+        alive = psutil.pid_exists(pid)
+    stacks.unlink(missing_ok=True)
+    assert "in all_reduce" in text and "in sigterm_in_collective" in text, text
+    assert text.count("Thread 0x") + text.count("Current thread 0x") >= 3, text
+    assert alive  # answering costs the rank nothing: it is still waiting in its collective

@@ -1,0 +1,56 @@
+"""Cost per collective of bounded mode and of a deadline, in one process (bench/runtime_bench.py).
+
+Paired, interleaved rounds of a 1-rank all_reduce (as ``dist.all_reduce`` issues it, then
+``wait()``) on: a plain gloo process group as torch builds one; rankguard's group on its zero-code
+path (what ``rankguard run`` gives); the same group in bounded mode (``rankguard.init()``: a
+BoundedWork per op, waited in slices); and bounded mode inside ``rankguard.deadline(60)`` (the
+remaining time is also set as gloo's per-op timeout). Medians of per-op microseconds, and of the
+differences to the plain group.
+"""
+import datetime
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+import rankguard
+from rankguard.runtime import instrument
+
+rankguard.init()
+store = dist.HashStore()
+dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+ours = dist.group.WORLD
+gloo = dist.ProcessGroupGloo(dist.PrefixStore("plain", store), 0, 1,
+                             datetime.timedelta(seconds=30))
+plain = dist.ProcessGroup(dist.PrefixStore("plain", store), 0, 1)
+plain._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+plain._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
+t = torch.ones(1)
+
+
+def per_op_us(pg, bounded: bool, limit: bool, n: int = 2000) -> float:
+    instrument.state.bounded = bounded
+    opts = dist.AllreduceOptions()
+    start = time.perf_counter()
+    if limit:
+        with rankguard.deadline(60):
+            for _ in range(n):
+                pg.allreduce([t], opts).wait()
+    else:
+        for _ in range(n):
+            pg.allreduce([t], opts).wait()
+    return (time.perf_counter() - start) / n * 1e6
+
+
+variants = {"plain": (plain, False, False), "zero_code": (ours, False, False),
+            "bounded": (ours, True, False), "deadline": (ours, True, True)}
+for args in variants.values():
+    per_op_us(*args, n=300)
+rounds = [{name: per_op_us(*args) for name, args in variants.items()} for _ in range(21)]
+for name in variants:
+    print(f"{name}_us={statistics.median(r[name] for r in rounds):.2f}")
+    if name != "plain":
+        print(f"{name}_diff_us={statistics.median(r[name] - r['plain'] for r in rounds):.2f}")
+instrument.state.bounded = True
+rankguard.shutdown(timeout=5)
