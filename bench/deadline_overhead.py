@@ -7,7 +7,6 @@ BoundedWork per op, waited in slices); and bounded mode inside ``rankguard.deadl
 remaining time is also set as gloo's per-op timeout). Medians of per-op microseconds, and of the
 differences to the plain group.
 """
-import datetime
 import statistics
 import time
 
@@ -15,17 +14,14 @@ import torch
 import torch.distributed as dist
 
 import rankguard
+from plain_group import plain_gloo_group
 from rankguard.runtime import instrument
 
 rankguard.init()
 store = dist.HashStore()
 dist.init_process_group("gloo", store=store, rank=0, world_size=1)
 ours = dist.group.WORLD
-gloo = dist.ProcessGroupGloo(dist.PrefixStore("plain", store), 0, 1,
-                             datetime.timedelta(seconds=30))
-plain = dist.ProcessGroup(dist.PrefixStore("plain", store), 0, 1)
-plain._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
-plain._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
+plain, gloo = plain_gloo_group(store)
 t = torch.ones(1)
 
 

@@ -6,7 +6,6 @@
 2. The deterministic part: what the instrumented op does beyond forwarding to gloo (ledger enter,
    completion tracking including marking the previous op done), timed on its own.
 """
-import datetime
 import statistics
 import tempfile
 import time
@@ -15,6 +14,7 @@ import timeit
 import torch
 import torch.distributed as dist
 
+from plain_group import plain_gloo_group
 from rankguard import ledger
 from rankguard.runtime import instrument
 
@@ -25,12 +25,7 @@ instrument.install()
 store = dist.HashStore()
 dist.init_process_group("gloo", store=store, rank=0, world_size=1)
 ours = dist.group.WORLD
-# A plain process group as torch builds one for "gloo": the C++ group over a gloo backend.
-gloo = dist.ProcessGroupGloo(dist.PrefixStore("plain", store), 0, 1,
-                             datetime.timedelta(seconds=30))
-plain = dist.ProcessGroup(dist.PrefixStore("plain", store), 0, 1)
-plain._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
-plain._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
+plain, gloo = plain_gloo_group(store)
 t = torch.ones(1)
 opts = dist.AllreduceOptions()
 opts.asyncOp = False  # as dist.all_reduce issues it

@@ -1,0 +1,16 @@
+"""A plain 1-rank gloo process group built as torch builds one for "gloo" (the C++ group over a
+gloo backend), to compare rankguard's group against in the same process."""
+import datetime
+
+import torch
+import torch.distributed as dist
+
+
+def plain_gloo_group(store: dist.Store) -> tuple[dist.ProcessGroup, dist.ProcessGroupGloo]:
+    """The group and its gloo backend, on ``store`` under the prefix ``plain``."""
+    gloo = dist.ProcessGroupGloo(dist.PrefixStore("plain", store), 0, 1,
+                                 datetime.timedelta(seconds=30))
+    plain = dist.ProcessGroup(dist.PrefixStore("plain", store), 0, 1)
+    plain._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+    plain._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
+    return plain, gloo
