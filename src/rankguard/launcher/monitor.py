@@ -7,8 +7,9 @@ among them, and the candidates that entered it are the *waiters*. Members that h
 - an absent rank that made no progress (see ``progress``) for ``hang_timeout`` is **hung**;
 - an absent rank that is busy (progressed in the last ``BUSY_RECENT_S``) is a **straggler**:
   reported once, and blamed as hung only when the waiters have waited ``straggler_timeout``;
-- when every member entered the operation and it still does not complete, the stopped or idle
-  members are blamed (all of them if none stands out).
+- when every member entered the operation and it still does not complete ``hang_timeout``
+  after the last one arrived, the stopped or idle members are blamed (all of them if none
+  stands out).
 """
 
 from __future__ import annotations
@@ -123,6 +124,9 @@ class HangMonitor:
                            round(waited, 3), reason, key)
 
         if not absent:
+            last_arrival = max(entries[r].t_enter for r in members if r in entries)
+            if now - last_arrival < self.hang_timeout:
+                return None  # the last rank arrived only now: give the operation time to end
             stopped = [r for r in members if self.progress.stopped(r)]
             if stopped:
                 return verdict(True, stopped, "stopped")
