@@ -84,6 +84,7 @@ OP_NAMES = (
     "send",
     "recv",
     "recv_anysource",
+    "shutdown",  # rankguard.shutdown's barrier
 )
 OP_CODES = {name: code for code, name in enumerate(OP_NAMES)}
 
@@ -157,6 +158,13 @@ class _SlotWriter:
     @property
     def entered(self) -> int:
         return self._entered
+
+    def reset(self) -> None:
+        """Start counting again (a new generation of the group): no operation entered or done."""
+        self._entered = 0
+        self._done = itertools.count(1)
+        _COUNT.pack_into(self._buf, self._offset + 24, 0)
+        _COUNT.pack_into(self._buf, self._offset + 32, 0)
 
     def progress(self) -> tuple[int, int, str]:
         """(entered, done, name of the last operation entered), as written so far."""

@@ -37,6 +37,10 @@ from .outcome import (Fault, RankOutcome, classify, deadline_verdict, fault_of, 
 from .summary import AttemptReport, render
 
 TICK_S = 0.2
+# A rank that raised inside a collective is judged only after this long: a peer's death reaches
+# it through gloo before the launcher sees the dead process's exit.
+CASCADE_WINDOW_S = 0.3
+
 EXIT_OK = 0
 EXIT_RANK_FAILED = 1
 EXIT_USAGE = 2
@@ -253,6 +257,8 @@ class Launcher:
             progress = readers[member.rank].read()
             if progress.fault != _ledger.FAULT_RAISED or result.fault is not None:
                 continue
+            if progress.fault_in_collective and now - progress.t_fault < CASCADE_WINDOW_S:
+                continue  # most likely a peer's death seen first by gloo: let its exit show
             verdict = self._deadline_verdict(member.rank, progress, group)
             if verdict is not None:
                 self._on_verdict(verdict, result, now)

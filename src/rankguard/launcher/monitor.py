@@ -51,8 +51,7 @@ class Verdict:
                     f"{waiters} waited {self.waited_s:.1f} s")
         what = {"stopped": "stopped (SIGSTOP)", "no_progress": "made no progress",
                 "busy": "busy", "straggler_timeout": "busy past --straggler-timeout",
-                "collective_deadline": "named by rankguard.CollectiveError when the "
-                                       "collective's deadline passed"}
+                "collective_deadline": "named by a rank that gave up waiting for it"}
         return (f"{blamed} never reached {self.op_label} ({what[self.reason]}); "
                 f"{waiters} waited {self.waited_s:.1f} s")
 

@@ -144,6 +144,16 @@ def _collective_error(error: BaseException | None) -> CollectiveError | None:
     return None
 
 
+def _from_backend(error: BaseException) -> bool:
+    """Whether ``error`` is a communication backend's failure (a collective that failed because
+    a peer did), even though its operation is recorded as completed by then."""
+    dist = sys.modules.get("torch.distributed")
+    backend_error = getattr(dist, "DistError", None) if dist is not None else None
+    if backend_error is not None and isinstance(error, backend_error):
+        return True
+    return isinstance(error, RuntimeError) and "third_party/gloo" in str(error)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     spare = bool(argv) and argv[0] == "--spare"
@@ -168,8 +178,8 @@ def main(argv: list[str] | None = None) -> None:
             failure = _collective_error(error)
             if failure is not None:
                 ledger.record_blame(failure.missing)  # the launcher blames them, not this rank
-            ledger.record_fault(_ledger.FAULT_RAISED,
-                                failure is not None or ledger.in_collective())
+            ledger.record_fault(_ledger.FAULT_RAISED, failure is not None
+                                or ledger.in_collective() or _from_backend(error))
         traceback.print_exc()
         sys.stderr.flush()
         sys.exit(1)

@@ -79,10 +79,9 @@ def explain(group: Any, entry: int, op: str, started: float, limit: Deadline | N
         kind, cause = PeerFailed, (f"was abandoned: the supervisor reported that {who} "
                                    f"{reported['kind']}")
     elif reported is not None:
-        kind, cause = PeerFailed, (f"was abandoned: rank {reported.get('by')} reported that "
-                                   f"{reported.get('op')} #{reported.get('seq')} failed there")
+        kind, cause = PeerFailed, f"was abandoned: {groups.notice_text(reported)}"
     elif timed_out:
-        budget = f" of {limit.seconds:g} s" if limit is not None else ""
+        budget = f" of {limit.seconds:.3g} s" if limit is not None else ""
         kind, cause = CollectiveTimeout, f"passed its deadline{budget}"
     else:
         first = text.splitlines()[0] if text else "the supervisor reported a failed peer"
@@ -183,10 +182,13 @@ def work_class() -> type:
             return self._inner.get_future()
 
         def explain_if_failed(self) -> CollectiveError | None:
-            if not self._inner.is_completed():
+            # the future, not the work: gloo fails the future first, and the C++ waiter can
+            # raise before the work itself is marked completed
+            future = self._inner.get_future()
+            if not future.done():
                 return None
             try:
-                self._inner.wait()  # completed: returns at once, or raises gloo's error
+                future.wait()  # done: returns at once, or raises gloo's error
             except RuntimeError as error:
                 return self._failure(error)
             return None

@@ -109,6 +109,9 @@ def regroup(*, timeout: float = DEFAULT_TIMEOUT_S, exclude: Iterable[int] | None
                                 waited=time.monotonic() - started)
     groups.retire_all(f"replaced by generation {number}")
     groups.discard_all()
+    instrument.completions.flush()
+    if instrument.state.ledger is not None:
+        instrument.state.ledger.world().reset()  # collectives are numbered per generation
     new_rank = members.index(rank)
     dist.init_process_group("gloo", store=dist.PrefixStore(f"{prefix}pg/", _lineage.root),
                             rank=new_rank, world_size=len(members), timeout=pg_timeout)

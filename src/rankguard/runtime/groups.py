@@ -60,8 +60,14 @@ def on_notice(name: str, notice: dict[str, Any]) -> None:
     """A peer reports that the group called ``name`` failed: retire it here too."""
     group = by_name(name)
     if group is not None:
-        retire(group, f"rank {notice.get('by')} reported that {notice.get('op')} "
-                      f"#{notice.get('seq')} failed", notice)
+        retire(group, notice_text(notice), notice)
+
+
+def notice_text(notice: dict[str, Any]) -> str:
+    """What a peer's notice says, in words."""
+    if notice.get("reason"):
+        return str(notice["reason"])
+    return f"rank {notice.get('by')} reported that {notice.get('op')} #{notice.get('seq')} failed"
 
 
 def describe(name: str) -> dict[str, Any] | None:

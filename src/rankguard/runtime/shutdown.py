@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from ..errors import TeardownTimeout
-from . import eviction, groups
+from .. import ledger as _ledger
+from . import eviction, groups, instrument
 from .deadline import check_seconds
 from .probe import clone_client
 
@@ -76,7 +77,13 @@ def shutdown(timeout: float = DEFAULT_TIMEOUT_S, *, strict: bool = False) -> Shu
 
     started = time.monotonic()
     rank, size = dist.get_rank(), dist.get_world_size()
+    ledger = instrument.state.ledger
+    world = ledger.world() if ledger is not None else None
+    if world is not None:
+        world.enter(_ledger.OP_CODES["shutdown"])  # the barrier is a wait the supervisor sees
     missing, detail = _barrier(c10d._get_default_store(), rank, size, started + timeout)
+    if world is not None and not missing and not detail:
+        world.done()
     waited = time.monotonic() - started
     if not missing and not detail:
         dist.destroy_process_group()

@@ -1,0 +1,54 @@
+"""Processes a test left behind: found when its teardown ends, reported, killed.
+
+A process is the test's if it carries the test's environment tag or is a new descendant of the
+test process (see ``processes``). Processes started by a fixture of a wider scope (module,
+session) carry that fixture's tag instead, and are checked when that fixture is finalized.
+One that exits within ``SETTLE_S`` of the end (a child finishing its exit) is not a leak.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from .. import proctree
+from . import processes
+
+SETTLE_S = 0.5
+MODES = ("fail", "warn", "ignore")
+
+
+class LeakedProcesses(Exception):
+    """A test (or fixture) left processes running; they have been killed.
+
+    Attributes:
+        described: one line per process (pid, name, state, command line).
+    """
+
+    def __init__(self, owner: str, described: list[str]) -> None:
+        self.described = described
+        super().__init__(f"{owner} left {len(described)} process(es) running (now killed):\n  "
+                         + "\n  ".join(described))
+
+
+def find(tag: str, known: set[int], descendants: bool) -> list[int]:
+    """The live processes of ``tag`` (and, with ``descendants``, new children of this process)
+    that are still there after up to ``SETTLE_S`` s."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        found = set(processes.tagged(tag, known))
+        if descendants:
+            found.update(pid for pid in proctree.descendants(os.getpid()) if pid not in known)
+        found = {pid for pid in found if processes.running(pid)}
+        if not found or time.monotonic() >= deadline:
+            return sorted(found)
+        time.sleep(0.02)
+
+
+def collect(tag: str, known: set[int], descendants: bool) -> list[str]:
+    """Find the leaked processes, describe them, kill them; returns the descriptions."""
+    pids = find(tag, known, descendants)
+    described = [processes.describe(pid) for pid in pids]
+    for pid in pids:
+        proctree.kill_all([pid, *proctree.descendants(pid)])
+    return described

@@ -1,0 +1,325 @@
+"""rankguard's pytest plugin: no test of distributed or multiprocess code can wedge CI.
+
+Registered automatically when rankguard is installed (``pytest11`` entry point); ``-p
+no:rankguard`` turns it off. What it does for every test:
+
+**A deadline** (``rankguard_deadline`` in the ini file, ``--rankguard-deadline S`` on the
+command line, ``@pytest.mark.deadline(S)`` on a test; default 600 s, 0 turns it off). Setup and
+call share it; the teardown gets a fresh one of the same length, so the teardown after a failed
+or timed-out test is bounded too. When it passes, the stacks of the test process and of every
+process the test started are captured, the test's processes are stopped (SIGTERM, then
+SIGKILL), the test fails with a report that names where each one was stuck, and the session goes
+on with the next test (see ``watchdog``).
+
+**Distributed tests** (``@pytest.mark.ranks(N)``). The test function runs on N rank processes of
+a warm pool that share an initialised gloo process group (``torch.distributed`` is ready: call
+``dist.get_rank()``, ``dist.all_reduce``...); the values of the fixtures it asks for are pickled
+to every rank. One outcome is reported: the rank that failed first, the ranks that were stuck
+(with their stacks) and the victims, apart (see ``report``). Every collective in the test is
+bounded by the test's remaining time. Pools are reused across tests; one that saw a fault forms
+a fresh group generation, or is replaced (see ``pool``).
+
+**Suites run by every rank of a job** (``torchrun ... -m pytest``): the rank runtime is on,
+and the end of the session is a bounded barrier that names a missing rank (see ``session``).
+
+**No leaked processes** (``rankguard_leaks = fail | warn | ignore``, ``--rankguard-leaks``;
+default ``fail``). Every process a test started, however, and that is still alive when its
+teardown ends is reported with its command line and killed; ``fail`` makes the teardown fail
+(see ``leaks``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import signal
+import tempfile
+import time
+import uuid
+import warnings
+from collections.abc import Generator
+from typing import Any
+
+import pytest
+
+from .. import proctree
+from ..runtime import stacks as rank_stacks
+from . import leaks, processes
+from . import session as rank_session
+from .pool import RankPool
+from .report import RanksFailed, compose
+from .watchdog import DeadlineExceeded, Phase, Watchdog
+
+DEFAULT_DEADLINE_S = 600.0
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("rankguard", "rankguard: tests that can never wedge")
+    group.addoption("--rankguard-deadline", dest="rankguard_deadline", default=None,
+                    metavar="S", help="deadline of each test in seconds (setup + call; the "
+                    "teardown gets as long again); 0 turns it off (default: the ini value, 600)")
+    group.addoption("--rankguard-leaks", dest="rankguard_leaks", default=None,
+                    choices=leaks.MODES, help="a process left running by a test makes its "
+                    "teardown fail, warns, or is ignored (it is killed in every case but ignore)")
+    parser.addini("rankguard_deadline", "deadline of each test in seconds (0: off)",
+                  default=str(DEFAULT_DEADLINE_S))
+    parser.addini("rankguard_leaks", "fail | warn | ignore: processes left running by a test",
+                  default="fail")
+    parser.addini("rankguard_shutdown_timeout", "under a launcher: seconds the end-of-session "
+                  "barrier waits for the other ranks", default=str(rank_session.DEFAULT_SHUTDOWN_TIMEOUT_S))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "deadline(seconds): the deadline of this test (rankguard); 0 turns it off")
+    config.addinivalue_line(
+        "markers", "ranks(n): run this test on n rank processes with a gloo process group "
+        "(rankguard)")
+    config.pluginmanager.register(_Guard(config), "rankguard-guard")
+
+
+def _seconds(where: str, value: Any) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise pytest.UsageError(f"{where}: expected a number of seconds, got {value!r}") from None
+    if math.isnan(seconds) or seconds < 0:
+        raise pytest.UsageError(f"{where}: must be 0 (off) or a positive number of seconds, "
+                                f"got {value!r}")
+    return seconds
+
+
+class _Guard:
+    """The plugin's state for one test process (one per xdist worker)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        option = config.getoption("rankguard_deadline")
+        self.deadline = (_seconds("--rankguard-deadline", option) if option is not None
+                         else _seconds("rankguard_deadline (ini)", config.getini(
+                             "rankguard_deadline")))
+        self.leaks = config.getoption("rankguard_leaks") or config.getini("rankguard_leaks")
+        if self.leaks not in leaks.MODES:
+            raise pytest.UsageError(f"rankguard_leaks (ini): {self.leaks!r} is not one of "
+                                    f"{', '.join(leaks.MODES)}")
+        self.token = uuid.uuid4().hex[:12]
+        self._stacks: Any = None  # the file this process's faulthandler dumps into, if ours
+        self.rank_session = rank_session.under_launcher()
+        self.shutdown_timeout = _seconds("rankguard_shutdown_timeout (ini)",
+                                         config.getini("rankguard_shutdown_timeout"))
+        if self.rank_session:
+            rank_session.start()
+        self.stacks_file = self._answer_stack_requests()
+        self.watchdog = Watchdog(self.stacks_file)
+        self.watchdog.install()
+        self.scope_tags: dict[int, str] = {}
+        self.known: set[int] = set()
+        self.pools: dict[int, RankPool] = {}
+
+    def _answer_stack_requests(self) -> str | None:
+        """Register faulthandler on SIGUSR1 in this process, so that children forked from it
+        answer stack requests too (into this file), unless SIGUSR1 is already taken (by the
+        program, or by the rank runtime, whose own file is then used)."""
+        if signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, None):
+            return None
+        own = rank_stacks.installed_path()
+        if own is not None:
+            return own
+        import faulthandler
+
+        fd, path = tempfile.mkstemp(prefix=f"rankguard-pytest-{os.getpid()}-", suffix=".stacks")
+        os.close(fd)
+        self._stacks = open(path, "a")  # noqa: SIM115 (lives as long as the session)
+        faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True, chain=False)
+        return path
+
+    # -- one test ----------------------------------------------------------------------------
+
+    def _budget(self, item: pytest.Item) -> float:
+        marker = item.get_closest_marker("deadline")
+        if marker is None:
+            return self.deadline
+        value = marker.args[0] if marker.args else marker.kwargs.get("seconds")
+        return _seconds(f"{item.nodeid}: @pytest.mark.deadline", value)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: Any) -> Generator[None]:
+        tag = f"{self.token}/{uuid.uuid4().hex[:8]}"
+        item.stash[_TAG] = tag
+        item.stash[_KNOWN] = set(proctree.descendants(os.getpid())) | self.known
+        item.stash[_DEADLINE] = None
+        previous = os.environ.get(processes.TAG)
+        os.environ[processes.TAG] = tag
+        try:
+            return (yield)
+        finally:
+            _restore(processes.TAG, previous)
+
+    def _phase(self, item: pytest.Item, when: str) -> Phase | None:
+        budget = self._budget(item)
+        if budget <= 0:
+            return None
+        now = time.monotonic()
+        if when == "setup" or item.stash[_DEADLINE] is None:
+            item.stash[_DEADLINE] = now + budget
+        deadline_at = item.stash[_DEADLINE] if when != "teardown" else now + budget
+        return Phase(item.nodeid, when, budget, deadline_at, item.stash[_TAG], str(item.path),
+                     item.stash[_KNOWN])
+
+    def _guarded(self, item: pytest.Item, when: str) -> Generator[None]:
+        phase = self._phase(item, when)
+        if phase is not None:
+            self.watchdog.arm(phase)
+        try:
+            result = yield
+        finally:
+            report = self.watchdog.disarm() if phase is not None else None
+        if report is not None:
+            raise DeadlineExceeded(report)
+        return result
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None]:
+        return (yield from self._guarded(item, "setup"))
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None]:
+        return (yield from self._guarded(item, "call"))
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: Any) -> Generator[None]:
+        result = yield from self._guarded(item, "teardown")
+        if self.leaks != "ignore":
+            described = leaks.collect(item.stash[_TAG], item.stash[_KNOWN] | self.known,
+                                      descendants=True)
+            if described:
+                error = leaks.LeakedProcesses(item.nodeid, described)
+                if self.leaks == "fail":
+                    raise error
+                warnings.warn(str(error), pytest.PytestWarning, stacklevel=1)
+        return result
+
+    # -- distributed tests --------------------------------------------------------------------
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> bool | None:
+        marker = pyfuncitem.get_closest_marker("ranks")
+        if marker is None:
+            return None
+        world = _world_size(pyfuncitem, marker)
+        names = pyfuncitem._fixtureinfo.argnames
+        try:
+            args = pickle.dumps({name: pyfuncitem.funcargs[name] for name in names})
+        except Exception as error:  # noqa: BLE001 (any pickling failure)
+            raise pytest.UsageError(f"{pyfuncitem.nodeid}: the fixture values of a ranks test "
+                                    f"are sent to the ranks, and these cannot be pickled: "
+                                    f"{error}") from None
+        pool = self._pool(world)
+        offsets = {rank: pool.log_size(rank) for rank in range(world)}
+        deadline_at = item_deadline(pyfuncitem) or time.monotonic() + DEFAULT_DEADLINE_S
+        remaining = deadline_at - time.monotonic()
+        healthy = False
+        try:
+            answers = pool.run(str(pyfuncitem.path), pyfuncitem.originalname, args,
+                               deadline_at - min(0.5, remaining / 4),
+                               max(remaining - 2.0, remaining * 0.5))
+            missing = sorted(set(range(world)) - set(answers))
+            text = compose(world, answers, pool.stacks(missing) if missing else {},
+                           {r: pool.log_since(r, offsets[r]) for r in range(world)})
+            healthy = not missing and pool.alive() and (text is None or pool.regroup())
+        finally:
+            if not healthy:
+                self.pools.pop(world, None)
+                pool.close(graceful=False)
+        if text is not None:
+            raise RanksFailed(text)
+        return True
+
+    def _pool(self, world: int) -> RankPool:
+        pool = self.pools.get(world)
+        if pool is not None and pool.alive():
+            return pool
+        if pool is not None:
+            pool.close()
+        pool = self.pools[world] = RankPool(world, f"{self.token}/pool{world}")
+        self.known.update(pool.pids)
+        return pool
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: Any) -> Generator[None]:
+        report = yield
+        if call.excinfo is not None and isinstance(call.excinfo.value, RanksFailed):
+            report.longrepr = str(call.excinfo.value)
+        return report
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        for pool in self.pools.values():
+            pool.close()
+        self.pools.clear()
+        if self.rank_session:
+            problem = rank_session.finish(self.shutdown_timeout)
+            if problem is not None:
+                reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+                if reporter is not None:
+                    reporter.write("\n")  # end the progress line
+                    reporter.write_line(f"rankguard: {problem}", red=True)
+                if session.exitstatus == pytest.ExitCode.OK:
+                    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    # -- fixtures of a wider scope -------------------------------------------------------------
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_fixture_setup(self, fixturedef: Any, request: Any) -> Generator[None]:
+        if fixturedef.scope == "function":
+            return (yield)
+        tag = f"{self.token}/{fixturedef.scope}/{fixturedef.argname}/{uuid.uuid4().hex[:6]}"
+        self.scope_tags[id(fixturedef)] = tag
+        previous = os.environ.get(processes.TAG)
+        os.environ[processes.TAG] = tag
+        before = set(proctree.descendants(os.getpid()))
+        try:
+            return (yield)
+        finally:
+            self.known |= set(proctree.descendants(os.getpid())) - before
+            _restore(processes.TAG, previous)
+
+    def pytest_fixture_post_finalizer(self, fixturedef: Any, request: Any) -> None:
+        tag = self.scope_tags.pop(id(fixturedef), None)
+        if tag is None or self.leaks == "ignore":
+            return
+        described = leaks.collect(tag, set(), descendants=False)
+        if described:
+            warnings.warn(str(leaks.LeakedProcesses(
+                f"{fixturedef.scope}-scoped fixture {fixturedef.argname!r}", described)),
+                pytest.PytestWarning, stacklevel=1)
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self._stacks is not None:
+            self._stacks.close()
+            os.unlink(self._stacks.name)
+
+
+_TAG = pytest.StashKey[str]()
+_KNOWN = pytest.StashKey[set]()
+_DEADLINE = pytest.StashKey["float | None"]()
+
+
+def item_deadline(item: pytest.Item) -> float | None:
+    """The monotonic deadline of the item's setup and call, once its setup started."""
+    return item.stash.get(_DEADLINE, None)
+
+
+def _world_size(item: pytest.Item, marker: pytest.Mark) -> int:
+    value = marker.args[0] if marker.args else marker.kwargs.get("n")
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 64:
+        raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.ranks needs a number of ranks "
+                                f"from 1 to 64, got {value!r}")
+    return value
+
+
+def _restore(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value

@@ -1,0 +1,117 @@
+"""The processes a test started, what they are doing, and their stacks.
+
+A test's processes are the ones whose environment carries the test's tag (every descendant
+inherits it, however started: subprocess, multiprocessing fork or spawn, a double-forked
+daemon) plus any new descendant of the test process.
+
+Stacks come from the process itself when it can answer: if it catches ``SIGUSR1`` (rankguard's
+runtime in a rank, or a child forked from the test process, which inherits the plugin's
+faulthandler registration), the signal goes to its main thread and the dump is read from the
+file it appends to. Any other process is described from /proc: state, where the kernel has it
+waiting, command line. A signal is never sent to a process that does not catch it (the default
+action of SIGUSR1 would kill it).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import time
+
+import psutil
+
+from .. import proctree
+
+TAG = "RANKGUARD_PYTEST_TAG"
+_DUMP_BUDGET_S = 0.5
+_SETTLE_S = 0.02
+
+
+def tagged(tag: str, exclude: set[int] = frozenset()) -> list[int]:  # type: ignore[assignment]
+    """Live processes carrying ``tag``, children first-found order, without ``exclude``."""
+    return [pid for pid in proctree.with_env(TAG, tag) if pid not in exclude]
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][:1] != "Z"
+    except OSError:
+        return False
+
+
+def catches(pid: int, sig: int) -> bool:
+    """Whether ``pid`` has a handler for ``sig`` (SigCgt in /proc)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except OSError:
+        pass
+    return False
+
+
+def describe(pid: int) -> str:
+    """One line: pid, name, state, kernel wait channel, command line."""
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            state = proc.status()
+            cmd = " ".join(proc.cmdline())[:300]
+            name = proc.name()
+        try:
+            with open(f"/proc/{pid}/wchan") as f:
+                wchan = f.read().strip()
+        except OSError:
+            wchan = ""
+        waiting = f", waiting in {wchan}" if wchan and wchan != "0" else ""
+        return f"pid {pid} ({name}), {state}{waiting}: {cmd}"
+    except psutil.Error:
+        return f"pid {pid} (gone)"
+
+
+def own_stacks_file(pid: int) -> str:
+    """Where rankguard's runtime in process ``pid`` writes stacks when nobody chose a file."""
+    return os.path.join(tempfile.gettempdir(), f"rankguard-stacks-{pid}.txt")
+
+
+def ask_stacks(pid: int, files: list[str]) -> str | None:
+    """The stacks ``pid`` dumps on SIGUSR1 into one of ``files``, or None if it cannot answer.
+
+    Bounded by ``_DUMP_BUDGET_S``. A stopped process is continued so it can answer.
+    """
+    if not catches(pid, signal.SIGUSR1):
+        return None
+    sizes = {path: _size(path) for path in files}
+    try:
+        proctree.signal_main_thread(pid, signal.SIGUSR1)
+        os.kill(pid, signal.SIGCONT)
+    except OSError:
+        return None
+    deadline = time.monotonic() + _DUMP_BUDGET_S
+    last: dict[str, int] = sizes
+    quiet_since = time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.005)
+        now_sizes = {path: _size(path) for path in files}
+        if now_sizes != last:
+            last, quiet_since = now_sizes, time.monotonic()
+        elif now_sizes != sizes and time.monotonic() - quiet_since >= _SETTLE_S:
+            break  # written, then quiet: faulthandler writes a whole dump in one go
+    texts = []
+    for path in files:
+        if _size(path) > sizes[path]:
+            with open(path, errors="replace") as f:
+                f.seek(sizes[path])
+                texts.append(f.read())
+    return "".join(texts) or None
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0

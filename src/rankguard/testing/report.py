@@ -1,0 +1,61 @@
+"""The outcome of a test that ran on N ranks: the first failure, apart from its cascade.
+
+When rank 1 fails an assertion, rank 0 waiting for it in a collective fails too, a victim. The
+report puts first the rank that failed by itself, earliest in time, with its traceback; then the
+ranks that never finished (stuck), with their stacks; then the victims (their error is a
+rankguard collective error: a peer's fault, not theirs), each with its traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RanksFailed(AssertionError):
+    """A distributed test failed on one or more ranks; the message is the whole report."""
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, ranks))
+
+
+def compose(world: int, answers: dict[int, dict[str, Any]], stacks: dict[int, str],
+            logs: dict[int, str]) -> str | None:
+    """The report, or None if every rank passed."""
+    failed = {r: a for r, a in answers.items() if a.get("outcome") == "failed"}
+    missing = sorted(set(range(world)) - set(answers))
+    if not failed and not missing:
+        return None
+    first = sorted((a["at"], r) for r, a in failed.items() if not a["collective"])
+    victims = sorted(r for r, a in failed.items() if a["collective"])
+    own = [r for _, r in first]
+    head = []
+    if own:
+        head.append(f"{_ranks(own[:1])} failed first ({failed[own[0]]['error']})")
+        if own[1:]:
+            head.append(f"{_ranks(own[1:])} failed on their own too")
+    if missing:
+        head.append(f"{_ranks(missing)} never finished the test (stuck)")
+    if victims:
+        head.append(f"{_ranks(victims)} failed as a consequence "
+                    f"({', '.join(sorted({failed[r]['error'] for r in victims}))})")
+    passed = sorted(r for r, a in answers.items() if a.get("outcome") == "passed")
+    if passed:
+        head.append(f"{_ranks(passed)} passed")
+    sections = ["; ".join(head)]
+    for rank in own:
+        sections.append(_section(f"rank {rank}: failed first" if rank == own[0] else
+                                 f"rank {rank}: failed", failed[rank]["traceback"], logs, rank))
+    for rank in missing:
+        sections.append(_section(f"rank {rank}: stuck; its stacks", stacks.get(rank, ""), logs,
+                                 rank))
+    for rank in victims:
+        sections.append(_section(f"rank {rank}: victim", failed[rank]["traceback"], logs, rank))
+    return "\n\n".join(sections)
+
+
+def _section(title: str, body: str, logs: dict[int, str], rank: int) -> str:
+    text = f"----- {title} -----\n{body.rstrip()}"
+    if logs.get(rank, "").strip():
+        text += f"\n----- rank {rank}: output -----\n{logs[rank].rstrip()}"
+    return text

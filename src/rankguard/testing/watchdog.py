@@ -1,0 +1,225 @@
+"""Each test's deadline, enforced from a thread of the test process.
+
+The plugin arms the watchdog at the start of every phase of a test (setup, call, teardown) with
+that phase's deadline and disarms it at the end. When a deadline passes, the watchdog thread,
+which never waits on anything the test holds:
+
+1. writes the stacks of every thread of the test process, and of every process the test started
+   that can answer (see ``processes``), and describes the others;
+2. **releases** them: retires this process's rankguard process groups (a collective waiting in
+   bounded mode raises at once), SIGTERM to each of the test's process trees (a rankguard rank
+   tears itself down and exits 0), ``RELEASE_GRACE_S``, SIGKILL;
+3. interrupts the main thread with ``INTERRUPT_SIGNAL``, whose handler raises
+   :class:`DeadlineExceeded` carrying the report: a Python-level wait (sleep, lock, queue, join,
+   a socket, a pipe) ends, the test fails with the report, and the session goes on;
+4. if the main thread does not come back within ``LAST_RESORT_S`` (stuck inside C code that
+   never returns to Python), prints the report and ends the session with exit status 2, so a CI
+   job still ends on its own.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import proctree
+from . import processes
+
+INTERRUPT_SIGNAL = signal.SIGUSR2
+RELEASE_GRACE_S = 2.0
+LAST_RESORT_S = 10.0
+EXIT_ABORTED = 2  # pytest's "interrupted"
+_DUMPS_BUDGET_S = 10.0  # allowance for the stack dumps of an expiry, before its release
+
+
+class DeadlineExceeded(BaseException):
+    """A test phase ran past its deadline. A BaseException, so that a test's ``except
+    Exception`` cannot swallow it."""
+
+
+@dataclass
+class Phase:
+    """One armed phase of one test."""
+
+    nodeid: str
+    when: str  # setup | call | teardown
+    budget: float
+    deadline_at: float  # monotonic
+    tag: str  # the environment tag of the test's processes
+    path: str  # the test's file, to point at its own frame in the stacks
+    known: set[int] = field(default_factory=set)  # processes that are not the test's
+
+
+class Watchdog:
+    """Enforces the deadline of the armed phase; one per test process."""
+
+    def __init__(self, stacks_file: str | None) -> None:
+        self._stacks_file = stacks_file
+        self._cond = threading.Condition()
+        self._phase: Phase | None = None
+        self._pending: str | None = None  # a report for the main thread's interrupt handler
+        self._ended = threading.Event()
+        self._previous: Any = None
+        self._firing: threading.Event | None = None  # set while an expiry is being handled
+        self._thread: threading.Thread | None = None
+
+    def install(self) -> None:
+        """Install the interrupt handler (main thread) and start the watchdog thread."""
+        self._previous = signal.signal(INTERRUPT_SIGNAL, self._interrupt)
+        self._thread = threading.Thread(target=self._run, name="rankguard-watchdog",
+                                        daemon=True)
+        self._thread.start()
+
+    def arm(self, phase: Phase) -> None:
+        with self._cond:
+            self._phase = phase
+            self._ended.clear()
+            self._cond.notify()
+
+    def disarm(self) -> str | None:
+        """End the phase; returns the report of an expiry the main thread has not raised yet
+        (it returned on its own, e.g. because the release killed the child it waited for)."""
+        firing = self._firing
+        if firing is not None:  # the main thread got free while the expiry was under way
+            firing.wait(RELEASE_GRACE_S + _DUMPS_BUDGET_S)
+        with self._cond:
+            self._phase = None
+            report, self._pending = self._pending, None
+            self._ended.set()
+            self._cond.notify()
+        return report
+
+    def _interrupt(self, signum: int, frame: Any) -> None:
+        with self._cond:
+            report, self._pending = self._pending, None
+        if report is not None:
+            raise DeadlineExceeded(report)
+        if callable(self._previous):
+            self._previous(signum, frame)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._phase is None or time.monotonic() < self._phase.deadline_at:
+                    timeout = None if self._phase is None else (
+                        self._phase.deadline_at - time.monotonic())
+                    self._cond.wait(timeout)
+                phase, self._phase = self._phase, None
+                self._firing = threading.Event()
+            report = self._expire(phase)
+            with self._cond:
+                self._pending = report
+            self._firing.set()
+            self._firing = None
+            signal.pthread_kill(threading.main_thread().ident, INTERRUPT_SIGNAL)
+            if not self._ended.wait(LAST_RESORT_S):
+                self._abort(report)
+
+    def _expire(self, phase: Phase) -> str:
+        lines = [f"rankguard: the deadline of {phase.budget:g} s passed during the {phase.when} "
+                 f"of {phase.nodeid}"]
+        own = _own_stacks()
+        main = _thread_block(own, threading.main_thread().ident)
+        lines.append(f"stuck: the test process's main thread {_top_frame(main, phase.path)}")
+        details = [f"--- test process (pid {os.getpid()}), all threads but the watchdog's:\n"
+                   + own]
+        pids = self._processes_of(phase)
+        for pid in pids:
+            files = [processes.own_stacks_file(pid)]
+            if self._stacks_file:
+                files.append(self._stacks_file)
+            text = processes.ask_stacks(pid, files)
+            summary = processes.describe(pid)
+            if text:
+                current = _thread_block(text, None)
+                lines.append(f"stuck: {summary}\n  main thread {_top_frame(current, phase.path)}")
+                details.append(f"--- {summary}\n{text}")
+            else:
+                lines.append(f"stuck: {summary} (no Python stacks: it does not answer SIGUSR1)")
+        lines.append(self._release(pids))
+        return "\n".join(lines + [""] + details)
+
+    @staticmethod
+    def _processes_of(phase: Phase) -> list[int]:
+        found = processes.tagged(phase.tag, phase.known)
+        for pid in proctree.descendants(os.getpid()):
+            if pid not in phase.known and pid not in found:
+                found.append(pid)
+        return [pid for pid in found if processes.running(pid)]
+
+    @staticmethod
+    def _release(pids: list[int]) -> str:
+        groups = sys.modules.get("rankguard.runtime.groups")
+        if groups is not None:
+            groups.retire_all("the test's deadline passed")
+        for pid in pids:
+            proctree.signal_tree(pid, signal.SIGTERM, group=False)
+            proctree.signal_tree(pid, signal.SIGCONT, group=False)
+        end = time.monotonic() + RELEASE_GRACE_S
+        alive = [pid for pid in pids if processes.running(pid)]
+        while alive and time.monotonic() < end:
+            time.sleep(0.02)
+            alive = [pid for pid in alive if processes.running(pid)]
+        for pid in alive:
+            proctree.signal_tree(pid, signal.SIGKILL, group=False)
+            proctree.kill_all([pid])
+        if not pids:
+            return "released: the test started no process"
+        return (f"released: SIGTERM to {len(pids)} process(es) of the test"
+                + (f", SIGKILL to {len(alive)} that outlived {RELEASE_GRACE_S:g} s" if alive
+                   else ""))
+
+    def _abort(self, report: str) -> None:
+        text = (f"{report}\nrankguard: the main thread did not return within {LAST_RESORT_S:g} s "
+                "of its interruption (stuck inside C code); ending the session\n")
+        try:
+            os.write(2, text.encode())
+        finally:
+            os._exit(EXIT_ABORTED)
+
+
+def _own_stacks() -> str:
+    """Every thread's stack in this process, but the calling (watchdog) thread's."""
+    with tempfile.TemporaryFile("w+") as f:
+        faulthandler.dump_traceback(file=f, all_threads=True)
+        f.seek(0)
+        blocks = f.read().split("\n\n")
+    return "\n\n".join(b for b in blocks if not b.lstrip().startswith("Current thread"))
+
+
+def _thread_block(dump: str, ident: int | None) -> str:
+    """The block of ``dump`` for thread ``ident`` (None: the thread that wrote it)."""
+    head = "Current thread" if ident is None else f"Thread 0x{ident:016x}"
+    blocks = dump.split("\n\n")
+    for block in blocks:
+        if block.lstrip().startswith(head) or (ident is not None and f"0x{ident:016x}" in
+                                                block.split("\n", 1)[0]):
+            return block
+    return ""
+
+
+def _top_frame(block: str, test_path: str) -> str:
+    """``at file:line in function`` for the innermost frame of a faulthandler thread block,
+    and the innermost frame in the test's own file when that is another one."""
+    frames = []
+    for line in block.splitlines()[1:]:
+        line = line.strip()
+        if line.startswith('File "') and '", line ' in line:
+            path, rest = line[6:].split('", line ', 1)
+            number, _, func = rest.partition(" in ")
+            frames.append((path, number, func))
+    if not frames:
+        return "(no Python frame)"
+    text = "at {}:{} in {}".format(*frames[0])
+    own = next((f for f in frames if f[0] == test_path), None)
+    if own is not None and own != frames[0]:
+        text += ", called from {}:{} in {}".format(*own)
+    return text
+

@@ -1,0 +1,164 @@
+"""The pytest plugin against deliberately bad tests, run through pytest in a subprocess.
+
+For each: the session ends within the test deadline plus a few seconds, the report names the
+culprit and shows its stack, no process is left (the autouse fixture of our conftest checks
+every process the inner session started), and the good test after it still runs and passes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .suite import run_suite
+
+DEADLINE = 3.0
+GOOD = '''
+
+def test_good_after():
+    assert 1 + 1 == 2
+'''
+
+SLEEPS = '''
+import time
+
+def test_sleeps_in_call():
+    time.sleep(1000)
+''' + GOOD
+
+CHILD_NEVER_EXITS = '''
+import multiprocessing as mp
+import time
+
+def child_main(lock):
+    with lock:  # holds the resource, never lets go
+        time.sleep(1000)
+
+def test_joins_a_child_that_never_exits():
+    lock = mp.get_context("fork").Lock()
+    child = mp.get_context("fork").Process(target=child_main, args=(lock,))
+    child.start()
+    time.sleep(0.2)
+    child.join()
+''' + GOOD
+
+GRANDCHILD = '''
+import subprocess
+
+def test_leaves_a_grandchild():
+    subprocess.run(["sh", "-c", "sleep 1000 > /dev/null 2>&1 &"], check=True, timeout=10)
+''' + GOOD
+
+TEARDOWN_HANGS = '''
+import time
+import pytest
+
+@pytest.fixture
+def resource():
+    yield 1
+    time.sleep(1000)  # the teardown hangs, after a failed test
+
+def test_fails_then_its_teardown_hangs(resource):
+    assert resource == 2
+''' + GOOD
+
+DEAD_CHILD = '''
+import multiprocessing as mp
+import os
+import pytest
+
+def dies(queue):
+    os._exit(3)  # before it ever puts anything
+
+@pytest.fixture
+def answer():
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=dies, args=(queue,))
+    child.start()
+    return queue.get()  # blocks forever on a dead child
+
+def test_uses_a_fixture_that_blocks_on_a_dead_child(answer):
+    assert answer
+''' + GOOD
+
+
+def run(tmp_path: Path, body: str, *args: str):
+    return run_suite(tmp_path, {"test_bad.py": body},
+                     ["--rankguard-deadline", str(DEADLINE), *args], timeout=DEADLINE * 3 + 30)
+
+
+def test_a_test_sleeping_past_its_deadline_fails_with_its_stack_and_the_session_goes_on(
+        tmp_path: Path) -> None:
+    session = run(tmp_path, SLEEPS)
+    assert session.result("test_sleeps_in_call") == "failed"
+    text = session.text("test_sleeps_in_call")
+    assert "deadline of 3 s passed during the call" in text
+    assert "main thread at" in text and "test_bad.py:5 in test_sleeps_in_call" in text, text
+    assert session.result("test_good_after") == "passed"
+    assert session.code == 1 and session.wall_s < DEADLINE + 15
+
+
+def test_a_child_that_never_exits_is_stacked_named_and_killed(tmp_path: Path) -> None:
+    session = run(tmp_path, CHILD_NEVER_EXITS)
+    text = session.text("test_joins_a_child_that_never_exits")
+    assert session.result("test_joins_a_child_that_never_exits") == "failed"
+    assert "main thread at" in text and ("in join" in text or "in wait" in text), text
+    assert "in child_main" in text, text  # the child's own stack, from the child
+    assert "released: SIGTERM to 1 process(es)" in text, text
+    assert session.result("test_good_after") == "passed"
+
+
+def test_a_grandchild_left_running_fails_the_teardown_with_its_command_line(
+        tmp_path: Path) -> None:
+    session = run(tmp_path, GRANDCHILD)
+    assert session.result("test_leaves_a_grandchild") == "error"  # the call passed, the teardown not
+    assert "2 passed, 1 error" in session.output
+    text = session.text("test_leaves_a_grandchild")
+    assert "left 1 process(es) running (now killed)" in text and "sleep 1000" in text, text
+    assert session.result("test_good_after") == "passed"
+
+
+def test_leaks_can_warn_instead_of_failing(tmp_path: Path) -> None:
+    session = run(tmp_path, GRANDCHILD, "--rankguard-leaks", "warn")
+    assert session.result("test_leaves_a_grandchild") == "passed"
+    assert "left 1 process(es) running" in session.output
+    assert session.code == 0
+
+
+def test_the_teardown_after_a_failed_test_has_its_own_deadline(tmp_path: Path) -> None:
+    session = run(tmp_path, TEARDOWN_HANGS)
+    assert session.result("test_fails_then_its_teardown_hangs") in ("failed,error", "error,failed")
+    text = session.text("test_fails_then_its_teardown_hangs")
+    assert "assert 1 == 2" in text
+    assert "passed during the teardown" in text and "in resource" in text, text
+    assert session.result("test_good_after") == "passed"
+    assert session.wall_s < 2 * DEADLINE + 15
+
+
+def test_a_fixture_blocked_on_a_dead_child_fails_its_setup(tmp_path: Path) -> None:
+    session = run(tmp_path, DEAD_CHILD)
+    assert session.result("test_uses_a_fixture_that_blocks_on_a_dead_child") == "error"
+    text = session.text("test_uses_a_fixture_that_blocks_on_a_dead_child")
+    assert "passed during the setup" in text and "in answer" in text, text
+    assert session.result("test_good_after") == "passed"
+
+
+def test_a_marker_sets_one_tests_deadline(tmp_path: Path) -> None:
+    body = '''
+import time
+import pytest
+
+@pytest.mark.deadline(1)
+def test_short():
+    time.sleep(1000)
+''' + GOOD
+    session = run_suite(tmp_path, {"test_marker.py": body}, [], timeout=60)
+    assert "deadline of 1 s passed during the call" in session.text("test_short")
+    assert session.result("test_good_after") == "passed"
+
+
+def test_bad_deadline_values_are_refused_with_a_clear_message(tmp_path: Path) -> None:
+    session = run_suite(tmp_path, {"test_x.py": GOOD}, ["--rankguard-deadline", "soon"],
+                        timeout=60)
+    assert session.code == 4  # pytest's usage error
+    assert "--rankguard-deadline: expected a number of seconds, got 'soon'" in session.output

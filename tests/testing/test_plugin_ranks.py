@@ -1,0 +1,100 @@
+"""``@pytest.mark.ranks(N)``: distributed tests on a warm pool of real rank processes, run
+through pytest in a subprocess. A bad test fails with the first failure apart from its cascade,
+the pool heals, and the good tests after it pass."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .suite import run_suite
+
+HEADER = '''
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+'''
+
+GOOD = '''
+
+@pytest.mark.ranks(2)
+def test_good_after():
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    assert t.tolist() == [2.0, 2.0, 2.0]
+'''
+
+
+def test_a_passing_distributed_test_runs_on_every_rank_of_a_reused_warm_pool(
+        tmp_path: Path) -> None:
+    body = HEADER + '''
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+@pytest.mark.ranks(3)
+def test_first():
+    t = torch.full((2,), float(dist.get_rank()))
+    dist.all_reduce(t)
+    assert t.tolist() == [3.0, 3.0] and dist.get_world_size() == 3
+    with open(os.path.join(HERE, f"pid{dist.get_rank()}"), "w") as f:
+        f.write(str(os.getpid()))
+
+@pytest.mark.ranks(3)
+def test_second(tmp_path):
+    with open(os.path.join(HERE, f"pid{dist.get_rank()}")) as f:
+        assert f.read() == str(os.getpid())  # the same warm process ran both tests
+    assert tmp_path.is_dir()  # fixture values travel to the ranks
+'''
+    session = run_suite(tmp_path, {"test_dist.py": body}, [], timeout=120)
+    assert session.result("test_first") == "passed", session.output
+    assert session.result("test_second") == "passed", session.output
+    assert session.code == 0
+
+
+def test_a_rank_that_raises_while_the_other_waits_is_reported_first_and_the_other_as_victim(
+        tmp_path: Path) -> None:
+    body = HEADER + '''
+@pytest.mark.ranks(2)
+def test_rank1_disagrees():
+    if dist.get_rank() == 1:
+        assert dist.get_rank() == 0, "rank 1 disagrees"
+    dist.all_reduce(torch.ones(1))
+''' + GOOD
+    session = run_suite(tmp_path, {"test_dist.py": body}, [], timeout=120)
+    text = session.text("test_rank1_disagrees")
+    assert session.result("test_rank1_disagrees") == "failed"
+    # rank 0 learns of it inside its all_reduce (PeerFailed) or, if rank 1's notice came
+    # first, as it starts it (GroupRetired): a victim either way
+    assert re.match(r"rank 1 failed first \(AssertionError\); rank 0 failed as a consequence "
+                    r"\((PeerFailed|GroupRetired)\)", text), text
+    assert "AssertionError: rank 1 disagrees" in text  # rank 1's traceback
+    assert "----- rank 0: victim -----" in text and "rank 1 failed the test" in text
+    assert session.result("test_good_after") == "passed"  # the pool formed a new generation
+
+
+def test_a_rank_frozen_inside_allreduce_is_named_with_its_stack_within_the_deadline(
+        tmp_path: Path) -> None:
+    body = HEADER + '''
+@pytest.mark.ranks(2)
+@pytest.mark.deadline(5)
+def test_rank1_freezes_inside_allreduce():
+    if dist.get_rank() == 1:
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGSTOP)).start()
+    else:
+        time.sleep(0.6)  # rank 1 is already inside the all_reduce, frozen
+    dist.all_reduce(torch.ones(1))
+''' + GOOD
+    session = run_suite(tmp_path, {"test_dist.py": body}, [], timeout=120)
+    text = session.text("test_rank1_freezes_inside_allreduce")
+    assert session.result("test_rank1_freezes_inside_allreduce") == "failed"
+    assert text.startswith("rank 1 never finished the test (stuck); rank 0 failed as a "
+                           "consequence (CollectiveTimeout)"), text
+    assert "----- rank 1: stuck; its stacks -----" in text
+    assert "in all_reduce" in text and "test_rank1_freezes_inside_allreduce" in text
+    assert "ranks that had not arrived: 1" in text
+    assert session.result("test_good_after") == "passed"  # on a new pool
+    assert session.wall_s < 60

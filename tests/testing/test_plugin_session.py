@@ -1,0 +1,68 @@
+"""Suites that every rank of a job runs, and suites split over pytest-xdist workers."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from .suite import run_suite
+from .test_plugin_deadlines_and_leaks import CHILD_NEVER_EXITS, SLEEPS
+
+CONFTEST = '''
+import pytest
+import torch.distributed as dist
+
+@pytest.fixture(scope="session", autouse=True)
+def group():
+    dist.init_process_group("gloo")
+    yield
+'''
+
+RANK_SUITE = '''
+import os
+import signal
+import torch
+import torch.distributed as dist
+
+def test_allreduce():
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == dist.get_world_size()
+
+def test_rank1_freezes_before_the_end_of_the_session():
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+'''
+
+
+def test_under_a_launcher_the_end_of_session_barrier_is_bounded_and_names_the_missing_rank(
+        run_rankguard, tmp_path: Path) -> None:
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "conftest.py").write_text(textwrap.dedent(CONFTEST))
+    (suite / "test_rank_suite.py").write_text(textwrap.dedent(RANK_SUITE))
+    run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "60", "-m", "pytest", "-q",
+                         "-p", "no:cacheprovider", "-p", "no:timeout", "-o",
+                         "rankguard_shutdown_timeout=3", str(suite)], timeout=120)
+    assert "[rank0]:rankguard: session teardown: ranks 1 did not arrive" in run.stdout + run.stderr
+    assert "[rank0]:2 passed" in run.stdout + run.stderr
+    assert run.code == 3  # the launcher blames the rank that never arrived, not rank 0
+    hang = run.event("hang_detected")
+    assert hang["blamed"] == [1] and hang["op"] == "shutdown"
+    assert run.outcomes() == {0: "victim", 1: "hung"}
+    assert run.wall_s < 60  # the 3 s barrier decided, not the 60 s hang timeout
+
+
+def test_with_xdist_each_worker_guards_its_own_tests_and_the_controller_never_hangs(
+        tmp_path: Path) -> None:
+    pytest.importorskip("xdist")
+    session = run_suite(tmp_path, {"test_sleeps.py": SLEEPS, "test_child.py": CHILD_NEVER_EXITS},
+                        ["-n", "2", "--rankguard-deadline", "3"], timeout=120)
+    assert session.result("test_sleeps_in_call") == "failed"
+    assert "deadline of 3 s passed during the call" in session.text("test_sleeps_in_call")
+    assert session.result("test_joins_a_child_that_never_exits") == "failed"
+    assert session.cases["test_good_after"] and all(
+        o.result == "passed" for o in session.cases["test_good_after"])
+    assert session.code == 1 and session.wall_s < 60
