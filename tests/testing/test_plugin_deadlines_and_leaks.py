@@ -162,3 +162,20 @@ def test_bad_deadline_values_are_refused_with_a_clear_message(tmp_path: Path) ->
                         timeout=60)
     assert session.code == 4  # pytest's usage error
     assert "--rankguard-deadline: expected a number of seconds, got 'soon'" in session.output
+
+
+def test_multiprocessing_helpers_shared_by_the_whole_session_are_not_leaks(
+        tmp_path: Path) -> None:
+    body = '''
+import multiprocessing as mp
+
+def square(x):
+    return x * x
+
+def test_uses_a_spawn_pool():
+    with mp.get_context("spawn").Pool(1) as pool:
+        assert pool.map(square, [3]) == [9]
+''' + GOOD
+    session = run(tmp_path, body)
+    assert session.result("test_uses_a_spawn_pool") == "passed", session.output
+    assert session.code == 0

@@ -37,15 +37,22 @@ def test_rank1_freezes_before_the_end_of_the_session():
 '''
 
 
-def test_under_a_launcher_the_end_of_session_barrier_is_bounded_and_names_the_missing_rank(
-        run_rankguard, tmp_path: Path) -> None:
+def every_rank_runs(run_rankguard, tmp_path: Path, tests: str, launcher_args: list[str],
+                    pytest_args: list[str]):
+    """``rankguard run --nproc-per-node 2 -m pytest`` on a suite whose conftest makes the group."""
     suite = tmp_path / "suite"
     suite.mkdir()
     (suite / "conftest.py").write_text(textwrap.dedent(CONFTEST))
-    (suite / "test_rank_suite.py").write_text(textwrap.dedent(RANK_SUITE))
-    run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "60", "-m", "pytest", "-q",
-                         "-p", "no:cacheprovider", "-p", "no:timeout", "-o",
-                         "rankguard_shutdown_timeout=3", str(suite)], timeout=120)
+    (suite / "test_suite.py").write_text(textwrap.dedent(tests))
+    return run_rankguard(["--nproc-per-node", "2", *launcher_args, "-m", "pytest", "-q",
+                          "-p", "no:cacheprovider", "-p", "no:timeout", *pytest_args, str(suite)],
+                         timeout=120)
+
+
+def test_under_a_launcher_the_end_of_session_barrier_is_bounded_and_names_the_missing_rank(
+        run_rankguard, tmp_path: Path) -> None:
+    run = every_rank_runs(run_rankguard, tmp_path, RANK_SUITE, ["--hang-timeout", "60"],
+                          ["-o", "rankguard_shutdown_timeout=3"])
     assert "[rank0]:rankguard: session teardown: ranks 1 did not arrive" in run.stdout + run.stderr
     assert "[rank0]:2 passed" in run.stdout + run.stderr
     assert run.code == 3  # the launcher blames the rank that never arrived, not rank 0
@@ -66,3 +73,25 @@ def test_with_xdist_each_worker_guards_its_own_tests_and_the_controller_never_ha
     assert session.cases["test_good_after"] and all(
         o.result == "passed" for o in session.cases["test_good_after"])
     assert session.code == 1 and session.wall_s < 60
+
+
+DISAGREES = '''
+import torch
+import torch.distributed as dist
+
+def test_rank1_disagrees():
+    if dist.get_rank() == 1:
+        assert dist.get_rank() == 0, "rank 1 disagrees"
+    dist.all_reduce(torch.ones(1))
+'''
+
+
+def test_under_a_launcher_a_rank_that_fails_first_releases_the_ones_waiting_for_it(
+        run_rankguard, tmp_path: Path) -> None:
+    run = every_rank_runs(run_rankguard, tmp_path, DISAGREES, [],
+                          ["--rankguard-deadline", "60", "-o", "rankguard_shutdown_timeout=5"])
+    assert "AssertionError: rank 1 disagrees" in (run.log_dir / "attempt0" / "rank1.log").read_text()
+    rank0 = (run.log_dir / "attempt0" / "rank0.log").read_text()
+    assert "PeerFailed: rank 0: all_reduce #1 on group 'world' was abandoned: rank 1 failed " \
+           "test_suite.py::test_rank1_disagrees" in rank0, rank0[-4000:]
+    assert run.wall_s < 40  # released at once, not at the 60 s test deadline

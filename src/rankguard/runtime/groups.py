@@ -90,3 +90,18 @@ def discard_all() -> None:
     for group in list(c10d._world.pg_map):
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
     c10d.destroy_process_group()
+
+
+def abandon_world(reason: str) -> None:
+    """This rank gives up on the current world group: retire it here and tell every peer, so
+    that none keeps waiting for this rank in a collective (their wait raises PeerFailed)."""
+    from . import instrument
+
+    for group in live():
+        if group._rankguard_retired is None and group._rankguard_is_world:
+            retire(group, reason)
+            asker = instrument.state.asker
+            if asker is not None:
+                peers = [r for r in group._rankguard_ranks if r != group._rankguard_rank]
+                asker.ask(group._rankguard_name, peers,
+                          {"by": group._rankguard_rank, "reason": reason}, window=0.05)

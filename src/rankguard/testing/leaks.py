@@ -3,7 +3,8 @@
 A process is the test's if it carries the test's environment tag or is a new descendant of the
 test process (see ``processes``). Processes started by a fixture of a wider scope (module,
 session) carry that fixture's tag instead, and are checked when that fixture is finalized.
-One that exits within ``SETTLE_S`` of the end (a child finishing its exit) is not a leak.
+One that exits within ``SETTLE_S`` of the end (a child finishing its exit) is not a leak, nor
+is multiprocessing's resource tracker or forkserver, which serve the whole test process.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def find(tag: str, known: set[int], descendants: bool) -> list[int]:
         found = set(processes.tagged(tag, known))
         if descendants:
             found.update(pid for pid in proctree.descendants(os.getpid()) if pid not in known)
-        found = {pid for pid in found if processes.running(pid)}
+        found = {pid for pid in found
+                 if processes.running(pid) and not processes.is_shared_helper(pid)}
         if not found or time.monotonic() >= deadline:
             return sorted(found)
         time.sleep(0.02)

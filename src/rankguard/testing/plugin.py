@@ -44,6 +44,7 @@ from typing import Any
 import pytest
 
 from .. import proctree
+from ..errors import CollectiveError, GroupRetired
 from ..runtime import stacks as rank_stacks
 from . import leaks, processes
 from . import session as rank_session
@@ -250,6 +251,9 @@ class _Guard:
         report = yield
         if call.excinfo is not None and isinstance(call.excinfo.value, RanksFailed):
             report.longrepr = str(call.excinfo.value)
+        if (self.rank_session and call.when == "call" and call.excinfo is not None
+                and not isinstance(call.excinfo.value, (CollectiveError, GroupRetired))):
+            rank_session.abandon(item.nodeid)
         return report
 
     @pytest.hookimpl(trylast=True)

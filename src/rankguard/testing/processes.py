@@ -33,6 +33,21 @@ def tagged(tag: str, exclude: set[int] = frozenset()) -> list[int]:  # type: ign
     return [pid for pid in proctree.with_env(TAG, tag) if pid not in exclude]
 
 
+# Helpers that multiprocessing starts once per interpreter and shares between all later uses;
+# they end with the test process. Not a test's leak, and killing one breaks the next test.
+_SHARED_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+
+
+def is_shared_helper(pid: int) -> bool:
+    """Whether ``pid`` is multiprocessing's resource tracker or forkserver of this process."""
+    try:
+        proc = psutil.Process(pid)
+        return proc.ppid() == os.getpid() and any(
+            helper in " ".join(proc.cmdline()) for helper in _SHARED_HELPERS)
+    except psutil.Error:
+        return False
+
+
 def running(pid: int) -> bool:
     """Whether ``pid`` exists and is not a zombie."""
     try:

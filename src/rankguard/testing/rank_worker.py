@@ -28,7 +28,7 @@ import traceback
 from typing import Any
 
 import rankguard
-from rankguard.runtime import bounded, groups, instrument
+from rankguard.runtime import bounded, groups
 
 _modules: dict[str, Any] = {}
 
@@ -49,18 +49,6 @@ def _load(path: str) -> Any:
     return module
 
 
-def _tell_peers(reason: str) -> None:
-    """Retire the world group here and on every peer: they stop waiting for this rank."""
-    for group in groups.live():
-        if group._rankguard_retired is None and group._rankguard_is_world:
-            groups.retire(group, reason)
-            asker = instrument.state.asker
-            if asker is not None:
-                peers = [r for r in group._rankguard_ranks if r != group._rankguard_rank]
-                asker.ask(group._rankguard_name, peers,
-                          {"by": group._rankguard_rank, "reason": reason}, window=0.05)
-
-
 def _run(command: dict[str, Any]) -> dict[str, Any]:
     import torch.distributed as dist
 
@@ -75,7 +63,7 @@ def _run(command: dict[str, Any]) -> dict[str, Any]:
     except BaseException as error:  # noqa: BLE001 (reported to the plugin, whatever it is)
         collective = isinstance(error, (rankguard.CollectiveError, rankguard.GroupRetired))
         if not collective:
-            _tell_peers(f"rank {dist.get_rank()} failed the test")
+            groups.abandon_world(f"rank {dist.get_rank()} failed the test")
         return {"outcome": "failed", "error": type(error).__name__, "collective": collective,
                 "missing": list(getattr(error, "missing", []) or []), "message": str(error),
                 "traceback": traceback.format_exc(), "at": time.time()}

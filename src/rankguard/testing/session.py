@@ -2,7 +2,9 @@
 
 Under a launcher (``RANK``, ``WORLD_SIZE`` > 1, ``MASTER_ADDR`` and ``MASTER_PORT`` set), the
 plugin turns on the rank runtime at configure time (``rankguard.init``: SIGTERM teardown,
-stacks on demand, bounded collectives for the groups the suite creates), and ends the session
+stacks on demand, bounded collectives for the groups the suite creates). A rank that fails a
+test by itself retires the group and tells its peers, so that none waits for it, or pairs that
+test's collectives with the next one's. The plugin ends the session
 with ``rankguard.shutdown``: a bounded barrier, then ``destroy_process_group``; a rank that
 never arrives is named on every rank that did, the group is aborted instead, and those ranks'
 sessions fail (exit status 1), so no rank waits forever and none reports success by mistake.
@@ -31,6 +33,15 @@ def start() -> None:
     import rankguard
 
     rankguard.init()
+
+
+def abandon(nodeid: str) -> None:
+    """This rank failed ``nodeid`` by itself: its peers must not keep waiting for it in that
+    test's collectives, nor pair them with the next test's."""
+    if "rankguard.runtime.groups" in sys.modules and "torch.distributed" in sys.modules:
+        from ..runtime import groups
+
+        groups.abandon_world(f"rank {os.environ.get('RANK')} failed {nodeid}")
 
 
 def finish(timeout: float) -> str | None:

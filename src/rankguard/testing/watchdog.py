@@ -152,7 +152,8 @@ class Watchdog:
         for pid in proctree.descendants(os.getpid()):
             if pid not in phase.known and pid not in found:
                 found.append(pid)
-        return [pid for pid in found if processes.running(pid)]
+        return [pid for pid in found
+                if processes.running(pid) and not processes.is_shared_helper(pid)]
 
     @staticmethod
     def _release(pids: list[int]) -> str:
