@@ -45,7 +45,8 @@ def every_rank_runs(run_rankguard, tmp_path: Path, tests: str, launcher_args: li
     (suite / "conftest.py").write_text(textwrap.dedent(CONFTEST))
     (suite / "test_suite.py").write_text(textwrap.dedent(tests))
     return run_rankguard(["--nproc-per-node", "2", *launcher_args, "-m", "pytest", "-q",
-                          "-p", "no:cacheprovider", "-p", "no:timeout", *pytest_args, str(suite)],
+                          "-p", "no:cacheprovider", "-p", "no:timeout", "--rootdir", str(suite),
+                          *pytest_args, str(suite)],
                          timeout=120)
 
 
