@@ -1,7 +1,7 @@
 """Cost per collective of bounded mode and of a deadline, in one process (bench/runtime_bench.py).
 
-Paired, interleaved rounds (each variant right after a plain round) of a 1-rank all_reduce (as ``dist.all_reduce`` issues it, then
-``wait()``) on: a plain gloo process group as torch builds one; rankguard's group on its zero-code
+Paired, interleaved rounds (each variant right after a plain round) of a 1-rank all_reduce (as
+``dist.all_reduce`` issues it, then ``wait()``) on: a plain gloo process group as torch builds one; rankguard's group on its zero-code
 path (what ``rankguard run`` gives); the same group in bounded mode (``rankguard.init()``: a
 BoundedWork per op, waited in slices); and bounded mode inside ``rankguard.deadline(60)`` (the
 remaining time is also set as gloo's per-op timeout). Medians of per-op microseconds, and of the
@@ -14,14 +14,11 @@ import torch
 import torch.distributed as dist
 
 import rankguard
-from plain_group import plain_gloo_group
+from plain_group import side_by_side
 from rankguard.runtime import instrument
 
 rankguard.init()
-store = dist.HashStore()
-dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-ours = dist.group.WORLD
-plain, gloo = plain_gloo_group(store)
+ours, plain, _ = side_by_side()
 t = torch.ones(1)
 
 

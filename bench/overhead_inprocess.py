@@ -14,7 +14,7 @@ import timeit
 import torch
 import torch.distributed as dist
 
-from plain_group import plain_gloo_group
+from plain_group import side_by_side
 from rankguard import ledger
 from rankguard.runtime import instrument
 
@@ -22,10 +22,7 @@ path = tempfile.mktemp(prefix="rankguard-bench-")
 ledger.create(path, 1)
 instrument.state.ledger = ledger.LedgerWriter(path)
 instrument.install()
-store = dist.HashStore()
-dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-ours = dist.group.WORLD
-plain, gloo = plain_gloo_group(store)
+ours, plain, gloo = side_by_side()
 t = torch.ones(1)
 opts = dist.AllreduceOptions()
 opts.asyncOp = False  # as dist.all_reduce issues it

@@ -6,6 +6,14 @@ import torch
 import torch.distributed as dist
 
 
+def side_by_side() -> tuple[dist.ProcessGroup, dist.ProcessGroup, dist.ProcessGroupGloo]:
+    """(rankguard's 1-rank default group, a plain gloo group, the plain group's gloo backend)
+    on one HashStore; call once rankguard's instrumentation is installed."""
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    return (dist.group.WORLD, *plain_gloo_group(store))
+
+
 def plain_gloo_group(store: dist.Store) -> tuple[dist.ProcessGroup, dist.ProcessGroupGloo]:
     """The group and its gloo backend, on ``store`` under the prefix ``plain``."""
     gloo = dist.ProcessGroupGloo(dist.PrefixStore("plain", store), 0, 1,

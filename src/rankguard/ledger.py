@@ -90,6 +90,11 @@ OP_CODES = {name: code for code, name in enumerate(OP_NAMES)}
 
 
 
+def seq_of(entry: int, is_world: bool) -> int:
+    """The sequence number people see for entry ``entry`` of a group (see the module doc)."""
+    return entry - 1 if is_world else entry
+
+
 def group_key(name: str) -> int:
     """A stable 64-bit key for a process group name, the same on every rank."""
     return (zlib.crc32(name.encode()) << 32) | zlib.crc32(name[::-1].encode())

@@ -33,7 +33,7 @@ def with_env(var: str, value: str) -> list[int]:
             continue
         if needle in data:
             found.append(int(entry))
-    return [pid for pid in found if _alive(pid)]
+    return [pid for pid in found if alive(pid)]
 
 
 def with_marker(token: str) -> list[int]:
@@ -49,7 +49,8 @@ def is_stopped(pid: int) -> bool:
         return False
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie."""
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:

@@ -2,7 +2,8 @@
 
 For each process group, the ranks that have been waiting in an operation with no ledger event
 for ``hang_timeout`` are candidates; the operation they wait in is the highest entry number
-among them, and the candidates that entered it are the *waiters*. Members that have not entered it are *absent*:
+among them, and the candidates that entered it are the *waiters*. Members that have not entered
+it are *absent*:
 
 - an absent rank that made no progress (see ``progress``) for ``hang_timeout`` is **hung**;
 - an absent rank that is busy (progressed in the last ``BUSY_RECENT_S``) is a **straggler**:
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ledger import GroupProgress, LedgerReader, RankProgress
+from ..ledger import GroupProgress, LedgerReader, RankProgress, seq_of
 from .progress import ProgressTracker
 
 # An absent rank counts as busy (a straggler) only if it made progress this recently; one that
@@ -115,7 +116,7 @@ class HangMonitor:
         members = [r for r in sample.member_ranks(self.world_size) if r in self._readers]
         waited = max(now - entries[r].last_event for r in waiters)
         kind = entries[max(waiters, key=lambda r: entries[r].entered)].kind
-        seq = target - 1 if sample.is_world else target
+        seq = seq_of(target, sample.is_world)
         absent = [r for r in members if r not in entries or entries[r].entered < target]
 
         def verdict(hung: bool, blamed: list[int], reason: str) -> Verdict:

@@ -81,7 +81,7 @@ def deadline_verdict(rank: int, progress: _ledger.RankProgress,
     if not set(progress.blamed) <= alive:
         return None
     slot = max(progress.groups, key=lambda g: g.t_enter)
-    seq = slot.entered - 1 if slot.is_world else slot.entered
+    seq = _ledger.seq_of(slot.entered, slot.is_world)
     return Verdict(True, progress.blamed, (rank,), slot.kind, seq,
                    round(max(progress.t_fault - slot.t_enter, 0.0), 3), "collective_deadline",
                    slot.key)

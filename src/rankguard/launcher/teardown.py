@@ -1,8 +1,9 @@
 """Stopping the ranks of an attempt: stacks first, then an escalation ladder, each step bounded.
 
-0. **notice** (ranks in bounded mode only; between the two halves of step 1): the survivors' ledgers get a notice that a peer
-   died or hung; a rank waiting in a bounded collective raises ``rankguard.PeerFailed`` within
-   one wait slice, and its program may end on its own. Bounded by ``NOTICE_BUDGET``.
+0. **notice** (ranks in bounded mode only; between the two halves of step 1): the survivors'
+   ledgers get a notice that a peer died or hung; a rank waiting in a bounded collective raises
+   ``rankguard.PeerFailed`` within one wait slice, and its program may end on its own. Bounded
+   by ``NOTICE_BUDGET``.
 1. **stacks**: every live rank whose stack handler is installed dumps all its threads' Python
    stacks to its stacks file (SIGUSR1, faulthandler; a stopped rank is continued so the handler
    runs). Bounded by ``STACKS_BUDGET``. The running ranks dump first, then get the notice, and

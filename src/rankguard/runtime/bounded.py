@@ -20,6 +20,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from .. import ledger as _ledger
 from ..errors import CollectiveError, CollectiveTimeout, GroupRetired, PeerFailed
 from . import groups
 from .deadline import Deadline
@@ -66,7 +67,7 @@ def explain(group: Any, entry: int, op: str, started: float, limit: Deadline | N
             states[peer] = "did not answer (stopped, dead, or holding the GIL)"
             missing.append(peer)
         elif answer["entered"] < entry:
-            behind = _seq_of(answer["entered"], answer["world"])
+            behind = _ledger.seq_of(answer["entered"], answer["world"])
             states[peer] = (f"was at {answer['op']} #{behind}" if behind > 0
                             else "had not entered any collective")
             missing.append(peer)
@@ -105,11 +106,7 @@ def take_supervisor_notice(group: Any) -> None:
 
 
 def _seq(group: Any, entry: int) -> int:
-    return _seq_of(entry, group._rankguard_is_world)
-
-
-def _seq_of(entry: int, is_world: bool) -> int:
-    return entry - 1 if is_world else entry  # the world's entry 1 is init_process_group
+    return _ledger.seq_of(entry, group._rankguard_is_world)
 
 
 def _short(gloo_text: str) -> str:

@@ -101,25 +101,19 @@ def _make_op(name: str, backend_method: str, op_name: str) -> Callable[..., Any]
             raise GroupRetired(self._rankguard_name, self._rankguard_retired)
         slot = self._rankguard_slot
         limit = _deadline.current()
-        if not (state.bounded or limit is not None):
-            if slot is None:
-                return getattr(self._rankguard_backend, backend_method)(*args, **kwargs)
-            if self._rankguard_is_world and state.injector is not None:
-                state.injector.before_op(slot.entered)  # entered - 1 collectives so far, +1 for init
-            slot.enter(code)
-            work = getattr(self._rankguard_backend, backend_method)(*args, **kwargs)
-            completions.add(slot, work)
-            return work
         if limit is not None:
             _bounded.limit_options(args, limit)
         entry = 0
         if slot is not None:
             if self._rankguard_is_world and state.injector is not None:
+                # entered - 1 collectives so far, +1 for init
                 state.injector.before_op(slot.entered)
             entry = slot.enter(code)
         work = getattr(self._rankguard_backend, backend_method)(*args, **kwargs)
         if slot is not None:
             completions.add(slot, work)
+        if not state.bounded and limit is None:
+            return work
         return _bounded.work_class()(work, self, entry, op_name, limit)
 
     op.__name__ = name

@@ -41,7 +41,7 @@ def find(tag: str, known: set[int], descendants: bool) -> list[int]:
         if descendants:
             found.update(pid for pid in proctree.descendants(os.getpid()) if pid not in known)
         found = {pid for pid in found
-                 if processes.running(pid) and not processes.is_shared_helper(pid)}
+                 if proctree.alive(pid) and not processes.is_shared_helper(pid)}
         if not found or time.monotonic() >= deadline:
             return sorted(found)
         time.sleep(0.02)

@@ -68,7 +68,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("rankguard_leaks", "fail | warn | ignore: processes left running by a test",
                   default="fail")
     parser.addini("rankguard_shutdown_timeout", "under a launcher: seconds the end-of-session "
-                  "barrier waits for the other ranks", default=str(rank_session.DEFAULT_SHUTDOWN_TIMEOUT_S))
+                  "barrier waits for the other ranks",
+                  default=str(rank_session.DEFAULT_SHUTDOWN_TIMEOUT_S))
 
 
 def pytest_configure(config: pytest.Config) -> None:

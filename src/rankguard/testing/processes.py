@@ -48,15 +48,6 @@ def is_shared_helper(pid: int) -> bool:
         return False
 
 
-def running(pid: int) -> bool:
-    """Whether ``pid`` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(") ", 1)[1][:1] != "Z"
-    except OSError:
-        return False
-
-
 def catches(pid: int, sig: int) -> bool:
     """Whether ``pid`` has a handler for ``sig`` (SigCgt in /proc)."""
     try:

@@ -28,7 +28,7 @@ import traceback
 from typing import Any
 
 import rankguard
-from rankguard.runtime import bounded, groups
+from rankguard.runtime import groups
 
 _modules: dict[str, Any] = {}
 
@@ -82,7 +82,6 @@ def main() -> None:
         if op == "run":
             answer = _run(command)
         elif op == "regroup":
-            bounded.last_failure = None
             generation = rankguard.regroup(exclude=[], timeout=command.get("timeout", 10))
             answer = {"ok": True, "took": generation.took}
         else:

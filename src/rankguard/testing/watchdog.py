@@ -153,7 +153,7 @@ class Watchdog:
             if pid not in phase.known and pid not in found:
                 found.append(pid)
         return [pid for pid in found
-                if processes.running(pid) and not processes.is_shared_helper(pid)]
+                if proctree.alive(pid) and not processes.is_shared_helper(pid)]
 
     @staticmethod
     def _release(pids: list[int]) -> str:
@@ -164,10 +164,10 @@ class Watchdog:
             proctree.signal_tree(pid, signal.SIGTERM, group=False)
             proctree.signal_tree(pid, signal.SIGCONT, group=False)
         end = time.monotonic() + RELEASE_GRACE_S
-        alive = [pid for pid in pids if processes.running(pid)]
+        alive = [pid for pid in pids if proctree.alive(pid)]
         while alive and time.monotonic() < end:
             time.sleep(0.02)
-            alive = [pid for pid in alive if processes.running(pid)]
+            alive = [pid for pid in alive if proctree.alive(pid)]
         for pid in alive:
             proctree.signal_tree(pid, signal.SIGKILL, group=False)
             proctree.kill_all([pid])
