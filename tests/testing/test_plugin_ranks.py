@@ -48,10 +48,23 @@ def test_second(tmp_path):
     with open(os.path.join(HERE, f"pid{dist.get_rank()}")) as f:
         assert f.read() == str(os.getpid())  # the same warm process ran both tests
     assert tmp_path.is_dir()  # fixture values travel to the ranks
+
+@pytest.mark.ranks(3)
+class TestInAClass:
+    factor = 2.0
+
+    def helper(self):
+        return torch.full((1,), self.factor)
+
+    def test_method(self):
+        t = self.helper()
+        dist.all_reduce(t)
+        assert t.item() == 6.0
 '''
     session = run_suite(tmp_path, {"test_dist.py": body}, [], timeout=120)
     assert session.result("test_first") == "passed", session.output
     assert session.result("test_second") == "passed", session.output
+    assert session.result("test_method") == "passed", session.output
     assert session.code == 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -77,6 +78,7 @@ def test_with_xdist_each_worker_guards_its_own_tests_and_the_controller_never_ha
 
 
 DISAGREES = '''
+import time
 import torch
 import torch.distributed as dist
 
@@ -84,15 +86,51 @@ def test_rank1_disagrees():
     if dist.get_rank() == 1:
         assert dist.get_rank() == 0, "rank 1 disagrees"
     dist.all_reduce(torch.ones(1))
+
+def test_collectives_work_again_after_the_failure():
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == 2
+
+def test_rank1_fails_after_its_collectives():
+    dist.all_reduce(torch.ones(1))
+    if dist.get_rank() == 1:
+        time.sleep(0.5)  # rank 0 is waiting in the next test's all_reduce by then
+        assert dist.get_rank() == 0, "rank 1 fails late"
+
+def test_rank0_ran_ahead_into_this_one():
+    dist.all_reduce(torch.ones(1))
+
+def test_last():
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == 2
 '''
 
 
-def test_under_a_launcher_a_rank_that_fails_first_releases_the_ones_waiting_for_it(
+def outcome(log: str, test: str) -> str | None:
+    """A test's outcome in the short summary (``-rA``) of one rank's log."""
+    found = re.search(rf"^(PASSED|FAILED|ERROR) \S*test_suite\.py::{test}\b", log, re.M)
+    return found.group(1) if found else None
+
+
+def test_under_a_launcher_a_rank_that_fails_first_releases_its_peers_and_the_group_is_reformed(
         run_rankguard, tmp_path: Path) -> None:
     run = every_rank_runs(run_rankguard, tmp_path, DISAGREES, [],
-                          ["--rankguard-deadline", "60", "-o", "rankguard_shutdown_timeout=5"])
-    assert "AssertionError: rank 1 disagrees" in (run.log_dir / "attempt0" / "rank1.log").read_text()
-    rank0 = (run.log_dir / "attempt0" / "rank0.log").read_text()
+                          ["-rA", "--rankguard-deadline", "60",
+                           "-o", "rankguard_shutdown_timeout=5"])
+    logs = {rank: (run.log_dir / "attempt0" / f"rank{rank}.log").read_text() for rank in (0, 1)}
+    assert "AssertionError: rank 1 disagrees" in logs[1]
     assert "PeerFailed: rank 0: all_reduce #1 on group 'world' was abandoned: rank 1 failed " \
-           "test_suite.py::test_rank1_disagrees" in rank0, rank0[-4000:]
+           "test_suite.py::test_rank1_disagrees" in logs[0], logs[0][-4000:]
+    for rank in (0, 1):  # each failure was followed by a fresh generation, on both ranks
+        for test in ("test_collectives_work_again_after_the_failure", "test_last"):
+            assert outcome(logs[rank], test) == "PASSED", logs[rank][-4000:]
+    assert "AssertionError: rank 1 fails late" in logs[1]
+    assert outcome(logs[0], "test_rank1_fails_after_its_collectives") == "PASSED"
+    assert outcome(logs[0], "test_rank0_ran_ahead_into_this_one") == "FAILED"
+    assert "PeerFailed: rank 0: all_reduce #3 on group 'world' was abandoned: rank 1 failed " \
+           "test_suite.py::test_rank1_fails_after_its_collectives" in logs[0]  # released at once
+    assert "rankguard: the other ranks had passed this test when the process group was " \
+           "re-formed after a failure; all resume at test_suite.py::test_last" in logs[1]
     assert run.wall_s < 40  # released at once, not at the 60 s test deadline

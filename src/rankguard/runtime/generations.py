@@ -62,6 +62,19 @@ class _Lineage:
 _lineage = _Lineage()
 
 
+def root_store() -> Any:
+    """The store of generation 0, under which every generation keeps its keys (the default
+    group must exist)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    return _lineage.root if _lineage.root is not None else c10d._get_default_store()
+
+
+def next_number() -> int:
+    """The number the next ``regroup()`` will give its generation."""
+    return _lineage.number + 1
+
+
 def regroup(*, timeout: float = DEFAULT_TIMEOUT_S, exclude: Iterable[int] | None = None
             ) -> Generation:
     """Form the next generation of the default process group from the surviving ranks.
@@ -87,9 +100,8 @@ def regroup(*, timeout: float = DEFAULT_TIMEOUT_S, exclude: Iterable[int] | None
         raise UsageError("rankguard.regroup()", "there is no process group to regroup",
                          "call it after init_process_group, when a collective has failed")
     started = time.monotonic()
-    if _lineage.root is None:
-        _lineage.root = c10d._get_default_store()
-    number = _lineage.number + 1
+    _lineage.root = root_store()
+    number = next_number()
     rank, size = dist.get_rank(), dist.get_world_size()
     pg_timeout = instrument.state.pg_timeout or c10d.default_pg_timeout
     failed = set(exclude) if exclude is not None else _known_failed()

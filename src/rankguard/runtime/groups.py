@@ -90,6 +90,8 @@ def discard_all() -> None:
     for group in list(c10d._world.pg_map):
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
     c10d.destroy_process_group()
+    with _lock:  # kept alive, but no longer this rank's: names now refer to the new groups
+        _live.clear()
 
 
 def abandon_world(reason: str) -> None:

@@ -44,7 +44,6 @@ from typing import Any
 import pytest
 
 from .. import proctree
-from ..errors import CollectiveError, GroupRetired
 from ..runtime import stacks as rank_stacks
 from . import leaks, processes
 from . import session as rank_session
@@ -106,11 +105,12 @@ class _Guard:
                                     f"{', '.join(leaks.MODES)}")
         self.token = uuid.uuid4().hex[:12]
         self._stacks: Any = None  # the file this process's faulthandler dumps into, if ours
-        self.rank_session = rank_session.under_launcher()
-        self.shutdown_timeout = _seconds("rankguard_shutdown_timeout (ini)",
-                                         config.getini("rankguard_shutdown_timeout"))
-        if self.rank_session:
+        if rank_session.under_launcher():
             rank_session.start()
+            config.pluginmanager.register(rank_session.EveryRank(
+                _seconds("rankguard_shutdown_timeout (ini)",
+                         config.getini("rankguard_shutdown_timeout")), item_deadline),
+                "rankguard-every-rank")
         self.stacks_file = self._answer_stack_requests()
         self.watchdog = Watchdog(self.stacks_file)
         self.watchdog.install()
@@ -222,7 +222,7 @@ class _Guard:
         remaining = deadline_at - time.monotonic()
         healthy = False
         try:
-            answers = pool.run(str(pyfuncitem.path), pyfuncitem.originalname, args,
+            answers = pool.run(str(pyfuncitem.path), _qualname(pyfuncitem), args,
                                deadline_at - min(0.5, remaining / 4),
                                max(remaining - 2.0, remaining * 0.5))
             missing = sorted(set(range(world)) - set(answers))
@@ -252,9 +252,6 @@ class _Guard:
         report = yield
         if call.excinfo is not None and isinstance(call.excinfo.value, RanksFailed):
             report.longrepr = str(call.excinfo.value)
-        if (self.rank_session and call.when == "call" and call.excinfo is not None
-                and not isinstance(call.excinfo.value, (CollectiveError, GroupRetired))):
-            rank_session.abandon(item.nodeid)
         return report
 
     @pytest.hookimpl(trylast=True)
@@ -262,15 +259,6 @@ class _Guard:
         for pool in self.pools.values():
             pool.close()
         self.pools.clear()
-        if self.rank_session:
-            problem = rank_session.finish(self.shutdown_timeout)
-            if problem is not None:
-                reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-                if reporter is not None:
-                    reporter.write("\n")  # end the progress line
-                    reporter.write_line(f"rankguard: {problem}", red=True)
-                if session.exitstatus == pytest.ExitCode.OK:
-                    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     # -- fixtures of a wider scope -------------------------------------------------------------
 
@@ -321,6 +309,13 @@ def _world_size(item: pytest.Item, marker: pytest.Mark) -> int:
         raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.ranks needs a number of ranks "
                                 f"from 1 to 64, got {value!r}")
     return value
+
+
+def _qualname(item: pytest.Function) -> str:
+    """``test_x``, or ``TestClass.test_x`` for a method."""
+    if item.cls is None:
+        return item.originalname
+    return f"{item.cls.__qualname__}.{item.originalname}"
 
 
 def _restore(name: str, value: str | None) -> None:

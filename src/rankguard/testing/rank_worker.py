@@ -6,7 +6,7 @@ joins the pool's gloo group, says it is ready, then serves commands, one JSON li
 stdin, answering one JSON line each on the file descriptor ``RANKGUARD_POOL_FD``:
 
 - ``{"op": "run", "path", "name", "args", "collective_timeout"}``: import the test file (once),
-  call the test function with the pickled arguments, every collective bounded by
+  call the test function (``name``: ``test_x`` or ``TestClass.test_x``) with the pickled arguments, every collective bounded by
   ``collective_timeout``; answer ``{"outcome": "passed"}`` or ``{"outcome": "failed", ...}``
   with the error type, whether it is a collective error (a consequence of a peer's fault), the
   ranks it names, the traceback and when it happened. A rank that fails by itself first tells
@@ -49,14 +49,26 @@ def _load(path: str) -> Any:
     return module
 
 
+def _resolve(module: Any, qualname: str) -> Any:
+    """The test function called ``qualname`` in ``module``; a method is bound to a fresh
+    instance of its class, as pytest does for every test."""
+    *classes, name = qualname.split(".")
+    owner = module
+    for cls in classes:
+        owner = getattr(owner, cls)
+    if classes:
+        return getattr(owner(), name)
+    function = getattr(owner, name)
+    return getattr(function, "__wrapped__", function)
+
+
 def _run(command: dict[str, Any]) -> dict[str, Any]:
     import torch.distributed as dist
 
     started = time.time()
     try:
-        function = getattr(_load(command["path"]), command["name"])
+        function = _resolve(_load(command["path"]), command["name"])
         kwargs = pickle.loads(base64.b64decode(command["args"]))
-        function = getattr(function, "__wrapped__", function)
         with rankguard.deadline(command["collective_timeout"]):
             function(**kwargs)
         return {"outcome": "passed", "took": time.time() - started}

@@ -4,7 +4,17 @@ Under a launcher (``RANK``, ``WORLD_SIZE`` > 1, ``MASTER_ADDR`` and ``MASTER_POR
 plugin turns on the rank runtime at configure time (``rankguard.init``: SIGTERM teardown,
 stacks on demand, bounded collectives for the groups the suite creates). A rank that fails a
 test by itself retires the group and tells its peers, so that none waits for it, or pairs that
-test's collectives with the next one's. The plugin ends the session
+test's collectives with the next one's.
+
+**The group is re-formed between tests**, so one failure does not fail the rest of the suite:
+at the setup of its next test, each rank whose world group was retired posts where it is in the
+suite; the ranks resume together at the furthest test any of them reached (a rank behind skips
+the tests in between, saying why) and form a fresh generation there (``rankguard.regroup``).
+If a rank does not reach a test boundary within that test's deadline, re-forming is given up
+for the session: that setup fails naming the rank, and later collectives raise
+``GroupRetired`` at once.
+
+The plugin ends the session
 with ``rankguard.shutdown``: a bounded barrier, then ``destroy_process_group``; a rank that
 never arrives is named on every rank that did, the group is aborted instead, and those ranks'
 sessions fail (exit status 1), so no rank waits forever and none reports success by mistake.
@@ -15,8 +25,16 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from datetime import timedelta
+from typing import Any, Callable
+
+import pytest
+
+from ..errors import CollectiveError, GroupRetired
 
 DEFAULT_SHUTDOWN_TIMEOUT_S = 60.0
+_POLL_S = 0.01
 
 
 def under_launcher() -> bool:
@@ -33,6 +51,117 @@ def start() -> None:
     import rankguard
 
     rankguard.init()
+
+
+class EveryRank:
+    """The plugin's part in a suite every rank runs; registered by the plugin under a launcher.
+
+    ``deadline_of(item)``: the monotonic deadline of the item's setup and call, or None.
+    """
+
+    def __init__(self, shutdown_timeout: float,
+                 deadline_of: Callable[[pytest.Item], float | None]) -> None:
+        self.shutdown_timeout = shutdown_timeout
+        self._deadline_of = deadline_of
+        self._order: dict[str, int] = {}
+        self._resume_at: str | None = None
+        self._gave_up: str | None = None
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self._order = {item.nodeid: index for index, item in enumerate(session.items)}
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        if self._resume_at is not None:
+            if item.nodeid != self._resume_at:
+                pytest.skip(f"rankguard: the other ranks had passed this test when the process "
+                            f"group was re-formed after a failure; all resume at "
+                            f"{self._resume_at}")
+            self._resume_at = None
+            self._regroup(item)
+        elif self._gave_up is None and _world_retired():
+            self._reform(item)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: Any) -> Any:
+        report = yield
+        if (call.when == "call" and call.excinfo is not None
+                and not isinstance(call.excinfo.value, (CollectiveError, GroupRetired))):
+            abandon(item.nodeid)
+        return report
+
+    def _reform(self, item: pytest.Item) -> None:
+        """Agree with every rank on the test to resume at; skip to it or regroup here."""
+        import torch.distributed as dist
+
+        from ..runtime import generations
+        from ..runtime.probe import clone_client
+
+        rank, world = dist.get_rank(), dist.get_world_size()
+        deadline_at = self._until(item)
+        root = generations.root_store()
+        client = clone_client(root, timedelta(seconds=max(1.0, deadline_at - time.monotonic())))
+        client = client or root
+        prefix = f"rankguard/pytest/reform{generations.next_number()}/at/"
+        client.set(f"{prefix}{rank}", str(self._order.get(item.nodeid, -1)))
+        keys = [f"{prefix}{r}" for r in range(world)]
+        while not client.check(keys) and time.monotonic() < deadline_at:
+            time.sleep(_POLL_S)
+        missing = [r for r, key in enumerate(keys) if not client.check([key])]
+        if missing:
+            self._give_up(f"ranks {', '.join(map(str, missing))} did not reach a test "
+                          f"boundary in time")
+        furthest = max(int(client.get(key)) for key in keys)
+        names = {index: nodeid for nodeid, index in self._order.items()}
+        if furthest not in names:
+            self._give_up("the ranks did not collect the same tests")
+        if furthest > self._order[item.nodeid]:
+            self._resume_at = names[furthest]
+            pytest.skip(f"rankguard: the other ranks had passed this test when the process "
+                        f"group was re-formed after a failure; all resume at {names[furthest]}")
+        self._regroup(item)
+
+    def _regroup(self, item: pytest.Item) -> None:
+        import rankguard
+
+        try:
+            rankguard.regroup(timeout=max(0.5, self._until(item) - time.monotonic()),
+                              exclude=())
+        except (CollectiveError, GroupRetired) as error:
+            self._give_up(str(error))
+
+    def _until(self, item: pytest.Item) -> float:
+        """When re-forming must have ended: a second before the test's deadline."""
+        deadline_at = self._deadline_of(item)
+        if deadline_at is None:
+            return time.monotonic() + self.shutdown_timeout
+        return deadline_at - min(1.0, max(0.0, deadline_at - time.monotonic()) / 4)
+
+    def _give_up(self, why: str) -> None:
+        self._gave_up = why
+        pytest.fail(f"rankguard: could not re-form the process group after a failure: {why}; "
+                    f"the rest of the session's collectives raise GroupRetired", pytrace=False)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        problem = finish(self.shutdown_timeout)
+        if problem is None:
+            return
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write("\n")  # end the progress line
+            reporter.write_line(f"rankguard: {problem}", red=True)
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _world_retired() -> bool:
+    """Whether this rank's default process group exists and was retired by rankguard."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return False
+    world = dist.distributed_c10d._get_default_group()
+    return getattr(world, "_rankguard_retired", None) is not None
 
 
 def abandon(nodeid: str) -> None:
