@@ -113,9 +113,20 @@ def kill_all(pids: list[int]) -> None:
 
 
 def describe(pid: int) -> str:
-    """``pid name: command line`` for reports, or just the pid when it is gone."""
+    """One line for reports: pid, name, state, kernel wait channel, command line (or that the
+    process is gone)."""
     try:
         proc = psutil.Process(pid)
-        return f"{pid} {proc.name()}: {' '.join(proc.cmdline())[:200]}"
+        with proc.oneshot():
+            state = proc.status()
+            cmd = " ".join(proc.cmdline())[:300]
+            name = proc.name()
     except psutil.Error:
-        return str(pid)
+        return f"pid {pid} (gone)"
+    try:
+        with open(f"/proc/{pid}/wchan") as f:
+            wchan = f.read().strip()
+    except OSError:
+        wchan = ""
+    waiting = f", waiting in {wchan}" if wchan and wchan != "0" else ""
+    return f"pid {pid} ({name}), {state}{waiting}: {cmd}"

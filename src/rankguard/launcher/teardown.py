@@ -18,12 +18,11 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 
 from .. import ledger as _ledger
-from .. import proctree
+from .. import proctree, stack_requests
 from ..journal import Journal
 from .group import Rank, RankGroup
 from .monitor import HangMonitor
@@ -31,15 +30,13 @@ from .monitor import HangMonitor
 STACKS_BUDGET = 1.0
 NOTICE_BUDGET = 2.0
 KILL_BUDGET = 2.0
-_POLL = 0.005
-_SETTLE = 0.02  # faulthandler writes a whole dump within its handler, in a few ms
 
 
 def capture_stacks(group: RankGroup, monitor: HangMonitor, stopped: bool,
                    budget: float = STACKS_BUDGET) -> dict[int, str]:
     """Ask every live, ready rank that is ``stopped`` (or, with False, running) for its stacks;
     returns rank -> file that holds them."""
-    sizes: dict[Rank, int] = {}
+    asked: dict[Rank, int] = {}  # rank -> size of its stacks file before the request
     snaps = monitor.snapshot()
     for member in group.live():
         if proctree.is_stopped(member.pid) != stopped:
@@ -47,37 +44,13 @@ def capture_stacks(group: RankGroup, monitor: HangMonitor, stopped: bool,
         snap = snaps.get(member.rank)
         if snap is None or not snap.stacks_ready or snap.fault:
             continue  # not ready for the signal yet, or already on its way out
-        sizes[member] = _size(member.stacks_path)
-        try:
-            # to the main thread: a stopped rank then dumps before running any further code
-            proctree.signal_main_thread(member.pid, signal.SIGUSR1)
-            os.kill(member.pid, signal.SIGCONT)
-        except OSError:
-            continue
-    deadline = time.monotonic() + budget
-    waiting = dict(sizes)  # rank -> file size seen last
-    grew_at: dict[Rank, float] = {}
-    while waiting and time.monotonic() < deadline:
-        time.sleep(_POLL)
-        now = time.monotonic()
-        for member, seen in list(waiting.items()):
-            if member.proc.poll() is not None:
-                del waiting[member]
-                continue
-            size = _size(member.stacks_path)
-            if size > seen:
-                waiting[member] = size
-                grew_at[member] = now
-            elif member in grew_at and now - grew_at[member] > _SETTLE:
-                del waiting[member]  # written and quiet: the dump is complete
-    return {m.rank: m.stacks_path for m in sizes if _size(m.stacks_path) > 0}
-
-
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
+        size = stack_requests.file_size(member.stacks_path)
+        if stack_requests.request(member.pid):
+            asked[member] = size
+    stack_requests.await_dumps(
+        {m: [m.stacks_path] for m in asked}, {m.stacks_path: s for m, s in asked.items()},
+        budget, gone=lambda m: m.proc.poll() is not None)
+    return {m.rank: m.stacks_path for m in asked if stack_requests.file_size(m.stacks_path) > 0}
 
 
 def notify_survivors(group: RankGroup, monitor: HangMonitor, journal: Journal,

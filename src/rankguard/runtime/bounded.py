@@ -48,16 +48,12 @@ def explain(group: Any, entry: int, op: str, started: float, limit: Deadline | N
     failed operation number ``entry``. ``reported``: the notice of the peer that saw the
     failure first, when that is how this rank learnt of it."""
     global last_failure
-    from . import instrument
-
     waited = time.monotonic() - started
     seq = _seq(group, entry)
     groups.retire(group, f"{op} #{seq} failed")
     me = group._rankguard_rank
     peers = [r for r in group._rankguard_ranks if r != me]
-    asker = instrument.state.asker
-    notice = {"by": me, "op": op, "seq": seq}
-    answers = asker.ask(group._rankguard_name, peers, notice) if asker is not None else {}
+    answers = groups.tell_peers(group, {"by": me, "op": op, "seq": seq})
     missing, states = [], {}
     for peer in peers:
         answer = answers.get(peer) if answers else None

@@ -94,16 +94,25 @@ def discard_all() -> None:
         _live.clear()
 
 
+def tell_peers(group: Any, notice: dict[str, Any], window: float | None = None
+               ) -> dict[int, dict[str, Any] | None]:
+    """Tell every peer of ``group`` that it failed (they retire it too) and collect their
+    answers, each within ``window`` seconds (default: the probe's); empty without a probe."""
+    from . import instrument
+    from .probe import ANSWER_WINDOW_S
+
+    asker = instrument.state.asker
+    if asker is None:
+        return {}
+    peers = [r for r in group._rankguard_ranks if r != group._rankguard_rank]
+    return asker.ask(group._rankguard_name, peers, notice,
+                     window=ANSWER_WINDOW_S if window is None else window)
+
+
 def abandon_world(reason: str) -> None:
     """This rank gives up on the current world group: retire it here and tell every peer, so
     that none keeps waiting for this rank in a collective (their wait raises PeerFailed)."""
-    from . import instrument
-
     for group in live():
         if group._rankguard_retired is None and group._rankguard_is_world:
             retire(group, reason)
-            asker = instrument.state.asker
-            if asker is not None:
-                peers = [r for r in group._rankguard_ranks if r != group._rankguard_rank]
-                asker.ask(group._rankguard_name, peers,
-                          {"by": group._rankguard_rank, "reason": reason}, window=0.05)
+            tell_peers(group, {"by": group._rankguard_rank, "reason": reason}, window=0.05)

@@ -50,7 +50,7 @@ def find(tag: str, known: set[int], descendants: bool) -> list[int]:
 def collect(tag: str, known: set[int], descendants: bool) -> list[str]:
     """Find the leaked processes, describe them, kill them; returns the descriptions."""
     pids = find(tag, known, descendants)
-    described = [processes.describe(pid) for pid in pids]
+    described = [proctree.describe(pid) for pid in pids]
     for pid in pids:
         proctree.kill_all([pid, *proctree.descendants(pid)])
     return described

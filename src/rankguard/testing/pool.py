@@ -165,7 +165,7 @@ class RankPool:
         for rank in ranks:
             pid = self.procs[rank].pid
             text = processes.ask_stacks(pid, [processes.own_stacks_file(pid)])
-            found[rank] = text or f"(no answer: {processes.describe(pid)})"
+            found[rank] = text or f"(no answer: {proctree.describe(pid)})"
         return found
 
     def close(self, graceful: bool = True) -> None:

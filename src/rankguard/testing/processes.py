@@ -17,15 +17,13 @@ from __future__ import annotations
 import os
 import signal
 import tempfile
-import time
 
 import psutil
 
-from .. import proctree
+from .. import proctree, stack_requests
 
 TAG = "RANKGUARD_PYTEST_TAG"
 _DUMP_BUDGET_S = 0.5
-_SETTLE_S = 0.02
 
 
 def tagged(tag: str, exclude: set[int] = frozenset()) -> list[int]:  # type: ignore[assignment]
@@ -60,25 +58,6 @@ def catches(pid: int, sig: int) -> bool:
     return False
 
 
-def describe(pid: int) -> str:
-    """One line: pid, name, state, kernel wait channel, command line."""
-    try:
-        proc = psutil.Process(pid)
-        with proc.oneshot():
-            state = proc.status()
-            cmd = " ".join(proc.cmdline())[:300]
-            name = proc.name()
-        try:
-            with open(f"/proc/{pid}/wchan") as f:
-                wchan = f.read().strip()
-        except OSError:
-            wchan = ""
-        waiting = f", waiting in {wchan}" if wchan and wchan != "0" else ""
-        return f"pid {pid} ({name}), {state}{waiting}: {cmd}"
-    except psutil.Error:
-        return f"pid {pid} (gone)"
-
-
 def own_stacks_file(pid: int) -> str:
     """Where rankguard's runtime in process ``pid`` writes stacks when nobody chose a file."""
     return os.path.join(tempfile.gettempdir(), f"rankguard-stacks-{pid}.txt")
@@ -91,33 +70,14 @@ def ask_stacks(pid: int, files: list[str]) -> str | None:
     """
     if not catches(pid, signal.SIGUSR1):
         return None
-    sizes = {path: _size(path) for path in files}
-    try:
-        proctree.signal_main_thread(pid, signal.SIGUSR1)
-        os.kill(pid, signal.SIGCONT)
-    except OSError:
+    sizes = {path: stack_requests.file_size(path) for path in files}
+    if not stack_requests.request(pid):
         return None
-    deadline = time.monotonic() + _DUMP_BUDGET_S
-    last: dict[str, int] = sizes
-    quiet_since = time.monotonic()
-    while time.monotonic() < deadline:
-        time.sleep(0.005)
-        now_sizes = {path: _size(path) for path in files}
-        if now_sizes != last:
-            last, quiet_since = now_sizes, time.monotonic()
-        elif now_sizes != sizes and time.monotonic() - quiet_since >= _SETTLE_S:
-            break  # written, then quiet: faulthandler writes a whole dump in one go
+    stack_requests.await_dumps({pid: files}, sizes, _DUMP_BUDGET_S)
     texts = []
     for path in files:
-        if _size(path) > sizes[path]:
+        if stack_requests.file_size(path) > sizes[path]:
             with open(path, errors="replace") as f:
                 f.seek(sizes[path])
                 texts.append(f.read())
     return "".join(texts) or None
-
-
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0

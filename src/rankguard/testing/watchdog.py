@@ -136,7 +136,7 @@ class Watchdog:
             if self._stacks_file:
                 files.append(self._stacks_file)
             text = processes.ask_stacks(pid, files)
-            summary = processes.describe(pid)
+            summary = proctree.describe(pid)
             if text:
                 current = _thread_block(text, None)
                 lines.append(f"stuck: {summary}\n  main thread {_top_frame(current, phase.path)}")

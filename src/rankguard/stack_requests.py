@@ -1,0 +1,59 @@
+"""Asking processes for their Python stacks: SIGUSR1 to a process whose faulthandler is
+registered on it (rankguard's rank runtime, or the pytest plugin and the children it forks),
+then waiting for the dump to land in its file.
+
+Used by the launcher's escalation ladder and by the plugin's watchdog. Bounded: a process that
+does not answer within the budget (busy in C without releasing the GIL, or gone) is given up on.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Hashable, Iterable, Mapping
+
+from . import proctree
+
+POLL_S = 0.005
+SETTLE_S = 0.02  # faulthandler writes a whole dump within its handler, in a few ms
+
+
+def file_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def request(pid: int) -> bool:
+    """Send the request to ``pid``'s main thread (a stopped process dumps before running any
+    further code), continuing it if it is stopped; False if it is gone."""
+    try:
+        proctree.signal_main_thread(pid, signal.SIGUSR1)
+        os.kill(pid, signal.SIGCONT)
+    except OSError:
+        return False
+    return True
+
+
+def await_dumps(files: Mapping[Hashable, Iterable[str]], before: Mapping[str, int],
+                budget: float, gone: Callable[[Hashable], bool] = lambda key: False) -> None:
+    """Wait until each asker's files grew past their ``before`` sizes and then stayed quiet,
+    its process is ``gone``, or ``budget`` seconds passed."""
+    waiting = {key: list(paths) for key, paths in files.items()}
+    last = {key: [before.get(p, 0) for p in paths] for key, paths in waiting.items()}
+    grew_at: dict[Hashable, float] = {}
+    deadline = time.monotonic() + budget
+    while waiting and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        now = time.monotonic()
+        for key, paths in list(waiting.items()):
+            if gone(key):
+                del waiting[key]
+                continue
+            sizes = [file_size(p) for p in paths]
+            if sizes != last[key]:
+                last[key], grew_at[key] = sizes, now
+            elif key in grew_at and now - grew_at[key] >= SETTLE_S:
+                del waiting[key]  # written, then quiet: the dump is complete
