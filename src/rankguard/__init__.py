@@ -7,6 +7,9 @@
 - :func:`deadline` bounds the collectives of a block; :func:`shutdown` is a teardown that cannot
   hang; :func:`regroup` forms a new process group of the survivors after a fault.
 
+In a server: :class:`Pool` runs each request on a group of rank processes; a fault fails that
+request only, and the pool heals itself from warm spares (see ``rankguard.serving``).
+
 Importing rankguard does not import torch. Errors: see ``rankguard.errors``.
 """
 
@@ -16,7 +19,11 @@ from .errors import (
     GroupRetired,
     LedgerError,
     PeerFailed,
+    PoolClosed,
+    PoolError,
+    PoolUnavailable,
     RankguardError,
+    RequestFailed,
     TeardownTimeout,
     UsageError,
 )
@@ -24,10 +31,12 @@ from .runtime.deadline import deadline
 from .runtime.generations import Generation, regroup
 from .runtime.init import init
 from .runtime.shutdown import ShutdownReport, shutdown
+from .serving.pool import Pool, PoolStatus
 
 __version__ = "0.1.0"
 __all__ = [
     "CollectiveError", "CollectiveTimeout", "Generation", "GroupRetired", "LedgerError",
-    "PeerFailed", "RankguardError", "ShutdownReport", "TeardownTimeout", "UsageError",
+    "PeerFailed", "Pool", "PoolClosed", "PoolError", "PoolStatus", "PoolUnavailable",
+    "RankguardError", "RequestFailed", "ShutdownReport", "TeardownTimeout", "UsageError",
     "__version__", "deadline", "init", "regroup", "shutdown",
 ]

@@ -11,7 +11,11 @@ person understands.
     │   ├── CollectiveTimeout   its deadline passed before every rank arrived
     │   └── PeerFailed          a peer died, closed its connection, or was reported failed
     ├── GroupRetired        an operation on a process group retired by an earlier fault
-    └── TeardownTimeout     a guarded teardown could not finish within its budget
+    ├── TeardownTimeout     a guarded teardown could not finish within its budget
+    └── PoolError           a call on a ``rankguard.Pool`` that did not run to completion
+        ├── RequestFailed       a rank failed it: raised, exited, was killed, froze, overran
+        ├── PoolUnavailable     no healthy group to run it: healing, start-up failing, busy
+        └── PoolClosed          the pool was closed
 """
 
 from __future__ import annotations
@@ -126,3 +130,64 @@ class TeardownTimeout(RankguardError):
         if detail:
             text += f" ({detail})"
         super().__init__(text)
+
+
+class PoolError(RankguardError):
+    """A call on a :class:`rankguard.Pool` that did not run to completion. The pool itself
+    stays usable (it heals in the background) unless the error is :class:`PoolClosed`."""
+
+
+class RequestFailed(PoolError):
+    """A rank failed the request in flight; only that request is affected.
+
+    Attributes:
+        rank: the rank that failed first (the root cause), or None if none could be singled out.
+        cause: ``raised`` (an exception in the function), ``exited`` (the process exited),
+            ``signalled`` (killed by a signal), ``frozen`` (stopped, e.g. SIGSTOP), or
+            ``deadline`` (still running when the request's deadline passed).
+        detail: the cause in words (the exception, the exit code, the signal).
+        error_type: the exception's class name, for ``raised``; else None.
+        remote_traceback: the rank's traceback, for ``raised``; else "".
+        victims: ranks that failed only because of the root cause (a collective error).
+        took: seconds from the start of the call to this error.
+    """
+
+    def __init__(self, rank: int | None, cause: str, detail: str, *,
+                 error_type: str | None = None, remote_traceback: str = "",
+                 victims: Sequence[int] = (), took: float = 0.0) -> None:
+        self.rank = rank
+        self.cause = cause
+        self.detail = detail
+        self.error_type = error_type
+        self.remote_traceback = remote_traceback
+        self.victims = list(victims)
+        self.took = took
+        who = f"rank {rank}" if rank is not None else "the pool"
+        text = f"request failed after {took:.2f} s: {who} {detail}"
+        if self.victims:
+            text += (f" ({'ranks' if len(self.victims) > 1 else 'rank'} {_ranks(self.victims)} "
+                     "failed as a consequence)")
+        super().__init__(text)
+
+
+class PoolUnavailable(PoolError):
+    """No healthy group could run the call before its deadline (or at once, when the pool is
+    configured to fail fast while healing).
+
+    Attributes:
+        state: ``healing`` (a fault retired the group; a new one is coming), ``failed`` (groups
+            keep failing at start-up; see ``detail``), ``starting``, or ``busy`` (the group was
+            running other calls until the deadline).
+        retry_after: seconds after which a retry may succeed (an estimate).
+        detail: what is going on, in words.
+    """
+
+    def __init__(self, state: str, retry_after: float, detail: str) -> None:
+        self.state = state
+        self.retry_after = retry_after
+        self.detail = detail
+        super().__init__(f"pool unavailable ({state}): {detail}")
+
+
+class PoolClosed(PoolError):
+    """The pool was closed; it runs no more calls."""

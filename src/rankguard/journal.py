@@ -27,6 +27,14 @@ EVENTS = (
     "restart",
     "leftover",
     "run_end",
+    "pool_start",
+    "group_start",
+    "group_ready",
+    "group_start_failed",
+    "request_fault",
+    "group_retire",
+    "heal",
+    "pool_close",
 )
 
 

@@ -90,6 +90,9 @@ OP_CODES = {name: code for code, name in enumerate(OP_NAMES)}
 
 
 
+PATH_ENV = "RANKGUARD_LEDGER"  # the ledger file a supervisor made for the rank
+
+
 def seq_of(entry: int, is_world: bool) -> int:
     """The sequence number people see for entry ``entry`` of a group (see the module doc)."""
     return entry - 1 if is_world else entry

@@ -130,3 +130,17 @@ def describe(pid: int) -> str:
         wchan = ""
     waiting = f", waiting in {wchan}" if wchan and wchan != "0" else ""
     return f"pid {pid} ({name}), {state}{waiting}: {cmd}"
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this process when its parent (pid ``parent``) dies; exit at once
+    if it already has. No-op where prctl is unavailable."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)

@@ -23,37 +23,28 @@ time (so the launcher can tell the first fault from its victims), and ends the r
 
 from __future__ import annotations
 
-import ctypes
 import importlib.abc
 import importlib.machinery
 import json
 import os
 import runpy
-import signal
 import sys
 import traceback
 from typing import Any
 
 from .. import ledger as _ledger
+from .. import proctree
 from ..errors import CollectiveError, UsageError
 from ..inject import perform as _perform
 from ..inject import spec as _spec
 from . import deadline as _deadline
 from . import eviction, init, instrument, stacks
 
-_PR_SET_PDEATHSIG = 1
-
 
 def _die_with_launcher() -> None:
     launcher = int(os.environ.get("RANKGUARD_LAUNCHER_PID", "0"))
-    if not launcher:
-        return
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != launcher:  # the launcher died before prctl took effect
-        os._exit(1)
+    if launcher:
+        proctree.die_with_parent(launcher)
 
 
 class _InstrumentOnImport(importlib.abc.MetaPathFinder):
@@ -91,7 +82,7 @@ def _wait_for_activation() -> None:
 
 
 def _prepare(rank: int, attempt: int) -> None:
-    ledger_path = os.environ.get("RANKGUARD_LEDGER")
+    ledger_path = os.environ.get(_ledger.PATH_ENV)
     if ledger_path:
         instrument.state.ledger = _ledger.LedgerWriter(ledger_path)
         instrument.state.ledger.set_flag(_ledger.FLAG_BOOTSTRAPPED)

@@ -59,6 +59,8 @@ def init(*, grace: float | None = None, collective_timeout: float | None = None,
         _deadline.set_default(collective_timeout)
     eviction.install(grace)
     stacks.install(stacks_file)
+    if instrument.state.ledger is None and os.environ.get(_ledger.PATH_ENV):
+        instrument.state.ledger = _ledger.LedgerWriter(os.environ[_ledger.PATH_ENV])
     if instrument.state.ledger is None:
         world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
         instrument.state.ledger = _ledger.LedgerWriter.private(world_size)

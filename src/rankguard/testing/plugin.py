@@ -216,7 +216,10 @@ class _Guard:
             raise pytest.UsageError(f"{pyfuncitem.nodeid}: the fixture values of a ranks test "
                                     f"are sent to the ranks, and these cannot be pickled: "
                                     f"{error}") from None
-        pool = self._pool(world)
+        with self.watchdog.paused() as paused:  # a pool start-up is bounded by its own limit
+            pool = self._pool(world)
+        if item_deadline(pyfuncitem) is not None:
+            pyfuncitem.stash[_DEADLINE] += paused[0]
         offsets = {rank: pool.log_size(rank) for rank in range(world)}
         deadline_at = item_deadline(pyfuncitem) or time.monotonic() + DEFAULT_DEADLINE_S
         remaining = deadline_at - time.monotonic()

@@ -19,7 +19,9 @@ which never waits on anything the test holds:
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
+import math
 import os
 import signal
 import sys
@@ -27,7 +29,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from .. import proctree
 from . import processes
@@ -83,6 +85,26 @@ class Watchdog:
             self._ended.clear()
             self._cond.notify()
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[list[float]]:
+        """The armed phase's deadline stands still inside the block (for work with a bound of
+        its own, such as starting a rank pool); yields a list that receives the seconds
+        paused, by which the deadline moved."""
+        paused: list[float] = []
+        with self._cond:
+            phase, saved = self._phase, math.inf
+            if phase is not None:
+                saved, phase.deadline_at = phase.deadline_at, math.inf
+        started = time.monotonic()
+        try:
+            yield paused
+        finally:
+            paused.append(time.monotonic() - started)
+            with self._cond:
+                if phase is not None and self._phase is phase:
+                    phase.deadline_at = saved + paused[0]
+                    self._cond.notify()
+
     def disarm(self) -> str | None:
         """End the phase; returns the report of an expiry the main thread has not raised yet
         (it returned on its own, e.g. because the release killed the child it waited for)."""
@@ -108,8 +130,8 @@ class Watchdog:
         while True:
             with self._cond:
                 while self._phase is None or time.monotonic() < self._phase.deadline_at:
-                    timeout = None if self._phase is None else (
-                        self._phase.deadline_at - time.monotonic())
+                    timeout = None if self._phase is None or math.isinf(
+                        self._phase.deadline_at) else self._phase.deadline_at - time.monotonic()
                     self._cond.wait(timeout)
                 phase, self._phase = self._phase, None
                 self._firing = threading.Event()

@@ -1,0 +1,373 @@
+"""One group of a pool: N rank processes (``serving.worker``) that form one gloo process group,
+on a TCPStore of its own hosted in the leader.
+
+A group is started, becomes ready once every rank has run the user's setup, runs requests one
+at a time, and is retired after a fault: regrouped in place when every rank is alive and
+answered, killed (SIGKILL of each rank's process tree) otherwise.
+
+Nothing here blocks without a deadline. The verdict on a request that did not succeed
+(:func:`WorkerGroup.run`) names the rank that failed first and why, apart from the ranks that
+failed only as a consequence (their collective error names the culprit as missing).
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Callable
+
+from .. import ledger as _ledger
+from .. import proctree
+from ..ledger import LedgerReader
+from ..errors import RequestFailed, UsageError
+from . import worker
+from .channel import ChannelClosed, LeaderEnd, dumps, pair
+
+SEND_S = 2.0  # how long a rank may take to accept a message before it counts as frozen
+EXIT_STATUS_S = 0.2  # how long to wait for the exit status of a rank whose channel closed
+COLLECTIVE_MARGIN_S = 0.1  # collectives in the ranks give up this long before the deadline
+TICK_S = 0.05
+
+
+@dataclass
+class StartFailure:
+    """Why a group did not become ready."""
+
+    rank: int | None
+    detail: str
+    remote_traceback: str = ""  # the setup's, when it raised
+
+    def describe(self) -> str:
+        who = f"rank {self.rank}" if self.rank is not None else "the group"
+        return f"{who} {self.detail}"
+
+
+@dataclass
+class Outcome:
+    """What the ranks answered to one request."""
+
+    results: dict[int, Any] = field(default_factory=dict)
+    failures: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> its answer
+    dead: dict[int, str] = field(default_factory=dict)  # rank -> how it ended
+    order: list[int] = field(default_factory=list)  # ranks in the order their news arrived
+
+    @property
+    def answered(self) -> set[int]:
+        return set(self.results) | set(self.failures)
+
+
+class WorkerGroup:
+    """N rank processes of one gloo group; see the module docstring.
+
+    Args:
+        number: the group's number in its pool (names its folder and its journal events).
+        world: how many ranks.
+        setup: ``setup(rank, world_size) -> state``, run in each rank once the group formed.
+        folder: where each rank's output goes (``rank<r>.log``).
+        env: extra environment for the ranks.
+    """
+
+    def __init__(self, number: int, world: int, setup: Callable[[int, int], Any] | None,
+                 folder: str, env: dict[str, str]) -> None:
+        from torch.distributed import TCPStore
+
+        self.number = number
+        self.world = world
+        self.folder = folder
+        self.started_at = time.monotonic()
+        self.ready_at: float | None = None
+        self.failure: StartFailure | None = None
+        self.killed = False
+        os.makedirs(folder, exist_ok=True)
+        self._store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                               timeout=timedelta(seconds=30))
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.ends: list[LeaderEnd] = []
+        self._ready: set[int] = set()
+        base = {**os.environ, **worker.leader_context(), **env,
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self._store.port),
+                "WORLD_SIZE": str(world), "TORCHELASTIC_USE_AGENT_STORE": "True",
+                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        base.setdefault("RANKGUARD_GRACE", "2")
+        self._ledgers: list[LedgerReader] = []
+        for rank in range(world):
+            ledger_path = os.path.join(folder, f"rank{rank}.ledger")
+            _ledger.create(ledger_path, world)
+            self._ledgers.append(LedgerReader(ledger_path))
+            mine, theirs = pair()
+            with open(self.log_path(rank), "ab") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "rankguard.serving.worker"],
+                    env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank),
+                         worker.FD: str(theirs.fileno()), _ledger.PATH_ENV: ledger_path},
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    pass_fds=(theirs.fileno(),), start_new_session=True)
+            theirs.close()
+            self.procs.append(proc)
+            self.ends.append(LeaderEnd(mine))
+        for end in self.ends:
+            try:
+                end.send({"op": "start", "setup": setup}, time.monotonic() + SEND_S)
+            except (ChannelClosed, TimeoutError):
+                pass  # that rank is gone already: poll_start reports it
+
+    # -- start-up -------------------------------------------------------------------------------
+
+    @property
+    def pids(self) -> list[int]:
+        return [proc.pid for proc in self.procs]
+
+    def log_path(self, rank: int) -> str:
+        return os.path.join(self.folder, f"rank{rank}.log")
+
+    def log_tail(self, rank: int, limit: int = 2000) -> str:
+        try:
+            with open(self.log_path(rank), "rb") as f:
+                f.seek(max(0, os.path.getsize(self.log_path(rank)) - limit))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def poll_start(self, start_timeout: float) -> str:
+        """``starting``, ``ready`` or ``failed`` (then see ``failure``); never blocks."""
+        if self.ready_at is not None:
+            return "ready"
+        if self.failure is not None:
+            return "failed"
+        for rank, end in enumerate(self.ends):
+            if rank in self._ready:
+                continue
+            try:
+                messages = end.receive()
+            except ChannelClosed:
+                self.failure = StartFailure(rank, f"exited during start-up "
+                                            f"({self._ending(rank)}):\n{self.log_tail(rank)}")
+                return "failed"
+            for message in messages:
+                if message.get("op") == "ready":
+                    self._ready.add(rank)
+                elif message.get("op") == "setup_failed":
+                    self.failure = StartFailure(
+                        rank, f"failed its setup: {message['error']}: {message['message']}",
+                        message["traceback"])
+                    return "failed"
+        if len(self._ready) == self.world:
+            self.ready_at = time.monotonic()
+            return "ready"
+        if time.monotonic() - self.started_at > start_timeout:
+            late = sorted(set(range(self.world)) - self._ready)
+            self.failure = StartFailure(late[0], f"was not ready within {start_timeout:g} s "
+                                        f"(ranks not ready: {', '.join(map(str, late))})")
+            return "failed"
+        return "starting"
+
+    def alive(self) -> bool:
+        return not self.killed and all(proc.poll() is None for proc in self.procs)
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def run(self, command: dict[str, Any], started: float, deadline_at: float) -> dict[int, Any]:
+        """Run ``command`` (``fn``, ``args``, ``kwargs``, ``all``) on every rank; results by rank
+        (only rank 0's unless ``all``).
+
+        Raises:
+            RequestFailed: a rank raised, exited, was killed, froze, or was still running at
+                ``deadline_at``; raised within ``deadline_at`` + about 0.1 s.
+            UsageError: the command cannot be pickled (no rank got it).
+        """
+        timeout = max(0.05, deadline_at - time.monotonic() - COLLECTIVE_MARGIN_S)
+        try:
+            data = dumps({"op": "run", "id": id(command), "timeout": timeout, **command})
+        except Exception as error:  # noqa: BLE001 (whatever pickling raises)
+            raise UsageError("Pool.run", f"the function or its arguments cannot be pickled: "
+                             f"{error}", "use a module-level function and picklable "
+                             "arguments") from None
+        outcome = Outcome()
+        for rank, end in enumerate(self.ends):
+            try:
+                end.send_pickled(data, min(deadline_at, time.monotonic() + SEND_S))
+            except ChannelClosed:
+                self._record_death(outcome, rank)
+            except TimeoutError:
+                break  # that rank stopped reading; the verdict at the deadline names it
+        with selectors.DefaultSelector() as selector:
+            for rank, end in enumerate(self.ends):
+                if rank not in outcome.dead:
+                    selector.register(end, selectors.EVENT_READ, rank)
+            while True:
+                verdict = self._verdict(outcome, started, final=False)
+                if verdict is not None:
+                    raise verdict
+                if len(outcome.results) == self.world:
+                    return outcome.results
+                now = time.monotonic()
+                if now >= deadline_at:
+                    raise self._verdict(outcome, started, final=True)  # type: ignore[misc]
+                for key, _ in selector.select(min(deadline_at - now, TICK_S)):
+                    rank = key.data
+                    try:
+                        messages = key.fileobj.receive()  # type: ignore[union-attr]
+                    except ChannelClosed:
+                        selector.unregister(key.fileobj)
+                        self._record_death(outcome, rank)
+                        continue
+                    for answer in messages:
+                        if answer.get("op") != "answer":
+                            continue
+                        outcome.order.append(rank)
+                        if answer["ok"]:
+                            outcome.results[rank] = answer["result"]
+                        else:
+                            outcome.failures[rank] = answer
+
+    def _record_death(self, outcome: Outcome, rank: int) -> None:
+        outcome.dead[rank] = self._ending(rank)
+        outcome.order.append(rank)
+
+    def _ending(self, rank: int) -> str:
+        """How rank ``rank`` ended, once its channel closed (bounded wait for its status)."""
+        proc = self.procs[rank]
+        try:
+            code = proc.wait(EXIT_STATUS_S)
+        except subprocess.TimeoutExpired:
+            return "closed its channel"
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"was killed by {name}"
+        return f"exited with code {code}"
+
+    def _verdict(self, outcome: Outcome, started: float, final: bool) -> RequestFailed | None:
+        """The error for a request that failed, once its root cause is known (or, ``final``,
+        at the deadline); None while it may still succeed."""
+        took = time.monotonic() - started
+        for rank in outcome.order:
+            victims = sorted(r for r, a in outcome.failures.items() if a["collective"])
+            if rank in outcome.dead:
+                detail = outcome.dead[rank]
+                cause = "signalled" if detail.startswith("was killed") else "exited"
+                return RequestFailed(rank, cause, f"{detail} during the request",
+                                     victims=victims, took=took)
+            answer = outcome.failures.get(rank)
+            if answer is not None and not answer["collective"]:
+                return RequestFailed(rank, "raised", f"raised {answer['error']}: "
+                                     f"{answer['message']}", error_type=answer["error"],
+                                     remote_traceback=answer["traceback"], victims=victims,
+                                     took=took)
+        if not final:
+            return None
+        silent = sorted(set(range(self.world)) - outcome.answered - set(outcome.dead))
+        victims = sorted(outcome.failures)
+        absent, where = self._absent()
+        stopped = [r for r in silent if proctree.is_stopped(self.procs[r].pid)]
+        culprits = stopped or [r for r in silent if r in absent] or silent
+        if not culprits:  # every rank answered with a collective error and none is to blame
+            first = next(r for r in outcome.order if r in outcome.failures)
+            answer = outcome.failures[first]
+            return RequestFailed(None, "raised", f"failed: rank {first} raised "
+                                 f"{answer['error']}: {answer['message']}",
+                                 error_type=answer["error"], victims=victims, took=took)
+        rank = culprits[0]
+        context = f"; it never reached {where}" if rank in absent and where else ""
+        if len(culprits) > 1:
+            context += f" (ranks {', '.join(map(str, culprits))} did not answer)"
+        victims = sorted(set(victims) | (set(range(self.world)) - set(absent) - set(culprits)))
+        if rank in stopped:
+            return RequestFailed(rank, "frozen", f"was frozen (its process is stopped) at the "
+                                 f"request's deadline{context}", victims=victims, took=took)
+        return RequestFailed(rank, "deadline", f"was still running when the request's "
+                             f"deadline passed{context}", victims=victims, took=took)
+
+    def _absent(self) -> tuple[list[int], str]:
+        """From the ranks' ledgers: the ranks behind the furthest collective any rank entered,
+        and that collective (``all_reduce #3``); ([], "") when no rank is behind. Entries are
+        written by the calling thread, so they are exact even for a rank that holds the GIL
+        (completions are recorded by another thread, and may lag)."""
+        world = {}
+        for rank, reader in enumerate(self._ledgers):
+            slot = next((g for g in reader.read().groups if g.is_world), None)
+            if slot is not None:
+                world[rank] = slot
+        if not world:
+            return [], ""
+        target = max(g.entered for g in world.values())
+        absent = [r for r in range(self.world) if r not in world or world[r].entered < target]
+        if not absent:
+            return [], ""
+        kind = next(g.kind for g in world.values() if g.entered == target)
+        return absent, f"{kind} #{_ledger.seq_of(target, True)}"
+
+    # -- after a fault ------------------------------------------------------------------------------
+
+    def regroup(self, timeout: float) -> bool:
+        """A fresh generation of the same ranks (every rank alive and idle); False if it did
+        not form within ``timeout`` plus a second."""
+        deadline_at = time.monotonic() + timeout + 1.0
+        try:
+            for end in self.ends:
+                end.send({"op": "regroup", "timeout": timeout}, deadline_at)
+        except (ChannelClosed, TimeoutError):
+            return False
+        done: set[int] = set()
+        with selectors.DefaultSelector() as selector:
+            for rank, end in enumerate(self.ends):
+                selector.register(end, selectors.EVENT_READ, rank)
+            while len(done) < self.world and time.monotonic() < deadline_at:
+                for key, _ in selector.select(max(0.0, deadline_at - time.monotonic())):
+                    try:
+                        messages = key.fileobj.receive()  # type: ignore[union-attr]
+                    except ChannelClosed:
+                        return False
+                    for message in messages:
+                        if message.get("op") == "regrouped":
+                            if not message["ok"]:
+                                return False
+                            done.add(key.data)
+        return len(done) == self.world
+
+    def kill(self) -> None:
+        """SIGKILL every rank's process tree; reaped in the background (never blocks)."""
+        self.killed = True
+        for proc in self.procs:
+            if proc.poll() is None:
+                proctree.signal_tree(proc.pid, signal.SIGKILL)
+                proctree.signal_tree(proc.pid, signal.SIGCONT)
+        threading.Thread(target=self._reap, name="rankguard-reap", daemon=True).start()
+
+    def _reap(self) -> None:
+        for proc in self.procs:
+            try:
+                proc.wait(5.0)
+            except subprocess.TimeoutExpired:
+                pass
+        for end in self.ends:
+            end.close()
+        for reader in self._ledgers:
+            reader.close()
+        self._store = None
+
+    def close(self, timeout: float) -> None:
+        """Ask the ranks to shut down (a bounded barrier); kill what is left after
+        ``timeout``."""
+        deadline_at = time.monotonic() + timeout
+        if self.alive():
+            for end in self.ends:
+                try:
+                    end.send({"op": "exit", "timeout": max(0.1, timeout - 0.5)}, deadline_at)
+                except (ChannelClosed, TimeoutError):
+                    break
+        for proc in self.procs:
+            try:
+                proc.wait(max(0.01, deadline_at - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                break
+        self.kill()

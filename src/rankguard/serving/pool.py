@@ -1,0 +1,419 @@
+"""``rankguard.Pool``: a leader in the caller's process and a group of N rank processes that
+run each call together, with warm spare groups that take over after a fault.
+
+The leader never takes part in a collective and never waits without a deadline: a call returns,
+or raises a :class:`rankguard.PoolError`, within its timeout plus about 0.1 s, whatever the ranks
+do. A fault fails only the call in flight. The group that saw it is retired (regrouped in place
+when every rank is alive and merely raised, killed otherwise) and a ready spare takes its place
+at once; a supervisor thread keeps ``spares`` spare groups started, with the user's setup done,
+and backs off when start-ups keep failing.
+
+Every fault, retirement, heal and spare start is a journal event (``rankguard.journal``), and
+:meth:`Pool.metrics` counts them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..errors import PoolClosed, PoolUnavailable, RequestFailed, UsageError
+from ..journal import Journal
+from .group import StartFailure, WorkerGroup
+
+HEALING_MODES = ("wait", "fail")
+REGROUP_S = 5.0
+BACKOFF_FIRST_S = 0.5
+SUPERVISE_S = 0.02
+FAILED_AFTER = 3  # start-ups failing in a row (a rank died, or was late) before calls fail fast
+
+
+@dataclass(frozen=True)
+class PoolStatus:
+    """Where a pool stands.
+
+    Attributes:
+        state: ``ready`` (a healthy group serves calls), ``starting`` (the first group is not
+            ready yet), ``healing`` (a fault retired the group; the next one is starting),
+            ``failed`` (the setup raised, or start-ups failed 3 times in a row; see
+            ``last_start_failure``; start-ups go on, with backoff) or ``closed``.
+        spares_ready: spare groups ready to take over.
+        spares_starting: groups starting.
+        last_start_failure: why the last start-up failed, or None.
+    """
+
+    state: str
+    spares_ready: int
+    spares_starting: int
+    last_start_failure: str | None
+
+
+class Pool:
+    """A group of ``world_size`` rank processes that run calls together; see the module
+    docstring.
+
+    Args:
+        world_size: ranks per group (each call runs on all of them).
+        setup: ``setup(rank, world_size) -> state``, run once in every rank of every group
+            (spares included, ahead of time) after its gloo group formed: load a model,
+            allocate buffers. Its result is the first argument of every call's function. Must
+            be importable by name (a module-level function).
+        spares: spare groups kept ready beside the serving one (0: heal from a cold start).
+        timeout: default deadline of a call, in seconds.
+        on_healing: ``wait``: a call that arrives while no group is ready waits for one within
+            its deadline; ``fail``: it raises :class:`PoolUnavailable` at once.
+        start_timeout: seconds a group may take to start (torch import, setup).
+        max_backoff: the longest pause, in seconds, between start-ups that keep failing.
+        journal: path of a JSON-lines journal to append events to (default: none).
+        log_dir: where each rank's output goes (default: a new temporary folder).
+        env: extra environment variables for the ranks.
+        wait: wait (bounded by ``start_timeout``) until the first group is ready.
+
+    Raises:
+        UsageError: a bad argument.
+        PoolUnavailable: ``wait`` and the first group failed to start (``state == "failed"``:
+            the setup failed, or a rank died) or was not ready within ``start_timeout``.
+    """
+
+    def __init__(self, world_size: int, setup: Callable[[int, int], Any] | None = None, *,
+                 spares: int = 1, timeout: float = 30.0, on_healing: str = "wait",
+                 start_timeout: float = 120.0, max_backoff: float = 30.0,
+                 journal: str | None = None, log_dir: str | None = None,
+                 env: dict[str, str] | None = None, wait: bool = True) -> None:
+        _check_count("world_size", world_size, 1)
+        _check_count("spares", spares, 0)
+        self.timeout = _check_seconds("timeout", timeout)
+        self.start_timeout = _check_seconds("start_timeout", start_timeout)
+        self.max_backoff = _check_seconds("max_backoff", max_backoff)
+        if on_healing not in HEALING_MODES:
+            raise UsageError("Pool(on_healing)", f"{on_healing!r} is not one of "
+                             f"{', '.join(HEALING_MODES)}")
+        if setup is not None and not callable(setup):
+            raise UsageError("Pool(setup)", f"{setup!r} is not callable")
+        self.world_size = world_size
+        self.spares = spares
+        self.on_healing = on_healing
+        self._setup = setup
+        self._env = dict(env or {})
+        self.log_dir = log_dir or tempfile.mkdtemp(prefix="rankguard-pool-")
+        self.id = f"pool-{uuid.uuid4().hex[:8]}"
+        self._journal = Journal(journal, self.id) if journal else None
+        self._cond = threading.Condition()
+        self._active: WorkerGroup | None = None
+        self._busy = False
+        self._ready: list[WorkerGroup] = []  # spares, ready
+        self._starting: list[WorkerGroup] = []
+        self._retired: list[WorkerGroup] = []  # regrouping in the background
+        self._numbers = 0
+        self._closed = False
+        self._fault_at: float | None = None  # when the serving group was lost, until healed
+        self._start_failures = 0  # consecutive
+        self._last_start_failure: StartFailure | None = None
+        self._next_start_at = 0.0
+        self._start_estimate_s = 3.0
+        self.counts: Counter[str] = Counter()
+        self.heal_seconds: list[float] = []
+        self._event("pool_start", world_size=world_size, spares=spares, log_dir=self.log_dir)
+        self._supervisor = threading.Thread(target=self._supervise, name="rankguard-pool",
+                                            daemon=True)
+        self._supervisor.start()
+        if wait:
+            try:
+                self.wait_ready(self.start_timeout + 5.0)
+            except PoolUnavailable:
+                self.close()
+                raise
+
+    # -- calls ----------------------------------------------------------------------------------
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None,
+            all_ranks: bool = False, **kwargs: Any) -> Any:
+        """Run ``fn(state, *args, **kwargs)`` on every rank; rank 0's result (a list of every
+        rank's with ``all_ranks``). ``fn``, the arguments and the results are pickled; ``fn``
+        must be importable by name.
+
+        Returns or raises within ``timeout`` (default: the pool's) plus about 0.1 s, including
+        any wait for the group to be free or healed.
+
+        Raises:
+            RequestFailed: a rank raised, exited, was killed, froze, or was still running at
+                the deadline; names the rank and the cause. The pool heals by itself.
+            PoolUnavailable: no healthy group within the deadline (``healing``, ``busy``), or
+                at once with ``on_healing="fail"`` or when start-ups keep failing (``failed``).
+            PoolClosed: the pool was closed.
+            UsageError: a bad ``timeout``.
+        """
+        limit = self.timeout if timeout is None else _check_seconds("run(timeout)", timeout)
+        started = time.monotonic()
+        deadline_at = started + limit
+        group = self._claim(deadline_at)
+        command = {"fn": fn, "args": args, "kwargs": kwargs, "all": all_ranks}
+        try:
+            results = group.run(command, started, deadline_at)
+        except RequestFailed as fault:
+            self._on_fault(group, fault)
+            raise
+        finally:
+            with self._cond:
+                if self._active is group:
+                    self._busy = False
+                self._cond.notify_all()
+        self.counts["requests_ok"] += 1
+        return [results[r] for r in range(self.world_size)] if all_ranks else results[0]
+
+    def _claim(self, deadline_at: float) -> WorkerGroup:
+        """The serving group, marked busy; waits (bounded) while it is busy or healing."""
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise PoolClosed("the pool was closed")
+                if self._active is not None and not self._busy:
+                    self._busy = True
+                    return self._active
+                state = self._state()
+                if state == "failed" or (state == "healing" and self.on_healing == "fail"):
+                    self.counts["requests_unavailable"] += 1
+                    raise self._unavailable(state)
+                remaining = deadline_at - time.monotonic()
+                if remaining <= 0:
+                    self.counts["requests_unavailable"] += 1
+                    raise self._unavailable("busy" if self._active is not None else state)
+                self._cond.wait(remaining)
+
+    def _unavailable(self, state: str) -> PoolUnavailable:
+        if state == "failed":
+            failure = self._last_start_failure
+            detail = (f"{self._start_failures} start-up(s) in a row failed; the last: "
+                      f"{failure.describe() if failure else '?'}; next try in "
+                      f"{max(0.0, self._next_start_at - time.monotonic()):.1f} s")
+            return PoolUnavailable("failed", max(1.0, self._next_start_at - time.monotonic()),
+                                   detail)
+        if state == "busy":
+            return PoolUnavailable("busy", 1.0, "the group ran other calls until this call's "
+                                   "deadline")
+        return PoolUnavailable(state, self._start_estimate_s,
+                               "a fault retired the serving group; a new one is starting"
+                               if state == "healing" else "the first group is starting")
+
+    def _on_fault(self, group: WorkerGroup, fault: RequestFailed) -> None:
+        self.counts["requests_failed"] += 1
+        self.counts[f"faults_{fault.cause}"] += 1
+        self._event("request_fault", group=group.number, rank=fault.rank, cause=fault.cause,
+                    detail=fault.detail, victims=fault.victims, took_s=round(fault.took, 4))
+        idle = fault.cause == "raised" and group.alive()
+        with self._cond:
+            if self._active is group:
+                self._active = None
+                self._busy = False
+                self._fault_at = time.monotonic()
+            self._event("group_retire", group=group.number,
+                        action="regroup" if idle else "kill", reason=fault.cause)
+            if idle:
+                self._retired.append(group)
+                threading.Thread(target=self._regroup, args=(group,), daemon=True,
+                                 name="rankguard-regroup").start()
+            else:
+                group.kill()
+            self._promote()
+            self._cond.notify_all()
+
+    def _regroup(self, group: WorkerGroup) -> None:
+        """A group whose ranks only raised forms a fresh generation and becomes a spare again."""
+        ok = group.regroup(REGROUP_S)
+        with self._cond:
+            self._retired.remove(group)
+            if ok and not self._closed:
+                self._ready.append(group)
+                self._event("group_ready", group=group.number, role="regrouped")
+                self._promote()
+            else:
+                group.kill()
+            self._cond.notify_all()
+
+    def _promote(self) -> None:
+        """Under the lock: a ready spare becomes the serving group if there is none."""
+        if self._active is not None or not self._ready or self._closed:
+            return
+        self._active = self._ready.pop(0)
+        self._busy = False
+        if self._fault_at is not None:
+            took = time.monotonic() - self._fault_at
+            self._fault_at = None
+            self.heal_seconds.append(took)
+            self.counts["heals"] += 1
+            self._event("heal", group=self._active.number, took_s=round(took, 4))
+
+    # -- the supervisor: spares, start-ups, backoff ---------------------------------------------
+
+    def _supervise(self) -> None:
+        while True:
+            with self._cond:
+                if self._closed:
+                    return
+                self._check_starting()
+                self._check_spares()
+                self._start_more()
+                self._cond.wait(SUPERVISE_S)
+
+    def _check_starting(self) -> None:
+        for group in list(self._starting):
+            state = group.poll_start(self.start_timeout)
+            if state == "starting":
+                continue
+            self._starting.remove(group)
+            if state == "ready":
+                took = (group.ready_at or time.monotonic()) - group.started_at
+                self._start_estimate_s = took
+                self._start_failures = 0
+                self._last_start_failure = None
+                self._ready.append(group)
+                self._event("group_ready", group=group.number, role="spare",
+                            took_s=round(took, 3))
+                self._promote()
+            else:
+                group.kill()
+                self._start_failures += 1
+                self._last_start_failure = group.failure
+                pause = min(self.max_backoff, BACKOFF_FIRST_S * 2 ** (self._start_failures - 1))
+                self._next_start_at = time.monotonic() + pause
+                self.counts["start_failures"] += 1
+                failure = group.failure or StartFailure(None, "failed")
+                self._event("group_start_failed", group=group.number, rank=failure.rank,
+                            detail=failure.detail, traceback=failure.remote_traceback,
+                            consecutive=self._start_failures, backoff_s=pause)
+            self._cond.notify_all()
+
+    def _check_spares(self) -> None:
+        for group in list(self._ready):
+            if not group.alive():
+                self._ready.remove(group)
+                group.kill()
+                self._event("group_retire", group=group.number, action="kill",
+                            reason="a spare's rank died")
+        active = self._active
+        if active is not None and not self._busy and not active.alive():
+            self._active = None
+            self._fault_at = time.monotonic()
+            active.kill()
+            self._event("group_retire", group=active.number, action="kill",
+                        reason="a rank of the idle serving group died")
+            self._promote()
+
+    def _start_more(self) -> None:
+        wanted = self.spares + (1 if self._active is None else 0)
+        have = len(self._ready) + len(self._starting) + len(self._retired)
+        if have >= wanted or time.monotonic() < self._next_start_at:
+            return
+        if self._starting and self._start_failures:  # failing: one attempt at a time
+            return
+        self._numbers += 1
+        group = WorkerGroup(self._numbers, self.world_size, self._setup,
+                            os.path.join(self.log_dir, f"group{self._numbers}"), self._env)
+        self._starting.append(group)
+        self._event("group_start", group=group.number, pids=group.pids)
+
+    # -- state ------------------------------------------------------------------------------------
+
+    def _state(self) -> str:
+        if self._closed:
+            return "closed"
+        if self._active is not None:
+            return "ready"
+        failure = self._last_start_failure
+        if failure is not None and not self._ready and (
+                failure.remote_traceback or self._start_failures >= FAILED_AFTER):
+            return "failed"  # the setup raised, or start-ups keep failing
+        return "healing" if self._fault_at is not None else "starting"
+
+    def status(self) -> PoolStatus:
+        with self._cond:
+            failure = self._last_start_failure
+            return PoolStatus(self._state(), len(self._ready), len(self._starting),
+                              failure.describe() if failure else None)
+
+    def wait_ready(self, timeout: float) -> None:
+        """Wait until a group serves calls.
+
+        Raises:
+            PoolUnavailable: start-up failed (``failed``) or ``timeout`` passed.
+            PoolClosed: the pool was closed.
+        """
+        deadline_at = time.monotonic() + timeout
+        with self._cond:
+            while self._active is None:
+                if self._closed:
+                    raise PoolClosed("the pool was closed")
+                state = self._state()
+                if state == "failed":
+                    raise self._unavailable(state)
+                remaining = deadline_at - time.monotonic()
+                if remaining <= 0:
+                    raise PoolUnavailable(state, self._start_estimate_s,
+                                          f"no group was ready within {timeout:g} s")
+                self._cond.wait(remaining)
+
+    def metrics(self) -> dict[str, float]:
+        """Counters and gauges: requests by outcome, faults by cause, heals and their time,
+        start-up failures, spares."""
+        with self._cond:
+            values: dict[str, float] = dict(self.counts)
+            values["spares_ready"] = len(self._ready)
+            values["spares_starting"] = len(self._starting)
+            values["heal_seconds_sum"] = sum(self.heal_seconds)
+            values["heal_seconds_count"] = len(self.heal_seconds)
+            return values
+
+    def _event(self, name: str, **fields: Any) -> None:
+        if self._journal is not None:
+            self._journal.write(name, **fields)
+
+    # -- the end ----------------------------------------------------------------------------------
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the supervisor and shut every group down: the serving group and the spares get
+        a bounded barrier and exit; whatever is left after ``timeout`` is killed. Idempotent."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            groups = [g for g in [self._active, *self._ready] if g is not None]
+            doomed = self._starting + self._retired
+            self._active, self._ready, self._starting = None, [], []
+            self._cond.notify_all()
+        self._supervisor.join(1.0)
+        for group in doomed:
+            group.kill()
+        closers = [threading.Thread(target=g.close, args=(timeout,), daemon=True)
+                   for g in groups]
+        for closer in closers:
+            closer.start()
+        for closer in closers:
+            closer.join(timeout + 1.0)
+        self._event("pool_close", groups=len(groups) + len(doomed))
+        if self._journal is not None:
+            self._journal.close()
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _check_count(what: str, value: Any, least: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise UsageError(f"Pool({what})", f"expected a whole number >= {least}, got {value!r}")
+
+
+def _check_seconds(what: str, value: Any) -> float:
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value)
+            or value <= 0):
+        raise UsageError(what, f"expected a positive number of seconds, got {value!r}")
+    return float(value)

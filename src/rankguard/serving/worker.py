@@ -1,0 +1,170 @@
+"""One rank of a pool's group: ``python -m rankguard.serving.worker``.
+
+Started by ``serving.group.WorkerGroup`` with the env:// variables of its rank and one end of a
+channel to the leader (``RANKGUARD_SERVE_FD``). It turns on the rank runtime (``rankguard.init``:
+SIGTERM teardown, stacks on demand, bounded collectives), dies with the leader
+(PR_SET_PDEATHSIG), makes the leader's modules importable, and then:
+
+1. receives ``{"op": "start", "setup": fn | None}``, joins the group's gloo process group and
+   runs ``setup(rank, world_size)``; answers ``ready``, or ``setup_failed`` with the traceback;
+2. serves requests, one at a time:
+
+   - ``{"op": "run", "id", "fn", "args", "kwargs", "timeout", "all"}``: call
+     ``fn(state, *args, **kwargs)`` with every collective bounded by ``timeout`` seconds; answer
+     ``{"id", "ok": True, "result"}`` (the result from rank 0 only, unless ``all``) or
+     ``{"id", "ok": False, "error", "message", "traceback", "collective", "missing"}``. A rank
+     that fails by itself first retires the group and tells its peers, so none of them waits
+     for it.
+   - ``{"op": "regroup", "timeout"}``: a fresh generation of the same ranks after a failure.
+   - ``{"op": "exit"}``: a bounded shutdown, then exit 0.
+
+The leader closing the channel makes the rank exit.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import io
+import json
+import os
+import pickle
+import sys
+import traceback
+from typing import Any
+
+import rankguard
+from rankguard import proctree
+from rankguard.runtime import groups
+
+from .channel import ChannelClosed, RankEnd
+
+FD = "RANKGUARD_SERVE_FD"
+SYS_PATH = "RANKGUARD_SERVE_SYS_PATH"
+MAIN = "RANKGUARD_SERVE_MAIN"
+LEADER = "RANKGUARD_SERVE_LEADER"
+
+
+def leader_context() -> dict[str, str]:
+    """Environment that lets a rank import what the leader's pickles refer to: the leader's
+    ``sys.path``, and its main module (functions defined in a script are ``__main__.f``)."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name and not spec.name.endswith("__main__"):
+        reference = "name:" + spec.name
+    elif spec is None and getattr(main, "__file__", None):
+        reference = "path:" + os.path.abspath(main.__file__)
+    else:
+        reference = ""
+    paths = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
+    return {SYS_PATH: json.dumps(paths), MAIN: reference, LEADER: str(os.getpid())}
+
+
+def _adopt_leader_paths() -> None:
+    for path in reversed(json.loads(os.environ.get(SYS_PATH, "[]"))):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+
+
+class _LeaderMain:
+    """The leader's main module, imported here (as ``__mp_main__``, so its ``if __name__ ==
+    "__main__"`` block does not run) the first time a message refers to one of its names."""
+
+    module: Any = None
+
+    @classmethod
+    def get(cls) -> Any:
+        if cls.module is None:
+            reference = os.environ.get(MAIN, "")
+            if reference.startswith("name:"):
+                cls.module = importlib.import_module(reference[5:])
+            elif reference.startswith("path:"):
+                spec = importlib.util.spec_from_file_location("__mp_main__", reference[5:])
+                assert spec is not None and spec.loader is not None
+                cls.module = importlib.util.module_from_spec(spec)
+                sys.modules["__mp_main__"] = cls.module
+                spec.loader.exec_module(cls.module)
+            else:
+                cls.module = sys.modules["__main__"]
+        return cls.module
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "__main__":
+            return getattr(_LeaderMain.get(), name)
+        return super().find_class(module, name)
+
+
+def _loads(data: bytes) -> Any:
+    return _Unpickler(io.BytesIO(data)).load()
+
+
+def _failure(error: BaseException) -> dict[str, Any]:
+    collective = isinstance(error, (rankguard.CollectiveError, rankguard.GroupRetired))
+    return {"ok": False, "error": type(error).__name__, "message": str(error),
+            "traceback": traceback.format_exc(), "collective": collective,
+            "missing": list(getattr(error, "missing", []) or [])}
+
+
+def _run(command: dict[str, Any], state: Any, rank: int) -> dict[str, Any]:
+    try:
+        with rankguard.deadline(command["timeout"]):
+            result = command["fn"](state, *command["args"], **command["kwargs"])
+        answer = {"ok": True, "result": result if rank == 0 or command["all"] else None}
+    except BaseException as error:  # noqa: BLE001 (reported to the leader, whatever it is)
+        answer = _failure(error)
+        if not answer["collective"]:
+            groups.abandon_world(f"rank {rank} raised {type(error).__name__}")
+    return answer
+
+
+def main() -> None:
+    rankguard.init(grace=float(os.environ.get("RANKGUARD_GRACE", "2")))
+    proctree.die_with_parent(int(os.environ[LEADER]))
+    end = RankEnd(int(os.environ[FD]))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    try:
+        _adopt_leader_paths()
+        hello = end.receive(_loads)
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        setup = hello["setup"]
+        state = setup(rank, world) if setup is not None else None
+    except ChannelClosed:
+        os._exit(0)
+    except BaseException as error:  # noqa: BLE001 (reported to the leader, whatever it is)
+        end.send({"op": "setup_failed", **_failure(error)})
+        os._exit(1)
+    end.send({"op": "ready", "pid": os.getpid()})
+    while True:
+        try:
+            command = end.receive(_loads)
+        except ChannelClosed:
+            os._exit(0)
+        except Exception as error:  # noqa: BLE001 (a request whose function cannot be loaded)
+            end.send({"op": "answer", "id": None, **_failure(error)})
+            continue
+        op = command["op"]
+        if op == "run":
+            answer = {"op": "answer", "id": command["id"], **_run(command, state, rank)}
+            try:
+                end.send(answer)
+            except (pickle.PicklingError, TypeError, AttributeError) as error:
+                end.send({"op": "answer", "id": command["id"], **_failure(error),
+                          "message": f"its result cannot be pickled: {error}"})
+        elif op == "regroup":
+            try:
+                rankguard.regroup(exclude=[], timeout=command["timeout"])
+                end.send({"op": "regrouped", "ok": True})
+            except rankguard.RankguardError as error:
+                end.send({"op": "regrouped", "ok": False, "message": str(error)})
+        else:
+            rankguard.shutdown(timeout=command.get("timeout", 2.0))
+            end.send({"op": "bye"})
+            os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

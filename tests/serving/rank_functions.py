@@ -1,0 +1,72 @@
+"""Functions the pool tests run on their ranks (module-level, so the ranks import them by name).
+
+``fault`` is ``(rank, kind)``: that rank injects a real fault between the forward's two
+all_reduces, while its peers wait for it in the second one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from typing import Any
+
+KINDS = {  # kind -> the cause the pool must report
+    "raise": "raised",
+    "exit": "exited",
+    "kill": "signalled",
+    "freeze": "frozen",
+    "sleep": "deadline",
+    "busy": "deadline",
+}
+
+
+def inject(kind: str) -> None:
+    if kind == "raise":
+        raise ValueError("injected failure mid-forward")
+    if kind == "exit":
+        os._exit(3)
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "freeze":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    if kind == "sleep":
+        time.sleep(60)
+    if kind == "busy":  # a C-level loop that holds the GIL (catastrophic regex backtracking)
+        re.match(r"(a+)+$", "a" * 64 + "b")
+    time.sleep(0.01)  # frozen ranks continue here once SIGCONT arrives
+
+
+def load(rank: int, world_size: int) -> dict[str, Any]:
+    """A stand-in for loading a model shard."""
+    import torch
+
+    return {"weight": torch.full((4,), float(rank + 1)), "world": world_size}
+
+
+def forward(state: dict[str, Any], x: float, fault: tuple[int, str] | None = None) -> list[float]:
+    """Each rank scales x by its shard; the partial outputs are summed across ranks."""
+    import torch
+    import torch.distributed as dist
+
+    out = state["weight"] * x
+    dist.all_reduce(out)
+    if fault is not None and dist.get_rank() == fault[0]:
+        inject(fault[1])
+    dist.all_reduce(out)
+    return out.tolist()
+
+
+def expected(x: float, world_size: int) -> list[float]:
+    """``forward``'s result: sum over ranks of (rank + 1) * x, all-reduced twice."""
+    total = sum(r + 1 for r in range(world_size)) * x * world_size
+    return [total] * 4
+
+
+def broken_setup(rank: int, world_size: int) -> None:
+    raise RuntimeError(f"no weights at /nonexistent/shard{rank}.pt")
+
+
+def pid(state: Any) -> int:
+    return os.getpid()
