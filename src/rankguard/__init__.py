@@ -32,11 +32,12 @@ from .runtime.generations import Generation, regroup
 from .runtime.init import init
 from .runtime.shutdown import ShutdownReport, shutdown
 from .serving.pool import Pool, PoolStatus
+from .serving.service import Service
 
 __version__ = "0.1.0"
 __all__ = [
     "CollectiveError", "CollectiveTimeout", "Generation", "GroupRetired", "LedgerError",
     "PeerFailed", "Pool", "PoolClosed", "PoolError", "PoolStatus", "PoolUnavailable",
-    "RankguardError", "RequestFailed", "ShutdownReport", "TeardownTimeout", "UsageError",
+    "RankguardError", "RequestFailed", "Service", "ShutdownReport", "TeardownTimeout", "UsageError",
     "__version__", "deadline", "init", "regroup", "shutdown",
 ]

@@ -1,4 +1,5 @@
-"""The ``rankguard`` command: ``rankguard run ...`` (the launcher).
+"""The ``rankguard`` command: ``rankguard run ...`` (the launcher), ``rankguard serve APP`` (an
+HTTP server in front of a rankguard.Pool; see ``rankguard.serving.cli``).
 
 Exit codes (stable, documented in the README): 0 every rank succeeded; 1 a rank failed (raised,
 exited non-zero, was killed) and restarts ran out; 2 bad usage, nothing started; 3 a rank hung
@@ -14,10 +15,13 @@ from .errors import UsageError
 
 USAGE = """usage: rankguard run [options] SCRIPT [ARGS...]
        rankguard run [options] -m MODULE [ARGS...]
+       rankguard serve [options] APP
 
 Commands:
   run    launch a torch.distributed job on this node, protected against hangs
-         (rankguard run --help for its options)"""
+         (rankguard run --help for its options)
+  serve  serve a rankguard.Service over HTTP on a self-healing pool of rank processes
+         (rankguard serve --help for its options)"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,9 +35,13 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"rankguard {__version__}")
         return 0
+    if command == "serve":
+        from .serving import cli as serve_cli
+
+        return serve_cli.main(rest)
     if command != "run":
-        print(f"rankguard: unknown command {command!r} (commands: run; see rankguard --help)",
-              file=sys.stderr)
+        print(f"rankguard: unknown command {command!r} (commands: run, serve; see rankguard "
+              "--help)", file=sys.stderr)
         return 2
     return _run(rest)
 

@@ -64,17 +64,23 @@ class FaultSpec:
         return self.rank == rank and (self.attempt is None or self.attempt == attempt)
 
 
-def _bad(text: str, problem: str) -> UsageError:
-    return UsageError("--inject", f"{problem} in {text!r}",
-                      "write KIND[:ARG]:rank=R,at=WHEN, e.g. hang:rank=2,at=op30")
-
-
-def parse(text: str) -> FaultSpec:
+def parse(text: str, *, what: str = "--inject", moment: str | None = None) -> FaultSpec:
     """Parse one spec.
+
+    ``moment``: for callers that perform the fault themselves at a moment of their own (the
+    serving example injects mid-forward): ``at=`` may then be left out, and means ``moment``.
+    ``what``: the name of the input, for errors.
 
     Raises:
         UsageError: the spec does not follow the grammar; the message says which part.
     """
+
+    def _bad(text: str, problem: str) -> UsageError:
+        example = "hang:rank=2,at=op30" if moment is None else "stop:rank=1"
+        return UsageError(what, f"{problem} in {text!r}",
+                          f"write KIND[:ARG]:rank=R{',at=WHEN' if moment is None else ''}, "
+                          f"e.g. {example}")
+
     parts = text.strip().split(":")
     kind = parts[0]
     if kind not in KINDS:
@@ -105,14 +111,19 @@ def parse(text: str) -> FaultSpec:
         if not sep or key.strip() not in ("rank", "at", "attempt"):
             raise _bad(text, f"option {item!r} is not rank=, at= or attempt=")
         fields[key.strip()] = value.strip()
+    if moment is not None:
+        fields.setdefault("at", moment)
     if "rank" not in fields or "at" not in fields:
         raise _bad(text, "both rank= and at= are required")
     if not fields["rank"].isdigit():
         raise _bad(text, f"rank={fields['rank']!r} is not a rank number")
     match = _AT.match(fields["at"])
-    if not match:
+    if fields["at"] == moment:
+        word, op, seconds = moment, None, None
+    elif not match:
         raise _bad(text, f"at={fields['at']!r} is not start, init, opN or a time like 2.5s")
-    word, op, seconds = match.groups()
+    else:
+        word, op, seconds = match.groups()
     if op is not None and int(op) < 1:
         raise _bad(text, "collectives are counted from op1")
     attempt_text = fields.get("attempt", "0")

@@ -8,24 +8,19 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import math
 import os
 import sys
 import tempfile
 import uuid
 
 from ..errors import UsageError
+from ..options import Parser, number, writable_dir
 from ..inject import spec as inject_spec
 from . import config as _config
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError("rankguard run", message, "see rankguard run --help")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = Parser(
         prog="rankguard run",
         description="Run a torch.distributed script on N local ranks, like torchrun, so that no "
         "rank fault can hang it: crashes, kills, frozen or deadlocked ranks and evictions end "
@@ -83,23 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _number(option: str, text: str, kind: type, minimum: float, hint: str) -> float:
-    try:
-        value = kind(text)
-    except ValueError:
-        raise UsageError(option, f"{text!r} is not a{'n integer' if kind is int else ' number'}",
-                         hint) from None
-    if isinstance(value, float) and not math.isfinite(value):
-        raise UsageError(option, f"{text!r} is not a finite number", hint)
-    if value < minimum:
-        raise UsageError(option, f"{text!r} is below {minimum:g}", hint)
-    return value
-
-
 def _nproc(text: str) -> int:
     if text in ("cpu", "auto"):
         return os.cpu_count() or 1
-    nproc = int(_number("--nproc-per-node", text, int, 1, "give the number of ranks, e.g. 4"))
+    nproc = int(number("--nproc-per-node", text, int, 1, "give the number of ranks, e.g. 4"))
     if nproc > 1024:
         raise UsageError("--nproc-per-node", f"{nproc} ranks on one node is beyond this launcher",
                          "use at most 1024")
@@ -126,18 +108,6 @@ def _check_script(module: bool, script: str) -> None:
         raise UsageError("SCRIPT", f"{script!r} is not a file", "give a Python script")
 
 
-def _writable_dir(option: str, path: str) -> str:
-    path = os.path.abspath(path)
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(option, f"cannot create {path!r}: {exc.strerror}",
-                         "choose a folder you can write to") from None
-    if not os.access(path, os.W_OK):
-        raise UsageError(option, f"{path!r} is not writable", "choose a folder you can write to")
-    return path
-
-
 def parse(argv: list[str]) -> _config.RunConfig:
     """Turn ``rankguard run`` arguments into a :class:`RunConfig`.
 
@@ -152,23 +122,23 @@ def parse(argv: list[str]) -> _config.RunConfig:
         raise UsageError("--node-rank", f"{ns.node_rank!r}: only node 0 exists in a "
                          "single-node run", "use --node-rank 0")
     nproc = _nproc(ns.nproc)
-    max_restarts = int(_number("--max-restarts", ns.max_restarts, int, 0, "e.g. --max-restarts 3"))
-    port = int(_number("--master-port", ns.master_port, int, 0, "use a port from 1 to 65535"))
+    max_restarts = int(number("--max-restarts", ns.max_restarts, int, 0, "e.g. --max-restarts 3"))
+    port = int(number("--master-port", ns.master_port, int, 0, "use a port from 1 to 65535"))
     if port > 65535:
         raise UsageError("--master-port", f"{port} is above 65535", "use a port from 1 to 65535")
     if ns.standalone:
         port = 0
-    hang = _number("--hang-timeout", ns.hang_timeout, float, 0.1, "e.g. --hang-timeout 10")
-    straggler = _number("--straggler-timeout", ns.straggler_timeout, float, 0.1,
+    hang = number("--hang-timeout", ns.hang_timeout, float, 0.1, "e.g. --hang-timeout 10")
+    straggler = number("--straggler-timeout", ns.straggler_timeout, float, 0.1,
                         "e.g. --straggler-timeout 300")
     if straggler < hang:
         raise UsageError("--straggler-timeout", f"{straggler:g} s is shorter than "
                          f"--hang-timeout {hang:g} s", "a busy rank gets at least as long as a "
                          "frozen one; raise --straggler-timeout")
-    grace = _number("--grace", ns.grace, float, 0, "e.g. --grace 5")
+    grace = number("--grace", ns.grace, float, 0, "e.g. --grace 5")
     collective_timeout = None
     if ns.collective_timeout:
-        collective_timeout = _number("--collective-timeout", ns.collective_timeout, float, 0.001,
+        collective_timeout = number("--collective-timeout", ns.collective_timeout, float, 0.001,
                                      "e.g. --collective-timeout 60")
     injections = tuple(inject_spec.parse(text) for text in ns.inject)
     for fault in injections:
@@ -182,11 +152,11 @@ def parse(argv: list[str]) -> _config.RunConfig:
     if not all(c.isalnum() or c in "-_." for c in run_id):
         raise UsageError("--run-id", f"{run_id!r} has characters other than letters, digits, "
                          "'-', '_' and '.'", "pick a simple name")
-    log_dir = _writable_dir("--log-dir", ns.log_dir or os.path.join(
+    log_dir = writable_dir("--log-dir", ns.log_dir or os.path.join(
         tempfile.gettempdir(), "rankguard", run_id))
     journal = os.path.abspath(ns.journal) if ns.journal else os.path.join(log_dir,
                                                                           "journal.jsonl")
-    _writable_dir("--journal", os.path.dirname(journal))
+    writable_dir("--journal", os.path.dirname(journal))
     command = ("-m", ns.script, *ns.script_args) if ns.module else (ns.script, *ns.script_args)
     return _config.RunConfig(
         command=command, nproc=nproc, max_restarts=max_restarts, master_addr=ns.master_addr,

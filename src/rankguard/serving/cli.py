@@ -1,0 +1,121 @@
+"""``rankguard serve APP``: an HTTP server (uvicorn) in front of a rankguard.Pool.
+
+Bad input (options, APP) ends in one line on stderr naming what is wrong, and exit code 2,
+before anything starts. SIGTERM or SIGINT: stop accepting, let in-flight requests finish or fail
+within ``--grace``, close the pool (every rank process ends), exit 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from ..errors import UsageError
+from ..options import Parser, number, writable_dir
+from ..serving.pool import HEALING_MODES
+
+PROG = "rankguard serve"
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def build_parser() -> Parser:
+    p = Parser(prog=PROG, allow_abbrev=False, description="Serve a rankguard.Service over "
+               "HTTP: each request runs on a group of rank processes; a rank fault fails that "
+               "request only (HTTP 500 naming the rank), and the pool heals from warm spares.")
+    p.add_argument("app", metavar="APP",
+                   help="path/to/file.py:name or module:name of a rankguard.Service")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", default="8000", help="port to listen on; 0: any free port, "
+                   "printed at start-up (default 8000)")
+    p.add_argument("--world-size", dest="world_size", default=None,
+                   help="ranks per group (default: the service's)")
+    p.add_argument("--spares", default=None, help="warm spare groups (default: the service's)")
+    p.add_argument("--timeout", default=None,
+                   help="default deadline of a request in seconds (default: the service's)")
+    p.add_argument("--on-healing", dest="on_healing", default="wait", choices=HEALING_MODES,
+                   help="a request that arrives while no group is ready waits for one within "
+                   "its deadline, or fails at once with 503 (default wait)")
+    p.add_argument("--grace", default="10", help="seconds in-flight requests get to finish "
+                   "after SIGTERM (default 10)")
+    p.add_argument("--log-dir", dest="log_dir", default="",
+                   help="folder for the ranks' output (default: a new temporary folder)")
+    p.add_argument("--journal", default="", help="append pool events to this JSON-lines file")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    try:
+        import uvicorn
+
+        from . import http, service
+    except ImportError as error:
+        print(f"{PROG}: error: the HTTP server needs packages that are not installed ({error}); "
+              "install them with: pip install 'rankguard[serve]'", file=sys.stderr)
+        return 2
+    try:
+        args = build_parser().parse_args(argv)
+        port = int(number("--port", args.port, int, 0, "e.g. --port 8000"))
+        grace = number("--grace", args.grace, float, 0.1, "e.g. --grace 10")
+        served = service.load(args.app)
+        if args.world_size is not None:
+            served.world_size = int(number("--world-size", args.world_size, int, 1,
+                                           "e.g. --world-size 2"))
+        if args.spares is not None:
+            served.spares = int(number("--spares", args.spares, int, 0, "e.g. --spares 1"))
+        if args.timeout is not None:
+            served.timeout = number("--timeout", args.timeout, float, 0.001, "e.g. --timeout 5")
+        options = {"on_healing": args.on_healing}
+        if args.log_dir:
+            options["log_dir"] = writable_dir("--log-dir", args.log_dir)
+        if args.journal:
+            options["journal"] = args.journal
+        listener = _listen(args.host, port)
+    except UsageError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    host, bound = listener.getsockname()[:2]
+    print(f"{PROG}: listening on http://{host}:{bound} ({served.world_size} ranks per group, "
+          f"{served.spares} spare(s))", flush=True)
+    config = uvicorn.Config(http.build(served, **options), log_level="warning",
+                            timeout_graceful_shutdown=grace, lifespan="on")
+    server = _graceful_server(uvicorn)(config)
+    server.run(sockets=[listener])
+    if not server.started:
+        print(f"{PROG}: error: the server did not start (see above)", file=sys.stderr)
+        return 1
+    print(f"{PROG}: stopped", flush=True)
+    return 0
+
+
+def _graceful_server(uvicorn: Any) -> type:
+    """uvicorn's Server, except that SIGTERM and SIGINT end it with exit status 0: uvicorn
+    re-raises the signal once it has shut down, which would end the process as killed by it."""
+
+    class GracefulServer(uvicorn.Server):  # type: ignore[misc,name-defined]
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in _STOP_SIGNALS}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return GracefulServer
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as error:
+        raise UsageError("--host/--port", f"cannot listen on {host}:{port}: {error.strerror}",
+                         "choose a free port, or 0 for any") from None
+    return sock

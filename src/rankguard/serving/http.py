@@ -1,0 +1,141 @@
+"""The HTTP face of ``rankguard serve``: a Starlette application in front of a Pool.
+
+Starlette (routing, JSON, lifespan) under uvicorn (the ASGI server, with its graceful SIGTERM
+handling) are small, well-kept and standard for Python ASGI; the pool's blocking calls run in
+Starlette's thread pool, so the event loop never waits on a rank.
+
+Routes:
+
+- ``POST /run``: the JSON body (an object) is the request; the service's ``validate`` runs
+  here, then ``handle`` on every rank. 200 ``{"result", "took_s"}``; 400 malformed JSON or a bad
+  ``X-Request-Timeout``; 422 a body that is not an object or that ``validate`` refused; 500 a
+  rank failed the request (``{"error": {"type", "rank", "cause", "detail", "victims"}}``); 503
+  the pool is healing, starting, busy or failing to start (with ``Retry-After``), or closed.
+- ``GET /healthz``: 200 ``{"state": "ready", ...}``; 503 while ``starting``, ``healing``,
+  ``failed`` or ``closed``.
+- ``GET /metrics``: Prometheus text format (see ``serving.metrics``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..errors import PoolClosed, PoolUnavailable, RequestFailed
+from . import metrics
+from .pool import Pool
+from .service import Service
+
+TIMEOUT_HEADER = "x-request-timeout"
+
+
+class _Server:
+    """The application's state: the service, its pool (made at start-up), response counts."""
+
+    def __init__(self, service: Service, pool_options: dict[str, Any]) -> None:
+        self.service = service
+        self.pool_options = pool_options
+        self.pool: Pool | None = None
+        self.codes: Counter[int] = Counter()
+
+    def answer(self, status: int, body: Any, headers: dict[str, str] | None = None
+               ) -> JSONResponse:
+        response = JSONResponse(body, status_code=status, headers=headers)
+        self.codes[status] += 1
+        return response
+
+    def error(self, status: int, kind: str, detail: str, **fields: Any) -> JSONResponse:
+        headers = {}
+        if "retry_after" in fields:
+            headers["Retry-After"] = str(max(1, math.ceil(fields["retry_after"])))
+        return self.answer(status, {"error": {"type": kind, "detail": detail, **fields}},
+                           headers)
+
+    async def run(self, request: Request) -> Response:
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            return self.error(400, "BadRequest", f"the body is not valid JSON: {error}")
+        if not isinstance(body, dict):
+            return self.error(422, "InvalidRequest", "the body must be a JSON object, got "
+                              f"{type(body).__name__}")
+        timeout = self.service.timeout
+        if TIMEOUT_HEADER in request.headers:
+            text = request.headers[TIMEOUT_HEADER]
+            try:
+                timeout = float(text)
+            except ValueError:
+                timeout = math.nan
+            if not (math.isfinite(timeout) and timeout > 0):
+                return self.error(400, "BadRequest", f"X-Request-Timeout: {text!r} is not a "
+                                  "positive number of seconds")
+        if self.service.validate is not None:
+            try:
+                body = self.service.validate(body)
+            except (ValueError, TypeError) as error:
+                return self.error(422, "InvalidRequest", str(error))
+        assert self.pool is not None
+        started = time.monotonic()
+        try:
+            result = await run_in_threadpool(self.pool.run, self.service.handle, body,
+                                             timeout=timeout)
+        except RequestFailed as error:
+            return self.error(500, "RequestFailed", str(error), rank=error.rank,
+                              cause=error.cause, victims=error.victims,
+                              error_type=error.error_type)
+        except PoolUnavailable as error:
+            return self.error(503, "PoolUnavailable", str(error), state=error.state,
+                              retry_after=error.retry_after)
+        except PoolClosed as error:
+            return self.error(503, "PoolClosed", str(error))
+        try:
+            return self.answer(200, {"result": result,
+                                     "took_s": round(time.monotonic() - started, 6)})
+        except (TypeError, ValueError) as error:
+            return self.error(500, "BadResult", f"rank 0's result is not JSON: {error}")
+
+    async def healthz(self, request: Request) -> Response:
+        if self.pool is None:
+            return self.answer(503, {"state": "starting"})
+        status = self.pool.status()
+        body = {"state": status.state, "spares_ready": status.spares_ready,
+                "spares_starting": status.spares_starting,
+                "last_start_failure": status.last_start_failure}
+        return self.answer(200 if status.state == "ready" else 503, body)
+
+    async def metrics(self, request: Request) -> Response:
+        assert self.pool is not None
+        text = metrics.exposition(self.pool.metrics(), self.pool.status(), self.codes)
+        return Response(text, media_type=metrics.CONTENT_TYPE)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self.pool = Pool(self.service.world_size, self.service.setup, wait=False,
+                         spares=self.service.spares, timeout=self.service.timeout,
+                         **self.pool_options)
+        try:
+            yield
+        finally:
+            await run_in_threadpool(self.pool.close)
+
+
+def build(service: Service, **pool_options: Any) -> Starlette:
+    """The ASGI application serving ``service``; the pool starts with the application (its
+    lifespan) and is closed when the application shuts down. ``pool_options``: further
+    keyword arguments of :class:`rankguard.Pool` (``journal``, ``log_dir``, ``on_healing``)."""
+    server = _Server(service, pool_options)
+    routes = [Route("/run", server.run, methods=["POST"]),
+              Route("/healthz", server.healthz, methods=["GET"]),
+              Route("/metrics", server.metrics, methods=["GET"])]
+    return Starlette(routes=routes, lifespan=server.lifespan)

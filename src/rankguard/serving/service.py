@@ -1,0 +1,87 @@
+"""What ``rankguard serve APP`` serves: a :class:`Service`, and how ``APP`` is found."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..errors import UsageError
+
+
+@dataclass
+class Service:
+    """A model served by ``rankguard serve``.
+
+    Attributes:
+        handle: ``handle(state, request) -> result``, run on every rank for each request
+            (``request``: the JSON body, a dict); rank 0's result is the response, so it must
+            be JSON-serialisable. Module-level, so the ranks can import it.
+        setup: ``setup(rank, world_size) -> state``, run once per rank, ahead of time in spares.
+        validate: ``validate(request) -> request``, run in the server before a request reaches
+            the pool; raising ``ValueError`` or ``TypeError`` answers 422 with its message.
+        world_size: ranks per group.
+        spares: warm spare groups.
+        timeout: default deadline of a request, in seconds (the ``X-Request-Timeout`` header
+            may ask for another).
+    """
+
+    handle: Callable[[Any, dict[str, Any]], Any]
+    setup: Callable[[int, int], Any] | None = None
+    validate: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    world_size: int = 2
+    spares: int = 1
+    timeout: float = 10.0
+
+
+def load(spec: str) -> Service:
+    """The :class:`Service` that ``spec`` names: ``path/to/file.py:name`` or ``module:name``
+    (``name`` defaults to ``app``).
+
+    Raises:
+        UsageError: the file or module cannot be found or imported, or ``name`` is missing or
+            not a Service.
+    """
+    target, _, name = spec.partition(":")
+    name = name or "app"
+    if target.endswith(".py"):
+        module = _load_file(spec, target)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as error:
+            raise UsageError("APP", f"cannot import module {target!r}: {error}",
+                             "give path/to/file.py:name or an importable module:name") from None
+    service = getattr(module, name, None)
+    if service is None:
+        raise UsageError("APP", f"{target} has no attribute {name!r}",
+                         "name the rankguard.Service object after the colon")
+    if not isinstance(service, Service):
+        raise UsageError("APP", f"{target}:{name} is a {type(service).__name__}, not a "
+                         "rankguard.Service")
+    return service
+
+
+def _load_file(spec: str, path: str) -> Any:
+    """Import the file as a module named after it, its folder on ``sys.path``, so that the
+    ranks (which inherit the leader's path) import its functions by the same name."""
+    if not os.path.isfile(path):
+        raise UsageError("APP", f"no such file: {path}", f"check the path in {spec!r}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    name = os.path.splitext(os.path.basename(path))[0]
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as error:  # noqa: BLE001 (any error of the user's file)
+        del sys.modules[name]
+        raise UsageError("APP", f"importing {path} failed: {type(error).__name__}: {error}"
+                         ) from None
+    return module

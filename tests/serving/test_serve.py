@@ -1,0 +1,244 @@
+"""``rankguard serve`` with the real example (examples/serve_tp.py), a real uvicorn server on
+loopback, real rank processes and real faults: HTTP statuses for each outcome, healing, a
+bounded load test with injected faults, and a graceful SIGTERM under load."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rankguard import journal
+
+from ..conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "examples"))
+import serve_tp  # noqa: E402 (the example, for its reference output)
+
+X = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+START_S = 90.0
+
+
+@dataclass
+class Reply:
+    status: int
+    body: Any
+    headers: dict[str, str]
+
+
+class Server:
+    """A ``rankguard serve`` process; ``stop()`` SIGTERMs it and returns its exit code."""
+
+    def __init__(self, tmp_path: Path, *args: str) -> None:
+        self.journal = tmp_path / "journal.jsonl"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rankguard.cli", "serve", "examples/serve_tp.py:app",
+             "--port", "0", "--journal", str(self.journal), "--log-dir", str(tmp_path / "logs"),
+             *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # the server prints it before anything can block
+        assert "listening on http://" in line, line + self.proc.stdout.read()
+        self.url = line.split("listening on ")[1].split()[0]
+        deadline = time.monotonic() + START_S
+        while self.get("/healthz").status != 200:
+            assert time.monotonic() < deadline, "the pool was not ready in time"
+            time.sleep(0.2)
+
+    def request(self, method: str, path: str, body: bytes | None = None,
+                headers: dict[str, str] | None = None, timeout: float = 30.0) -> Reply:
+        req = urllib.request.Request(self.url + path, data=body, method=method,
+                                     headers=headers or {})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as response:
+                status, raw, head = response.status, response.read(), dict(response.headers)
+        except urllib.error.HTTPError as error:
+            status, raw, head = error.code, error.read(), dict(error.headers)
+        text = raw.decode()
+        is_json = head.get("content-type", "").startswith("application/json")
+        return Reply(status, json.loads(text) if is_json else text, head)
+
+    def get(self, path: str) -> Reply:
+        return self.request("GET", path)
+
+    def run(self, payload: dict[str, Any], **kwargs: Any) -> Reply:
+        return self.request("POST", "/run", json.dumps(payload).encode(), **kwargs)
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [e for e in journal.read(str(self.journal)) if e["event"] == name]
+
+    def stop(self, timeout: float = 30.0) -> int:
+        assert self.proc.stdout is not None
+        if self.proc.stdout.closed:  # stopped already
+            return self.proc.returncode
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(5)
+            assert self.proc.stdout is not None
+            self.output = self.proc.stdout.read()
+            self.proc.stdout.close()
+
+
+@pytest.fixture
+def server(tmp_path: Path, request: pytest.FixtureRequest) -> Any:
+    marker = request.node.get_closest_marker("serve_args")
+    running = Server(tmp_path, *(marker.args if marker else ()))
+    yield running
+    running.stop()
+
+
+def assert_served(reply: Reply) -> None:
+    assert reply.status == 200, reply.body
+    assert reply.body["result"] == pytest.approx(serve_tp.reference(X), rel=1e-5)
+
+
+@pytest.mark.deadline(240)
+@pytest.mark.serve_args("--timeout", "2")
+def test_each_fault_kind_answers_500_naming_the_rank_and_the_next_request_is_served(
+        server: Server) -> None:
+    assert_served(server.run({"x": X}))
+    cases = [("raise:rank=1", 1, "raised"), ("crash:3:rank=0", 0, "exited"),
+             ("kill:rank=1", 1, "signalled"), ("stop:rank=0", 0, "frozen"),
+             ("hang:rank=1", 1, "deadline"), ("gil:rank=0", 0, "deadline")]
+    for fault, rank, cause in cases:
+        deadline = time.monotonic() + START_S
+        while server.get("/healthz").body["spares_ready"] < 1:
+            assert time.monotonic() < deadline, "no spare came back"
+            time.sleep(0.1)
+        started = time.monotonic()
+        reply = server.run({"x": X, "fault": fault})
+        assert time.monotonic() - started < 2.0 + 1.0, fault  # the 2 s deadline, plus HTTP
+        assert reply.status == 500, (fault, reply.body)
+        error = reply.body["error"]
+        assert (error["type"], error["rank"], error["cause"]) == ("RequestFailed", rank, cause)
+        assert f"rank {rank}" in error["detail"]
+        assert_served(server.run({"x": X}))
+    metrics = server.get("/metrics").body
+    assert 'rankguard_pool_faults_total{cause="deadline"} 2' in metrics
+    assert 'rankguard_pool_faults_total{cause="frozen"} 1' in metrics
+    assert 'rankguard_http_responses_total{code="500"} 6' in metrics
+    assert "rankguard_pool_heals_total 6" in metrics
+    assert [e["cause"] for e in server.events("request_fault")] == [c for _, _, c in cases]
+
+
+def test_bad_requests_are_answered_400_or_422_and_never_reach_the_ranks(server: Server) -> None:
+    assert server.request("POST", "/run", b'{"x": ').status == 400
+    assert server.run({"x": X}, headers={"X-Request-Timeout": "soon"}).status == 400
+    assert server.run({"x": X}, headers={"X-Request-Timeout": "-1"}).status == 400
+    assert server.request("POST", "/run", b"[1, 2]").status == 422
+    reply = server.run({"x": [1, 2]})
+    assert reply.status == 422 and "'x' must be a list of 8 numbers" in reply.body["error"]["detail"]
+    reply = server.run({"x": X, "fault": "boom:rank=1"})
+    assert reply.status == 422 and "unknown kind 'boom'" in reply.body["error"]["detail"]
+    assert server.get("/run").status == 405
+    assert_served(server.run({"x": X}))
+    assert 'rankguard_pool_requests_total{outcome="ok"} 1' in server.get("/metrics").body
+
+
+@pytest.mark.deadline(180)
+@pytest.mark.serve_args("--spares", "0", "--on-healing", "fail", "--timeout", "2")
+def test_while_healing_requests_get_503_with_retry_after_then_are_served_again(
+        server: Server) -> None:
+    assert server.run({"x": X, "fault": "kill:rank=1"}).status == 500
+    reply = server.run({"x": X})
+    assert reply.status == 503 and reply.body["error"]["state"] == "healing"
+    assert int(reply.headers["retry-after"]) >= 1
+    health = server.get("/healthz")
+    assert health.status == 503 and health.body["state"] == "healing"
+    deadline = time.monotonic() + START_S
+    while server.get("/healthz").status != 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert_served(server.run({"x": X}))
+    heal = server.events("heal")
+    assert len(heal) == 1 and heal[0]["took_s"] > 0.5  # a cold start: no spare to take over
+
+
+@pytest.mark.deadline(300)
+@pytest.mark.serve_args("--spares", "2", "--timeout", "30")
+def test_load_2000_requests_8_clients_5_percent_faults_every_answer_is_the_right_one(
+        server: Server) -> None:
+    rng = random.Random(7)
+    plan: list[str | None] = [None] * 2000
+    faulted = rng.sample(range(2000), 100)
+    for n, index in enumerate(faulted):  # mostly raises (the group regroups in place); some
+        rank = rng.randrange(2)           # crashes and kills (the group is replaced)
+        plan[index] = (f"crash:3:rank={rank}" if n % 25 == 0 else
+                       f"kill:rank={rank}" if n % 25 == 1 else f"raise:rank={rank}")
+
+    def send(fault: str | None) -> tuple[str | None, Reply, float]:
+        payload = {"x": X} if fault is None else {"x": X, "fault": fault}
+        started = time.monotonic()
+        return fault, server.run(payload, timeout=60), time.monotonic() - started
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(8) as clients:
+        results = list(clients.map(send, plan))
+    wall = time.monotonic() - started
+    good = [r for f, r, _ in results if f is None]
+    bad = [(f, r) for f, r, _ in results if f is not None]
+    assert all(r.status == 200 for r in good), [r.body for r in good if r.status != 200][:3]
+    expected = pytest.approx(serve_tp.reference(X), rel=1e-5)
+    assert all(r.body["result"] == expected for r in good)
+    for fault, reply in bad:
+        assert reply.status == 500, (fault, reply.body)
+        kind = fault.split(":")[0]
+        rank = int(fault.rsplit("rank=", 1)[1])
+        assert reply.body["error"]["rank"] == rank, (fault, reply.body)
+        assert reply.body["error"]["cause"] == {"raise": "raised", "crash": "exited",
+                                                "kill": "signalled"}[kind]
+    slowest = max(took for _, _, took in results)
+    print(f"\n2000 requests, 8 clients, 100 faults: {wall:.1f} s, "
+          f"{2000 / wall:.0f} req/s, slowest {slowest:.2f} s")
+    assert slowest < 30 + 2  # no request waited past its deadline
+
+
+@pytest.mark.deadline(120)
+@pytest.mark.serve_args("--grace", "5", "--timeout", "3")
+def test_sigterm_under_load_finishes_or_fails_in_flight_requests_and_exits_0(
+        server: Server) -> None:
+    replies: list[int] = []
+    refused: list[str] = []
+    stop = threading.Event()
+
+    def client(n: int) -> None:
+        while not stop.is_set():
+            fault = "hang:rank=1" if n == 0 and not replies else None
+            try:
+                payload = {"x": X} if fault is None else {"x": X, "fault": fault}
+                replies.append(server.run(payload, timeout=20).status)
+            except (urllib.error.URLError, ConnectionError) as error:
+                refused.append(str(error))
+                time.sleep(0.05)
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)  # a hung request is in flight; the others queue behind it
+    started = time.monotonic()
+    code = server.stop(timeout=30)
+    took = time.monotonic() - started
+    stop.set()
+    for thread in threads:
+        thread.join(30)
+    assert code == 0, server.output
+    assert took < 5 + 5, took  # the grace, plus the pool's close
+    assert "rankguard serve: stopped" in server.output
+    assert replies and set(replies) <= {200, 500, 503}, replies
+    assert 500 in replies  # the hung request got its error, not a hang
