@@ -1,0 +1,179 @@
+"""rankguard.Pool against a plain gloo group served the way a team writes it by hand.
+
+    python bench/pool_bench.py [--requests 200] [--forward-ms 10] [--world 2] [--faults 5]
+
+1. Latency and throughput of one request at a time, the same forward (about --forward-ms of
+   matmuls, then an all_reduce) on both:
+   - plain: N processes with a plain gloo group (no rankguard), a leader that sends each
+     request through a multiprocessing Pipe to every rank and reads rank 0's answer;
+   - rankguard: ``rankguard.Pool(N).run(forward, ...)`` (bounded collectives, ledgers, fault
+     verdicts).
+   Rounds alternate between the two, and the medians are compared.
+2. Recovery: a rank is SIGKILLed mid-forward; the time from that request's start to the first
+   successful request after it, with one warm spare group and with none (a cold start of N
+   ranks). The plain group has no recovery of its own: its other rank stays blocked in the
+   all_reduce (gloo's timeout, 30 min); the figure beside it is a cold start of a new plain group,
+   what restarting the daemon costs at best.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import rankguard  # noqa: E402
+
+import pool_bench_functions as fns  # noqa: E402
+
+
+def plain_rank(rank: int, world: int, port: int, conn: Any) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    state = fns.setup(rank, world)
+    conn.send("ready")
+    while True:
+        message = conn.recv()
+        if message is None:
+            return
+        fn, args = message
+        result = fn(state, *args)
+        conn.send(result if rank == 0 else None)
+
+
+class PlainGroup:
+    def __init__(self, world: int) -> None:
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        ctx = mp.get_context("spawn")
+        self.conns, self.procs = [], []
+        for rank in range(world):
+            mine, theirs = ctx.Pipe()
+            proc = ctx.Process(target=plain_rank, args=(rank, world, port, theirs), daemon=True)
+            proc.start()
+            self.conns.append(mine)
+            self.procs.append(proc)
+        for conn in self.conns:
+            if not conn.poll(120) or conn.recv() != "ready":
+                raise RuntimeError("a plain rank did not start")
+
+    def run(self, fn: Any, *args: Any) -> Any:
+        for conn in self.conns:
+            conn.send((fn, args))
+        results = []
+        for conn in self.conns:
+            if not conn.poll(60):
+                raise RuntimeError("a plain rank did not answer within 60 s")
+            results.append(conn.recv())
+        return results[0]
+
+    def close(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+        for proc in self.procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+
+
+def timed(run: Any, fn: Any, *args: Any) -> float:
+    started = time.perf_counter()
+    run(fn, *args)
+    return time.perf_counter() - started
+
+
+def latency(args: argparse.Namespace, work: int) -> None:
+    plain = PlainGroup(args.world)
+    pool = rankguard.Pool(args.world, fns.setup, spares=0, timeout=30)
+    try:
+        for _ in range(10):  # warm both
+            plain.run(fns.forward, work)
+            pool.run(fns.forward, work)
+        times: dict[str, list[float]] = {"plain": [], "rankguard": []}
+        wall = {"plain": 0.0, "rankguard": 0.0}
+        for i in range(args.requests):
+            order = [("plain", plain.run), ("rankguard", pool.run)]
+            for name, run in order if i % 2 == 0 else order[::-1]:
+                took = timed(run, fns.forward, work)
+                times[name].append(took)
+                wall[name] += took
+    finally:
+        plain.close()
+        pool.close()
+    med = {name: statistics.median(values) for name, values in times.items()}
+    p99 = {name: sorted(values)[int(len(values) * 0.99) - 1] for name, values in times.items()}
+    print(f"\n1. one request at a time, {args.requests} rounds each, {args.world} ranks, "
+          f"forward of about {args.forward_ms:g} ms + all_reduce")
+    print(f"{'':28}{'median':>10}{'p99':>10}{'req/s':>10}")
+    for name in ("plain", "rankguard"):
+        print(f"{name:28}{med[name] * 1e3:>8.2f}ms{p99[name] * 1e3:>8.2f}ms"
+              f"{len(times[name]) / wall[name]:>10.1f}")
+    overhead = med["rankguard"] / med["plain"] - 1
+    print(f"rankguard / plain, median latency: {1 + overhead:.3f} ({overhead * 100:+.1f}%, "
+          f"{(med['rankguard'] - med['plain']) * 1e3:+.2f} ms per request)")
+
+
+def recovery(args: argparse.Namespace, work: int) -> None:
+    print(f"\n2. fault -> first successful request after it ({args.world} ranks, rank 1 "
+          f"SIGKILLed mid-forward), {args.faults} faults each")
+    figures = {}
+    for spares in (1, 0):
+        pool = rankguard.Pool(args.world, fns.setup, spares=spares, timeout=60)
+        took = []
+        try:
+            for _ in range(args.faults):
+                deadline = time.monotonic() + 120
+                while pool.status().spares_ready < spares and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                started = time.perf_counter()
+                try:
+                    pool.run(fns.forward, work, 1)
+                except rankguard.RequestFailed:
+                    pass
+                pool.run(fns.forward, work)
+                took.append(time.perf_counter() - started)
+        finally:
+            pool.close()
+        figures[spares] = statistics.median(took)
+    started = time.perf_counter()
+    plain = PlainGroup(args.world)
+    plain.run(fns.forward, work)
+    cold_plain = time.perf_counter() - started
+    plain.close()
+    print(f"{'rankguard, 1 warm spare group':40}{figures[1]:>8.3f} s (median)")
+    print(f"{'rankguard, no spare (cold start)':40}{figures[0]:>8.3f} s (median)")
+    print(f"{'plain: no recovery; a new plain group':40}{cold_plain:>8.3f} s "
+          "(its surviving rank stays blocked in all_reduce)")
+    print(f"warm spare vs cold start: {figures[0] / figures[1]:.0f}x faster")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--forward-ms", type=float, default=10.0)
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--faults", type=int, default=5)
+    args = parser.parse_args()
+    work = fns.calibrate(args.forward_ms / 1e3)
+    print(f"forward: {work} matmuls of 128x128 (about {args.forward_ms:g} ms on one core)")
+    latency(args, work)
+    recovery(args, work)
+
+
+if __name__ == "__main__":
+    main()
