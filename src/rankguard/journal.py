@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from typing import Any, Iterator
 
@@ -46,13 +47,16 @@ class Journal:
         self.run_id = run_id
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self._file = open(path, "a", buffering=1)  # noqa: SIM115 (closed by close())
+        self._lock = threading.Lock()  # a pool writes from its supervisor and callers' threads
 
     def write(self, event: str, **fields: Any) -> dict[str, Any]:
         """Append one event and return it. ``event`` must be one of :data:`EVENTS`."""
         if event not in EVENTS:
             raise ValueError(f"unknown journal event {event!r}")
         record = {"event": event, "ts": round(time.time(), 6), "run_id": self.run_id, **fields}
-        self._file.write(json.dumps(record, default=str) + "\n")
+        line = json.dumps(record, default=str) + "\n"
+        with self._lock:
+            self._file.write(line)
         return record
 
     def close(self) -> None:

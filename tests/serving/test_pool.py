@@ -61,6 +61,11 @@ def test_each_fault_kind_mid_forward_fails_only_that_request_and_the_next_succee
     faults = events(log, "request_fault")
     assert [(e["rank"], e["cause"]) for e in faults] == [(rank, c) for c in rf.KINDS.values()]
     assert len(events(log, "heal")) == len(rf.KINDS)
+    stacks = events(log, "stacks")  # after each hang verdict: where every rank was
+    assert len(stacks) == 3, stacks
+    for event in stacks:
+        culprit = Path(event["stacks"][str(rank)]).read_text()
+        assert "rank_functions.py" in culprit and "in inject" in culprit, culprit
     retired = events(log, "group_retire")
     assert [e["action"] for e in retired[:len(rf.KINDS)]] == [
         "regroup" if c == "raised" else "kill" for c in rf.KINDS.values()]

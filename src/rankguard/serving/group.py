@@ -24,7 +24,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from .. import ledger as _ledger
-from .. import proctree
+from .. import proctree, stack_requests
 from ..ledger import LedgerReader
 from ..errors import RequestFailed, UsageError
 from . import worker
@@ -34,6 +34,7 @@ SEND_S = 2.0  # how long a rank may take to accept a message before it counts as
 EXIT_STATUS_S = 0.2  # how long to wait for the exit status of a rank whose channel closed
 COLLECTIVE_MARGIN_S = 0.1  # collectives in the ranks give up this long before the deadline
 TICK_S = 0.05
+STACKS_S = 1.0  # how long ranks get to dump their stacks after a hang verdict
 
 
 @dataclass
@@ -106,7 +107,8 @@ class WorkerGroup:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "rankguard.serving.worker"],
                     env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank),
-                         worker.FD: str(theirs.fileno()), _ledger.PATH_ENV: ledger_path},
+                         worker.FD: str(theirs.fileno()), _ledger.PATH_ENV: ledger_path,
+                         "RANKGUARD_STACKS": self.stacks_path(rank)},
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     pass_fds=(theirs.fileno(),), start_new_session=True)
             theirs.close()
@@ -126,6 +128,22 @@ class WorkerGroup:
 
     def log_path(self, rank: int) -> str:
         return os.path.join(self.folder, f"rank{rank}.log")
+
+    def stacks_path(self, rank: int) -> str:
+        return os.path.join(self.folder, f"rank{rank}.stacks")
+
+    def capture_stacks(self, budget: float = STACKS_S) -> dict[int, str]:
+        """Ask every live rank for the stacks of all its threads (SIGUSR1; a stopped rank is
+        continued to answer); rank -> the file they were appended to, for those that answered
+        within ``budget`` seconds."""
+        before = {self.stacks_path(r): stack_requests.file_size(self.stacks_path(r))
+                  for r in range(self.world)}
+        asked = [r for r, proc in enumerate(self.procs)
+                 if proc.poll() is None and stack_requests.request(proc.pid)]
+        stack_requests.await_dumps({r: [self.stacks_path(r)] for r in asked}, before, budget,
+                                   gone=lambda r: self.procs[r].poll() is not None)
+        return {r: self.stacks_path(r) for r in asked
+                if stack_requests.file_size(self.stacks_path(r)) > before[self.stacks_path(r)]}
 
     def log_tail(self, rank: int, limit: int = 2000) -> str:
         try:

@@ -219,10 +219,21 @@ class Pool:
                 self._retired.append(group)
                 threading.Thread(target=self._regroup, args=(group,), daemon=True,
                                  name="rankguard-regroup").start()
+            elif fault.cause in ("frozen", "deadline"):
+                threading.Thread(target=self._stacks_then_kill, args=(group,), daemon=True,
+                                 name="rankguard-stacks").start()
             else:
                 group.kill()
             self._promote()
             self._cond.notify_all()
+
+    def _stacks_then_kill(self, group: WorkerGroup) -> None:
+        """After a hang verdict: where each rank was stuck goes to the journal, then the group
+        is killed (the call already failed; this does not delay it)."""
+        try:
+            self._event("stacks", group=group.number, stacks=group.capture_stacks())
+        finally:
+            group.kill()
 
     def _regroup(self, group: WorkerGroup) -> None:
         """A group whose ranks only raised forms a fresh generation and becomes a spare again."""
