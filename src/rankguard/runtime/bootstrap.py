@@ -86,7 +86,7 @@ def _prepare(rank: int, attempt: int) -> None:
     if ledger_path:
         instrument.state.ledger = _ledger.LedgerWriter(ledger_path)
         instrument.state.ledger.set_flag(_ledger.FLAG_BOOTSTRAPPED)
-    if os.environ.get("RANKGUARD_STACKS"):
+    if os.environ.get(stacks.PATH_ENV):
         stacks.install()
         if instrument.state.ledger is not None:
             instrument.state.ledger.set_flag(_ledger.FLAG_STACKS_READY)

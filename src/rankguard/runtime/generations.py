@@ -5,8 +5,8 @@ A process group that saw a fault is retired, never reused. ``rankguard.regroup()
 (``rankguard/gen<N>/``), so no key of an earlier generation can meet a later one:
 
 1. **membership**: the first survivor to get here proposes the members, the current ranks minus
-   the ones known to have failed (the ``missing`` ranks of the last collective error, or the
-   ``exclude`` argument); the store's compare-and-set makes that proposal the one every survivor
+   the ones known to have failed (the ``missing`` ranks of the last collective error, and the
+   peers that do not answer a probe; or the ``exclude`` argument); the store's compare-and-set makes that proposal the one every survivor
    adopts. A rank left out of it learns so and gets :class:`rankguard.GroupRetired`.
 2. **join**: every member marks its arrival and counts itself in; all must be in within the
    timeout, or the ones that are not are named (:class:`rankguard.CollectiveTimeout`).
@@ -85,7 +85,8 @@ def regroup(*, timeout: float = DEFAULT_TIMEOUT_S, exclude: Iterable[int] | None
     Args:
         timeout: seconds to wait for every member to join.
         exclude: ranks (current numbering) to leave out; default: the ranks that the last
-            collective error of this rank named as missing.
+            collective error of this rank named as missing, and the peers that do not answer a
+            probe within half a second.
 
     Raises:
         UsageError: no process group exists, or ``timeout`` is not a positive number.
@@ -104,7 +105,7 @@ def regroup(*, timeout: float = DEFAULT_TIMEOUT_S, exclude: Iterable[int] | None
     number = next_number()
     rank, size = dist.get_rank(), dist.get_world_size()
     pg_timeout = instrument.state.pg_timeout or c10d.default_pg_timeout
-    failed = set(exclude) if exclude is not None else _known_failed()
+    failed = set(exclude) if exclude is not None else _known_failed() | _silent(rank, size)
     prefix = f"rankguard/gen{number}/"
     client = clone_client(_lineage.root, timedelta(seconds=timeout)) or _lineage.root
     proposal = json.dumps(sorted(set(range(size)) - failed))
@@ -136,6 +137,18 @@ def regroup(*, timeout: float = DEFAULT_TIMEOUT_S, exclude: Iterable[int] | None
 def _known_failed() -> set[int]:
     failure = bounded.last_failure
     return set(failure.missing) if failure is not None else set()
+
+
+def _silent(rank: int, size: int) -> set[int]:
+    """The peers that do not answer a probe (dead, frozen, or holding the GIL): they cannot
+    join. Needed because a rank that learnt of the fault from a peer's notice (GroupRetired)
+    knows nothing of who failed, and its proposal may be the one adopted. Returns at once when
+    every peer answers; waits the probe's answer window otherwise."""
+    asker = instrument.state.asker
+    if asker is None:
+        return set()
+    answers = asker.ask("world", [r for r in range(size) if r != rank])
+    return {peer for peer, answer in answers.items() if answer is None}
 
 
 def _join(client: Any, prefix: str, rank: int, members: list[int], deadline: float) -> list[int]:

@@ -18,6 +18,17 @@ STACK_SIGNAL = signal.SIGUSR1
 _file: IO[str] | None = None
 
 
+PATH_ENV = "RANKGUARD_STACKS"
+
+
+def path_for(pid: int, environ: dict[str, str]) -> str:
+    """Where the runtime of process ``pid``, whose environment is ``environ``, writes its
+    stacks: ``$RANKGUARD_STACKS`` (set by the launcher, the pytest plugin and pools), else
+    ``<tmp>/rankguard-stacks-<pid>.txt``."""
+    return environ.get(PATH_ENV) or os.path.join(tempfile.gettempdir(),
+                                                 f"rankguard-stacks-{pid}.txt")
+
+
 def install(path: str | None = None) -> str:
     """Answer ``SIGUSR1`` with a dump of every thread's stack, appended to ``path``.
 
@@ -26,8 +37,7 @@ def install(path: str | None = None) -> str:
     Returns the path.
     """
     global _file
-    path = path or os.environ.get("RANKGUARD_STACKS") or os.path.join(
-        tempfile.gettempdir(), f"rankguard-stacks-{os.getpid()}.txt")
+    path = path or path_for(os.getpid(), dict(os.environ))
     if _file is not None and _file.name == path:
         return path
     new = open(path, "a")  # noqa: SIM115 (kept open for the process's life)

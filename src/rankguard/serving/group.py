@@ -26,6 +26,7 @@ from typing import Any, Callable
 from .. import ledger as _ledger
 from .. import proctree, stack_requests
 from ..ledger import LedgerReader
+from ..runtime import stacks
 from ..errors import RequestFailed, UsageError
 from . import worker
 from .channel import ChannelClosed, LeaderEnd, dumps, pair
@@ -35,6 +36,7 @@ EXIT_STATUS_S = 0.2  # how long to wait for the exit status of a rank whose chan
 COLLECTIVE_MARGIN_S = 0.1  # collectives in the ranks give up this long before the deadline
 TICK_S = 0.05
 STACKS_S = 1.0  # how long ranks get to dump their stacks after a hang verdict
+REAP_S = 5.0  # how long killed ranks get to be reaped
 
 
 @dataclass
@@ -86,6 +88,7 @@ class WorkerGroup:
         self.ready_at: float | None = None
         self.failure: StartFailure | None = None
         self.killed = False
+        self._requests = 0
         os.makedirs(folder, exist_ok=True)
         self._store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                                timeout=timedelta(seconds=30))
@@ -108,7 +111,7 @@ class WorkerGroup:
                     [sys.executable, "-m", "rankguard.serving.worker"],
                     env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank),
                          worker.FD: str(theirs.fileno()), _ledger.PATH_ENV: ledger_path,
-                         "RANKGUARD_STACKS": self.stacks_path(rank)},
+                         stacks.PATH_ENV: self.stacks_path(rank)},
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     pass_fds=(theirs.fileno(),), start_new_session=True)
             theirs.close()
@@ -132,18 +135,25 @@ class WorkerGroup:
     def stacks_path(self, rank: int) -> str:
         return os.path.join(self.folder, f"rank{rank}.stacks")
 
-    def capture_stacks(self, budget: float = STACKS_S) -> dict[int, str]:
-        """Ask every live rank for the stacks of all its threads (SIGUSR1; a stopped rank is
-        continued to answer); rank -> the file they were appended to, for those that answered
-        within ``budget`` seconds."""
-        before = {self.stacks_path(r): stack_requests.file_size(self.stacks_path(r))
-                  for r in range(self.world)}
-        asked = [r for r, proc in enumerate(self.procs)
-                 if proc.poll() is None and stack_requests.request(proc.pid)]
-        stack_requests.await_dumps({r: [self.stacks_path(r)] for r in asked}, before, budget,
+    def capture_stacks(self, ranks: list[int] | None = None, budget: float = STACKS_S
+                       ) -> dict[int, str]:
+        """Ask ``ranks`` (default: all) that are alive for the stacks of all their threads
+        (SIGUSR1; a stopped rank is continued to answer); rank -> the dump, for those that
+        answered within ``budget`` seconds. Each dump is also appended to ``stacks_path``."""
+        wanted = range(self.world) if ranks is None else ranks
+        before = {r: stack_requests.file_size(self.stacks_path(r)) for r in wanted}
+        asked = [r for r in wanted
+                 if self.procs[r].poll() is None and stack_requests.request(self.procs[r].pid)]
+        stack_requests.await_dumps({r: [self.stacks_path(r)] for r in asked},
+                                   {self.stacks_path(r): before[r] for r in asked}, budget,
                                    gone=lambda r: self.procs[r].poll() is not None)
-        return {r: self.stacks_path(r) for r in asked
-                if stack_requests.file_size(self.stacks_path(r)) > before[self.stacks_path(r)]}
+        dumps = {}
+        for rank in asked:
+            if stack_requests.file_size(self.stacks_path(rank)) > before[rank]:
+                with open(self.stacks_path(rank), errors="replace") as f:
+                    f.seek(before[rank])
+                    dumps[rank] = f.read()
+        return dumps
 
     def log_tail(self, rank: int, limit: int = 2000) -> str:
         try:
@@ -186,6 +196,10 @@ class WorkerGroup:
             return "failed"
         return "starting"
 
+    def describe(self, rank: int) -> str:
+        """The rank's process in one line (state, wait channel, command line)."""
+        return proctree.describe(self.procs[rank].pid)
+
     def alive(self) -> bool:
         return not self.killed and all(proc.poll() is None for proc in self.procs)
 
@@ -197,12 +211,50 @@ class WorkerGroup:
 
         Raises:
             RequestFailed: a rank raised, exited, was killed, froze, or was still running at
-                ``deadline_at``; raised within ``deadline_at`` + about 0.1 s.
+                ``deadline_at``; raised within ``deadline_at`` + about 0.1 s, and as soon as
+                the root cause is known.
             UsageError: the command cannot be pickled (no rank got it).
         """
-        timeout = max(0.05, deadline_at - time.monotonic() - COLLECTIVE_MARGIN_S)
+        collective_timeout = max(0.05, deadline_at - time.monotonic() - COLLECTIVE_MARGIN_S)
+        request, outcome = self._send(command, collective_timeout, deadline_at)
+        self._collect(request, outcome, deadline_at, lambda o: len(o.results) == self.world or
+                      self._verdict(o, started, final=False) is not None)
+        verdict = self._verdict(outcome, started, final=len(outcome.results) < self.world)
+        if verdict is not None:
+            raise verdict
+        return outcome.results
+
+    def gather(self, command: dict[str, Any], collective_timeout: float, deadline_at: float,
+               grace: float) -> Outcome:
+        """Run ``command`` on every rank and collect every rank's answer (or death), until all
+        are in or ``deadline_at``; once only ranks that a peer's collective error named as
+        missing are left, they get at most ``grace`` seconds more. For reports that want every
+        rank's traceback, not just the root cause.
+
+        Raises:
+            UsageError: the command cannot be pickled (no rank got it).
+        """
+        request, outcome = self._send(command, collective_timeout, deadline_at)
+
+        def settled(o: Outcome) -> bool:
+            return len(o.answered | set(o.dead)) == self.world
+
+        def only_named_left(o: Outcome) -> bool:
+            named = {r for a in o.failures.values() for r in a.get("missing", [])}
+            left = set(range(self.world)) - o.answered - set(o.dead)
+            return bool(named) and left <= named
+
+        self._collect(request, outcome, deadline_at, lambda o: settled(o) or only_named_left(o))
+        if not settled(outcome):
+            self._collect(request, outcome, min(deadline_at, time.monotonic() + grace), settled)
+        return outcome
+
+    def _send(self, command: dict[str, Any], collective_timeout: float, deadline_at: float
+              ) -> tuple[int, Outcome]:
+        self._requests += 1
+        request = self._requests
         try:
-            data = dumps({"op": "run", "id": id(command), "timeout": timeout, **command})
+            data = dumps({"op": "run", "id": request, "timeout": collective_timeout, **command})
         except Exception as error:  # noqa: BLE001 (whatever pickling raises)
             raise UsageError("Pool.run", f"the function or its arguments cannot be pickled: "
                              f"{error}", "use a module-level function and picklable "
@@ -215,20 +267,21 @@ class WorkerGroup:
                 self._record_death(outcome, rank)
             except TimeoutError:
                 break  # that rank stopped reading; the verdict at the deadline names it
+        return request, outcome
+
+    def _collect(self, request: int, outcome: Outcome, until: float,
+                 finished: Callable[[Outcome], bool]) -> None:
+        """Read the answers to ``request`` (and the deaths of ranks) into ``outcome`` until
+        ``finished(outcome)`` or ``until``."""
         with selectors.DefaultSelector() as selector:
             for rank, end in enumerate(self.ends):
-                if rank not in outcome.dead:
+                if rank not in outcome.dead and rank not in outcome.answered:
                     selector.register(end, selectors.EVENT_READ, rank)
-            while True:
-                verdict = self._verdict(outcome, started, final=False)
-                if verdict is not None:
-                    raise verdict
-                if len(outcome.results) == self.world:
-                    return outcome.results
+            while not finished(outcome):
                 now = time.monotonic()
-                if now >= deadline_at:
-                    raise self._verdict(outcome, started, final=True)  # type: ignore[misc]
-                for key, _ in selector.select(min(deadline_at - now, TICK_S)):
+                if now >= until:
+                    return
+                for key, _ in selector.select(min(until - now, TICK_S)):
                     rank = key.data
                     try:
                         messages = key.fileobj.receive()  # type: ignore[union-attr]
@@ -237,8 +290,8 @@ class WorkerGroup:
                         self._record_death(outcome, rank)
                         continue
                     for answer in messages:
-                        if answer.get("op") != "answer":
-                            continue
+                        if answer.get("op") != "answer" or answer["id"] not in (request, None):
+                            continue  # not an answer to this request
                         outcome.order.append(rank)
                         if answer["ok"]:
                             outcome.results[rank] = answer["result"]
@@ -352,19 +405,24 @@ class WorkerGroup:
                             done.add(key.data)
         return len(done) == self.world
 
-    def kill(self) -> None:
-        """SIGKILL every rank's process tree; reaped in the background (never blocks)."""
+    def kill(self, wait: bool = False) -> None:
+        """SIGKILL every rank's process tree; reaped in the background, or (``wait``) here,
+        within a few seconds."""
         self.killed = True
         for proc in self.procs:
             if proc.poll() is None:
                 proctree.signal_tree(proc.pid, signal.SIGKILL)
                 proctree.signal_tree(proc.pid, signal.SIGCONT)
-        threading.Thread(target=self._reap, name="rankguard-reap", daemon=True).start()
+        if wait:
+            self._reap()
+        else:
+            threading.Thread(target=self._reap, name="rankguard-reap", daemon=True).start()
 
     def _reap(self) -> None:
+        deadline_at = time.monotonic() + REAP_S
         for proc in self.procs:
             try:
-                proc.wait(5.0)
+                proc.wait(max(0.01, deadline_at - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
         for end in self.ends:
@@ -375,7 +433,7 @@ class WorkerGroup:
 
     def close(self, timeout: float) -> None:
         """Ask the ranks to shut down (a bounded barrier); kill what is left after
-        ``timeout``."""
+        ``timeout``, and reap them."""
         deadline_at = time.monotonic() + timeout
         if self.alive():
             for end in self.ends:
@@ -388,4 +446,4 @@ class WorkerGroup:
                 proc.wait(max(0.01, deadline_at - time.monotonic()))
             except subprocess.TimeoutExpired:
                 break
-        self.kill()
+        self.kill(wait=True)

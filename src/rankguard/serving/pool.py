@@ -155,17 +155,26 @@ class Pool:
         deadline_at = started + limit
         group = self._claim(deadline_at)
         command = {"fn": fn, "args": args, "kwargs": kwargs, "all": all_ranks}
+        succeeded = False
         try:
             results = group.run(command, started, deadline_at)
+            succeeded = True
         except RequestFailed as fault:
             self._on_fault(group, fault)
+            raise
+        except UsageError:
+            raise  # nothing was sent
+        except BaseException:  # interrupted (KeyboardInterrupt...): the ranks are mid-request
+            self._on_fault(group, RequestFailed(None, "deadline", "was interrupted in the "
+                                                "leader", took=time.monotonic() - started))
             raise
         finally:
             with self._cond:
                 if self._active is group:
                     self._busy = False
+                if succeeded:
+                    self.counts["requests_ok"] += 1
                 self._cond.notify_all()
-        self.counts["requests_ok"] += 1
         return [results[r] for r in range(self.world_size)] if all_ranks else results[0]
 
     def _claim(self, deadline_at: float) -> WorkerGroup:
@@ -203,8 +212,9 @@ class Pool:
                                if state == "healing" else "the first group is starting")
 
     def _on_fault(self, group: WorkerGroup, fault: RequestFailed) -> None:
-        self.counts["requests_failed"] += 1
-        self.counts[f"faults_{fault.cause}"] += 1
+        with self._cond:
+            self.counts["requests_failed"] += 1
+            self.counts[f"faults_{fault.cause}"] += 1
         self._event("request_fault", group=group.number, rank=fault.rank, cause=fault.cause,
                     detail=fault.detail, victims=fault.victims, took_s=round(fault.took, 4))
         idle = fault.cause == "raised" and group.alive()
@@ -231,7 +241,9 @@ class Pool:
         """After a hang verdict: where each rank was stuck goes to the journal, then the group
         is killed (the call already failed; this does not delay it)."""
         try:
-            self._event("stacks", group=group.number, stacks=group.capture_stacks())
+            dumps = group.capture_stacks()
+            self._event("stacks", group=group.number,
+                        stacks={rank: group.stacks_path(rank) for rank in dumps})
         finally:
             group.kill()
 

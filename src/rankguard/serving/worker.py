@@ -30,6 +30,7 @@ import json
 import os
 import pickle
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -104,7 +105,7 @@ def _failure(error: BaseException) -> dict[str, Any]:
     collective = isinstance(error, (rankguard.CollectiveError, rankguard.GroupRetired))
     return {"ok": False, "error": type(error).__name__, "message": str(error),
             "traceback": traceback.format_exc(), "collective": collective,
-            "missing": list(getattr(error, "missing", []) or [])}
+            "missing": list(getattr(error, "missing", []) or []), "at": time.time()}
 
 
 def _run(command: dict[str, Any], state: Any, rank: int) -> dict[str, Any]:

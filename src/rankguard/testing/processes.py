@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import os
 import signal
-import tempfile
 
 import psutil
 
 from .. import proctree, stack_requests
+from ..runtime import stacks
 
 TAG = "RANKGUARD_PYTEST_TAG"
 _DUMP_BUDGET_S = 0.5
@@ -59,8 +59,13 @@ def catches(pid: int, sig: int) -> bool:
 
 
 def own_stacks_file(pid: int) -> str:
-    """Where rankguard's runtime in process ``pid`` writes stacks when nobody chose a file."""
-    return os.path.join(tempfile.gettempdir(), f"rankguard-stacks-{pid}.txt")
+    """Where rankguard's runtime in process ``pid`` writes its stacks (see
+    ``runtime.stacks.path_for``)."""
+    try:
+        environ = psutil.Process(pid).environ()
+    except psutil.Error:
+        environ = {}
+    return stacks.path_for(pid, environ)
 
 
 def ask_stacks(pid: int, files: list[str]) -> str | None:
