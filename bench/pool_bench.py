@@ -11,9 +11,11 @@
    Rounds alternate between the two, and the medians are compared.
 2. Recovery: a rank is SIGKILLed mid-forward; the time from that request's start to the first
    successful request after it, with one warm spare group and with none (a cold start of N
-   ranks). The plain group has no recovery of its own: its other rank stays blocked in the
-   all_reduce (gloo's timeout, 30 min); the figure beside it is a cold start of a new plain group,
-   what restarting the daemon costs at best.
+   ranks). The plain group has no recovery of its own (gloo fails the survivor's all_reduce;
+   the daemon is left without a group); the figure beside it is a cold start of a new plain
+   group, what restarting the daemon costs at best.
+3. Fault to error: each kind of fault mid-forward, the time until the call raises, against its
+   deadline.
 """
 
 from __future__ import annotations
@@ -142,7 +144,7 @@ def recovery(args: argparse.Namespace, work: int) -> None:
                     time.sleep(0.05)
                 started = time.perf_counter()
                 try:
-                    pool.run(fns.forward, work, 1)
+                    pool.run(fns.forward, work, "kill:rank=1")
                 except rankguard.RequestFailed:
                     pass
                 pool.run(fns.forward, work)
@@ -158,8 +160,36 @@ def recovery(args: argparse.Namespace, work: int) -> None:
     print(f"{'rankguard, 1 warm spare group':40}{figures[1]:>8.3f} s (median)")
     print(f"{'rankguard, no spare (cold start)':40}{figures[0]:>8.3f} s (median)")
     print(f"{'plain: no recovery; a new plain group':40}{cold_plain:>8.3f} s "
-          "(its surviving rank stays blocked in all_reduce)")
+          "(gloo fails the survivor's all_reduce; nothing restarts the group)")
     print(f"warm spare vs cold start: {figures[0] / figures[1]:.0f}x faster")
+
+
+def fault_to_error(args: argparse.Namespace, work: int) -> None:
+    timeout = 1.0
+    print(f"\n3. fault mid-forward -> the call's error (deadline {timeout:g} s, rank 1 faulty, "
+          "one warm spare)")
+    print(f"{'fault':18}{'cause':>12}{'error after':>14}{'past deadline':>16}")
+    pool = rankguard.Pool(args.world, fns.setup, spares=1, timeout=timeout)
+    try:
+        for fault in ("raise:rank=1", "crash:3:rank=1", "kill:rank=1", "stop:rank=1",
+                      "hang:rank=1", "gil:rank=1"):
+            deadline = time.monotonic() + 120
+            while pool.status().spares_ready < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            started = time.perf_counter()
+            try:
+                pool.run(fns.forward, work, fault)
+                cause = "none"
+            except rankguard.RequestFailed as error:
+                cause = error.cause
+            took = time.perf_counter() - started
+            past = f"{(took - timeout) * 1e3:+.0f} ms" if took > timeout else "-"
+            print(f"{fault:18}{cause:>12}{took * 1e3:>12.0f}ms{past:>16}")
+    finally:
+        pool.close()
+    print("plain gloo group: a rank that freezes, hangs or spins leaves its peer blocked in "
+          "all_reduce for gloo's timeout (30 min by default); one that dies makes gloo fail the "
+          "peer, naming no rank; an exception leaves the peer blocked")
 
 
 def main() -> None:
@@ -173,6 +203,7 @@ def main() -> None:
     print(f"forward: {work} matmuls of 128x128 (about {args.forward_ms:g} ms on one core)")
     latency(args, work)
     recovery(args, work)
+    fault_to_error(args, work)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from typing import Any
 
@@ -19,16 +17,20 @@ def setup(rank: int, world_size: int) -> dict[str, Any]:
             "x": torch.randn(SIZE, SIZE, generator=generator), "rank": rank}
 
 
-def forward(state: dict[str, Any], work: int, kill_rank: int | None = None) -> float:
-    """``work`` matmuls, then an all_reduce of the result; rank ``kill_rank`` is SIGKILLed
-    between the two."""
+def forward(state: dict[str, Any], work: int, fault: str | None = None) -> float:
+    """``work`` matmuls, then an all_reduce of the result; ``fault`` (an ``--inject`` spec
+    without ``at=``, e.g. ``kill:rank=1``) is performed between the two by its rank."""
     import torch.distributed as dist
+
+    from rankguard.inject import perform, spec
 
     y = state["x"]
     for _ in range(work):
         y = y @ state["w"]
-    if kill_rank == state["rank"]:
-        os.kill(os.getpid(), signal.SIGKILL)
+    if fault is not None:
+        injected = spec.parse(fault, what="fault", moment="now")
+        if injected.rank == state["rank"]:
+            perform.perform(injected)
     dist.all_reduce(y)
     return float(y[0, 0])
 
