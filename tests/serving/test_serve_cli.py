@@ -1,0 +1,55 @@
+"""``rankguard serve`` refuses bad input before anything starts: one line naming what is wrong,
+exit code 2, no traceback, no process left."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ..conftest import ROOT
+
+NOT_A_SERVICE = "app = 42\n"
+BROKEN = "import nonexistent_module_xyz\n"
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["examples/serve_tp.py:app", "--port", "http"], "--port: 'http' is not an integer"),
+    (["examples/serve_tp.py:app", "--grace", "-1"], "--grace: '-1' is below 0.1"),
+    (["examples/serve_tp.py:app", "--spares", "two"], "--spares: 'two' is not an integer"),
+    (["examples/serve_tp.py:app", "--world-size", "0"], "--world-size: '0' is below 1"),
+    (["examples/serve_tp.py:app", "--on-healing", "pray"], "invalid choice: 'pray'"),
+    (["examples/nowhere.py:app"], "APP: no such file: examples/nowhere.py"),
+    (["examples/serve_tp.py:model"], "APP: examples/serve_tp.py has no attribute 'model'"),
+    (["no_such_module_abc:app"], "APP: cannot import module 'no_such_module_abc'"),
+    (["{tmp}/not_a_service.py"], "not_a_service.py:app is a int, not a rankguard.Service"),
+    (["{tmp}/broken.py:app"], "ModuleNotFoundError: No module named 'nonexistent_module_xyz'"),
+    ([], "the following arguments are required: APP"),
+])
+def test_bad_input_is_one_line_and_exit_2(args: list[str], expected: str,
+                                          tmp_path: Path) -> None:
+    (tmp_path / "not_a_service.py").write_text(NOT_A_SERVICE)
+    (tmp_path / "broken.py").write_text(BROKEN)
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    done = subprocess.run([sys.executable, "-m", "rankguard.cli", "serve", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert expected in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert done.stderr.startswith("rankguard serve: error: ")
+
+
+def test_a_port_in_use_is_refused_with_the_port_named(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "rankguard.cli", "serve",
+                               "examples/serve_tp.py:app", "--port", str(port)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert f"--host/--port: cannot listen on 127.0.0.1:{port}" in done.stderr
