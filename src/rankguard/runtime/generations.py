@@ -56,6 +56,7 @@ class Generation:
 
 class _Lineage:
     root: Any = None  # the store of generation 0, under which every later one lives
+    client: Any = None  # regroup's own connection to it, made once (see probe.Responder)
     number = 0
 
 
@@ -107,7 +108,10 @@ def regroup(*, timeout: float = DEFAULT_TIMEOUT_S, exclude: Iterable[int] | None
     pg_timeout = instrument.state.pg_timeout or c10d.default_pg_timeout
     failed = set(exclude) if exclude is not None else _known_failed() | _silent(rank, size)
     prefix = f"rankguard/gen{number}/"
-    client = clone_client(_lineage.root, timedelta(seconds=timeout)) or _lineage.root
+    if _lineage.client is None:
+        _lineage.client = clone_client(_lineage.root, timedelta(seconds=timeout)) or _lineage.root
+    client = _lineage.client
+    client.set_timeout(timedelta(seconds=timeout))
     proposal = json.dumps(sorted(set(range(size)) - failed))
     members = json.loads(client.compare_set(f"{prefix}members", "", proposal))
     if rank not in members:
@@ -126,6 +130,7 @@ def regroup(*, timeout: float = DEFAULT_TIMEOUT_S, exclude: Iterable[int] | None
     if instrument.state.ledger is not None:
         instrument.state.ledger.world().reset()  # collectives are numbered per generation
     new_rank = members.index(rank)
+    instrument.state.generation = number
     dist.init_process_group("gloo", store=dist.PrefixStore(f"{prefix}pg/", _lineage.root),
                             rank=new_rank, world_size=len(members), timeout=pg_timeout)
     _lineage.number = number

@@ -74,8 +74,9 @@ class _State:
     injector: Any = None
     namespace: str | None = None  # store prefix of this attempt, under the launcher
     bounded = False  # every operation returns a BoundedWork (see runtime.bounded)
-    asker: Any = None  # probe.Asker of the current generation
-    responder: Any = None  # probe.Responder of the current generation
+    asker: Any = None  # probe.Asker, kept across generations
+    responder: Any = None  # probe.Responder, kept across generations
+    generation = 0  # of the default group (see runtime.generations)
     pg_timeout: timedelta | None = None  # the timeout the default group was created with
     creating_default = threading.local()
 
@@ -178,13 +179,21 @@ def _create_group(options: Any, backend_options: Any) -> Any:
 
 
 def start_probing(store: Any, rank: int) -> None:
-    """Answer peers' probes in this generation, and be able to ask them."""
+    """Answer peers' probes in this generation (``state.generation``), and be able to ask
+    them. The responder and asker of the first generation are kept for the later ones: their
+    store connections were made once (see ``probe.Responder``)."""
+    if state.responder is not None and state.responder.serving and state.asker is not None:
+        state.responder.follow(rank, state.generation)
+        state.asker.generation = state.generation
+        return
     if state.responder is not None:
         state.responder.close()
     else:
         atexit.register(_stop_probing)
     state.responder = _probe.Responder(store, rank, groups.describe, groups.on_notice)
     state.asker = _probe.Asker(store)
+    state.responder.follow(rank, state.generation)
+    state.asker.generation = state.generation
 
 
 def _stop_probing() -> None:

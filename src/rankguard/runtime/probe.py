@@ -36,8 +36,8 @@ OnNotice = Callable[[str, "dict[str, Any]"], None]
 _request_ids = itertools.count(1)
 
 
-def _queue(rank: int) -> str:
-    return f"rankguard/probe/{rank}"
+def _queue(rank: int, generation: int) -> str:
+    return f"rankguard/probe/g{generation}/{rank}"
 
 
 def _answer_key(request: str, rank: int) -> str:
@@ -57,10 +57,14 @@ def clone_client(store: Any, timeout: timedelta) -> Any | None:
 
 
 class Responder:
-    """Answers the probes addressed to this rank until ``close()``; one per generation."""
+    """Answers the probes addressed to this rank until ``close()``; one per process, made with
+    the first generation's store and kept for the later ones (:meth:`follow`): each new
+    client connection costs a reverse DNS lookup in torch, which stalls for 5 s when the
+    resolver does not answer (1 connect in about 25 here)."""
 
     def __init__(self, store: Any, rank: int, describe: Describe, on_notice: OnNotice) -> None:
         self._rank = rank
+        self._generation = 0
         self._describe = describe
         self._on_notice = on_notice
         self._client = clone_client(store, _IDLE_WAIT)
@@ -72,17 +76,33 @@ class Responder:
                                             daemon=True)
             self._thread.start()
 
+    @property
+    def serving(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._closed
+
+    def follow(self, rank: int, generation: int) -> None:
+        """Answer as ``rank`` of ``generation`` from now on."""
+        old = _queue(self._rank, self._generation)
+        self._rank, self._generation = rank, generation
+        try:
+            self._closer.queue_push(old, json.dumps({"wake": True}))  # it waits on the old queue
+        except Exception:  # noqa: BLE001 (the store is gone: so is the thread's wait)
+            pass
+
     def _serve(self) -> None:
         client = self._client
         while not self._closed:
             try:
-                message = json.loads(client.queue_pop(_queue(self._rank), True))
+                message = json.loads(client.queue_pop(_queue(self._rank, self._generation),
+                                                      True))
             except Exception:  # noqa: BLE001 (idle timeout, or the store is gone)
                 if self._store_gone():
                     return
                 continue
             if message.get("stop"):
                 return
+            if message.get("wake"):
+                continue
             group = message.get("group", "")
             answer = self._describe(group)
             if message.get("notice"):
@@ -110,17 +130,20 @@ class Responder:
         self._closed = True
         if self._thread is not None:
             try:
-                self._closer.queue_push(_queue(self._rank), json.dumps({"stop": True}))
+                self._closer.queue_push(_queue(self._rank, self._generation),
+                                        json.dumps({"stop": True}))
             except Exception:  # noqa: BLE001 (the store is gone: so is the thread's wait)
                 pass
             self._thread.join(timeout)
 
 
 class Asker:
-    """Asks peers where they are; made when the generation forms, used when something fails."""
+    """Asks peers where they are; made with the first generation, used when something fails.
+    ``generation``: the one whose peers it asks."""
 
     def __init__(self, store: Any) -> None:
         self._client = clone_client(store, _ASK_TIMEOUT)
+        self.generation = 0
 
     @property
     def available(self) -> bool:
@@ -140,7 +163,7 @@ class Asker:
         body = json.dumps({"id": request, "group": group, "notice": notice})
         try:
             for peer in peers:
-                self._client.queue_push(_queue(peer), body)
+                self._client.queue_push(_queue(peer, self.generation), body)
         except Exception:  # noqa: BLE001 (the store's server is dead or frozen)
             return {}
         answers: dict[int, dict[str, Any] | None] = {peer: None for peer in peers}

@@ -28,7 +28,7 @@ from .. import proctree, stack_requests
 from ..ledger import LedgerReader
 from ..runtime import stacks
 from ..errors import RequestFailed, UsageError
-from . import worker
+from . import leader_env
 from .channel import ChannelClosed, LeaderEnd, dumps, pair
 
 SEND_S = 2.0  # how long a rank may take to accept a message before it counts as frozen
@@ -95,7 +95,7 @@ class WorkerGroup:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.ends: list[LeaderEnd] = []
         self._ready: set[int] = set()
-        base = {**os.environ, **worker.leader_context(), **env,
+        base = {**os.environ, **leader_env.leader_context(), **env,
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self._store.port),
                 "WORLD_SIZE": str(world), "TORCHELASTIC_USE_AGENT_STORE": "True",
                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -110,7 +110,7 @@ class WorkerGroup:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "rankguard.serving.worker"],
                     env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank),
-                         worker.FD: str(theirs.fileno()), _ledger.PATH_ENV: ledger_path,
+                         leader_env.FD: str(theirs.fileno()), _ledger.PATH_ENV: ledger_path,
                          stacks.PATH_ENV: self.stacks_path(rank)},
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     pass_fds=(theirs.fileno(),), start_new_session=True)
