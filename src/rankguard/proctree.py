@@ -144,3 +144,19 @@ def die_with_parent(parent: int) -> None:
         return
     if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
+
+
+def signal_name(number: int) -> str:
+    """``SIGKILL`` for 9; ``signal N`` for a number that names no signal."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def exit_detail(returncode: int) -> str:
+    """How a process ended, from its Popen return code: ``was killed by SIGKILL`` or
+    ``exited with code 3``."""
+    if returncode < 0:
+        return f"was killed by {signal_name(-returncode)}"
+    return f"exited with code {returncode}"

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import ledger as _ledger
+from .. import proctree
 from ..journal import Journal
 from ..proctree import MARKER
 from . import store as _store
@@ -32,8 +33,7 @@ from .config import RunConfig
 from .group import Rank, RankGroup
 from .monitor import HangMonitor, Verdict
 from .spares import SparePool
-from .outcome import (Fault, RankOutcome, classify, deadline_verdict, fault_of, raised_fault,
-                      signal_name)
+from .outcome import Fault, RankOutcome, classify, deadline_verdict, fault_of, raised_fault
 from .summary import AttemptReport, render
 
 TICK_S = 0.2
@@ -233,7 +233,7 @@ class Launcher:
                           file=sys.stderr, flush=True)
             if self._signal is not None and result.fault is None:
                 result.fault = Fault("launcher_signal", now, None,
-                                     f"the launcher received {signal_name(self._signal)}")
+                                     f"the launcher received {proctree.signal_name(self._signal)}")
             if result.fault is not None or now < next_tick:
                 continue
             next_tick = now + TICK_S
@@ -304,7 +304,7 @@ class Launcher:
         def on_signal(signum: int, _frame: Any) -> None:
             if self._signal is None:
                 self._signal = signum
-                print(f"rankguard: received {signal_name(signum)}; stopping all ranks",
+                print(f"rankguard: received {proctree.signal_name(signum)}; stopping all ranks",
                       file=sys.stderr, flush=True)
 
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -13,10 +13,10 @@ seen), or was blamed for a hang, or a signal to the launcher.
 
 from __future__ import annotations
 
-import signal
 from dataclasses import dataclass
 
 from .. import ledger as _ledger
+from ..proctree import exit_detail, signal_name
 from .group import Rank
 from .monitor import Verdict
 
@@ -50,19 +50,6 @@ class RankOutcome:
     def as_dict(self) -> dict[str, object]:
         return {"rank": self.rank, "pid": self.pid, "outcome": self.outcome,
                 "exit_code": self.exit_code, "signal": self.signal}
-
-
-def signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def exit_detail(returncode: int) -> str:
-    if returncode < 0:
-        return f"was killed by {signal_name(-returncode)}"
-    return f"exited with code {returncode}"
 
 
 def raised_fault(rank: int, progress: _ledger.RankProgress) -> Fault:

@@ -306,16 +306,9 @@ class WorkerGroup:
         """How rank ``rank`` ended, once its channel closed (bounded wait for its status)."""
         proc = self.procs[rank]
         try:
-            code = proc.wait(EXIT_STATUS_S)
+            return proctree.exit_detail(proc.wait(EXIT_STATUS_S))
         except subprocess.TimeoutExpired:
             return "closed its channel"
-        if code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = f"signal {-code}"
-            return f"was killed by {name}"
-        return f"exited with code {code}"
 
     def _verdict(self, outcome: Outcome, started: float, final: bool) -> RequestFailed | None:
         """The error for a request that failed, once its root cause is known (or, ``final``,
