@@ -71,6 +71,17 @@ def root_store() -> Any:
     return _lineage.root if _lineage.root is not None else c10d._get_default_store()
 
 
+def store_client(timeout: float) -> Any:
+    """This process's own connection to :func:`root_store`, made once (each new connection
+    costs a reverse DNS lookup in torch that can stall 5 s, see ``probe.Responder``), with
+    ``timeout`` seconds for its operations."""
+    _lineage.root = root_store()
+    if _lineage.client is None:
+        _lineage.client = clone_client(_lineage.root, timedelta(seconds=timeout)) or _lineage.root
+    _lineage.client.set_timeout(timedelta(seconds=timeout))
+    return _lineage.client
+
+
 def next_number() -> int:
     """The number the next ``regroup()`` will give its generation."""
     return _lineage.number + 1
@@ -108,10 +119,7 @@ def regroup(*, timeout: float = DEFAULT_TIMEOUT_S, exclude: Iterable[int] | None
     pg_timeout = instrument.state.pg_timeout or c10d.default_pg_timeout
     failed = set(exclude) if exclude is not None else _known_failed() | _silent(rank, size)
     prefix = f"rankguard/gen{number}/"
-    if _lineage.client is None:
-        _lineage.client = clone_client(_lineage.root, timedelta(seconds=timeout)) or _lineage.root
-    client = _lineage.client
-    client.set_timeout(timedelta(seconds=timeout))
+    client = store_client(timeout)
     proposal = json.dumps(sorted(set(range(size)) - failed))
     members = json.loads(client.compare_set(f"{prefix}members", "", proposal))
     if rank not in members:

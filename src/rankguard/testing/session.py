@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from datetime import timedelta
 from typing import Any, Callable
 
 import pytest
@@ -95,13 +94,10 @@ class EveryRank:
         import torch.distributed as dist
 
         from ..runtime import generations
-        from ..runtime.probe import clone_client
 
         rank, world = dist.get_rank(), dist.get_world_size()
         deadline_at = self._until(item)
-        root = generations.root_store()
-        client = clone_client(root, timedelta(seconds=max(1.0, deadline_at - time.monotonic())))
-        client = client or root
+        client = generations.store_client(max(1.0, deadline_at - time.monotonic()))
         prefix = f"rankguard/pytest/reform{generations.next_number()}/at/"
         client.set(f"{prefix}{rank}", str(self._order.get(item.nodeid, -1)))
         keys = [f"{prefix}{r}" for r in range(world)]
