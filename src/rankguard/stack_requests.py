@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
 from . import proctree
 
@@ -57,3 +57,24 @@ def await_dumps(files: Mapping[Hashable, Iterable[str]], before: Mapping[str, in
                 last[key], grew_at[key] = sizes, now
             elif key in grew_at and now - grew_at[key] >= SETTLE_S:
                 del waiting[key]  # written, then quiet: the dump is complete
+
+
+def ask(targets: Mapping[Hashable, tuple[int, Sequence[str]]], budget: float,
+        gone: Callable[[Hashable], bool] = lambda key: False) -> dict[Hashable, str]:
+    """Ask each target (key -> its pid and the files it dumps into) for its stacks, at once,
+    and wait for the dumps as :func:`await_dumps` does; key -> the text its files gained, for
+    the targets that answered within ``budget`` seconds."""
+    before = {path: file_size(path) for _, paths in targets.values() for path in paths}
+    asked = {key: paths for key, (pid, paths) in targets.items() if request(pid)}
+    await_dumps(asked, before, budget, gone)
+    dumps = {}
+    for key, paths in asked.items():
+        texts = []
+        for path in paths:
+            if file_size(path) > before[path]:
+                with open(path, errors="replace") as f:
+                    f.seek(before[path])
+                    texts.append(f.read())
+        if texts:
+            dumps[key] = "".join(texts)
+    return dumps

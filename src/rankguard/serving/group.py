@@ -141,19 +141,10 @@ class WorkerGroup:
         (SIGUSR1; a stopped rank is continued to answer); rank -> the dump, for those that
         answered within ``budget`` seconds. Each dump is also appended to ``stacks_path``."""
         wanted = range(self.world) if ranks is None else ranks
-        before = {r: stack_requests.file_size(self.stacks_path(r)) for r in wanted}
-        asked = [r for r in wanted
-                 if self.procs[r].poll() is None and stack_requests.request(self.procs[r].pid)]
-        stack_requests.await_dumps({r: [self.stacks_path(r)] for r in asked},
-                                   {self.stacks_path(r): before[r] for r in asked}, budget,
-                                   gone=lambda r: self.procs[r].poll() is not None)
-        dumps = {}
-        for rank in asked:
-            if stack_requests.file_size(self.stacks_path(rank)) > before[rank]:
-                with open(self.stacks_path(rank), errors="replace") as f:
-                    f.seek(before[rank])
-                    dumps[rank] = f.read()
-        return dumps
+        targets = {r: (self.procs[r].pid, [self.stacks_path(r)]) for r in wanted
+                   if self.procs[r].poll() is None}
+        return stack_requests.ask(targets, budget,  # type: ignore[return-value]
+                                  gone=lambda r: self.procs[r].poll() is not None)
 
     def log_tail(self, rank: int, limit: int = 2000) -> str:
         try:

@@ -75,14 +75,4 @@ def ask_stacks(pid: int, files: list[str]) -> str | None:
     """
     if not catches(pid, signal.SIGUSR1):
         return None
-    sizes = {path: stack_requests.file_size(path) for path in files}
-    if not stack_requests.request(pid):
-        return None
-    stack_requests.await_dumps({pid: files}, sizes, _DUMP_BUDGET_S)
-    texts = []
-    for path in files:
-        if stack_requests.file_size(path) > sizes[path]:
-            with open(path, errors="replace") as f:
-                f.seek(sizes[path])
-                texts.append(f.read())
-    return "".join(texts) or None
+    return stack_requests.ask({pid: (pid, files)}, _DUMP_BUDGET_S).get(pid)
