@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import UsageError
+from ..pyfiles import import_file
 
 
 @dataclass
@@ -73,15 +73,8 @@ def _load_file(spec: str, path: str) -> Any:
     folder = os.path.dirname(os.path.abspath(path))
     if folder not in sys.path:
         sys.path.insert(0, folder)
-    name = os.path.splitext(os.path.basename(path))[0]
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    assert module_spec is not None and module_spec.loader is not None
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module
     try:
-        module_spec.loader.exec_module(module)
+        return import_file(path, os.path.splitext(os.path.basename(path))[0])
     except Exception as error:  # noqa: BLE001 (any error of the user's file)
-        del sys.modules[name]
         raise UsageError("APP", f"importing {path} failed: {type(error).__name__}: {error}"
                          ) from None
-    return module

@@ -24,7 +24,6 @@ The leader closing the channel makes the rank exit.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import io
 import json
 import os
@@ -36,6 +35,7 @@ from typing import Any
 
 import rankguard
 from rankguard import proctree
+from rankguard.pyfiles import import_file
 from rankguard.runtime import groups
 
 from .channel import ChannelClosed, RankEnd
@@ -60,11 +60,7 @@ class _LeaderMain:
             if reference.startswith("name:"):
                 cls.module = importlib.import_module(reference[5:])
             elif reference.startswith("path:"):
-                spec = importlib.util.spec_from_file_location("__mp_main__", reference[5:])
-                assert spec is not None and spec.loader is not None
-                cls.module = importlib.util.module_from_spec(spec)
-                sys.modules["__mp_main__"] = cls.module
-                spec.loader.exec_module(cls.module)
+                cls.module = import_file(reference[5:], "__mp_main__")
             else:
                 cls.module = sys.modules["__main__"]
         return cls.module

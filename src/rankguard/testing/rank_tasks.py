@@ -3,11 +3,12 @@ the rank processes)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import pickle
 import sys
 from typing import Any
+
+from ..pyfiles import import_file
 
 _modules: dict[str, Any] = {}
 
@@ -27,12 +28,7 @@ def _load(path: str) -> Any:
         if directory not in sys.path:
             sys.path.insert(0, directory)
         name = "rankguard_ranks_" + os.path.splitext(os.path.basename(path))[0]
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-        _modules[path] = module
+        module = _modules[path] = import_file(path, name)
     return module
 
 
