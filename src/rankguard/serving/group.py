@@ -146,13 +146,22 @@ class WorkerGroup:
         return stack_requests.ask(targets, budget,  # type: ignore[return-value]
                                   gone=lambda r: self.procs[r].poll() is not None)
 
-    def log_tail(self, rank: int, limit: int = 2000) -> str:
+    def log_size(self, rank: int) -> int:
         try:
-            with open(self.log_path(rank), "rb") as f:
-                f.seek(max(0, os.path.getsize(self.log_path(rank)) - limit))
-                return f.read().decode(errors="replace")
+            return os.path.getsize(self.log_path(rank))
+        except OSError:
+            return 0
+
+    def log_since(self, rank: int, offset: int = 0, limit: int = 4000) -> str:
+        """What rank ``rank`` wrote after byte ``offset`` of its log: the last ``limit``
+        characters of it, after ``...`` when cut."""
+        try:
+            with open(self.log_path(rank), errors="replace") as f:
+                f.seek(offset)
+                text = f.read()
         except OSError:
             return ""
+        return text if len(text) <= limit else "...\n" + text[-limit:]
 
     def poll_start(self, start_timeout: float) -> str:
         """``starting``, ``ready`` or ``failed`` (then see ``failure``); never blocks."""
@@ -167,7 +176,7 @@ class WorkerGroup:
                 messages = end.receive()
             except ChannelClosed:
                 self.failure = StartFailure(rank, f"exited during start-up "
-                                            f"({self._ending(rank)}):\n{self.log_tail(rank)}")
+                                            f"({self._ending(rank)}):\n{self.log_since(rank, limit=2000)}")
                 return "failed"
             for message in messages:
                 if message.get("op") == "ready":

@@ -14,7 +14,6 @@ and close.
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from typing import Any
@@ -54,19 +53,10 @@ class RankPool:
         return self._group.pids
 
     def log_size(self, rank: int) -> int:
-        try:
-            return os.path.getsize(self._group.log_path(rank))
-        except OSError:
-            return 0
+        return self._group.log_size(rank)
 
     def log_since(self, rank: int, offset: int, limit: int = 4000) -> str:
-        try:
-            with open(self._group.log_path(rank), errors="replace") as f:
-                f.seek(offset)
-                text = f.read()
-        except OSError:
-            return ""
-        return text if len(text) <= limit else "...\n" + text[-limit:]
+        return self._group.log_since(rank, offset, limit)
 
     def logs(self) -> str:
         return "\n".join(f"--- rank {r}:\n{self.log_since(r, 0)}" for r in range(self.world))
