@@ -32,7 +32,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..errors import PoolClosed, PoolUnavailable, RequestFailed
+from ..errors import PoolClosed, PoolUnavailable, RequestFailed, UsageError
+from ..runtime.deadline import check_seconds
 from . import metrics
 from .pool import Pool
 from .service import Service
@@ -72,14 +73,10 @@ class _Server:
                               f"{type(body).__name__}")
         timeout = self.service.timeout
         if TIMEOUT_HEADER in request.headers:
-            text = request.headers[TIMEOUT_HEADER]
             try:
-                timeout = float(text)
-            except ValueError:
-                timeout = math.nan
-            if not (math.isfinite(timeout) and timeout > 0):
-                return self.error(400, "BadRequest", f"X-Request-Timeout: {text!r} is not a "
-                                  "positive number of seconds")
+                timeout = check_seconds("X-Request-Timeout", request.headers[TIMEOUT_HEADER])
+            except UsageError as error:
+                return self.error(400, "BadRequest", str(error))
         if self.service.validate is not None:
             try:
                 body = self.service.validate(body)
