@@ -1,6 +1,9 @@
 """The README's demo: an injected hang, a verdict, a restart that resumes from the checkpoint."""
 
+import pytest
 
+
+@pytest.mark.slow
 def test_demo_recovers_from_a_hang_and_resumes_from_its_checkpoint(run_rankguard, tmp_path):
     run = run_rankguard(["--nproc-per-node", "2", "--max-restarts", "1", "--hang-timeout", "2",
                          "--inject", "hang:rank=1,at=op40", "examples/train.py", "--steps", "50",

@@ -1,5 +1,7 @@
 """Runs without faults: torchrun's environment, instrumentation, exit code 0."""
 
+import pytest
+
 from tests.conftest import script
 
 
@@ -38,6 +40,7 @@ def test_rank_output_is_kept_in_the_log_dir(run_rankguard):
     assert "OK rank=1" in (run.log_dir / "attempt0" / "rank1.log").read_text()
 
 
+@pytest.mark.slow
 def test_script_that_never_destroys_its_group_exits_cleanly(run_rankguard):
     # Works still tracked at interpreter exit must not make gloo abort the rank (SIGABRT).
     run = run_rankguard(["--nproc-per-node", "2", script("allreduce.py"), "3000", "0", "keep"])

@@ -48,7 +48,8 @@ def test_survivors_are_stopped_within_half_a_second_of_a_death(run_rankguard):
     ("stop:rank=0,at=op10", "stopped"),
     ("hang:rank=1,at=init", "no_progress"),
     ("stop:rank=1,at=init", "stopped"),
-    ("hang:rank=0,at=8s", "no_progress"),  # between collectives, from a timer thread
+    pytest.param("hang:rank=0,at=8s", "no_progress",  # between collectives, from a timer thread
+                 marks=pytest.mark.slow),
 ])
 def test_frozen_rank_is_blamed_within_the_hang_budget_with_stacks(run_rankguard, spec, reason):
     # 1500 steps of >= 10 ms: the loop still runs at 8 s, even when start-up is slow
@@ -73,6 +74,7 @@ def test_frozen_rank_is_blamed_within_the_hang_budget_with_stacks(run_rankguard,
     assert str(blamed) in hang["stacks"] or blamed in hang["stacks"]
 
 
+@pytest.mark.slow
 def test_busy_rank_is_a_straggler_and_is_not_killed(run_rankguard):
     run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "1.5", "--straggler-timeout",
                          "60", "--inject", "slow:5:rank=1,at=op10", script("allreduce.py"), "20"])
@@ -83,6 +85,7 @@ def test_busy_rank_is_a_straggler_and_is_not_killed(run_rankguard):
     assert run.outcomes() == {0: "ok", 1: "ok"}
 
 
+@pytest.mark.slow
 def test_rank_holding_the_gil_is_blamed_only_after_the_straggler_timeout(run_rankguard):
     run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "1.5", "--straggler-timeout",
                          "5", "--inject", "gil:rank=1,at=op10", *ALLREDUCE])

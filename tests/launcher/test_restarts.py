@@ -1,8 +1,11 @@
 """Restarts: each attempt on its own store namespace, so many restarts in a row all work."""
 
+import pytest
+
 from tests.conftest import script
 
 
+@pytest.mark.slow
 def test_twenty_restarts_in_a_row_all_form_a_working_group(run_rankguard):
     run = run_rankguard(["--nproc-per-node", "2", "--max-restarts", "20",
                          script("restart_until.py"), "20"], timeout=400)

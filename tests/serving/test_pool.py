@@ -31,6 +31,7 @@ def events(path: Path, name: str) -> list[dict]:
     return [e for e in journal.read(str(path)) if e["event"] == name] if path.exists() else []
 
 
+@pytest.mark.slow
 @pytest.mark.deadline(180)
 @pytest.mark.parametrize("rank", [0, 1])
 def test_each_fault_kind_mid_forward_fails_only_that_request_and_the_next_succeeds(
@@ -82,6 +83,7 @@ def test_all_ranks_results_and_unpicklable_calls(tmp_path: Path) -> None:
         pool.run(rf.pid)
 
 
+@pytest.mark.slow
 @pytest.mark.deadline(120)
 def test_a_setup_that_always_fails_is_reported_with_backoff(tmp_path: Path) -> None:
     with pytest.raises(rankguard.PoolUnavailable) as caught:

@@ -108,6 +108,7 @@ def assert_served(reply: Reply) -> None:
     assert reply.body["result"] == pytest.approx(serve_tp.reference(X), rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.deadline(240)
 @pytest.mark.serve_args("--timeout", "2")
 def test_each_fault_kind_answers_500_naming_the_rank_and_the_next_request_is_served(
@@ -170,6 +171,7 @@ def test_while_healing_requests_get_503_with_retry_after_then_are_served_again(
     assert len(heal) == 1 and heal[0]["took_s"] > 0.5  # a cold start: no spare to take over
 
 
+@pytest.mark.slow
 @pytest.mark.deadline(300)
 @pytest.mark.serve_args("--spares", "2", "--timeout", "30")
 def test_load_2000_requests_8_clients_5_percent_faults_every_answer_is_the_right_one(

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from .suite import run_suite
 
 HEADER = '''
@@ -68,6 +70,7 @@ class TestInAClass:
     assert session.code == 0
 
 
+@pytest.mark.slow
 def test_a_rank_that_raises_while_the_other_waits_is_reported_first_and_the_other_as_victim(
         tmp_path: Path) -> None:
     body = HEADER + '''
@@ -89,6 +92,7 @@ def test_rank1_disagrees():
     assert session.result("test_good_after") == "passed"  # the pool formed a new generation
 
 
+@pytest.mark.slow
 def test_a_rank_frozen_inside_allreduce_is_named_with_its_stack_within_the_deadline(
         tmp_path: Path) -> None:
     body = HEADER + '''

@@ -51,6 +51,7 @@ def every_rank_runs(run_rankguard, tmp_path: Path, tests: str, launcher_args: li
                          timeout=120)
 
 
+@pytest.mark.slow
 def test_under_a_launcher_the_end_of_session_barrier_is_bounded_and_names_the_missing_rank(
         run_rankguard, tmp_path: Path) -> None:
     run = every_rank_runs(run_rankguard, tmp_path, RANK_SUITE, ["--hang-timeout", "60"],
