@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from rankguard import proctree
+from tests.detached import CGROUP, DAEMON, SUBREAPER
+
 from .suite import run_suite
 
 DEADLINE = 3.0
@@ -116,6 +121,37 @@ def test_a_grandchild_left_running_fails_the_teardown_with_its_command_line(
     text = session.text("test_leaves_a_grandchild")
     assert "left 1 process(es) running (now killed)" in text and "sleep 1000" in text, text
     assert session.result("test_good_after") == "passed"
+
+
+DETACHED = f'''
+import os
+import subprocess
+import sys
+
+def test_leaves_a_detached_process_with_a_cleared_environment():
+    subprocess.run([sys.executable, {DAEMON!r}, os.path.join(os.path.dirname(__file__),
+                    "daemon.pid")], check=True, timeout=30)
+''' + GOOD
+
+
+@pytest.mark.parametrize("env", [CGROUP, SUBREAPER])
+def test_a_detached_process_that_cleared_its_environment_is_a_leak_and_is_killed(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    try:
+        session = run_suite(tmp_path, {"test_bad.py": DETACHED},
+                            ["--rankguard-deadline", str(DEADLINE)], timeout=DEADLINE * 3 + 30,
+                            env=env)
+        pid = int((tmp_path / "daemon.pid").read_text())
+        text = session.text("test_leaves_a_detached_process_with_a_cleared_environment")
+        assert session.result("test_leaves_a_detached_process_with_a_cleared_environment") \
+            == "error", session.output
+        assert "left 1 process(es) running (now killed)" in text, text
+        assert f"pid {pid} (sleep)" in text and "sleep 1000" in text, text
+        assert not proctree.alive(pid)
+        assert session.result("test_good_after") == "passed"
+    finally:
+        if (tmp_path / "daemon.pid").exists():
+            proctree.kill_all([int((tmp_path / "daemon.pid").read_text())])
 
 
 def test_leaks_can_warn_instead_of_failing(tmp_path: Path) -> None:

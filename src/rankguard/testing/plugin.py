@@ -104,6 +104,7 @@ class _Guard:
             raise pytest.UsageError(f"rankguard_leaks (ini): {self.leaks!r} is not one of "
                                     f"{', '.join(leaks.MODES)}")
         self.token = uuid.uuid4().hex[:12]
+        self.tracking = proctree.Tracking(f"pytest-{self.token}")  # see processes
         self._stacks: Any = None  # the file this process's faulthandler dumps into, if ours
         if rank_session.under_launcher():
             rank_session.start()
@@ -112,7 +113,7 @@ class _Guard:
                          config.getini("rankguard_shutdown_timeout")), item_deadline),
                 "rankguard-every-rank")
         self.stacks_file = self._answer_stack_requests()
-        self.watchdog = Watchdog(self.stacks_file)
+        self.watchdog = Watchdog(self.stacks_file, self.tracking)
         self.watchdog.install()
         self.scope_tags: dict[int, str] = {}
         self.known: set[int] = set()
@@ -148,7 +149,7 @@ class _Guard:
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: Any) -> Generator[None]:
         tag = f"{self.token}/{uuid.uuid4().hex[:8]}"
         item.stash[_TAG] = tag
-        item.stash[_KNOWN] = set(proctree.descendants(os.getpid())) | self.known
+        item.stash[_KNOWN] = set(self.tracking.processes()) | self.known
         item.stash[_DEADLINE] = None
         previous = os.environ.get(processes.TAG)
         os.environ[processes.TAG] = tag
@@ -193,7 +194,7 @@ class _Guard:
         result = yield from self._guarded(item, "teardown")
         if self.leaks != "ignore":
             described = leaks.collect(item.stash[_TAG], item.stash[_KNOWN] | self.known,
-                                      descendants=True)
+                                      self.tracking)
             if described:
                 error = leaks.LeakedProcesses(item.nodeid, described)
                 if self.leaks == "fail":
@@ -273,24 +274,25 @@ class _Guard:
         self.scope_tags[id(fixturedef)] = tag
         previous = os.environ.get(processes.TAG)
         os.environ[processes.TAG] = tag
-        before = set(proctree.descendants(os.getpid()))
+        before = set(self.tracking.processes())
         try:
             return (yield)
         finally:
-            self.known |= set(proctree.descendants(os.getpid())) - before
+            self.known |= set(self.tracking.processes()) - before
             _restore(processes.TAG, previous)
 
     def pytest_fixture_post_finalizer(self, fixturedef: Any, request: Any) -> None:
         tag = self.scope_tags.pop(id(fixturedef), None)
         if tag is None or self.leaks == "ignore":
             return
-        described = leaks.collect(tag, set(), descendants=False)
+        described = leaks.collect(tag, set(), None)
         if described:
             warnings.warn(str(leaks.LeakedProcesses(
                 f"{fixturedef.scope}-scoped fixture {fixturedef.argname!r}", described)),
                 pytest.PytestWarning, stacklevel=1)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self.tracking.close(kill=False)
         if self._stacks is not None:
             self._stacks.close()
             os.unlink(self._stacks.name)

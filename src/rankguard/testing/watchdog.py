@@ -62,8 +62,9 @@ class Phase:
 class Watchdog:
     """Enforces the deadline of the armed phase; one per test process."""
 
-    def __init__(self, stacks_file: str | None) -> None:
+    def __init__(self, stacks_file: str | None, tracking: proctree.Tracking) -> None:
         self._stacks_file = stacks_file
+        self._tracking = tracking
         self._cond = threading.Condition()
         self._phase: Phase | None = None
         self._pending: str | None = None  # a report for the main thread's interrupt handler
@@ -168,10 +169,9 @@ class Watchdog:
         lines.append(self._release(pids))
         return "\n".join(lines + [""] + details)
 
-    @staticmethod
-    def _processes_of(phase: Phase) -> list[int]:
+    def _processes_of(self, phase: Phase) -> list[int]:
         found = processes.tagged(phase.tag, phase.known)
-        for pid in proctree.descendants(os.getpid()):
+        for pid in self._tracking.processes():
             if pid not in phase.known and pid not in found:
                 found.append(pid)
         return [pid for pid in found
