@@ -18,6 +18,7 @@ import tempfile
 import time
 from typing import Any
 
+from .. import proctree
 from ..serving.group import WorkerGroup
 from . import processes
 from .rank_tasks import run_test
@@ -67,14 +68,24 @@ class RankPool:
     def run(self, path: str, name: str, args: bytes, deadline: float,
             collective_timeout: float) -> dict[int, dict[str, Any]]:
         """Run test function ``name`` of file ``path`` on every rank; answers by rank,
-        ``{"outcome": "passed"}`` or ``{"outcome": "failed", "error", "collective", "missing",
-        "traceback", "at", ...}`` (a rank that did not answer by ``deadline`` is absent)."""
+        ``{"outcome": "passed"}``, ``{"outcome": "failed", "error", "collective", "missing",
+        "traceback", "at", ...}``, or ``{"outcome": "ended", "detail"}`` for a rank whose
+        process ended during the test (``exited with code 0``, ``was killed by SIGKILL``); a
+        rank that did not answer by ``deadline`` is absent."""
         outcome = self._group.gather({"fn": run_test, "args": (path, name, args),
                                       "kwargs": {}, "all": False},
                                      collective_timeout, deadline, MISSING_GRACE_S)
         answers: dict[int, dict[str, Any]] = {r: {"outcome": "passed"} for r in outcome.results}
         answers.update({r: {"outcome": "failed", **a} for r, a in outcome.failures.items()})
+        answers.update({r: {"outcome": "ended", "detail": self._ending(r, how)}
+                        for r, how in outcome.dead.items()})
         return answers
+
+    def _ending(self, rank: int, seen: str) -> str:
+        """How the process of ``rank`` ended: ``seen`` by the group when its channel closed,
+        or its exit status if that came later."""
+        code = self._group.procs[rank].poll()
+        return proctree.exit_detail(code) if code is not None else seen
 
     def regroup(self) -> bool:
         """A fresh generation of the group after a failed test; False if it did not form."""
