@@ -63,11 +63,15 @@ class TestInAClass:
         dist.all_reduce(t)
         assert t.item() == 6.0
 '''
-    session = run_suite(tmp_path, {"test_dist.py": body}, [], timeout=120)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    session = run_suite(tmp_path, {"test_dist.py": body}, [], timeout=120,
+                        env={"TMPDIR": str(temp)})
     assert session.result("test_first") == "passed", session.output
     assert session.result("test_second") == "passed", session.output
     assert session.result("test_method") == "passed", session.output
     assert session.code == 0
+    assert not list(temp.glob("rankguard-*"))  # the pools' folders are removed at the end
 
 
 def test_a_rank_that_raises_while_the_other_waits_is_reported_first_and_the_other_as_victim(

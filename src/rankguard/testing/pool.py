@@ -14,6 +14,7 @@ and close.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 from typing import Any
@@ -45,9 +46,10 @@ class RankPool:
             time.sleep(_POLL_S)
         if state != "ready":
             failure = self._group.failure
+            logs = self.logs()
             self.close(graceful=False)
             raise PoolError(f"the pool's ranks did not start: "
-                            f"{failure.describe() if failure else state}\n{self.logs()}")
+                            f"{failure.describe() if failure else state}\n{logs}")
 
     @property
     def pids(self) -> list[int]:
@@ -98,8 +100,10 @@ class RankPool:
                 for rank in ranks}
 
     def close(self, graceful: bool = True) -> None:
-        """Shut the ranks down: a bounded shutdown (``graceful``), or SIGKILL at once."""
+        """Shut the ranks down: a bounded shutdown (``graceful``), or SIGKILL at once; then
+        remove the pool's folder (the ranks' logs, ledgers and stacks: read them before)."""
         if graceful and self.alive():
             self._group.close(CLOSE_S)
         else:
             self._group.kill(wait=True)
+        shutil.rmtree(self.folder, ignore_errors=True)
