@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from rankguard import proctree
+from rankguard.testing.watchdog import LAST_RESORT_S, LAST_WORDS_S
 from tests.detached import CGROUP, DAEMON, SUBREAPER
 
 from .suite import run_suite
@@ -87,6 +88,18 @@ def test_uses_a_fixture_that_blocks_on_a_dead_child(answer):
 ''' + GOOD
 
 
+C_DEADLOCK = '''
+import ctypes
+
+def test_deadlocks_in_c():
+    print("about to lock twice")
+    libc = ctypes.CDLL(None)
+    mutex = ctypes.create_string_buffer(64)  # zeroed: a default (non-recursive) pthread mutex
+    libc.pthread_mutex_lock(mutex)
+    libc.pthread_mutex_lock(mutex)  # never returns (ctypes released the GIL)
+''' + GOOD
+
+
 def run(tmp_path: Path, body: str, *args: str):
     return run_suite(tmp_path, {"test_bad.py": body},
                      ["--rankguard-deadline", str(DEADLINE), *args], timeout=DEADLINE * 3 + 30)
@@ -101,6 +114,21 @@ def test_a_test_sleeping_past_its_deadline_fails_with_its_stack_and_the_session_
     assert "main thread at" in text and "test_bad.py:5 in test_sleeps_in_call" in text, text
     assert session.result("test_good_after") == "passed"
     assert session.code == 1 and session.wall_s < DEADLINE + 15
+
+
+@pytest.mark.slow
+def test_a_test_deadlocked_in_c_ends_the_session_with_its_report_on_the_terminal_and_in_the_xml(
+        tmp_path: Path) -> None:
+    session = run(tmp_path, C_DEADLOCK)
+    where = "main thread at " + str(tmp_path / "test_bad.py") + ":9 in test_deadlocks_in_c"
+    assert session.code == 2, session.output
+    assert "deadline of 3 s passed during the call" in session.output, session.output
+    assert where in session.output
+    assert "about to lock twice" in session.output  # what the test wrote before
+    assert "(stuck inside C code); ending the session (exit 2)" in session.output
+    assert session.result("test_deadlocks_in_c") == "failed"  # in the junit XML
+    assert where in session.text("test_deadlocks_in_c")
+    assert session.wall_s < DEADLINE + LAST_RESORT_S + LAST_WORDS_S + 15
 
 
 def test_a_child_that_never_exits_is_stacked_named_and_killed(tmp_path: Path) -> None:

@@ -45,7 +45,7 @@ import pytest
 
 from .. import proctree
 from ..runtime import stacks as rank_stacks
-from . import leaks, processes
+from . import abort, leaks, processes
 from . import session as rank_session
 from .pool import RankPool
 from .report import RanksFailed, compose
@@ -104,7 +104,6 @@ class _Guard:
             raise pytest.UsageError(f"rankguard_leaks (ini): {self.leaks!r} is not one of "
                                     f"{', '.join(leaks.MODES)}")
         self.token = uuid.uuid4().hex[:12]
-        self.tracking = proctree.Tracking(f"pytest-{self.token}")  # see processes
         self._stacks: Any = None  # the file this process's faulthandler dumps into, if ours
         if rank_session.under_launcher():
             rank_session.start()
@@ -112,8 +111,10 @@ class _Guard:
                 _seconds("rankguard_shutdown_timeout (ini)",
                          config.getini("rankguard_shutdown_timeout")), item_deadline),
                 "rankguard-every-rank")
+        self.tracking = proctree.Tracking(f"pytest-{self.token}")  # see processes
         self.stacks_file = self._answer_stack_requests()
-        self.watchdog = Watchdog(self.stacks_file, self.tracking)
+        self._item: pytest.Item | None = None  # the running test
+        self.watchdog = Watchdog(self.stacks_file, self.tracking, self._last_words)
         self.watchdog.install()
         self.scope_tags: dict[int, str] = {}
         self.known: set[int] = set()
@@ -153,10 +154,27 @@ class _Guard:
         item.stash[_DEADLINE] = None
         previous = os.environ.get(processes.TAG)
         os.environ[processes.TAG] = tag
+        self._item = item
         try:
             return (yield)
         finally:
+            self._item = None
             _restore(processes.TAG, previous)
+
+    def _last_words(self, phase: Phase, report: str, why: str) -> bool:
+        """The watchdog is about to end this process (the main thread is stuck in C code):
+        report the test and finish the session (see ``abort``), kill the pools, clean up.
+        Returns whether the report was made."""
+        for pool in self.pools.values():
+            pool.close(graceful=False)
+        self.pools.clear()
+        item = self._item
+        told = item is not None and item.nodeid == phase.nodeid
+        if item is not None and told:
+            started = phase.deadline_at - phase.budget
+            abort.report_and_finish(item, phase.when, report, time.monotonic() - started, why)
+        self._clean_up()
+        return told
 
     def _phase(self, item: pytest.Item, when: str) -> Phase | None:
         budget = self._budget(item)
@@ -292,10 +310,14 @@ class _Guard:
                 pytest.PytestWarning, stacklevel=1)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self._clean_up()
+
+    def _clean_up(self) -> None:
         self.tracking.close(kill=False)
         if self._stacks is not None:
             self._stacks.close()
             os.unlink(self._stacks.name)
+            self._stacks = None
 
 
 _TAG = pytest.StashKey[str]()

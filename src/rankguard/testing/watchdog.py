@@ -13,8 +13,10 @@ which never waits on anything the test holds:
    :class:`DeadlineExceeded` carrying the report: a Python-level wait (sleep, lock, queue, join,
    a socket, a pipe) ends, the test fails with the report, and the session goes on;
 4. if the main thread does not come back within ``LAST_RESORT_S`` (stuck inside C code that
-   never returns to Python), prints the report and ends the session with exit status 2, so a CI
-   job still ends on its own.
+   never returns to Python), hands the report to ``last_words`` (the plugin reports the test as
+   failed and finishes the session: the report reaches the terminal and the junit XML, see
+   ``abort``) for up to ``LAST_WORDS_S``, writes it to fd 2 itself if that did not end, and
+   ends the process with exit status 2, so a CI job still ends on its own.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from .. import proctree
 from . import processes
@@ -37,6 +39,7 @@ from . import processes
 INTERRUPT_SIGNAL = signal.SIGUSR2
 RELEASE_GRACE_S = 2.0
 LAST_RESORT_S = 10.0
+LAST_WORDS_S = 10.0  # for the plugin's report of a session that must end (other plugins' hooks)
 EXIT_ABORTED = 2  # pytest's "interrupted"
 _DUMPS_BUDGET_S = 10.0  # allowance for the stack dumps of an expiry, before its release
 
@@ -60,11 +63,22 @@ class Phase:
 
 
 class Watchdog:
-    """Enforces the deadline of the armed phase; one per test process."""
+    """Enforces the deadline of the armed phase; one per test process.
 
-    def __init__(self, stacks_file: str | None, tracking: proctree.Tracking) -> None:
+    Args:
+        stacks_file: where children forked from this process dump their stacks on SIGUSR1.
+        tracking: holds the processes the tests start (see ``proctree.Tracking``).
+        last_words: ``(phase, report, why) -> reported``, called (from another thread, for at
+            most ``LAST_WORDS_S``) before the process ends because the main thread is stuck in
+            C code; it must first give fd 2 back to the terminal. Without it, or when it
+            returns False, the report is written to fd 2.
+    """
+
+    def __init__(self, stacks_file: str | None, tracking: proctree.Tracking,
+                 last_words: Callable[[Phase, str, str], bool] | None = None) -> None:
         self._stacks_file = stacks_file
         self._tracking = tracking
+        self._last_words = last_words
         self._cond = threading.Condition()
         self._phase: Phase | None = None
         self._pending: str | None = None  # a report for the main thread's interrupt handler
@@ -143,7 +157,7 @@ class Watchdog:
             self._firing = None
             signal.pthread_kill(threading.main_thread().ident, INTERRUPT_SIGNAL)
             if not self._ended.wait(LAST_RESORT_S):
-                self._abort(report)
+                self._abort(phase, report)
 
     def _expire(self, phase: Phase) -> str:
         lines = [f"rankguard: the deadline of {phase.budget:g} s passed during the {phase.when} "
@@ -199,11 +213,22 @@ class Watchdog:
                 + (f", SIGKILL to {len(alive)} that outlived {RELEASE_GRACE_S:g} s" if alive
                    else ""))
 
-    def _abort(self, report: str) -> None:
-        text = (f"{report}\nrankguard: the main thread did not return within {LAST_RESORT_S:g} s "
-                "of its interruption (stuck inside C code); ending the session\n")
+    def _abort(self, phase: Phase, report: str) -> None:
+        why = (f"rankguard: the main thread did not return within {LAST_RESORT_S:g} s of its "
+               f"interruption (stuck inside C code); ending the session (exit {EXIT_ABORTED})")
+        told = threading.Event()
+
+        def tell() -> None:
+            assert self._last_words is not None
+            if self._last_words(phase, report, why):
+                told.set()
+
         try:
-            os.write(2, text.encode())
+            if self._last_words is not None:
+                threading.Thread(target=tell, name="rankguard-last-words", daemon=True).start()
+                told.wait(LAST_WORDS_S)
+            if not told.is_set():
+                os.write(2, f"{report}\n{why}\n".encode())
         finally:
             os._exit(EXIT_ABORTED)
 
