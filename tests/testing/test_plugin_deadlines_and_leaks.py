@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rankguard import proctree
-from rankguard.testing.watchdog import LAST_RESORT_S, LAST_WORDS_S
+from rankguard.testing.watchdog import BACKSTOP_S, LAST_RESORT_S, LAST_WORDS_S
 from tests.detached import CGROUP, DAEMON, SUBREAPER
 
 from .suite import run_suite
@@ -99,6 +99,8 @@ def test_deadlocks_in_c():
     libc.pthread_mutex_lock(mutex)  # never returns (ctypes released the GIL)
 ''' + GOOD
 
+GIL_DEADLOCK = C_DEADLOCK.replace("ctypes.CDLL(None)", "ctypes.PyDLL(None)")  # keeps the GIL
+
 
 def run(tmp_path: Path, body: str, *args: str):
     return run_suite(tmp_path, {"test_bad.py": body},
@@ -129,6 +131,15 @@ def test_a_test_deadlocked_in_c_ends_the_session_with_its_report_on_the_terminal
     assert session.result("test_deadlocks_in_c") == "failed"  # in the junit XML
     assert where in session.text("test_deadlocks_in_c")
     assert session.wall_s < DEADLINE + LAST_RESORT_S + LAST_WORDS_S + 15
+
+
+@pytest.mark.slow
+def test_a_test_deadlocked_in_c_holding_the_gil_still_ends_the_session_with_its_stack(
+        tmp_path: Path) -> None:
+    session = run(tmp_path, GIL_DEADLOCK)
+    assert session.code == 1, session.output  # faulthandler's exit: no Python thread can run
+    assert f'File "{tmp_path / "test_bad.py"}", line 9 in test_deadlocks_in_c' in session.output
+    assert session.wall_s < DEADLINE + BACKSTOP_S + 15
 
 
 def test_a_child_that_never_exits_is_stacked_named_and_killed(tmp_path: Path) -> None:

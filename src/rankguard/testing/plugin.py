@@ -114,7 +114,8 @@ class _Guard:
         self.tracking = proctree.Tracking(f"pytest-{self.token}")  # see processes
         self.stacks_file = self._answer_stack_requests()
         self._item: pytest.Item | None = None  # the running test
-        self.watchdog = Watchdog(self.stacks_file, self.tracking, self._last_words)
+        self.watchdog = Watchdog(self.stacks_file, self.tracking, self._last_words,
+                                 backstop=not _faulthandler_timeout(config))
         self.watchdog.install()
         self.scope_tags: dict[int, str] = {}
         self.known: set[int] = set()
@@ -328,6 +329,14 @@ _DEADLINE = pytest.StashKey["float | None"]()
 def item_deadline(item: pytest.Item) -> float | None:
     """The monotonic deadline of the item's setup and call, once its setup started."""
     return item.stash.get(_DEADLINE, None)
+
+
+def _faulthandler_timeout(config: pytest.Config) -> float:
+    """pytest's ``faulthandler_timeout`` (0 when unset or when that plugin is off)."""
+    try:
+        return float(config.getini("faulthandler_timeout") or 0)
+    except (ValueError, TypeError):
+        return 0.0
 
 
 def _world_size(item: pytest.Item, marker: pytest.Mark) -> int:
