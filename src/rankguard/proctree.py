@@ -210,6 +210,7 @@ def exit_detail(returncode: int) -> str:
 CGROUP_PREFIX = "rankguard-"
 NO_CGROUP = "RANKGUARD_NO_CGROUP"
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
 
 
 class Tracking:
@@ -245,6 +246,7 @@ class Tracking:
         self.name = name
         self._marker = marker
         self._pid = os.getpid()
+        self._was_subreaper = _subreaper()  # a tracking inside another (pytest in pytest)
         _set_subreaper(True)
         self._baseline = set(descendants(self._pid))  # started before: not tracked
         self._home = own_cgroup()
@@ -266,7 +268,7 @@ class Tracking:
         outlive the tracking); its cgroup is removed."""
         if kill:
             kill_and_reap(self.processes())
-        _set_subreaper(False)
+        _set_subreaper(self._was_subreaper)
         if self.cgroup is None or self._home is None:
             return
         for pid in [self._pid, *cgroup_members(self.cgroup)]:
@@ -302,6 +304,15 @@ def _set_subreaper(on: bool) -> None:
         pass
 
 
+def _subreaper() -> bool:
+    flag = ctypes.c_int(0)
+    try:
+        _libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0)
+    except AttributeError:
+        pass
+    return bool(flag.value)
+
+
 def own_cgroup() -> str | None:
     """The folder of this process's cgroup in the cgroup v2 hierarchy, or None when there is
     none or it is turned off (``RANKGUARD_NO_CGROUP``)."""
@@ -330,9 +341,12 @@ def own_cgroup() -> str | None:
 def _enter(home: str, name: str) -> str | None:
     """Make the cgroup ``rankguard-NAME`` beside ``home`` and move this process into it;
     None when that is not allowed here."""
-    for stale in os.listdir(home):
-        if stale.startswith(CGROUP_PREFIX):
-            _remove(os.path.join(home, stale))  # left by a process that was SIGKILLed
+    try:
+        stale = [name for name in os.listdir(home) if name.startswith(CGROUP_PREFIX)]
+    except OSError:
+        return None
+    for name in stale:
+        _remove(os.path.join(home, name))  # left by a process that was SIGKILLed
     folder = os.path.join(home, CGROUP_PREFIX + name)
     for _ in range(3):  # another process's clean-up may remove it between mkdir and the move
         try:
