@@ -69,3 +69,18 @@ def test_closing_a_tracking_without_kill_hands_survivors_back_and_removes_its_cg
     assert facts["in_cgroup"] and facts["alive_after_close"]
     assert facts["home_holds_it"] and not facts["cgroup_left"]
 
+
+
+@pytest.mark.parametrize("env", [CGROUP])
+def test_a_new_tracking_removes_the_empty_cgroups_that_killed_trackings_left(tmp_path, env):
+    home = proctree.own_cgroup()
+    assert home is not None
+    stale = Path(home) / f"{proctree.CGROUP_PREFIX}stale-{os.urandom(4).hex()}"
+    (stale / "nested").mkdir(parents=True)
+    try:
+        facts = _track(tmp_path, env, kill=True)
+        assert facts["held"] and not stale.exists()
+    finally:
+        for folder in (stale / "nested", stale):
+            if folder.exists():
+                folder.rmdir()

@@ -342,11 +342,11 @@ def _enter(home: str, name: str) -> str | None:
     """Make the cgroup ``rankguard-NAME`` beside ``home`` and move this process into it;
     None when that is not allowed here."""
     try:
-        stale = [name for name in os.listdir(home) if name.startswith(CGROUP_PREFIX)]
+        stale = [entry for entry in os.listdir(home) if entry.startswith(CGROUP_PREFIX)]
     except OSError:
         return None
-    for name in stale:
-        _remove(os.path.join(home, name))  # left by a process that was SIGKILLed
+    for entry in stale:
+        _remove(os.path.join(home, entry))  # left by a process that was SIGKILLed
     folder = os.path.join(home, CGROUP_PREFIX + name)
     for _ in range(3):  # another process's clean-up may remove it between mkdir and the move
         try:
