@@ -169,11 +169,11 @@ class _Guard:
         for pool in self.pools.values():
             pool.close(graceful=False)
         self.pools.clear()
-        item = self._item
-        told = item is not None and item.nodeid == phase.nodeid
-        if item is not None and told:
+        item, told = self._item, False
+        if item is not None and item.nodeid == phase.nodeid:
             started = phase.deadline_at - phase.budget
             abort.report_and_finish(item, phase.when, report, time.monotonic() - started, why)
+            told = True
         self._clean_up()
         return told
 
