@@ -1,9 +1,12 @@
 """Finding and killing every process of a job, however it was started.
 
-A job's processes are found three ways, so that none escapes: the process tree under each rank
-(psutil), each rank's process group, and a marker in the environment (``RANKGUARD_RUN_TOKEN``)
-that every descendant inherits, found by reading ``/proc/*/environ``. The last one also finds
-processes that left their process group or were re-parented to init.
+A job's processes are found several ways, so that none escapes: the process tree under each rank
+(psutil), each rank's process group, a marker in the environment (``RANKGUARD_RUN_TOKEN``) that
+every descendant inherits, found by reading ``/proc/*/environ``, and a :class:`Tracking` of
+everything started under the launcher (or a pytest session), which also holds the processes
+that cleared their environment and left their session and process tree (``setsid env -i``,
+double-forked): a cgroup where one can be made, and the launcher as the child subreaper that
+orphans are re-parented to.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import select
 import signal
+import time
 
 import psutil
 
@@ -37,8 +42,16 @@ def with_env(var: str, value: str) -> list[int]:
 
 
 def with_marker(token: str) -> list[int]:
-    """PIDs of live processes of the run whose marker is ``token``."""
-    return with_env(MARKER, token)
+    """PIDs of live processes of the run whose marker is ``token`` (not this process): those
+    that carry the marker, and the members of the run's cgroup (see :class:`Tracking`), looked
+    up beside this process's own cgroup: how the guardian, which the launcher started before it
+    entered that cgroup, finds the processes of a launcher that was SIGKILLed."""
+    found = set(with_env(MARKER, token))
+    home = own_cgroup()
+    if home is not None:
+        found.update(cgroup_members(os.path.join(home, CGROUP_PREFIX + token)))
+    found.discard(os.getpid())
+    return sorted(pid for pid in found if alive(pid))
 
 
 def is_stopped(pid: int) -> bool:
@@ -112,6 +125,36 @@ def kill_all(pids: list[int]) -> None:
                 pass
 
 
+def kill_and_reap(pids: list[int], budget: float = 1.0) -> None:
+    """SIGKILL ``pids`` (see :func:`kill_all`), wait up to ``budget`` s for them to end, and
+    reap those that are children of this process (orphans re-parented to it as the child
+    subreaper of a :class:`Tracking`), so that none stays a zombie; no errors."""
+    kill_all(pids)
+    waiting: dict[int, int] = {}
+    for pid in pids:
+        try:
+            waiting[os.pidfd_open(pid)] = pid
+        except OSError:
+            continue  # gone (and reaped) already
+    deadline = time.monotonic() + budget
+    try:
+        while waiting and time.monotonic() < deadline:
+            ready, _, _ = select.select(list(waiting), [], [], deadline - time.monotonic())
+            for fd in ready:
+                _reap(waiting.pop(fd))
+                os.close(fd)
+    finally:
+        for fd in waiting:
+            os.close(fd)
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass  # not a child of this process: its own parent reaps it
+
+
 def describe(pid: int) -> str:
     """One line for reports: pid, name, state, kernel wait channel, command line (or that the
     process is gone)."""
@@ -160,3 +203,175 @@ def exit_detail(returncode: int) -> str:
     if returncode < 0:
         return f"was killed by {signal_name(-returncode)}"
     return f"exited with code {returncode}"
+
+
+# -- tracking every process started under this one ----------------------------------------------
+
+CGROUP_PREFIX = "rankguard-"
+NO_CGROUP = "RANKGUARD_NO_CGROUP"
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
+
+
+class Tracking:
+    """Every process started from this process since the tracking began, however it detached.
+
+    A process that clears its environment (``env -i``), leaves its session (``setsid``) and is
+    orphaned (a double fork) carries no marker and is in no process tree from the root of the
+    job. Two ways hold on to it, used together with the environment ``marker`` (``(VAR,
+    value)``, see :func:`with_env`):
+
+    - **a cgroup** (v2, where this process may create one: root and a writable hierarchy): this
+      process moves into a new cgroup ``rankguard-NAME`` beside its own, and every process
+      forked from then on is a member for good, whatever it does to its environment, session or
+      parent. A process still in the original cgroup finds it by name (:func:`with_marker`),
+      after this one was SIGKILLed too.
+    - **this process as the child subreaper** (``PR_SET_CHILD_SUBREAPER``): a descendant
+      orphaned by a double fork is re-parented to it rather than to init, so it stays in its
+      process tree. The orphans :func:`kill_and_reap` kills are reaped; one that ends on its
+      own stays a zombie of this process (never counted as alive) until it exits.
+
+    What still escapes: a process started on the tracked processes' behalf by one outside the
+    tree (``systemd-run``, ``at``, a container runtime, ssh to localhost); where no cgroup can
+    be made (not root, read-only ``/sys/fs/cgroup``, ``RANKGUARD_NO_CGROUP=1``), an orphan once
+    this process is gone (init adopts it); and a process that moves itself out of the cgroup
+    (root only) while this process is gone.
+
+    Args:
+        name: names the cgroup (``rankguard-NAME``); unique among the trackings of one cgroup.
+        marker: ``(VAR, value)``: processes whose environment carries it belong too.
+    """
+
+    def __init__(self, name: str, marker: tuple[str, str] | None = None) -> None:
+        self.name = name
+        self._marker = marker
+        self._pid = os.getpid()
+        self._was_subreaper = _subreaper()  # a tracking inside another (pytest in pytest)
+        _set_subreaper(True)
+        self._baseline = set(descendants(self._pid))  # started before: not tracked
+        self._home = own_cgroup()
+        self.cgroup = _enter(self._home, name) if self._home is not None else None
+
+    def processes(self) -> list[int]:
+        """PIDs of the live processes started since the tracking began (not this one)."""
+        found = set(descendants(self._pid)) - self._baseline
+        if self.cgroup is not None:
+            found.update(cgroup_members(self.cgroup))
+        if self._marker is not None:
+            found.update(with_env(*self._marker))
+        found.discard(self._pid)
+        return sorted(pid for pid in found if alive(pid))
+
+    def close(self, kill: bool) -> None:
+        """End the tracking; no errors. The processes it holds that are still alive are killed
+        (``kill``), or go back to the cgroup this process came from with it (helpers meant to
+        outlive the tracking); its cgroup is removed."""
+        if kill:
+            kill_and_reap(self.processes())
+        _set_subreaper(self._was_subreaper)
+        if self.cgroup is None or self._home is None:
+            return
+        for pid in [self._pid, *cgroup_members(self.cgroup)]:
+            _move(pid, self._home)
+        _remove(self.cgroup)
+        self.cgroup = None
+
+
+def forget(name: str) -> None:
+    """Remove the cgroup of the tracking ``name`` beside this process's own, once it is empty
+    (the guardian, after its sweep of a SIGKILLed launcher's processes); no errors."""
+    home = own_cgroup()
+    if home is not None:
+        _remove(os.path.join(home, CGROUP_PREFIX + name))
+
+
+def cgroup_members(folder: str) -> list[int]:
+    """PIDs in the cgroup ``folder`` and in the cgroups below it (empty when it is gone)."""
+    pids: list[int] = []
+    for sub, _, _ in os.walk(folder):
+        try:
+            with open(os.path.join(sub, "cgroup.procs")) as f:
+                pids.extend(int(line) for line in f if line.strip())
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def _set_subreaper(on: bool) -> None:
+    try:
+        _libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
+    except AttributeError:
+        pass
+
+
+def _subreaper() -> bool:
+    flag = ctypes.c_int(0)
+    try:
+        _libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0)
+    except AttributeError:
+        pass
+    return bool(flag.value)
+
+
+def own_cgroup() -> str | None:
+    """The folder of this process's cgroup in the cgroup v2 hierarchy, or None when there is
+    none or it is turned off (``RANKGUARD_NO_CGROUP``)."""
+    if os.environ.get(NO_CGROUP, "0") not in ("", "0"):
+        return None
+    try:
+        with open("/proc/self/cgroup") as f:
+            path = next((line[3:].rstrip("\n") for line in f if line.startswith("0::")), None)
+        with open("/proc/self/mountinfo") as f:
+            mounts = [line.split() for line in f]
+    except OSError:
+        return None
+    for fields in mounts:
+        dash = fields.index("-") if "-" in fields else -1
+        if path is None or dash < 0 or fields[dash + 1] != "cgroup2":
+            continue
+        root, point = fields[3].rstrip("/"), fields[4]
+        if path != root and not path.startswith(root + "/"):
+            continue  # this process's cgroup is not visible in that mount
+        folder = point.rstrip("/") + path[len(root):]
+        if os.path.isdir(folder):
+            return folder
+    return None
+
+
+def _enter(home: str, name: str) -> str | None:
+    """Make the cgroup ``rankguard-NAME`` beside ``home`` and move this process into it;
+    None when that is not allowed here."""
+    try:
+        stale = [entry for entry in os.listdir(home) if entry.startswith(CGROUP_PREFIX)]
+    except OSError:
+        return None
+    for entry in stale:
+        _remove(os.path.join(home, entry))  # left by a process that was SIGKILLed
+    folder = os.path.join(home, CGROUP_PREFIX + name)
+    for _ in range(3):  # another process's clean-up may remove it between mkdir and the move
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError:
+            return None
+        if _move(os.getpid(), folder):
+            return folder
+    _remove(folder)
+    return None
+
+
+def _move(pid: int, folder: str) -> bool:
+    try:
+        with open(os.path.join(folder, "cgroup.procs"), "w") as f:
+            f.write(str(pid))
+        return True
+    except OSError:
+        return False
+
+
+def _remove(folder: str) -> None:
+    """Remove the cgroup ``folder`` and the ones below it, each only if it is empty."""
+    for sub, _, _ in os.walk(folder, topdown=False):
+        try:
+            os.rmdir(sub)
+        except OSError:
+            pass

@@ -3,6 +3,7 @@ the outcome of every test from its JUnit XML report."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -39,8 +40,10 @@ class Session:
         return "\n".join(o.text for o in self.cases[name])
 
 
-def run_suite(folder: Path, files: dict[str, str], args: list[str], timeout: float) -> Session:
-    """Write ``files`` into ``folder`` and run pytest on it; fail if it does not end in time."""
+def run_suite(folder: Path, files: dict[str, str], args: list[str], timeout: float,
+              env: dict[str, str] | None = None) -> Session:
+    """Write ``files`` into ``folder`` and run pytest on it (with ``env`` added to the
+    environment); fail if it does not end in time."""
     for name, body in files.items():
         (folder / name).write_text(textwrap.dedent(body))
     report = folder / "report.xml"
@@ -48,7 +51,8 @@ def run_suite(folder: Path, files: dict[str, str], args: list[str], timeout: flo
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
                              "-p", "no:timeout", f"--junitxml={report}", "-q", *args, str(folder)],
                             cwd=str(folder), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True,
+                            env={**os.environ, **(env or {})})
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -9,6 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from rankguard import proctree
+from rankguard.testing.watchdog import BACKSTOP_S, LAST_RESORT_S, LAST_WORDS_S
+from tests.detached import CGROUP, DAEMON, SUBREAPER
+
 from .suite import run_suite
 
 DEADLINE = 3.0
@@ -82,6 +88,20 @@ def test_uses_a_fixture_that_blocks_on_a_dead_child(answer):
 ''' + GOOD
 
 
+C_DEADLOCK = '''
+import ctypes
+
+def test_deadlocks_in_c():
+    print("about to lock twice")
+    libc = ctypes.CDLL(None)
+    mutex = ctypes.create_string_buffer(64)  # zeroed: a default (non-recursive) pthread mutex
+    libc.pthread_mutex_lock(mutex)
+    libc.pthread_mutex_lock(mutex)  # never returns (ctypes released the GIL)
+''' + GOOD
+
+GIL_DEADLOCK = C_DEADLOCK.replace("ctypes.CDLL(None)", "ctypes.PyDLL(None)")  # keeps the GIL
+
+
 def run(tmp_path: Path, body: str, *args: str):
     return run_suite(tmp_path, {"test_bad.py": body},
                      ["--rankguard-deadline", str(DEADLINE), *args], timeout=DEADLINE * 3 + 30)
@@ -96,6 +116,30 @@ def test_a_test_sleeping_past_its_deadline_fails_with_its_stack_and_the_session_
     assert "main thread at" in text and "test_bad.py:5 in test_sleeps_in_call" in text, text
     assert session.result("test_good_after") == "passed"
     assert session.code == 1 and session.wall_s < DEADLINE + 15
+
+
+@pytest.mark.slow
+def test_a_test_deadlocked_in_c_ends_the_session_with_its_report_on_the_terminal_and_in_the_xml(
+        tmp_path: Path) -> None:
+    session = run(tmp_path, C_DEADLOCK)
+    where = "main thread at " + str(tmp_path / "test_bad.py") + ":9 in test_deadlocks_in_c"
+    assert session.code == 2, session.output
+    assert "deadline of 3 s passed during the call" in session.output, session.output
+    assert where in session.output
+    assert "about to lock twice" in session.output  # what the test wrote before
+    assert "(stuck inside C code); ending the session (exit 2)" in session.output
+    assert session.result("test_deadlocks_in_c") == "failed"  # in the junit XML
+    assert where in session.text("test_deadlocks_in_c")
+    assert session.wall_s < DEADLINE + LAST_RESORT_S + LAST_WORDS_S + 15
+
+
+@pytest.mark.slow
+def test_a_test_deadlocked_in_c_holding_the_gil_still_ends_the_session_with_its_stack(
+        tmp_path: Path) -> None:
+    session = run(tmp_path, GIL_DEADLOCK)
+    assert session.code == 1, session.output  # faulthandler's exit: no Python thread can run
+    assert f'File "{tmp_path / "test_bad.py"}", line 9 in test_deadlocks_in_c' in session.output
+    assert session.wall_s < DEADLINE + BACKSTOP_S + 15
 
 
 def test_a_child_that_never_exits_is_stacked_named_and_killed(tmp_path: Path) -> None:
@@ -116,6 +160,37 @@ def test_a_grandchild_left_running_fails_the_teardown_with_its_command_line(
     text = session.text("test_leaves_a_grandchild")
     assert "left 1 process(es) running (now killed)" in text and "sleep 1000" in text, text
     assert session.result("test_good_after") == "passed"
+
+
+DETACHED = f'''
+import os
+import subprocess
+import sys
+
+def test_leaves_a_detached_process_with_a_cleared_environment():
+    subprocess.run([sys.executable, {DAEMON!r}, os.path.join(os.path.dirname(__file__),
+                    "daemon.pid")], check=True, timeout=30)
+''' + GOOD
+
+
+@pytest.mark.parametrize("env", [CGROUP, SUBREAPER])
+def test_a_detached_process_that_cleared_its_environment_is_a_leak_and_is_killed(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    try:
+        session = run_suite(tmp_path, {"test_bad.py": DETACHED},
+                            ["--rankguard-deadline", str(DEADLINE)], timeout=DEADLINE * 3 + 30,
+                            env=env)
+        pid = int((tmp_path / "daemon.pid").read_text())
+        text = session.text("test_leaves_a_detached_process_with_a_cleared_environment")
+        assert session.result("test_leaves_a_detached_process_with_a_cleared_environment") \
+            == "error", session.output
+        assert "left 1 process(es) running (now killed)" in text, text
+        assert f"pid {pid} (sleep)" in text and "sleep 1000" in text, text
+        assert not proctree.alive(pid)
+        assert session.result("test_good_after") == "passed"
+    finally:
+        if (tmp_path / "daemon.pid").exists():
+            proctree.kill_all([int((tmp_path / "daemon.pid").read_text())])
 
 
 def test_leaks_can_warn_instead_of_failing(tmp_path: Path) -> None:

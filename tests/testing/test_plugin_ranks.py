@@ -63,11 +63,15 @@ class TestInAClass:
         dist.all_reduce(t)
         assert t.item() == 6.0
 '''
-    session = run_suite(tmp_path, {"test_dist.py": body}, [], timeout=120)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    session = run_suite(tmp_path, {"test_dist.py": body}, [], timeout=120,
+                        env={"TMPDIR": str(temp)})
     assert session.result("test_first") == "passed", session.output
     assert session.result("test_second") == "passed", session.output
     assert session.result("test_method") == "passed", session.output
     assert session.code == 0
+    assert not list(temp.glob("rankguard-*"))  # the pools' folders are removed at the end
 
 
 @pytest.mark.slow
@@ -115,3 +119,38 @@ def test_rank1_freezes_inside_allreduce():
     assert "ranks that had not arrived: 1" in text
     assert session.result("test_good_after") == "passed"  # on a new pool
     assert session.wall_s < 60
+
+
+@pytest.mark.slow
+def test_a_rank_whose_process_ends_during_a_test_is_reported_with_its_exit_code_or_signal(
+        tmp_path: Path) -> None:
+    body = HEADER + '''
+@pytest.mark.ranks(2)
+def test_rank1_exits_0():
+    if dist.get_rank() == 1:
+        os._exit(0)
+    dist.all_reduce(torch.ones(1))
+
+@pytest.mark.ranks(2)
+def test_rank1_exits_3():
+    if dist.get_rank() == 1:
+        os._exit(3)
+    dist.all_reduce(torch.ones(1))
+
+@pytest.mark.ranks(2)
+def test_rank0_is_killed():
+    if dist.get_rank() == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(torch.ones(1))
+'''
+    session = run_suite(tmp_path, {"test_dist.py": body}, [], timeout=180)
+    for test, head in (("test_rank1_exits_0", "rank 1 exited with code 0 during the test; "
+                        "rank 0 failed as a consequence"),
+                       ("test_rank1_exits_3", "rank 1 exited with code 3 during the test; "
+                        "rank 0 failed as a consequence"),
+                       ("test_rank0_is_killed", "rank 0 was killed by SIGKILL during the "
+                        "test; rank 1 failed as a consequence")):
+        text = session.text(test)
+        assert session.result(test) == "failed", session.output
+        assert text.startswith(head), text
+        assert "stuck" not in text and "(gone)" not in text, text

@@ -73,6 +73,7 @@ class Launcher:
         self._signal: int | None = None
         self._wakeup_r, self._wakeup_w = os.pipe()
         self._guardian: subprocess.Popen[bytes] | None = None
+        self._tracking: proctree.Tracking | None = None
         self._spares = SparePool(config, self._token, self._port) \
             if config.spares and config.max_restarts > 0 else None
 
@@ -96,6 +97,8 @@ class Launcher:
     def _run(self) -> int:
         self._install_signal_handlers()
         self._start_guardian()
+        # after the guardian, which must stay outside: it kills what the tracking holds
+        tracking = self._tracking = proctree.Tracking(self._token, (MARKER, self._token))
         cfg = self.config
         self._journal.write("run_start", nproc=cfg.nproc, command=list(cfg.command),
                             max_restarts=cfg.max_restarts, hang_timeout=cfg.hang_timeout,
@@ -124,6 +127,7 @@ class Launcher:
         finally:
             if self._spares is not None:
                 self._spares.close()
+            tracking.close(kill=True)
             self._stop_guardian()
         fault = attempt_result.fault
         if fault is None:
@@ -191,7 +195,8 @@ class Launcher:
         finally:
             teardown.stop_ranks(group, self._journal, 0.0, "launcher_exit")  # no-op when done
             group.close()
-        teardown.sweep(self._token, self._journal, attempt,
+        assert self._tracking is not None
+        teardown.sweep(self._tracking, self._journal, attempt,
                        tuple(self._spares.pids()) if self._spares is not None else ())
         last = {rank: reader.read() for rank, reader in readers.items()}
         for reader in readers.values():

@@ -2,8 +2,8 @@
 
 ``python -m rankguard.launcher.guardian TOKEN``, started by the launcher in a session of its
 own with a pipe on its stdin. When the pipe closes (the launcher exited, however it died), it
-kills every process carrying the run's marker, sweeping a few times over ``SWEEP_S`` seconds to
-catch processes that were starting. A launcher that finished its own teardown writes
+kills every process of the run (its marker, its cgroup: see ``proctree.with_marker``), sweeping
+a few times over ``SWEEP_S`` seconds to catch processes that were starting. A launcher that finished its own teardown writes
 ``CLEAN_EXIT`` first: then one sweep is enough. Without it, SIGKILL to a launcher leaves orphaned ranks
 (measured with torchrun). Ranks also ask for SIGKILL on the launcher's death (PR_SET_PDEATHSIG);
 the guardian catches what that misses: their children, and anything that left their tree.
@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 
-from ..proctree import kill_all, with_marker
+from ..proctree import forget, kill_all, with_marker
 
 SWEEP_S = 1.0
 CLEAN_EXIT = b"done"
@@ -32,6 +32,7 @@ def main() -> None:
     while True:
         kill_all(with_marker(token))
         if time.monotonic() >= end:
+            forget(token)  # the run's cgroup, empty now (a launcher that ended removed it)
             return
         time.sleep(0.1)
 

@@ -12,8 +12,9 @@
 2. **term**: SIGTERM to each rank's process group and tree (stopped ones are continued so they
    receive it); wait up to ``grace`` for the exits, event-driven.
 3. **kill**: SIGKILL to the process trees of the ranks still alive; wait up to ``KILL_BUDGET``.
-4. **verify**: find any process that still carries the run's marker and kill it, journaled as
-   ``leftover``.
+4. **verify**: find any process of the run still alive (its marker, or the launcher's
+   ``proctree.Tracking`` for those that cleared their environment and detached) and kill it,
+   journaled as ``leftover``.
 """
 
 from __future__ import annotations
@@ -93,13 +94,15 @@ def stop_ranks(group: RankGroup, journal: Journal, grace: float, reason: str) ->
         group.wait_exits(time.monotonic() + KILL_BUDGET)
 
 
-def sweep(token: str, journal: Journal, attempt: int, keep: tuple[int, ...] = ()) -> list[str]:
-    """Kill every process still carrying the run's marker but ``keep`` (the warm spares);
-    returns their descriptions."""
-    leftovers = [pid for pid in proctree.with_marker(token) if pid not in keep]
+def sweep(tracking: proctree.Tracking, journal: Journal, attempt: int,
+          keep: tuple[int, ...] = ()) -> list[str]:
+    """Kill every process of the run still alive but ``keep`` (the warm spares): those that
+    carry the run's marker, and those that cleared it and detached, which ``tracking`` still
+    holds (its cgroup, or the launcher as their subreaper); returns their descriptions."""
+    leftovers = [pid for pid in tracking.processes() if pid not in keep]
     if not leftovers:
         return []
     described = [proctree.describe(pid) for pid in leftovers]
-    proctree.kill_all(leftovers)
+    proctree.kill_and_reap(leftovers, KILL_BUDGET)
     journal.write("leftover", attempt=attempt, processes=described)
     return described

@@ -1,7 +1,8 @@
 """Processes a test left behind: found when its teardown ends, reported, killed.
 
-A process is the test's if it carries the test's environment tag or is a new descendant of the
-test process (see ``processes``). Processes started by a fixture of a wider scope (module,
+A process is the test's if it carries the test's environment tag, or if the session's
+``proctree.Tracking`` holds it and did not before the test (a descendant of the test process, or
+one that cleared its environment and detached: see ``processes``). Processes started by a fixture of a wider scope (module,
 session) carry that fixture's tag instead, and are checked when that fixture is finalized.
 One that exits within ``SETTLE_S`` of the end (a child finishing its exit) is not a leak, nor
 is multiprocessing's resource tracker or forkserver, which serve the whole test process.
@@ -9,7 +10,6 @@ is multiprocessing's resource tracker or forkserver, which serve the whole test 
 
 from __future__ import annotations
 
-import os
 import time
 
 from .. import proctree
@@ -32,14 +32,14 @@ class LeakedProcesses(Exception):
                          + "\n  ".join(described))
 
 
-def find(tag: str, known: set[int], descendants: bool) -> list[int]:
-    """The live processes of ``tag`` (and, with ``descendants``, new children of this process)
+def find(tag: str, known: set[int], tracking: proctree.Tracking | None) -> list[int]:
+    """The live processes of ``tag`` (and, with ``tracking``, the ones it holds) but ``known``,
     that are still there after up to ``SETTLE_S`` s."""
     deadline = time.monotonic() + SETTLE_S
     while True:
         found = set(processes.tagged(tag, known))
-        if descendants:
-            found.update(pid for pid in proctree.descendants(os.getpid()) if pid not in known)
+        if tracking is not None:
+            found.update(pid for pid in tracking.processes() if pid not in known)
         found = {pid for pid in found
                  if proctree.alive(pid) and not processes.is_shared_helper(pid)}
         if not found or time.monotonic() >= deadline:
@@ -47,10 +47,10 @@ def find(tag: str, known: set[int], descendants: bool) -> list[int]:
         time.sleep(0.02)
 
 
-def collect(tag: str, known: set[int], descendants: bool) -> list[str]:
-    """Find the leaked processes, describe them, kill them; returns the descriptions."""
-    pids = find(tag, known, descendants)
+def collect(tag: str, known: set[int], tracking: proctree.Tracking | None) -> list[str]:
+    """Find the leaked processes, describe them, kill them (and their descendants, reaping the
+    orphans re-parented to this process); returns the descriptions."""
+    pids = find(tag, known, tracking)
     described = [proctree.describe(pid) for pid in pids]
-    for pid in pids:
-        proctree.kill_all([pid, *proctree.descendants(pid)])
+    proctree.kill_and_reap(sorted({p for pid in pids for p in [pid, *proctree.descendants(pid)]}))
     return described

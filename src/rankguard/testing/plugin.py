@@ -45,7 +45,7 @@ import pytest
 
 from .. import proctree
 from ..runtime import stacks as rank_stacks
-from . import leaks, processes
+from . import abort, leaks, processes
 from . import session as rank_session
 from .pool import RankPool
 from .report import RanksFailed, compose
@@ -111,8 +111,11 @@ class _Guard:
                 _seconds("rankguard_shutdown_timeout (ini)",
                          config.getini("rankguard_shutdown_timeout")), item_deadline),
                 "rankguard-every-rank")
+        self.tracking = proctree.Tracking(f"pytest-{self.token}")  # see processes
         self.stacks_file = self._answer_stack_requests()
-        self.watchdog = Watchdog(self.stacks_file)
+        self._item: pytest.Item | None = None  # the running test
+        self.watchdog = Watchdog(self.stacks_file, self.tracking, self._last_words,
+                                 backstop=not _faulthandler_timeout(config))
         self.watchdog.install()
         self.scope_tags: dict[int, str] = {}
         self.known: set[int] = set()
@@ -148,14 +151,31 @@ class _Guard:
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: Any) -> Generator[None]:
         tag = f"{self.token}/{uuid.uuid4().hex[:8]}"
         item.stash[_TAG] = tag
-        item.stash[_KNOWN] = set(proctree.descendants(os.getpid())) | self.known
+        item.stash[_KNOWN] = set(self.tracking.processes()) | self.known
         item.stash[_DEADLINE] = None
         previous = os.environ.get(processes.TAG)
         os.environ[processes.TAG] = tag
+        self._item = item
         try:
             return (yield)
         finally:
+            self._item = None
             _restore(processes.TAG, previous)
+
+    def _last_words(self, phase: Phase, report: str, why: str) -> bool:
+        """The watchdog is about to end this process (the main thread is stuck in C code):
+        report the test and finish the session (see ``abort``), kill the pools, clean up.
+        Returns whether the report was made."""
+        for pool in self.pools.values():
+            pool.close(graceful=False)
+        self.pools.clear()
+        item, told = self._item, False
+        if item is not None and item.nodeid == phase.nodeid:
+            started = phase.deadline_at - phase.budget
+            abort.report_and_finish(item, phase.when, report, time.monotonic() - started, why)
+            told = True
+        self._clean_up()
+        return told
 
     def _phase(self, item: pytest.Item, when: str) -> Phase | None:
         budget = self._budget(item)
@@ -193,7 +213,7 @@ class _Guard:
         result = yield from self._guarded(item, "teardown")
         if self.leaks != "ignore":
             described = leaks.collect(item.stash[_TAG], item.stash[_KNOWN] | self.known,
-                                      descendants=True)
+                                      self.tracking)
             if described:
                 error = leaks.LeakedProcesses(item.nodeid, described)
                 if self.leaks == "fail":
@@ -273,27 +293,32 @@ class _Guard:
         self.scope_tags[id(fixturedef)] = tag
         previous = os.environ.get(processes.TAG)
         os.environ[processes.TAG] = tag
-        before = set(proctree.descendants(os.getpid()))
+        before = set(self.tracking.processes())
         try:
             return (yield)
         finally:
-            self.known |= set(proctree.descendants(os.getpid())) - before
+            self.known |= set(self.tracking.processes()) - before
             _restore(processes.TAG, previous)
 
     def pytest_fixture_post_finalizer(self, fixturedef: Any, request: Any) -> None:
         tag = self.scope_tags.pop(id(fixturedef), None)
         if tag is None or self.leaks == "ignore":
             return
-        described = leaks.collect(tag, set(), descendants=False)
+        described = leaks.collect(tag, set(), None)
         if described:
             warnings.warn(str(leaks.LeakedProcesses(
                 f"{fixturedef.scope}-scoped fixture {fixturedef.argname!r}", described)),
                 pytest.PytestWarning, stacklevel=1)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self._clean_up()
+
+    def _clean_up(self) -> None:
+        self.tracking.close(kill=False)
         if self._stacks is not None:
             self._stacks.close()
             os.unlink(self._stacks.name)
+            self._stacks = None
 
 
 _TAG = pytest.StashKey[str]()
@@ -304,6 +329,14 @@ _DEADLINE = pytest.StashKey["float | None"]()
 def item_deadline(item: pytest.Item) -> float | None:
     """The monotonic deadline of the item's setup and call, once its setup started."""
     return item.stash.get(_DEADLINE, None)
+
+
+def _faulthandler_timeout(config: pytest.Config) -> float:
+    """pytest's ``faulthandler_timeout`` (0 when unset or when that plugin is off)."""
+    try:
+        return float(config.getini("faulthandler_timeout") or 0)
+    except (ValueError, TypeError):
+        return 0.0
 
 
 def _world_size(item: pytest.Item, marker: pytest.Mark) -> int:

@@ -14,10 +14,12 @@ and close.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 from typing import Any
 
+from .. import proctree
 from ..serving.group import WorkerGroup
 from . import processes
 from .rank_tasks import run_test
@@ -44,9 +46,10 @@ class RankPool:
             time.sleep(_POLL_S)
         if state != "ready":
             failure = self._group.failure
+            logs = self.logs()
             self.close(graceful=False)
             raise PoolError(f"the pool's ranks did not start: "
-                            f"{failure.describe() if failure else state}\n{self.logs()}")
+                            f"{failure.describe() if failure else state}\n{logs}")
 
     @property
     def pids(self) -> list[int]:
@@ -67,14 +70,24 @@ class RankPool:
     def run(self, path: str, name: str, args: bytes, deadline: float,
             collective_timeout: float) -> dict[int, dict[str, Any]]:
         """Run test function ``name`` of file ``path`` on every rank; answers by rank,
-        ``{"outcome": "passed"}`` or ``{"outcome": "failed", "error", "collective", "missing",
-        "traceback", "at", ...}`` (a rank that did not answer by ``deadline`` is absent)."""
+        ``{"outcome": "passed"}``, ``{"outcome": "failed", "error", "collective", "missing",
+        "traceback", "at", ...}``, or ``{"outcome": "ended", "detail"}`` for a rank whose
+        process ended during the test (``exited with code 0``, ``was killed by SIGKILL``); a
+        rank that did not answer by ``deadline`` is absent."""
         outcome = self._group.gather({"fn": run_test, "args": (path, name, args),
                                       "kwargs": {}, "all": False},
                                      collective_timeout, deadline, MISSING_GRACE_S)
         answers: dict[int, dict[str, Any]] = {r: {"outcome": "passed"} for r in outcome.results}
         answers.update({r: {"outcome": "failed", **a} for r, a in outcome.failures.items()})
+        answers.update({r: {"outcome": "ended", "detail": self._ending(r, how)}
+                        for r, how in outcome.dead.items()})
         return answers
+
+    def _ending(self, rank: int, seen: str) -> str:
+        """How the process of ``rank`` ended: ``seen`` by the group when its channel closed,
+        or its exit status if that came later."""
+        code = self._group.procs[rank].poll()
+        return proctree.exit_detail(code) if code is not None else seen
 
     def regroup(self) -> bool:
         """A fresh generation of the group after a failed test; False if it did not form."""
@@ -87,8 +100,10 @@ class RankPool:
                 for rank in ranks}
 
     def close(self, graceful: bool = True) -> None:
-        """Shut the ranks down: a bounded shutdown (``graceful``), or SIGKILL at once."""
+        """Shut the ranks down: a bounded shutdown (``graceful``), or SIGKILL at once; then
+        remove the pool's folder (the ranks' logs, ledgers and stacks: read them before)."""
         if graceful and self.alive():
             self._group.close(CLOSE_S)
         else:
             self._group.kill(wait=True)
+        shutil.rmtree(self.folder, ignore_errors=True)

@@ -2,7 +2,9 @@
 
 A test's processes are the ones whose environment carries the test's tag (every descendant
 inherits it, however started: subprocess, multiprocessing fork or spawn, a double-forked
-daemon) plus any new descendant of the test process.
+daemon) plus the new ones the session's ``proctree.Tracking`` holds: every descendant of the
+test process, and those that cleared their environment and detached (``setsid env -i``, a
+double fork), which stay in its cgroup, or in its tree as their subreaper.
 
 Stacks come from the process itself when it can answer: if it catches ``SIGUSR1`` (rankguard's
 runtime in a rank, or a child forked from the test process, which inherits the plugin's

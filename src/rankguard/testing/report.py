@@ -1,9 +1,11 @@
 """The outcome of a test that ran on N ranks: the first failure, apart from its cascade.
 
 When rank 1 fails an assertion, rank 0 waiting for it in a collective fails too, a victim. The
-report puts first the rank that failed by itself, earliest in time, with its traceback; then the
-ranks that never finished (stuck), with their stacks; then the victims (their error is a
-rankguard collective error: a peer's fault, not theirs), each with its traceback.
+report puts first the ranks whose process ended during the test (how: its exit code, or the
+signal that killed it), then the rank that failed by itself, earliest in time, with its
+traceback; then the ranks that never finished (stuck), with their stacks; then the victims
+(their error is a rankguard collective error: a peer's fault, not theirs), each with its
+traceback.
 """
 
 from __future__ import annotations
@@ -23,17 +25,21 @@ def compose(world: int, answers: dict[int, dict[str, Any]], stacks: dict[int, st
             logs: dict[int, str]) -> str | None:
     """The report, or None if every rank passed."""
     failed = {r: a for r, a in answers.items() if a.get("outcome") == "failed"}
+    ended = {r: a["detail"] for r, a in answers.items() if a.get("outcome") == "ended"}
     missing = sorted(set(range(world)) - set(answers))
-    if not failed and not missing:
+    if not failed and not missing and not ended:
         return None
     first = sorted((a["at"], r) for r, a in failed.items() if not a["collective"])
     victims = sorted(r for r, a in failed.items() if a["collective"])
     own = [r for _, r in first]
-    head = []
-    if own:
+    head = [f"rank {rank} {detail} during the test" for rank, detail in sorted(ended.items())]
+    if own and not ended:
         head.append(f"{_ranks(own[:1])} failed first ({failed[own[0]]['error']})")
         if own[1:]:
             head.append(f"{_ranks(own[1:])} failed on their own too")
+    elif own:
+        head.append(f"{_ranks(own)} failed on {'its' if len(own) == 1 else 'their'} own too "
+                    f"({', '.join(sorted({failed[r]['error'] for r in own}))})")
     if missing:
         head.append(f"{_ranks(missing)} never finished the test (stuck)")
     if victims:
@@ -43,9 +49,13 @@ def compose(world: int, answers: dict[int, dict[str, Any]], stacks: dict[int, st
     if passed:
         head.append(f"{_ranks(passed)} passed")
     sections = ["; ".join(head)]
+    for rank, detail in sorted(ended.items()):
+        sections.append(_section(f"rank {rank}: {detail} during the test",
+                                 "(no traceback: its process ended)", logs, rank))
     for rank in own:
-        sections.append(_section(f"rank {rank}: failed first" if rank == own[0] else
-                                 f"rank {rank}: failed", failed[rank]["traceback"], logs, rank))
+        sections.append(_section(f"rank {rank}: failed first" if rank == own[0] and not ended
+                                 else f"rank {rank}: failed", failed[rank]["traceback"], logs,
+                                 rank))
     for rank in missing:
         sections.append(_section(f"rank {rank}: stuck; its stacks", stacks.get(rank, ""), logs,
                                  rank))

@@ -13,8 +13,17 @@ which never waits on anything the test holds:
    :class:`DeadlineExceeded` carrying the report: a Python-level wait (sleep, lock, queue, join,
    a socket, a pipe) ends, the test fails with the report, and the session goes on;
 4. if the main thread does not come back within ``LAST_RESORT_S`` (stuck inside C code that
-   never returns to Python), prints the report and ends the session with exit status 2, so a CI
-   job still ends on its own.
+   never returns to Python), hands the report to ``last_words`` (the plugin reports the test as
+   failed and finishes the session: the report reaches the terminal and the junit XML, see
+   ``abort``) for up to ``LAST_WORDS_S``, writes it to fd 2 itself if that did not end, and
+   ends the process with exit status 2, so a CI job still ends on its own.
+
+All of this runs in Python, so it needs the GIL. A main thread that holds it inside C code
+(``ctypes.PyDLL``, an extension that does not release it) stops every Python thread, this one
+too: for that case a **backstop** of faulthandler's (a C thread, no GIL needed) is set to
+``BACKSTOP_S`` after each deadline, and pushed back by the watchdog thread as soon as it takes
+the expiry in hand. When it fires, it writes every thread's Python stack to the terminal and
+ends the process with exit status 1 (no junit XML: nothing else can run).
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from .. import proctree
 from . import processes
@@ -37,8 +46,11 @@ from . import processes
 INTERRUPT_SIGNAL = signal.SIGUSR2
 RELEASE_GRACE_S = 2.0
 LAST_RESORT_S = 10.0
+LAST_WORDS_S = 10.0  # for the plugin's report of a session that must end (other plugins' hooks)
 EXIT_ABORTED = 2  # pytest's "interrupted"
+BACKSTOP_S = 5.0  # how late after a deadline the watchdog thread may take the expiry in hand
 _DUMPS_BUDGET_S = 10.0  # allowance for the stack dumps of an expiry, before its release
+_EXPIRY_S = _DUMPS_BUDGET_S + RELEASE_GRACE_S + LAST_RESORT_S + LAST_WORDS_S + BACKSTOP_S
 
 
 class DeadlineExceeded(BaseException):
@@ -60,10 +72,27 @@ class Phase:
 
 
 class Watchdog:
-    """Enforces the deadline of the armed phase; one per test process."""
+    """Enforces the deadline of the armed phase; one per test process.
 
-    def __init__(self, stacks_file: str | None) -> None:
+    Args:
+        stacks_file: where children forked from this process dump their stacks on SIGUSR1.
+        tracking: holds the processes the tests start (see ``proctree.Tracking``).
+        last_words: ``(phase, report, why) -> reported``, called (from another thread, for at
+            most ``LAST_WORDS_S``) before the process ends because the main thread is stuck in
+            C code; it must first give fd 2 back to the terminal. Without it, or when it
+            returns False, the report is written to fd 2.
+        backstop: whether to set faulthandler's backstop (not when the session uses
+            faulthandler's own timer, ``faulthandler_timeout``: there is only one).
+    """
+
+    def __init__(self, stacks_file: str | None, tracking: proctree.Tracking,
+                 last_words: Callable[[Phase, str, str], bool] | None = None,
+                 backstop: bool = True) -> None:
         self._stacks_file = stacks_file
+        self._backstop = backstop
+        self._terminal: int | None = None  # fd 2 as it was before any test captured it
+        self._tracking = tracking
+        self._last_words = last_words
         self._cond = threading.Condition()
         self._phase: Phase | None = None
         self._pending: str | None = None  # a report for the main thread's interrupt handler
@@ -75,6 +104,8 @@ class Watchdog:
     def install(self) -> None:
         """Install the interrupt handler (main thread) and start the watchdog thread."""
         self._previous = signal.signal(INTERRUPT_SIGNAL, self._interrupt)
+        if self._backstop:
+            self._terminal = os.dup(2)
         self._thread = threading.Thread(target=self._run, name="rankguard-watchdog",
                                         daemon=True)
         self._thread.start()
@@ -83,6 +114,7 @@ class Watchdog:
         with self._cond:
             self._phase = phase
             self._ended.clear()
+            self._set_backstop(phase.deadline_at + BACKSTOP_S)
             self._cond.notify()
 
     @contextlib.contextmanager
@@ -95,6 +127,7 @@ class Watchdog:
             phase, saved = self._phase, math.inf
             if phase is not None:
                 saved, phase.deadline_at = phase.deadline_at, math.inf
+                self._set_backstop(math.inf)
         started = time.monotonic()
         try:
             yield paused
@@ -103,6 +136,7 @@ class Watchdog:
             with self._cond:
                 if phase is not None and self._phase is phase:
                     phase.deadline_at = saved + paused[0]
+                    self._set_backstop(phase.deadline_at + BACKSTOP_S)
                     self._cond.notify()
 
     def disarm(self) -> str | None:
@@ -113,10 +147,21 @@ class Watchdog:
             firing.wait(RELEASE_GRACE_S + _DUMPS_BUDGET_S)
         with self._cond:
             self._phase = None
+            self._set_backstop(math.inf)
             report, self._pending = self._pending, None
             self._ended.set()
             self._cond.notify()
         return report
+
+    def _set_backstop(self, at: float) -> None:
+        """faulthandler's backstop fires at monotonic time ``at`` (inf: not at all)."""
+        if self._terminal is None:
+            return
+        if math.isinf(at):
+            faulthandler.cancel_dump_traceback_later()
+        else:
+            faulthandler.dump_traceback_later(max(0.1, at - time.monotonic()), exit=True,
+                                              file=self._terminal)
 
     def _interrupt(self, signum: int, frame: Any) -> None:
         with self._cond:
@@ -135,6 +180,7 @@ class Watchdog:
                     self._cond.wait(timeout)
                 phase, self._phase = self._phase, None
                 self._firing = threading.Event()
+                self._set_backstop(time.monotonic() + _EXPIRY_S)  # this thread runs: push it
             report = self._expire(phase)
             with self._cond:
                 self._pending = report
@@ -142,7 +188,7 @@ class Watchdog:
             self._firing = None
             signal.pthread_kill(threading.main_thread().ident, INTERRUPT_SIGNAL)
             if not self._ended.wait(LAST_RESORT_S):
-                self._abort(report)
+                self._abort(phase, report)
 
     def _expire(self, phase: Phase) -> str:
         lines = [f"rankguard: the deadline of {phase.budget:g} s passed during the {phase.when} "
@@ -168,10 +214,9 @@ class Watchdog:
         lines.append(self._release(pids))
         return "\n".join(lines + [""] + details)
 
-    @staticmethod
-    def _processes_of(phase: Phase) -> list[int]:
+    def _processes_of(self, phase: Phase) -> list[int]:
         found = processes.tagged(phase.tag, phase.known)
-        for pid in proctree.descendants(os.getpid()):
+        for pid in self._tracking.processes():
             if pid not in phase.known and pid not in found:
                 found.append(pid)
         return [pid for pid in found
@@ -199,11 +244,22 @@ class Watchdog:
                 + (f", SIGKILL to {len(alive)} that outlived {RELEASE_GRACE_S:g} s" if alive
                    else ""))
 
-    def _abort(self, report: str) -> None:
-        text = (f"{report}\nrankguard: the main thread did not return within {LAST_RESORT_S:g} s "
-                "of its interruption (stuck inside C code); ending the session\n")
+    def _abort(self, phase: Phase, report: str) -> None:
+        why = (f"rankguard: the main thread did not return within {LAST_RESORT_S:g} s of its "
+               f"interruption (stuck inside C code); ending the session (exit {EXIT_ABORTED})")
+        told = threading.Event()
+
+        def tell() -> None:
+            assert self._last_words is not None
+            if self._last_words(phase, report, why):
+                told.set()
+
         try:
-            os.write(2, text.encode())
+            if self._last_words is not None:
+                threading.Thread(target=tell, name="rankguard-last-words", daemon=True).start()
+                told.wait(LAST_WORDS_S)
+            if not told.is_set():
+                os.write(2, f"{report}\n{why}\n".encode())
         finally:
             os._exit(EXIT_ABORTED)
 

@@ -1,0 +1,45 @@
+"""The report of a distributed test, from the ranks' answers (no processes: the decision only)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rankguard.testing.report import compose
+
+
+def failed(error: str, at: float, collective: bool = False) -> dict:
+    return {"outcome": "failed", "error": error, "at": at, "collective": collective,
+            "traceback": f"Traceback ...\n{error}: ..."}
+
+
+ENDED = {"outcome": "ended", "detail": "exited with code 0"}
+PASSED = {"outcome": "passed"}
+
+
+@pytest.mark.parametrize("world, answers, head", [
+    (2, {0: PASSED, 1: PASSED}, None),
+    (2, {0: failed("PeerFailed", 2.0, True), 1: ENDED},
+     "rank 1 exited with code 0 during the test; rank 0 failed as a consequence (PeerFailed)"),
+    (2, {0: {"outcome": "ended", "detail": "was killed by SIGKILL"}, 1: PASSED},
+     "rank 0 was killed by SIGKILL during the test; rank 1 passed"),
+    (3, {0: failed("PeerFailed", 3.0, True), 1: failed("AssertionError", 2.0), 2: ENDED},
+     "rank 2 exited with code 0 during the test; rank 1 failed on its own too "
+     "(AssertionError); rank 0 failed as a consequence (PeerFailed)"),
+    (2, {0: failed("PeerFailed", 3.0, True), 1: failed("AssertionError", 2.0)},
+     "rank 1 failed first (AssertionError); rank 0 failed as a consequence (PeerFailed)"),
+    (2, {0: failed("CollectiveTimeout", 3.0, True)},
+     "rank 1 never finished the test (stuck); rank 0 failed as a consequence "
+     "(CollectiveTimeout)"),
+])
+def test_the_headline_puts_ended_processes_and_first_failures_before_their_cascade(
+        world, answers, head):
+    text = compose(world, answers, {1: "stacks"}, {})
+    assert (text.split("\n", 1)[0] if text else None) == head
+
+
+def test_a_rank_that_ended_gets_a_section_with_its_output_and_no_stuck_stacks() -> None:
+    text = compose(2, {0: failed("PeerFailed", 2.0, True), 1: ENDED}, {},
+                   {1: "bye from rank 1\n"})
+    assert "----- rank 1: exited with code 0 during the test -----" in text
+    assert "----- rank 1: output -----\nbye from rank 1" in text
+    assert "stuck" not in text
