@@ -8,6 +8,9 @@ One attempt:
    ``--hang-timeout`` plus one tick;
 3. on the first fault: capture stacks, stop the ranks (``teardown``), verify nothing is left;
 4. classify outcomes (``outcome``), journal them, then restart or return the exit code.
+
+The launcher's own lines and the ranks' output reach the terminal through ``terminal``: never
+blocking, never raising, whatever the reader of its stdout or stderr does.
 """
 
 from __future__ import annotations
@@ -35,8 +38,11 @@ from .monitor import HangMonitor, Verdict
 from .spares import SparePool
 from .outcome import Fault, RankOutcome, classify, deadline_verdict, fault_of, raised_fault
 from .summary import AttemptReport, render
+from .terminal import Terminal
 
 TICK_S = 0.2
+# At the end, how long the terminal's reader gets to take what is still queued for it.
+FLUSH_BUDGET_S = 1.0
 # A rank that raised inside a collective is judged only after this long: a peer's death reaches
 # it through gloo before the launcher sees the dead process's exit.
 CASCADE_WINDOW_S = 0.3
@@ -69,6 +75,7 @@ class Launcher:
         self._port = listen_socket.getsockname()[1]
         self._token = uuid.uuid4().hex
         self._journal = Journal(config.journal_path, config.run_id)
+        self._terminal = Terminal()
         self._store: Any = None
         self._signal: int | None = None
         self._wakeup_r, self._wakeup_w = os.pipe()
@@ -87,11 +94,17 @@ class Launcher:
                 with open(where, "w") as f:
                     traceback.print_exc(file=f)
             except OSError:  # the log dir itself may be what broke: keep the traceback here
-                traceback.print_exc()
+                self._terminal.say(traceback.format_exc().rstrip("\n"))
                 where = "above"
-            print(f"rankguard: internal error: {type(exc).__name__}: {exc}; every rank was "
-                  f"stopped. Traceback: {where}", file=sys.stderr, flush=True)
+            self._terminal.say(f"rankguard: internal error: {type(exc).__name__}: {exc}; every "
+                               f"rank was stopped. Traceback: {where}")
             return EXIT_INTERNAL
+        finally:
+            self._terminal.out.flush(FLUSH_BUDGET_S)
+            self._terminal.err.flush(FLUSH_BUDGET_S)
+
+    def _say(self, line: str) -> None:
+        self._terminal.say(line)
 
     def _run(self) -> int:
         self._install_signal_handlers()
@@ -111,8 +124,7 @@ class Launcher:
                 if attempt:
                     self._journal.write("restart", attempt=attempt,
                                         root_cause=last_fault.describe() if last_fault else None)
-                    print(f"rankguard: restarting (attempt {attempt} of {cfg.max_restarts})",
-                          file=sys.stderr, flush=True)
+                    self._say(f"rankguard: restarting (attempt {attempt} of {cfg.max_restarts})")
                 attempt_result = self._run_attempt(attempt)
                 assert attempt_result.report is not None
                 reports.append(attempt_result.report)
@@ -135,11 +147,13 @@ class Launcher:
             status = "failed"
             code = EXIT_HUNG if fault.kind == "hung" else EXIT_RANK_FAILED
         root = next((r.root_cause for r in reports if r.root_cause), None)
+        self._terminal.out.flush(FLUSH_BUDGET_S)  # rank output first, then count what was lost
         self._journal.write("run_end", status=status.split()[-1], exit_code=code,
-                            root_cause=root, attempts=len(reports))
+                            root_cause=root, attempts=len(reports),
+                            dropped_output=self._terminal.dropped())
         self._journal.close()
-        print(render(cfg.run_id, status, code, reports, cfg.log_dir, cfg.journal_path,
-                     restart_s), file=sys.stderr, flush=True)
+        self._say(render(cfg.run_id, status, code, reports, cfg.log_dir, cfg.journal_path,
+                         restart_s, self._terminal.dropped_line()))
         return code
 
     # -- one attempt -------------------------------------------------------------------------
@@ -149,7 +163,8 @@ class Launcher:
         result = _Attempt()
         spares = self._spares
         group = RankGroup.start(cfg, attempt, self._token, self._port,
-                                spares.take if spares is not None else lambda: None)
+                                spares.take if spares is not None else lambda: None,
+                                self._terminal)
         started = time.monotonic()
         self._journal.write("attempt_start", attempt=attempt)
         for member in group.ranks:
@@ -229,11 +244,12 @@ class Launcher:
                 fault = fault_of(member, progress)
                 if fault is not None and result.fault is None:
                     result.fault = fault
-                    print(f"rankguard: {fault.describe()}; stopping the other ranks",
-                          file=sys.stderr, flush=True)
+                    self._say(f"rankguard: {fault.describe()}; stopping the other ranks")
             if self._signal is not None and result.fault is None:
+                name = proctree.signal_name(self._signal)
+                self._say(f"rankguard: received {name}; stopping all ranks")
                 result.fault = Fault("launcher_signal", now, None,
-                                     f"the launcher received {proctree.signal_name(self._signal)}")
+                                     f"the launcher received {name}")
             if result.fault is not None or now < next_tick:
                 continue
             next_tick = now + TICK_S
@@ -264,8 +280,7 @@ class Launcher:
                 self._on_verdict(verdict, result, now)
                 continue
             result.fault = raised_fault(member.rank, progress)
-            print(f"rankguard: {result.fault.describe()}; stopping the other ranks",
-                  file=sys.stderr, flush=True)
+            self._say(f"rankguard: {result.fault.describe()}; stopping the other ranks")
 
     @staticmethod
     def _deadline_verdict(rank: int, progress: _ledger.RankProgress,
@@ -277,15 +292,14 @@ class Launcher:
             self._journal.write("straggler", ranks=list(verdict.blamed), op=verdict.op,
                                 seq=verdict.seq, waited_s=verdict.waited_s,
                                 waiting=list(verdict.waiting))
-            print(f"rankguard: straggler: {verdict.describe()}; waiting up to "
-                  f"--straggler-timeout {self.config.straggler_timeout:g} s",
-                  file=sys.stderr, flush=True)
+            self._say(f"rankguard: straggler: {verdict.describe()}; waiting up to "
+                      f"--straggler-timeout {self.config.straggler_timeout:g} s")
             return
         if result.fault is None:
             result.hang = verdict
             # the fault began when the peers started waiting, not when we noticed
             result.fault = Fault("hung", now - verdict.waited_s, None, "hang: " + verdict.describe())
-            print(f"rankguard: hang: {verdict.describe()}", file=sys.stderr, flush=True)
+            self._say(f"rankguard: hang: {verdict.describe()}")
 
     @staticmethod
     def _all_stepped(readers: dict[int, _ledger.LedgerReader], group: RankGroup) -> bool:
@@ -303,9 +317,7 @@ class Launcher:
 
         def on_signal(signum: int, _frame: Any) -> None:
             if self._signal is None:
-                self._signal = signum
-                print(f"rankguard: received {proctree.signal_name(signum)}; stopping all ranks",
-                      file=sys.stderr, flush=True)
+                self._signal = signum  # the attempt's loop says so and acts
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, on_signal)
