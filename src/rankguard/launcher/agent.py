@@ -15,6 +15,7 @@ blocking, never raising, whatever the reader of its stdout or stderr does.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import socket
@@ -33,10 +34,10 @@ from ..proctree import MARKER
 from . import store as _store
 from . import guardian, teardown
 from .config import RunConfig
-from .group import Rank, RankGroup
+from .group import RankGroup
 from .monitor import HangMonitor, Verdict
 from .spares import SparePool
-from .outcome import Fault, RankOutcome, classify, deadline_verdict, fault_of, raised_fault
+from .outcome import Fault, RankOutcome, RankState, classify, deadline_verdict, first_fault
 from .summary import AttemptReport, render
 from .terminal import Terminal
 
@@ -191,12 +192,13 @@ class Launcher:
                                               result.hang is not None)
                 report.stacks.update(teardown.capture_stacks(group, monitor, stopped=True))
                 if result.hang is not None:
+                    hang = result.hang
                     self._journal.write(
-                        "hang_detected", attempt=attempt, blamed=list(result.hang.blamed),
-                        waiting=list(result.hang.waiting), op=result.hang.op,
-                        seq=result.hang.seq, waited_s=result.hang.waited_s,
-                        reason=result.hang.reason, stacks=report.stacks)
-                    report.verdict = result.hang.describe()
+                        "hang_detected", attempt=attempt, blamed=list(hang.blamed),
+                        waiting=list(hang.waiting), op=hang.op, seq=hang.seq,
+                        waited_s=hang.waited_s, reason=hang.reason, stacks=report.stacks,
+                        group=hang.group, ops=dict(hang.ops), elsewhere=dict(hang.elsewhere))
+                    report.verdict = hang.describe()
                 elif report.stacks:
                     self._journal.write("stacks", attempt=attempt, stacks=report.stacks)
                 teardown_at = time.monotonic()
@@ -236,15 +238,11 @@ class Launcher:
                 self._prepare_spares(group.attempt)
             for member in exited:
                 monitor.unwatch(member.rank)
-                progress = readers[member.rank].read()
-                verdict = self._deadline_verdict(member.rank, progress, group)
+                verdict = self._deadline_verdict(member.rank, readers[member.rank].read(), group)
                 if verdict is not None:
                     self._on_verdict(verdict, result, now)
-                    continue
-                fault = fault_of(member, progress)
-                if fault is not None and result.fault is None:
-                    result.fault = fault
-                    self._say(f"rankguard: {fault.describe()}; stopping the other ranks")
+            if exited and result.fault is None:
+                self._decide(group, readers, result, now)
             if self._signal is not None and result.fault is None:
                 name = proctree.signal_name(self._signal)
                 self._say(f"rankguard: received {name}; stopping all ranks")
@@ -254,8 +252,12 @@ class Launcher:
                 continue
             next_tick = now + TICK_S
             self._check_raised(group, readers, result, now)
+            if result.fault is None:
+                self._decide(group, readers, result, now)
             for verdict in monitor.check(now):
                 self._on_verdict(verdict, result, now)
+        if result.fault is None:  # every rank has exited: nothing more will show
+            self._decide(group, readers, result, math.inf)
 
     def _prepare_spares(self, attempt: int) -> None:
         """Once an attempt has started well, get spares ready for its restart, if any remains."""
@@ -268,19 +270,28 @@ class Launcher:
 
     def _check_raised(self, group: RankGroup, readers: dict[int, _ledger.LedgerReader],
                       result: _Attempt, now: float) -> None:
-        """A rank whose exception reached the top is failing: act before its slow exit."""
+        """A live rank that raised ``CollectiveError`` naming ranks that never arrived reports
+        a hang (once the cascade window has passed: a peer's death may explain it)."""
         for member in group.live():
             progress = readers[member.rank].read()
             if progress.fault != _ledger.FAULT_RAISED or result.fault is not None:
                 continue
-            if progress.fault_in_collective and now - progress.t_fault < CASCADE_WINDOW_S:
-                continue  # most likely a peer's death seen first by gloo: let its exit show
+            if now - progress.t_fault < CASCADE_WINDOW_S:
+                continue
             verdict = self._deadline_verdict(member.rank, progress, group)
             if verdict is not None:
                 self._on_verdict(verdict, result, now)
-                continue
-            result.fault = raised_fault(member.rank, progress)
-            self._say(f"rankguard: {result.fault.describe()}; stopping the other ranks")
+
+    def _decide(self, group: RankGroup, readers: dict[int, _ledger.LedgerReader],
+                result: _Attempt, now: float) -> None:
+        """Take the root cause among the faults the ranks show at ``now``, if any (a rank's
+        exception or exit is acted on before its slow exit, from its ledger)."""
+        states = [RankState.of(m, readers[m.rank].read()) for m in group.ranks]
+        fault = first_fault(states, now, CASCADE_WINDOW_S, self.config.hang_timeout)
+        if fault is not None:
+            result.fault = fault
+            stopping = "; stopping the other ranks" if group.live() else ""
+            self._say(f"rankguard: {fault.describe()}{stopping}")
 
     @staticmethod
     def _deadline_verdict(rank: int, progress: _ledger.RankProgress,
@@ -291,7 +302,7 @@ class Launcher:
         if not verdict.hung:
             self._journal.write("straggler", ranks=list(verdict.blamed), op=verdict.op,
                                 seq=verdict.seq, waited_s=verdict.waited_s,
-                                waiting=list(verdict.waiting))
+                                waiting=list(verdict.waiting), group=verdict.group)
             self._say(f"rankguard: straggler: {verdict.describe()}; waiting up to "
                       f"--straggler-timeout {self.config.straggler_timeout:g} s")
             return

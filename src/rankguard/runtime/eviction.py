@@ -12,7 +12,8 @@ once, whatever the main thread is doing, and the watcher starts the teardown:
 3. drain device work: ``torch.cuda.synchronize()``, only where CUDA was initialised;
 4. abort NCCL communicators (``ncclCommAbort``); gloo has no in-process abort: its connections
    close when the process exits, which makes its peers fail at once instead of waiting;
-5. flush stdout and stderr, and end the process with ``os._exit(0)``.
+5. flush stdout and stderr, and end the process with ``os._exit(0)``, or with the code the
+   rank was already leaving with (its script had ended; see ``bootstrap``).
 
 The steps run in a worker thread bounded by the grace budget; past it the process ends with
 :data:`EXIT_TEARDOWN_TIMEOUT` after naming the step that overran. Parts that do not exist (no
@@ -112,9 +113,20 @@ def _run(reason: str) -> None:
         _finished.set()
         os._exit(EXIT_TEARDOWN_TIMEOUT)
     released = progress.get("released", "")
-    _say(f"rankguard: {who}: {reason}: torn down in {took:.2f} s{released}; exiting 0")
+    code = _leaving_code()
+    _say(f"rankguard: {who}: {reason}: torn down in {took:.2f} s{released}; exiting {code}")
     _finished.set()
-    os._exit(0)
+    os._exit(code)
+
+
+def _leaving_code() -> int:
+    """The exit code the rank's script had already ended with, else 0."""
+    from . import instrument
+
+    ledger = instrument.state.ledger
+    if ledger is not None and ledger.recorded_fault() == _ledger.FAULT_EXITING:
+        return ledger.exit_code()
+    return 0
 
 
 def _steps(reason: str, progress: dict[str, str]) -> None:
@@ -124,7 +136,8 @@ def _steps(reason: str, progress: dict[str, str]) -> None:
     if ledger is not None:
         progress["step"] = "record the teardown"
         instrument.completions.flush()
-        ledger.record_fault(_ledger.FAULT_TERMINATED, ledger.in_collective())
+        if ledger.recorded_fault() == _ledger.FAULT_NONE:  # else that fault tells the story
+            ledger.record_fault(_ledger.FAULT_TERMINATED, ledger.in_collective())
         ledger.set_flag(_ledger.FLAG_TERMINATING)
     progress["step"] = "retire process groups"
     live = groups.live()
