@@ -1,5 +1,5 @@
 """The verdicts on real ranks: a rank that left first is the root cause with its exit code, a
-mismatch is named with its operations and group.
+mismatch is named with its operations and group, and a stopped rank says why it was stopped.
 
 (The decision rules themselves are table-tested in test_blame_rules.py.)"""
 
@@ -40,3 +40,14 @@ def test_mismatched_operations_are_named_with_each_ranks_operation_and_the_group
     assert (f"mismatched operations #{seq} on group {label}: rank 0 in recv, rank 1 in "
             "barrier") in run.stderr
     assert run.outcomes() == {0: "hung", 1: "hung"}
+
+
+def test_each_stopped_rank_says_why_the_launcher_stopped_it(run_rankguard):
+    run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "2", "--inject",
+                         "hang:rank=1,at=op5", script("allreduce.py"), "400", "0.01"])
+    assert run.code == 3, run.stderr
+    logs = {r: (run.log_dir / "attempt0" / f"rank{r}.log").read_text() for r in (0, 1)}
+    assert ("rankguard: rank 1: stopped by the launcher, which blamed this rank for a hang "
+            "(SIGTERM); torn down in ") in logs[1]
+    assert ("rankguard: rank 0: stopped by the launcher because rank 1 hung (SIGTERM); torn "
+            "down in ") in logs[0]

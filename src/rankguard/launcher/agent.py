@@ -201,6 +201,8 @@ class Launcher:
                     report.verdict = hang.describe()
                 elif report.stacks:
                     self._journal.write("stacks", attempt=attempt, stacks=report.stacks)
+                if result.fault.kind != "launcher_signal":
+                    self._tell_why(group, culprits, result.hang is not None)
                 teardown_at = time.monotonic()
                 teardown.stop_ranks(group, self._journal, cfg.grace, result.fault.kind)
                 report.stop_s = time.monotonic() - result.fault.at
@@ -258,6 +260,16 @@ class Launcher:
                 self._on_verdict(verdict, result, now)
         if result.fault is None:  # every rank has exited: nothing more will show
             self._decide(group, readers, result, math.inf)
+
+    @staticmethod
+    def _tell_why(group: RankGroup, culprits: set[int], hung: bool) -> None:
+        """Before the SIGTERM, tell each live rank in its ledger which rank failed (itself,
+        for a culprit), so that its teardown can say why it was stopped."""
+        kind = _ledger.NOTICE_HUNG if hung else _ledger.NOTICE_DIED
+        first = min(culprits) if culprits else -1
+        for member in group.live():
+            _ledger.post_notice(member.ledger_path, kind,
+                                member.rank if member.rank in culprits else first)
 
     def _prepare_spares(self, attempt: int) -> None:
         """Once an attempt has started well, get spares ready for its restart, if any remains."""
