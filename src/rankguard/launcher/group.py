@@ -34,7 +34,7 @@ from .store import namespace
 from .terminal import Terminal
 
 MAX_PARTIAL = 1 << 16  # bytes of an unfinished line held back before it is written anyway
-_LINE_START = re.compile(rb"(\r\n|\r|\n)(?=.)", re.DOTALL)  # a line ends, another begins
+_LINE_START = re.compile(rb"(\r\n|\r(?!\n)|\n)(?=.)", re.DOTALL)  # a line ends, one begins
 
 
 @dataclass(eq=False)
@@ -93,12 +93,12 @@ class _Stream:
     tee: Callable[[bytes], None] | None
     log: IO[bytes]
     partial: bytearray = field(default_factory=bytearray)
-    at_line_start: bool = True  # the last byte teed ended a line
+    at_line_start: bool = True  # the last byte written ended a line
 
     def feed(self, data: bytes) -> None:
         """Take the next bytes read from the pipe (``b""``: end of file)."""
         if not data:
-            if self.partial:
+            if self.partial or not self.at_line_start:  # end the last line
                 self._emit(bytes(self.partial) + b"\n")
                 self.partial.clear()
             return
@@ -122,7 +122,7 @@ class _Stream:
         if self.tee is not None:
             lines = _LINE_START.sub(rb"\1" + self.prefix, block)
             self.tee(self.prefix + lines if self.at_line_start else lines)
-            self.at_line_start = block.endswith((b"\n", b"\r"))
+        self.at_line_start = block.endswith((b"\n", b"\r"))
 
 
 def base_env(config: RunConfig, token: str, master_port: int) -> dict[str, str]:
