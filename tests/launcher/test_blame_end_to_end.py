@@ -48,6 +48,6 @@ def test_each_stopped_rank_says_why_the_launcher_stopped_it(run_rankguard):
     assert run.code == 3, run.stderr
     logs = {r: (run.log_dir / "attempt0" / f"rank{r}.log").read_text() for r in (0, 1)}
     assert ("rankguard: rank 1: stopped by the launcher, which blamed this rank for a hang "
-            "(SIGTERM); torn down in ") in logs[1]
-    assert ("rankguard: rank 0: stopped by the launcher because rank 1 hung (SIGTERM); torn "
+            "(SIGTERM): torn down in ") in logs[1]
+    assert ("rankguard: rank 0: stopped by the launcher because rank 1 hung (SIGTERM): torn "
             "down in ") in logs[0]

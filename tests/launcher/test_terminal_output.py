@@ -138,6 +138,7 @@ def _cpu_seconds(args: list[str], log_dir: Path, timeout: float) -> float:
     pytest.fail(f"rankguard run did not finish within {timeout} s")
 
 
+@pytest.mark.slow
 def test_output_without_newlines_costs_time_linear_in_its_size(tmp_path):
     # 80 MiB of progress-bar updates ending in \r, never \n: the launcher used to copy the
     # whole unfinished line again on every read (quadratic: 11 s of CPU for 40 MiB here, four

@@ -118,7 +118,7 @@ def _run(reason: str) -> None:
         os._exit(EXIT_TEARDOWN_TIMEOUT)
     released = progress.get("released", "")
     code = _leaving_code()
-    _say(f"rankguard: {who}: {stopped_because(reason)}; torn down in {took:.2f} s{released}; "
+    _say(f"rankguard: {who}: {stopped_because(reason)}: torn down in {took:.2f} s{released}; "
          f"exiting {code}")
     _finished.set()
     os._exit(code)
