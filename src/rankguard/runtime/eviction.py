@@ -118,7 +118,7 @@ def _run(reason: str) -> None:
         os._exit(EXIT_TEARDOWN_TIMEOUT)
     released = progress.get("released", "")
     code = _leaving_code()
-    _say(f"rankguard: {who}: {stopped_because(reason)}: torn down in {took:.2f} s{released}; "
+    _say(f"rankguard: {who}: {_stopped_because(reason)}: torn down in {took:.2f} s{released}; "
          f"exiting {code}")
     _finished.set()
     os._exit(code)
@@ -134,7 +134,7 @@ def _leaving_code() -> int:
     return 0
 
 
-def stopped_because(reason: str) -> str:
+def _stopped_because(reason: str) -> str:
     """Why the rank is being torn down, from the launcher's notice in its ledger when there
     is one: ``stopped by the launcher, which blamed this rank for a hang (SIGTERM)``."""
     from . import instrument
