@@ -11,8 +11,9 @@ record that is one update old; nothing depends on a consistent snapshot across f
 
 Layout (little-endian):
 
-- header, 64 bytes: magic, version, pid, flags, fault kind, fault-in-collective, fault time,
-  start time, the ranks the rank's own fault blames (a bitmask of the ranks a
+- header, 64 bytes: magic, version, pid, flags, fault kind, fault-in-collective, exit code (of
+  a rank leaving, see ``FAULT_EXITING``), fault time, start time, the ranks the rank's own fault
+  blames (a bitmask of the ranks a
   ``rankguard.CollectiveError`` named as not arrived), and a notice from the supervisor that a
   peer failed (the only field the supervisor writes).
 - ``MAX_GROUPS`` group slots of 64 bytes: group key, member bitmask, is-world, size, entered,
@@ -38,9 +39,10 @@ from .errors import LedgerError
 MAGIC = 0x52474C31  # "RGL1"
 VERSION = 1
 MAX_GROUPS = 16
-# magic version pid flags fault in_coll reserved t_fault t_start blamed
-HEADER = struct.Struct("<IIqIIIIddQ8x")
+# magic version pid flags fault in_coll exit_code t_fault t_start blamed
+HEADER = struct.Struct("<IIqIIIiddQ8x")
 _OFF_PID, _OFF_FLAGS, _OFF_FAULT, _OFF_T_FAULT, _OFF_T_START, _OFF_BLAMED = 8, 16, 20, 32, 40, 48
+_OFF_EXIT_CODE = 28
 SLOT = struct.Struct("<QQIIQQI4xdd")
 SLOT_SIZE = 64
 SIZE = HEADER.size + MAX_GROUPS * SLOT_SIZE
@@ -62,6 +64,9 @@ NOTICE_NAMES = {NOTICE_DIED: "died", NOTICE_HUNG: "hung"}
 FAULT_NONE = 0
 FAULT_RAISED = 1
 FAULT_TERMINATED = 2  # SIGTERM reached the rank; it is tearing itself down (runtime.eviction)
+# The script ended (returned, or raised SystemExit) and the rank is leaving with the recorded
+# exit code; its interpreter's teardown may take a while yet. The time is when it began to leave.
+FAULT_EXITING = 3
 
 # The kinds of operations, by the name the ledger shows to people.
 OP_NAMES = (
@@ -196,7 +201,8 @@ class LedgerWriter:
         for index in range(1, MAX_GROUPS):
             if SLOT.unpack_from(self._buf, HEADER.size + index * SLOT_SIZE)[0]:
                 self._used = index + 1
-        struct.pack_into("<q", self._buf, _OFF_PID, os.getpid())
+        self._pid = os.getpid()
+        struct.pack_into("<q", self._buf, _OFF_PID, self._pid)
         struct.pack_into("<d", self._buf, _OFF_T_START, time.monotonic())
 
     @classmethod
@@ -219,6 +225,23 @@ class LedgerWriter:
         """Record that the rank is failing (an exception reached the top), and when."""
         struct.pack_into("<d", self._buf, _OFF_T_FAULT, time.monotonic())
         struct.pack_into("<II", self._buf, _OFF_FAULT, kind, int(in_collective))
+
+    def record_exit(self, code: int, in_collective: bool) -> None:
+        """Record that the rank's script ended and it is leaving with exit code ``code``, and
+        when; only the process that mapped the ledger (not a forked child), and only when no
+        fault was recorded before (that one tells how the rank really ended)."""
+        if os.getpid() != self._pid or self.recorded_fault() != FAULT_NONE:
+            return
+        struct.pack_into("<i", self._buf, _OFF_EXIT_CODE, code)
+        self.record_fault(FAULT_EXITING, in_collective)
+
+    def recorded_fault(self) -> int:
+        """The fault kind recorded so far (``FAULT_NONE`` if none)."""
+        return int(struct.unpack_from("<I", self._buf, _OFF_FAULT)[0])
+
+    def exit_code(self) -> int:
+        """The exit code recorded with ``FAULT_EXITING`` (0 otherwise)."""
+        return int(struct.unpack_from("<i", self._buf, _OFF_EXIT_CODE)[0])
 
     def record_blame(self, ranks: list[int]) -> None:
         """Record the ranks that the rank's fault blames (ranks 0 to 63)."""
@@ -303,6 +326,7 @@ class RankProgress:
     t_start: float
     groups: tuple[GroupProgress, ...]
     blamed: tuple[int, ...] = ()  # ranks that the rank's own fault names as not arrived
+    exit_code: int = 0  # the code it is leaving with, when ``fault`` is FAULT_EXITING
 
     @property
     def stacks_ready(self) -> bool:
@@ -327,8 +351,8 @@ class LedgerReader:
         self._buf = _map(path, writable=False)
 
     def read(self) -> RankProgress:
-        _, _, pid, flags, fault, fault_in_coll, _, t_fault, t_start, blamed = HEADER.unpack_from(
-            self._buf, 0)
+        _, _, pid, flags, fault, fault_in_coll, exit_code, t_fault, t_start, blamed = \
+            HEADER.unpack_from(self._buf, 0)
         groups = []
         for index in range(MAX_GROUPS):
             key, members, is_world, size, entered, done, kind, t_enter, t_done = SLOT.unpack_from(
@@ -339,7 +363,8 @@ class LedgerReader:
             groups.append(GroupProgress(key, members, bool(is_world), size, entered, done, name,
                                         t_enter, t_done))
         return RankProgress(pid, flags, fault, bool(fault_in_coll), t_fault, t_start,
-                            tuple(groups), tuple(r for r in range(64) if blamed >> r & 1))
+                            tuple(groups), tuple(r for r in range(64) if blamed >> r & 1),
+                            exit_code)
 
     def close(self) -> None:
         self._buf.close()

@@ -8,10 +8,14 @@ One attempt:
    ``--hang-timeout`` plus one tick;
 3. on the first fault: capture stacks, stop the ranks (``teardown``), verify nothing is left;
 4. classify outcomes (``outcome``), journal them, then restart or return the exit code.
+
+The launcher's own lines and the ranks' output reach the terminal through ``terminal``: never
+blocking, never raising, whatever the reader of its stdout or stderr does.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import socket
@@ -30,13 +34,16 @@ from ..proctree import MARKER
 from . import store as _store
 from . import guardian, teardown
 from .config import RunConfig
-from .group import Rank, RankGroup
+from .group import RankGroup
 from .monitor import HangMonitor, Verdict
 from .spares import SparePool
-from .outcome import Fault, RankOutcome, classify, deadline_verdict, fault_of, raised_fault
+from .outcome import Fault, RankOutcome, RankState, classify, deadline_verdict, first_fault
 from .summary import AttemptReport, render
+from .terminal import Terminal
 
 TICK_S = 0.2
+# At the end, how long the terminal's reader gets to take what is still queued for it.
+FLUSH_BUDGET_S = 1.0
 # A rank that raised inside a collective is judged only after this long: a peer's death reaches
 # it through gloo before the launcher sees the dead process's exit.
 CASCADE_WINDOW_S = 0.3
@@ -69,6 +76,7 @@ class Launcher:
         self._port = listen_socket.getsockname()[1]
         self._token = uuid.uuid4().hex
         self._journal = Journal(config.journal_path, config.run_id)
+        self._terminal = Terminal()
         self._store: Any = None
         self._signal: int | None = None
         self._wakeup_r, self._wakeup_w = os.pipe()
@@ -88,11 +96,17 @@ class Launcher:
                 with open(where, "w") as f:
                     traceback.print_exc(file=f)
             except OSError:  # the log dir itself may be what broke: keep the traceback here
-                traceback.print_exc()
+                self._terminal.say(traceback.format_exc().rstrip("\n"))
                 where = "above"
-            print(f"rankguard: internal error: {type(exc).__name__}: {exc}; every rank was "
-                  f"stopped. Traceback: {where}", file=sys.stderr, flush=True)
+            self._terminal.say(f"rankguard: internal error: {type(exc).__name__}: {exc}; every "
+                               f"rank was stopped. Traceback: {where}")
             return EXIT_INTERNAL
+        finally:
+            self._terminal.out.flush(FLUSH_BUDGET_S)
+            self._terminal.err.flush(FLUSH_BUDGET_S)
+
+    def _say(self, line: str) -> None:
+        self._terminal.say(line)
 
     def _run(self) -> int:
         self._install_signal_handlers()
@@ -114,8 +128,7 @@ class Launcher:
                 if attempt:
                     self._journal.write("restart", attempt=attempt,
                                         root_cause=last_fault.describe() if last_fault else None)
-                    print(f"rankguard: restarting (attempt {attempt} of {cfg.max_restarts})",
-                          file=sys.stderr, flush=True)
+                    self._say(f"rankguard: restarting (attempt {attempt} of {cfg.max_restarts})")
                 attempt_result = self._run_attempt(attempt)
                 assert attempt_result.report is not None
                 reports.append(attempt_result.report)
@@ -139,11 +152,13 @@ class Launcher:
             status = "failed"
             code = EXIT_HUNG if fault.kind == "hung" else EXIT_RANK_FAILED
         root = next((r.root_cause for r in reports if r.root_cause), None)
+        self._terminal.out.flush(FLUSH_BUDGET_S)  # rank output first, then count what was lost
         self._journal.write("run_end", status=status.split()[-1], exit_code=code,
-                            root_cause=root, attempts=len(reports))
+                            root_cause=root, attempts=len(reports),
+                            dropped_output=self._terminal.dropped())
         self._journal.close()
-        print(render(cfg.run_id, status, code, reports, cfg.log_dir, cfg.journal_path,
-                     restart_s), file=sys.stderr, flush=True)
+        self._say(render(cfg.run_id, status, code, reports, cfg.log_dir, cfg.journal_path,
+                         restart_s, self._terminal.dropped_line()))
         return code
 
     # -- one attempt -------------------------------------------------------------------------
@@ -153,7 +168,8 @@ class Launcher:
         result = _Attempt()
         spares = self._spares
         group = RankGroup.start(cfg, attempt, self._token, self._port,
-                                spares.take if spares is not None else lambda: None)
+                                spares.take if spares is not None else lambda: None,
+                                self._terminal)
         started = time.monotonic()
         self._journal.write("attempt_start", attempt=attempt)
         for member in group.ranks:
@@ -180,14 +196,17 @@ class Launcher:
                                               result.hang is not None)
                 report.stacks.update(teardown.capture_stacks(group, monitor, stopped=True))
                 if result.hang is not None:
+                    hang = result.hang
                     self._journal.write(
-                        "hang_detected", attempt=attempt, blamed=list(result.hang.blamed),
-                        waiting=list(result.hang.waiting), op=result.hang.op,
-                        seq=result.hang.seq, waited_s=result.hang.waited_s,
-                        reason=result.hang.reason, stacks=report.stacks)
-                    report.verdict = result.hang.describe()
+                        "hang_detected", attempt=attempt, blamed=list(hang.blamed),
+                        waiting=list(hang.waiting), op=hang.op, seq=hang.seq,
+                        waited_s=hang.waited_s, reason=hang.reason, stacks=report.stacks,
+                        group=hang.group, ops=dict(hang.ops), elsewhere=dict(hang.elsewhere))
+                    report.verdict = hang.describe()
                 elif report.stacks:
                     self._journal.write("stacks", attempt=attempt, stacks=report.stacks)
+                if result.fault.kind != "launcher_signal":
+                    self._tell_why(group, culprits, result.hang is not None)
                 teardown_at = time.monotonic()
                 teardown.stop_ranks(group, self._journal, cfg.grace, result.fault.kind)
                 report.stop_s = time.monotonic() - result.fault.at
@@ -226,25 +245,36 @@ class Launcher:
                 self._prepare_spares(group.attempt)
             for member in exited:
                 monitor.unwatch(member.rank)
-                progress = readers[member.rank].read()
-                verdict = self._deadline_verdict(member.rank, progress, group)
+                verdict = self._deadline_verdict(member.rank, readers[member.rank].read(), group)
                 if verdict is not None:
                     self._on_verdict(verdict, result, now)
-                    continue
-                fault = fault_of(member, progress)
-                if fault is not None and result.fault is None:
-                    result.fault = fault
-                    print(f"rankguard: {fault.describe()}; stopping the other ranks",
-                          file=sys.stderr, flush=True)
+            if exited and result.fault is None:
+                self._decide(group, readers, result, now)
             if self._signal is not None and result.fault is None:
+                name = proctree.signal_name(self._signal)
+                self._say(f"rankguard: received {name}; stopping all ranks")
                 result.fault = Fault("launcher_signal", now, None,
-                                     f"the launcher received {proctree.signal_name(self._signal)}")
+                                     f"the launcher received {name}")
             if result.fault is not None or now < next_tick:
                 continue
             next_tick = now + TICK_S
             self._check_raised(group, readers, result, now)
+            if result.fault is None:
+                self._decide(group, readers, result, now)
             for verdict in monitor.check(now):
                 self._on_verdict(verdict, result, now)
+        if result.fault is None:  # every rank has exited: nothing more will show
+            self._decide(group, readers, result, math.inf)
+
+    @staticmethod
+    def _tell_why(group: RankGroup, culprits: set[int], hung: bool) -> None:
+        """Before the SIGTERM, tell each live rank in its ledger which rank failed (itself,
+        for a culprit), so that its teardown can say why it was stopped."""
+        kind = _ledger.NOTICE_HUNG if hung else _ledger.NOTICE_DIED
+        first = min(culprits) if culprits else -1
+        for member in group.live():
+            _ledger.post_notice(member.ledger_path, kind,
+                                member.rank if member.rank in culprits else first)
 
     def _prepare_spares(self, attempt: int) -> None:
         """Once an attempt has started well, get spares ready for its restart, if any remains."""
@@ -257,20 +287,28 @@ class Launcher:
 
     def _check_raised(self, group: RankGroup, readers: dict[int, _ledger.LedgerReader],
                       result: _Attempt, now: float) -> None:
-        """A rank whose exception reached the top is failing: act before its slow exit."""
+        """A live rank that raised ``CollectiveError`` naming ranks that never arrived reports
+        a hang (once the cascade window has passed: a peer's death may explain it)."""
         for member in group.live():
             progress = readers[member.rank].read()
             if progress.fault != _ledger.FAULT_RAISED or result.fault is not None:
                 continue
-            if progress.fault_in_collective and now - progress.t_fault < CASCADE_WINDOW_S:
-                continue  # most likely a peer's death seen first by gloo: let its exit show
+            if now - progress.t_fault < CASCADE_WINDOW_S:
+                continue
             verdict = self._deadline_verdict(member.rank, progress, group)
             if verdict is not None:
                 self._on_verdict(verdict, result, now)
-                continue
-            result.fault = raised_fault(member.rank, progress)
-            print(f"rankguard: {result.fault.describe()}; stopping the other ranks",
-                  file=sys.stderr, flush=True)
+
+    def _decide(self, group: RankGroup, readers: dict[int, _ledger.LedgerReader],
+                result: _Attempt, now: float) -> None:
+        """Take the root cause among the faults the ranks show at ``now``, if any (a rank's
+        exception or exit is acted on before its slow exit, from its ledger)."""
+        states = [RankState.of(m, readers[m.rank].read()) for m in group.ranks]
+        fault = first_fault(states, now, CASCADE_WINDOW_S, self.config.hang_timeout)
+        if fault is not None:
+            result.fault = fault
+            stopping = "; stopping the other ranks" if group.live() else ""
+            self._say(f"rankguard: {fault.describe()}{stopping}")
 
     @staticmethod
     def _deadline_verdict(rank: int, progress: _ledger.RankProgress,
@@ -281,16 +319,15 @@ class Launcher:
         if not verdict.hung:
             self._journal.write("straggler", ranks=list(verdict.blamed), op=verdict.op,
                                 seq=verdict.seq, waited_s=verdict.waited_s,
-                                waiting=list(verdict.waiting))
-            print(f"rankguard: straggler: {verdict.describe()}; waiting up to "
-                  f"--straggler-timeout {self.config.straggler_timeout:g} s",
-                  file=sys.stderr, flush=True)
+                                waiting=list(verdict.waiting), group=verdict.group)
+            self._say(f"rankguard: straggler: {verdict.describe()}; waiting up to "
+                      f"--straggler-timeout {self.config.straggler_timeout:g} s")
             return
         if result.fault is None:
             result.hang = verdict
             # the fault began when the peers started waiting, not when we noticed
             result.fault = Fault("hung", now - verdict.waited_s, None, "hang: " + verdict.describe())
-            print(f"rankguard: hang: {verdict.describe()}", file=sys.stderr, flush=True)
+            self._say(f"rankguard: hang: {verdict.describe()}")
 
     @staticmethod
     def _all_stepped(readers: dict[int, _ledger.LedgerReader], group: RankGroup) -> bool:
@@ -308,9 +345,7 @@ class Launcher:
 
         def on_signal(signum: int, _frame: Any) -> None:
             if self._signal is None:
-                self._signal = signum
-                print(f"rankguard: received {proctree.signal_name(signum)}; stopping all ranks",
-                      file=sys.stderr, flush=True)
+                self._signal = signum  # the attempt's loop says so and acts
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, on_signal)

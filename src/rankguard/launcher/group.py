@@ -6,12 +6,20 @@ handles it, and returns the ranks that exited.
 
 Each rank runs ``python -m rankguard.runtime.bootstrap`` in its own session (so its process group
 can be signalled as a whole) with torchrun's environment plus rankguard's own variables.
+
+Output: each rank's stdout and stderr go, as they come, to its log file and (``--tee``, the
+default) to the launcher's own stdout and stderr, each line prefixed with ``[rankN]:``. A line
+ends at ``\n`` or ``\r`` (progress bars), so a rank that never prints a newline is still
+shown; a partial line is held back (up to ``MAX_PARTIAL`` bytes) so that ranks' lines do not
+interleave. Each byte is handled a bounded number of times: the cost is linear in the output.
+The terminal never blocks the launcher (see ``terminal``); the log files keep everything.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import selectors
 import subprocess
 import sys
@@ -23,6 +31,10 @@ from .. import ledger as _ledger
 from ..proctree import MARKER
 from .config import RunConfig
 from .store import namespace
+from .terminal import Terminal
+
+MAX_PARTIAL = 1 << 16  # bytes of an unfinished line held back before it is written anyway
+_LINE_START = re.compile(rb"(\r\n|\r(?!\n)|\n)(?=.)", re.DOTALL)  # a line ends, one begins
 
 
 @dataclass(eq=False)
@@ -75,11 +87,42 @@ def discard(proc: subprocess.Popen[bytes]) -> None:
 
 @dataclass
 class _Stream:
-    rank: int
+    """One output pipe of a rank: where it goes and its unfinished line."""
+
     prefix: bytes
-    tee: IO[bytes] | None
+    tee: Callable[[bytes], None] | None
     log: IO[bytes]
-    pending: bytes = b""
+    partial: bytearray = field(default_factory=bytearray)
+    at_line_start: bool = True  # the last byte written ended a line
+
+    def feed(self, data: bytes) -> None:
+        """Take the next bytes read from the pipe (``b""``: end of file)."""
+        if not data:
+            if self.partial or not self.at_line_start:  # end the last line
+                self._emit(bytes(self.partial) + b"\n")
+                self.partial.clear()
+            return
+        cut = max(data.rfind(b"\n"), data.rfind(b"\r"))
+        if cut == len(data) - 1 and data[cut] == 13:  # a lone \r could be half of \r\n
+            cut = max(data.rfind(b"\n", 0, cut), data.rfind(b"\r", 0, cut))
+        if cut < 0:
+            self.partial += data
+            if len(self.partial) < MAX_PARTIAL:
+                return
+            block = bytes(self.partial)
+            self.partial.clear()
+        else:
+            block = bytes(self.partial) + data[:cut + 1]
+            self.partial[:] = data[cut + 1:]
+        self._emit(block)
+
+    def _emit(self, block: bytes) -> None:
+        self.log.write(block)
+        self.log.flush()
+        if self.tee is not None:
+            lines = _LINE_START.sub(rb"\1" + self.prefix, block)
+            self.tee(self.prefix + lines if self.at_line_start else lines)
+        self.at_line_start = block.endswith((b"\n", b"\r"))
 
 
 def base_env(config: RunConfig, token: str, master_port: int) -> dict[str, str]:
@@ -137,20 +180,22 @@ class RankGroup:
     config: RunConfig
     attempt: int
     dir: str
+    terminal: Terminal | None = None  # where rank output is teed (None: only to the logs)
     ranks: list[Rank] = field(default_factory=list)
     selector: selectors.BaseSelector = field(default_factory=selectors.DefaultSelector)
 
     @classmethod
     def start(cls, config: RunConfig, attempt: int, token: str, master_port: int,
-              spares: Callable[[], subprocess.Popen[bytes] | None] = lambda: None
-              ) -> "RankGroup":
+              spares: Callable[[], subprocess.Popen[bytes] | None] = lambda: None,
+              terminal: Terminal | None = None) -> "RankGroup":
         """Create the ledgers and start every rank; returns at once (ranks import in parallel).
 
         Each rank is a warm spare from ``spares()`` when it gives one, else a new process.
+        Rank output is teed to ``terminal`` when given and ``config.tee`` is set.
         """
         attempt_dir = os.path.join(config.log_dir, f"attempt{attempt}")
         os.makedirs(attempt_dir, exist_ok=True)
-        group = cls(config, attempt, attempt_dir)
+        group = cls(config, attempt, attempt_dir, terminal if config.tee else None)
         for rank in range(config.nproc):
             group._spawn(rank, token, master_port, spares())
         return group
@@ -171,11 +216,12 @@ class RankGroup:
         member.pidfd = os.pidfd_open(proc.pid)
         self.selector.register(member.pidfd, selectors.EVENT_READ, ("exit", member))
         log = open(log_path, "ab")  # noqa: SIM115 (closed when both pipes reach EOF)
-        for pipe, tee in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+        terminal = self.terminal
+        tees = (terminal.out.write, terminal.err.write) if terminal is not None else (None, None)
+        for pipe, tee in zip((proc.stdout, proc.stderr), tees):
             assert pipe is not None
             os.set_blocking(pipe.fileno(), False)
-            stream = _Stream(rank, f"[rank{rank}]:".encode(),
-                             tee.buffer if self.config.tee else None, log)
+            stream = _Stream(f"[rank{rank}]:".encode(), tee, log)
             self.selector.register(pipe, selectors.EVENT_READ, ("out", stream))
         self.ranks.append(member)
 
@@ -214,23 +260,7 @@ class RankGroup:
         if not data:
             self.selector.unregister(pipe)
             pipe.close()
-            if stream.pending:
-                self._emit(stream, stream.pending + b"\n")
-                stream.pending = b""
-            return
-        data = stream.pending + data
-        complete, _, stream.pending = data.rpartition(b"\n")
-        if complete:
-            self._emit(stream, complete + b"\n")
-
-    @staticmethod
-    def _emit(stream: _Stream, data: bytes) -> None:
-        stream.log.write(data)
-        stream.log.flush()
-        if stream.tee is not None:
-            lines = data.splitlines(keepends=True)
-            stream.tee.write(b"".join(stream.prefix + line for line in lines))
-            stream.tee.flush()
+        stream.feed(data)
 
     def wait_exits(self, deadline: float, ranks: set[int] | None = None) -> None:
         """Handle events until every rank (of ``ranks``, default all) has exited or

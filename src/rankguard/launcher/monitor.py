@@ -8,21 +8,43 @@ it are *absent*:
 - an absent rank that made no progress (see ``progress``) for ``hang_timeout`` is **hung**;
 - an absent rank that is busy (progressed in the last ``BUSY_RECENT_S``) is a **straggler**:
   reported once, and blamed as hung only when the waiters have waited ``straggler_timeout``;
+- when every member entered the operation number but not the same operation (rank 0 in
+  ``recv``, rank 1 in ``barrier``), they can never meet: a **mismatch**, blamed on the ranks in
+  the minority's operations (on all of them when no operation has a majority);
 - when every member entered the operation and it still does not complete ``hang_timeout``
   after the last one arrived, the stopped or idle members are blamed (all of them if none
   stands out).
+
+A group one of whose members has left or recorded a fault of its own (it raised, is exiting,
+got SIGTERM) is not judged here: that fault is (``outcome.first_fault``), and the waiting
+members are its victims, not hung.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ledger import GroupProgress, LedgerReader, RankProgress, seq_of
+from ..ledger import FAULT_NONE, GroupProgress, LedgerReader, RankProgress, seq_of
 from .progress import ProgressTracker
 
 # An absent rank counts as busy (a straggler) only if it made progress this recently; one that
 # went quiet less than --hang-timeout ago is neither busy nor hung yet.
 BUSY_RECENT_S = 0.5
+# Point-to-point operations: a send meets a recv, so they are one kind when matching operations.
+P2P = frozenset({"send", "recv", "recv_anysource"})
+
+
+def group_label(group: GroupProgress) -> str:
+    """``world``, or ``ranks 0,2`` for a sub-group (the ledger knows its members, not its
+    name)."""
+    return "world" if group.is_world else "ranks " + ",".join(
+        str(r) for r in range(64) if group.members >> r & 1)
+
+
+def op_label(op: str, seq: int, group: str = "world") -> str:
+    """``all_reduce #57``, ``init_process_group``, ``barrier #3 on group ranks 0,2``."""
+    label = op if op == "init_process_group" else f"{op} #{seq}"
+    return label if group == "world" else f"{label} on group {group}"
 
 
 @dataclass(frozen=True)
@@ -35,30 +57,73 @@ class Verdict:
     op: str
     seq: int
     waited_s: float
-    # stopped | no_progress | straggler_timeout | busy | stuck_in_collective | collective_deadline
+    # stopped | no_progress | straggler_timeout | busy | stuck_in_collective | mismatch |
+    # collective_deadline
     reason: str
     group_key: int = 0
+    group: str = "world"  # see group_label
+    ops: tuple[tuple[int, str], ...] = ()  # a mismatch: (rank, the operation it is in)
+    # blamed ranks waiting in an operation of another group: (rank, its op_label)
+    elsewhere: tuple[tuple[int, str], ...] = ()
 
     @property
     def op_label(self) -> str:
-        """``all_reduce #57``, or just ``init_process_group``."""
-        return self.op if self.op == "init_process_group" else f"{self.op} #{self.seq}"
+        """``all_reduce #57``, ``init_process_group``, ``barrier #3 on group ranks 0,2``."""
+        return op_label(self.op, self.seq, self.group)
 
     def describe(self) -> str:
         blamed = _ranks(self.blamed)
         waiters = _ranks(self.waiting)
+        if self.reason == "mismatch":
+            by_op: dict[str, list[int]] = {}
+            for rank, op in self.ops:
+                by_op.setdefault(op, []).append(rank)
+            where = ", ".join(f"{_ranks(tuple(ranks))} in {op}" for op, ranks in by_op.items())
+            return (f"mismatched operations #{self.seq} on group {self.group}: {where}; they "
+                    f"can never complete; blamed: {blamed}; waited {self.waited_s:.1f} s")
         if self.reason == "stuck_in_collective":
             return (f"{blamed} entered {self.op_label} but it never completed; "
                     f"{waiters} waited {self.waited_s:.1f} s")
         what = {"stopped": "stopped (SIGSTOP)", "no_progress": "made no progress",
                 "busy": "busy", "straggler_timeout": "busy past --straggler-timeout",
                 "collective_deadline": "named by a rank that gave up waiting for it"}
+        where = "".join(f"; rank {rank} is in {label}" for rank, label in self.elsewhere)
         return (f"{blamed} never reached {self.op_label} ({what[self.reason]}); "
-                f"{waiters} waited {self.waited_s:.1f} s")
+                f"{waiters} waited {self.waited_s:.1f} s{where}")
 
 
 def _ranks(ranks: tuple[int, ...]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, ranks))
+
+
+def _elsewhere(ranks: list[int], key: int,
+               snaps: dict[int, RankProgress]) -> tuple[tuple[int, str], ...]:
+    """Of ``ranks``, those waiting in an operation of another group than ``key``, with it."""
+    found = []
+    for rank in ranks:
+        snap = snaps.get(rank)
+        for group in snap.groups if snap is not None else ():
+            if group.key != key and group.waiting:
+                found.append((rank, op_label(group.kind, seq_of(group.entered, group.is_world),
+                                             group_label(group))))
+    return tuple(found)
+
+
+def mismatched(ops: tuple[tuple[int, str], ...]) -> list[int]:
+    """Of ranks that are each in an operation of the same number on one group, ``(rank, op)``,
+    those to blame when the operations differ: the ranks outside the operation most of them
+    are in, or all of them when none has a majority. Empty when they all match (a send and a
+    recv match)."""
+    by_kind: dict[str, list[int]] = {}
+    for rank, op in ops:
+        by_kind.setdefault("p2p" if op in P2P else op, []).append(rank)
+    if len(by_kind) < 2:
+        return []
+    sizes = sorted((len(ranks) for ranks in by_kind.values()), reverse=True)
+    if sizes[0] == sizes[1]:
+        return sorted(rank for rank, _ in ops)
+    majority = max(by_kind.values(), key=len)
+    return sorted(rank for rank, _ in ops if rank not in majority)
 
 
 @dataclass
@@ -71,39 +136,50 @@ class HangMonitor:
     progress: ProgressTracker = field(default_factory=ProgressTracker)
     _readers: dict[int, LedgerReader] = field(default_factory=dict)
     _reported: set[tuple[int, int, int]] = field(default_factory=set)
+    _gone: set[int] = field(default_factory=set)  # ranks whose process exited
 
     def watch(self, rank: int, pid: int, reader: LedgerReader, now: float) -> None:
         self._readers[rank] = reader
         self.progress.start(rank, pid, now)
 
     def unwatch(self, rank: int) -> None:
+        """Stop watching ``rank``: its process exited."""
         self._readers.pop(rank, None)
+        self._gone.add(rank)
         self.progress.forget(rank)
 
     def snapshot(self) -> dict[int, RankProgress]:
         return {rank: reader.read() for rank, reader in self._readers.items()}
 
     def check(self, now: float) -> list[Verdict]:
-        """Sample progress, compare ledgers; stragglers are returned once, hangs every time."""
+        """Sample progress, compare ledgers; stragglers are returned once, hangs every time,
+        hangs first."""
         self.progress.sample(now)
         snaps = self.snapshot()
         by_group: dict[int, dict[int, GroupProgress]] = {}
         for rank, snap in snaps.items():
             for group in snap.groups:
                 by_group.setdefault(group.key, {})[rank] = group
+        faulty = self._gone | {rank for rank, snap in snaps.items() if snap.fault != FAULT_NONE}
         verdicts = []
         for key, entries in by_group.items():
-            verdict = self._check_group(key, entries, now)
+            sample = next(iter(entries.values()))
+            if faulty.intersection(sample.member_ranks(self.world_size)):
+                continue  # a member left or failed: its fault decides, not a hang
+            verdict = self._check_group(key, entries, snaps, now)
             if verdict is None:
                 continue
             mark = (key, verdict.seq, verdict.blamed[0] if verdict.blamed else -1)
             if verdict.hung or mark not in self._reported:
                 self._reported.add(mark)
                 verdicts.append(verdict)
+        # A rank blamed in one group while it waits in another is more likely held up there:
+        # hangs that blame ranks waiting nowhere come first.
+        verdicts.sort(key=lambda v: (not v.hung, bool(v.elsewhere)))
         return verdicts
 
     def _check_group(self, key: int, entries: dict[int, GroupProgress],
-                     now: float) -> Verdict | None:
+                     snaps: dict[int, RankProgress], now: float) -> Verdict | None:
         waiters = [r for r, g in entries.items()
                    if g.waiting and now - g.last_event >= self.hang_timeout]
         if not waiters:
@@ -119,11 +195,17 @@ class HangMonitor:
         seq = seq_of(target, sample.is_world)
         absent = [r for r in members if r not in entries or entries[r].entered < target]
 
-        def verdict(hung: bool, blamed: list[int], reason: str) -> Verdict:
+        def verdict(hung: bool, blamed: list[int], reason: str,
+                    ops: tuple[tuple[int, str], ...] = ()) -> Verdict:
             return Verdict(hung, tuple(sorted(blamed)), tuple(sorted(waiters)), kind, seq,
-                           round(waited, 3), reason, key)
+                           round(waited, 3), reason, key, group_label(sample), ops,
+                           _elsewhere(sorted(blamed), key, snaps))
 
         if not absent:
+            ops = tuple((r, entries[r].kind) for r in members if entries[r].entered == target)
+            odd = mismatched(ops)
+            if odd:
+                return verdict(True, odd, "mismatch", ops)
             last_arrival = max(entries[r].t_enter for r in members if r in entries)
             if now - last_arrival < self.hang_timeout:
                 return None  # the last rank arrived only now: give the operation time to end

@@ -1,14 +1,18 @@
 """How each rank ended, and which fault was the root cause.
 
 Outcomes: ``ok`` (exit 0), ``raised`` (a Python exception escaped the script), ``exited``
-(non-zero exit code), ``signalled`` (killed by a signal it did not expect, or a SIGTERM that it
-answered with its own clean teardown, see ``runtime.eviction``), ``hung`` (blamed for
-a hang), ``victim`` (stopped, or failed inside a collective, because of another rank's fault),
-``teardown_timeout`` (did not exit within the grace period and was SIGKILLed).
+(non-zero exit code, or code 0 while its peers still needed it), ``signalled`` (killed by a
+signal it did not expect, or a SIGTERM that it answered with its own clean teardown, see
+``runtime.eviction``), ``hung`` (blamed for a hang), ``victim`` (stopped, or failed inside a
+collective, because of another rank's fault), ``teardown_timeout`` (did not exit within the
+grace period and was SIGKILLed).
 
-The root cause is the earliest fault in time that is not a victim: a rank that raised (the time
-its exception reached the top, from its ledger), exited or was killed (the time its exit was
-seen), or was blamed for a hang, or a signal to the launcher.
+The root cause is the earliest fault in time that is not a victim (``first_fault``). A rank's
+fault is timed from when it began: the time its exception reached the top, or its script
+ended (both from its ledger, however long the interpreter's teardown takes afterwards), else
+the time its exit was seen. A rank that left with code 0 is at fault only when a peer went on
+to an operation the leaver never entered, on a group they share, and failed in it or waited
+there ``--hang-timeout``: its peers can never complete it.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from dataclasses import dataclass
 from .. import ledger as _ledger
 from ..proctree import exit_detail, signal_name
 from .group import Rank
-from .monitor import Verdict
+from .monitor import P2P, Verdict, group_label, op_label
 
 OUTCOMES = ("ok", "raised", "exited", "signalled", "hung", "victim", "teardown_timeout")
 
@@ -52,6 +56,21 @@ class RankOutcome:
                 "exit_code": self.exit_code, "signal": self.signal}
 
 
+@dataclass(frozen=True)
+class RankState:
+    """What the launcher knows of one rank at one moment: its ledger, and how its process
+    ended once it has."""
+
+    rank: int
+    progress: _ledger.RankProgress | None
+    returncode: int | None = None  # Popen's: negative for a signal
+    exited_at: float | None = None  # monotonic, when the exit was seen
+
+    @classmethod
+    def of(cls, member: Rank, progress: _ledger.RankProgress | None) -> "RankState":
+        return cls(member.rank, progress, member.returncode, member.exited_at)
+
+
 def raised_fault(rank: int, progress: _ledger.RankProgress) -> Fault:
     """The fault of a rank whose ledger says an exception reached the top of its script."""
     where = " inside a collective" if progress.fault_in_collective else ""
@@ -67,28 +86,94 @@ def deadline_verdict(rank: int, progress: _ledger.RankProgress,
         return None
     if not set(progress.blamed) <= alive:
         return None
-    slot = max(progress.groups, key=lambda g: g.t_enter)
+    slot = _last_entered(progress)
     seq = _ledger.seq_of(slot.entered, slot.is_world)
     return Verdict(True, progress.blamed, (rank,), slot.kind, seq,
                    round(max(progress.t_fault - slot.t_enter, 0.0), 3), "collective_deadline",
-                   slot.key)
+                   slot.key, group_label(slot))
+
+
+def _last_entered(progress: _ledger.RankProgress) -> _ledger.GroupProgress:
+    return max(progress.groups, key=lambda g: g.t_enter)
+
+
+def own_fault(state: RankState) -> Fault | None:
+    """The fault a rank's own ledger or exit shows, whatever its peers did; None for none yet
+    (a rank that left with code 0 is judged by ``early_exit``)."""
+    progress, code = state.progress, state.returncode
+    kind = progress.fault if progress is not None else _ledger.FAULT_NONE
+    if kind == _ledger.FAULT_RAISED:
+        assert progress is not None
+        return raised_fault(state.rank, progress)
+    if kind == _ledger.FAULT_EXITING:
+        assert progress is not None
+        if progress.exit_code == 0:
+            return None
+        return Fault("exited", progress.t_fault, state.rank, exit_detail(progress.exit_code))
+    if code is None:
+        return None
+    if kind == _ledger.FAULT_TERMINATED:
+        assert progress is not None
+        return Fault("signalled", progress.t_fault, state.rank,
+                     f"got SIGTERM (tore itself down, {exit_detail(code)})")
+    if code == 0:
+        return None
+    assert state.exited_at is not None
+    return Fault("signalled" if code < 0 else "exited", state.exited_at, state.rank,
+                 exit_detail(code))
 
 
 def fault_of(member: Rank, progress: _ledger.RankProgress | None) -> Fault | None:
     """The fault a rank's own exit represents, or None for a clean exit."""
-    code = member.returncode
-    if code is None:
+    return own_fault(RankState.of(member, progress))
+
+
+def departure(state: RankState) -> float | None:
+    """When the rank left with exit code 0 (its script ended, or its process exited 0 without
+    a word in its ledger, as ``os._exit(0)``); None if it has not."""
+    progress = state.progress
+    kind = progress.fault if progress is not None else _ledger.FAULT_NONE
+    if kind == _ledger.FAULT_EXITING and progress is not None and progress.exit_code == 0:
+        return progress.t_fault
+    if kind == _ledger.FAULT_NONE and state.returncode == 0:
+        return state.exited_at
+    return None
+
+
+def early_exit(state: RankState, states: list[RankState], now: float,
+               hang_timeout: float) -> Fault | None:
+    """The fault of a rank that left with code 0 before an operation its peers went on to:
+    some peer entered more operations of a group they share than the leaver did, and either
+    failed inside its last one, or (alive) has waited in it ``hang_timeout``. The fault is
+    timed from the departure, or from the peer's failure when that was seen first (the exit of
+    a process is seen after the fact). Point-to-point operations are not counted on: ranks
+    do different numbers of them. None when the departure harmed no one (yet)."""
+    left = departure(state)
+    if left is None or state.progress is None:
         return None
-    if progress is not None and progress.fault == _ledger.FAULT_TERMINATED:
-        return Fault("signalled", progress.t_fault, member.rank,
-                     f"got SIGTERM (tore itself down, {exit_detail(code)})")
-    if code == 0:
-        return None
-    assert member.exited_at is not None
-    if progress is not None and progress.fault == _ledger.FAULT_RAISED:
-        return raised_fault(member.rank, progress)
-    kind = "signalled" if code < 0 else "exited"
-    return Fault(kind, member.exited_at, member.rank, exit_detail(code))
+    mine = {g.key: g for g in state.progress.groups}
+    for peer in states:
+        progress = peer.progress
+        if peer.rank == state.rank or progress is None:
+            continue
+        failed = progress.fault == _ledger.FAULT_RAISED and progress.fault_in_collective
+        last = _last_entered(progress) if progress.groups else None
+        for group in progress.groups:
+            own = mine.get(group.key)
+            if own is None or group.entered <= own.entered or group.kind in P2P:
+                continue
+            if failed and group is last:
+                at = min(left, progress.t_fault)
+            elif peer.returncode is None and group.waiting and \
+                    now - group.t_enter >= hang_timeout:
+                at = left
+            else:
+                continue
+            where = op_label(group.kind, _ledger.seq_of(group.entered, group.is_world),
+                             group_label(group))
+            return Fault("exited", at, state.rank,
+                         f"exited with code 0 before {where} (rank {peer.rank} went on to it)")
+    return None
 
 
 def is_cascade(progress: _ledger.RankProgress | None) -> bool:
@@ -97,9 +182,33 @@ def is_cascade(progress: _ledger.RankProgress | None) -> bool:
         progress.fault_in_collective
 
 
+def first_fault(states: list[RankState], now: float, cascade_window: float,
+                hang_timeout: float) -> Fault | None:
+    """The root cause among the faults established at ``now`` (monotonic), or None.
+
+    A fault inside a collective (``is_cascade``) counts only ``cascade_window`` after it
+    happened, time for the fault of a peer that caused it to show; and it yields to any other
+    fault established meanwhile, which is more likely its cause than its effect. Among the
+    others the earliest wins. Pure: reads nothing but its arguments.
+    """
+    faults: list[tuple[bool, float, Fault]] = []
+    for state in states:
+        fault = own_fault(state)
+        if fault is None:
+            fault = early_exit(state, states, now, hang_timeout)
+        if fault is None:
+            continue
+        cascade = is_cascade(state.progress) and fault.kind == "raised"
+        if cascade and now - fault.at < cascade_window:
+            continue
+        faults.append((cascade, fault.at, fault))
+    return min(faults, key=lambda f: f[:2])[2] if faults else None
+
+
 def classify(ranks: list[Rank], last: dict[int, _ledger.RankProgress], root: Fault | None,
              hang: Verdict | None, teardown_at: float | None) -> list[RankOutcome]:
-    """The outcome of every rank of a finished attempt."""
+    """The outcome of every rank of a finished attempt. A rank that was leaving with an exit
+    code when it was stopped reports that code (its script's), whatever the teardown did."""
     blamed = set(hang.blamed) if hang and hang.hung else set()
     results = []
     for member in ranks:
@@ -107,6 +216,8 @@ def classify(ranks: list[Rank], last: dict[int, _ledger.RankProgress], root: Fau
         sig = signal_name(-code) if code is not None and code < 0 else None
         exit_code = code if code is not None and code >= 0 else None
         progress = last.get(member.rank)
+        if progress is not None and progress.fault == _ledger.FAULT_EXITING:
+            exit_code = progress.exit_code
         own = fault_of(member, progress)
         if member.rank in blamed:
             outcome = "hung"

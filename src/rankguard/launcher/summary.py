@@ -20,7 +20,9 @@ class AttemptReport:
 
 
 def render(run_id: str, status: str, exit_code: int, reports: list[AttemptReport],
-           log_dir: str, journal_path: str, restart_s: list[float]) -> str:
+           log_dir: str, journal_path: str, restart_s: list[float],
+           terminal_note: str | None = None) -> str:
+    """The summary; ``terminal_note``: what the terminal lost, if anything (a line)."""
     lines = [f"rankguard: run {run_id} {status} after {len(reports)} attempt"
              f"{'s' if len(reports) != 1 else ''} (exit code {exit_code})"]
     first_fault = next((r for r in reports if r.root_cause), None)
@@ -45,5 +47,7 @@ def render(run_id: str, status: str, exit_code: int, reports: list[AttemptReport
     if restart_s:
         lines.append("  fault to first step of the restarted attempt: "
                      + ", ".join(f"{s:.2f} s" for s in restart_s))
+    if terminal_note:
+        lines.append(f"  {terminal_note}")
     lines.append(f"  logs: {log_dir}  journal: {journal_path}")
     return "\n".join(lines)

@@ -19,6 +19,10 @@ Before the script starts it:
 
 An exception that escapes the script is printed as Python would, recorded in the ledger with its
 time (so the launcher can tell the first fault from its victims), and ends the rank with code 1.
+A script that ends (returns, or ``sys.exit(code)``) is recorded as leaving, with its code and
+the time, before the interpreter's teardown (slow with torch): the launcher then knows when the
+rank left, not only when its process finally died, and a rank that left before a collective
+its peers went on to is the root cause of their failure.
 """
 
 from __future__ import annotations
@@ -145,6 +149,22 @@ def _from_backend(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and "third_party/gloo" in str(error)
 
 
+def _exit_code(code: object) -> int:
+    """The status a process ends with for ``sys.exit(code)``."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    return 1  # a message: Python prints it and exits 1
+
+
+def _record_exit(code: int) -> None:
+    ledger = instrument.state.ledger
+    if ledger is not None:
+        instrument.completions.flush()
+        ledger.record_exit(code, ledger.in_collective())
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     spare = bool(argv) and argv[0] == "--spare"
@@ -160,7 +180,8 @@ def main(argv: list[str] | None = None) -> None:
     _prepare(int(os.environ.get("RANK", "0")), int(os.environ.get("RANKGUARD_ATTEMPT", "0")))
     try:
         _run_user_code(argv)
-    except SystemExit:
+    except SystemExit as leaving:
+        _record_exit(_exit_code(leaving.code))
         raise
     except BaseException as error:
         ledger = instrument.state.ledger
@@ -174,6 +195,7 @@ def main(argv: list[str] | None = None) -> None:
         traceback.print_exc()
         sys.stderr.flush()
         sys.exit(1)
+    _record_exit(0)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,12 @@ once, whatever the main thread is doing, and the watcher starts the teardown:
 3. drain device work: ``torch.cuda.synchronize()``, only where CUDA was initialised;
 4. abort NCCL communicators (``ncclCommAbort``); gloo has no in-process abort: its connections
    close when the process exits, which makes its peers fail at once instead of waiting;
-5. flush stdout and stderr, and end the process with ``os._exit(0)``.
+5. flush stdout and stderr, and end the process with ``os._exit(0)``, or with the code the
+   rank was already leaving with (its script had ended; see ``bootstrap``).
+
+Its last line says why the rank was stopped as far as the rank knows it: the launcher posts in
+the rank's ledger, before its SIGTERM, which rank failed (this one, when it was blamed); without
+such a notice the SIGTERM came from elsewhere (an orchestrator evicting the rank).
 
 The steps run in a worker thread bounded by the grace budget; past it the process ends with
 :data:`EXIT_TEARDOWN_TIMEOUT` after naming the step that overran. Parts that do not exist (no
@@ -112,9 +117,38 @@ def _run(reason: str) -> None:
         _finished.set()
         os._exit(EXIT_TEARDOWN_TIMEOUT)
     released = progress.get("released", "")
-    _say(f"rankguard: {who}: {reason}: torn down in {took:.2f} s{released}; exiting 0")
+    code = _leaving_code()
+    _say(f"rankguard: {who}: {_stopped_because(reason)}: torn down in {took:.2f} s{released}; "
+         f"exiting {code}")
     _finished.set()
-    os._exit(0)
+    os._exit(code)
+
+
+def _leaving_code() -> int:
+    """The exit code the rank's script had already ended with, else 0."""
+    from . import instrument
+
+    ledger = instrument.state.ledger
+    if ledger is not None and ledger.recorded_fault() == _ledger.FAULT_EXITING:
+        return ledger.exit_code()
+    return 0
+
+
+def _stopped_because(reason: str) -> str:
+    """Why the rank is being torn down, from the launcher's notice in its ledger when there
+    is one: ``stopped by the launcher, which blamed this rank for a hang (SIGTERM)``."""
+    from . import instrument
+
+    ledger = instrument.state.ledger
+    notice = ledger.notice() if ledger is not None else None
+    if notice is None:
+        return reason
+    kind, failed = notice
+    if str(failed) == os.environ.get("RANK"):
+        blame = "for a hang" if kind == "hung" else "as the first rank that failed"
+        return f"stopped by the launcher, which blamed this rank {blame} ({reason})"
+    culprit = f"rank {failed}" if failed >= 0 else "another rank"
+    return f"stopped by the launcher because {culprit} {kind} ({reason})"
 
 
 def _steps(reason: str, progress: dict[str, str]) -> None:
@@ -124,7 +158,8 @@ def _steps(reason: str, progress: dict[str, str]) -> None:
     if ledger is not None:
         progress["step"] = "record the teardown"
         instrument.completions.flush()
-        ledger.record_fault(_ledger.FAULT_TERMINATED, ledger.in_collective())
+        if ledger.recorded_fault() == _ledger.FAULT_NONE:  # else that fault tells the story
+            ledger.record_fault(_ledger.FAULT_TERMINATED, ledger.in_collective())
         ledger.set_flag(_ledger.FLAG_TERMINATING)
     progress["step"] = "retire process groups"
     live = groups.live()

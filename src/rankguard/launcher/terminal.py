@@ -1,0 +1,128 @@
+"""The launcher's terminal: its stdout and stderr, written best effort, never blocking.
+
+Rank output is teed to the launcher's stdout and stderr, and the launcher writes its own lines
+there (verdicts, the summary). Those are often pipes (``| tee``, ``| head``, a CI log reader),
+and a reader that stalls or goes away must neither stall the launcher (its hang detector runs in
+the same loop as the tee) nor crash it. So each stream is written by a daemon thread from a
+bounded buffer:
+
+- ``write`` only appends to the buffer, without blocking, in time proportional to its data;
+  when the buffer already holds ``LIMIT`` bytes the reader is not keeping up, and the new data
+  is dropped and counted;
+- once the reader has closed its end (EPIPE, or any other write error) the stream is closed:
+  everything after is dropped and counted;
+- ``flush(timeout)`` waits at most ``timeout`` seconds for the buffer to drain.
+
+The rank logs in the log dir keep everything; the terminal is only a view of them. The writer
+thread may stay blocked in ``write(2)`` on a reader that never reads; it is a daemon thread and
+holds no lock while blocked, so the launcher still exits on time.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+
+LIMIT = 1 << 20  # bytes waiting for a slow reader before new output is dropped
+
+
+class Output:
+    """One of the launcher's output file descriptors, written from a bounded buffer."""
+
+    def __init__(self, fd: int, name: str, limit: int = LIMIT) -> None:
+        self.fd = fd
+        self.name = name
+        self.limit = limit
+        self.dropped = 0  # bytes never written: the reader was too slow or gone
+        self.closed = False  # the reader went away (or the fd cannot be written)
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._queued = 0  # bytes in _chunks plus the chunk being written
+        self._cond = threading.Condition(threading.Lock())
+        self._thread: threading.Thread | None = None
+
+    def write(self, data: bytes) -> None:
+        """Queue ``data`` for the reader, or drop it (counted) if the reader is behind or gone.
+
+        Never blocks on the reader; safe from any thread, not from a signal handler.
+        """
+        if not data:
+            return
+        with self._cond:
+            if self.closed or self._queued + len(data) > self.limit:
+                self.dropped += len(data)
+                return
+            self._chunks.append(data)
+            self._queued += len(data)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=f"rankguard-{self.name}",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    @property
+    def undelivered(self) -> int:
+        """Bytes dropped, plus those still queued: what is lost if the launcher exits now."""
+        with self._cond:
+            return self.dropped + self._queued
+
+    def flush(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for everything queued to be written; True if it was (or
+        the stream is closed and nothing more can be)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._queued and not self.closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._chunks:
+                    self._cond.wait()
+                chunk = self._chunks.popleft()
+            view = memoryview(chunk)
+            try:
+                while view:
+                    view = view[os.write(self.fd, view):]
+            except OSError:  # EPIPE: the reader closed its end; EBADF: no such output
+                with self._cond:
+                    self.closed = True
+                    self.dropped += len(view) + sum(map(len, self._chunks))
+                    self._chunks.clear()
+                    self._queued = 0
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._queued -= len(chunk)
+                self._cond.notify_all()
+
+
+class Terminal:
+    """The launcher's stdout and stderr (see the module doc)."""
+
+    def __init__(self, out_fd: int = 1, err_fd: int = 2) -> None:
+        self.out = Output(out_fd, "stdout")
+        self.err = Output(err_fd, "stderr")
+
+    def say(self, line: str) -> None:
+        """One line of the launcher's own to stderr, best effort."""
+        self.err.write(line.encode(errors="replace") + b"\n")
+
+    def dropped(self) -> dict[str, int]:
+        """Bytes each stream did not deliver so far, dropped or still queued for a reader that
+        fell behind: ``{"stdout": n, "stderr": m}``."""
+        return {o.name: o.undelivered for o in (self.out, self.err)}
+
+    def dropped_line(self) -> str | None:
+        """A line saying what the terminal lost, or None when nothing was lost."""
+        lost = [(o, o.undelivered) for o in (self.out, self.err) if o.undelivered]
+        if not lost:
+            return None
+        parts = ", ".join(f"{n} bytes of {o.name} (its reader "
+                          f"{'closed it' if o.closed else 'fell behind'})" for o, n in lost)
+        return f"terminal: dropped {parts}; the rank logs have everything"
