@@ -70,3 +70,8 @@ def broken_setup(rank: int, world_size: int) -> None:
 
 def pid(state: Any) -> int:
     return os.getpid()
+
+
+def master_port(state: Any) -> int:
+    """The port of the group's store, as the rank was told it."""
+    return int(os.environ["MASTER_PORT"])

@@ -1,5 +1,5 @@
 """One group of a pool: N rank processes (``serving.worker``) that form one gloo process group,
-on a TCPStore of its own hosted in the leader.
+on a TCPStore of its own hosted in the leader (on loopback only: ``rankguard.store_server``).
 
 A group is started, becomes ready once every rank has run the user's setup, runs requests one
 at a time, and is retired after a fault: regrouped in place when every rank is alive and
@@ -20,11 +20,10 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any, Callable
 
 from .. import ledger as _ledger
-from .. import proctree, stack_requests
+from .. import proctree, stack_requests, store_server
 from ..ledger import LedgerReader
 from ..runtime import stacks
 from ..errors import RequestFailed, UsageError
@@ -37,6 +36,7 @@ COLLECTIVE_MARGIN_S = 0.1  # collectives in the ranks give up this long before t
 TICK_S = 0.05
 STACKS_S = 1.0  # how long ranks get to dump their stacks after a hang verdict
 REAP_S = 5.0  # how long killed ranks get to be reaped
+STORE_S = 30.0  # the bound on the group store's own waits
 
 
 @dataclass
@@ -79,8 +79,6 @@ class WorkerGroup:
 
     def __init__(self, number: int, world: int, setup: Callable[[int, int], Any] | None,
                  folder: str, env: dict[str, str]) -> None:
-        from torch.distributed import TCPStore
-
         self.number = number
         self.world = world
         self.folder = folder
@@ -90,13 +88,12 @@ class WorkerGroup:
         self.killed = False
         self._requests = 0
         os.makedirs(folder, exist_ok=True)
-        self._store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                               timeout=timedelta(seconds=30))
+        self._store = store_server.host_on_loopback(STORE_S)
         self.procs: list[subprocess.Popen[bytes]] = []
         self.ends: list[LeaderEnd] = []
         self._ready: set[int] = set()
         base = {**os.environ, **leader_env.leader_context(), **env,
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self._store.port),
+                "MASTER_ADDR": store_server.LOOPBACK, "MASTER_PORT": str(self._store.port),
                 "WORLD_SIZE": str(world), "TORCHELASTIC_USE_AGENT_STORE": "True",
                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         base.setdefault("RANKGUARD_GRACE", "2")
