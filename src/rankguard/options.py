@@ -68,3 +68,16 @@ def writable_dir(option: str, path: str) -> str:
     if not os.access(path, os.W_OK):
         raise UsageError(option, f"{path!r} is not writable", "choose a folder you can write to")
     return path
+
+
+def writable_file(option: str, path: str) -> str:
+    """``path`` made absolute, checked to name a file that can be appended to: not a folder,
+    its folder created if missing and writable, the file writable if it exists already."""
+    path = os.path.abspath(path)
+    if os.path.isdir(path):
+        raise UsageError(option, f"{path!r} is a folder",
+                         f"give a file's path, e.g. {os.path.join(path, 'journal.jsonl')}")
+    writable_dir(option, os.path.dirname(path))
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise UsageError(option, f"{path!r} is not writable", "choose a file you can write to")
+    return path

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -38,7 +39,8 @@ def events(path: Path, name: str) -> list[dict]:
 def test_each_fault_kind_mid_forward_fails_only_that_request_and_the_next_succeeds(
         rank: int, tmp_path: Path) -> None:
     log = tmp_path / "journal.jsonl"
-    with rankguard.Pool(2, rf.load, spares=1, timeout=TIMEOUT, journal=str(log)) as pool:
+    with rankguard.Pool(2, rf.load, spares=1, timeout=TIMEOUT, journal=str(log),
+                        log_dir=str(tmp_path / "logs")) as pool:  # kept: the stacks are read
         assert pool.run(rf.forward, 1.0) == rf.expected(1.0, 2)
         for kind, cause in rf.KINDS.items():
             wait_for(lambda: pool.status().spares_ready >= 1, SPARE_WAIT_S, "a spare")
@@ -164,6 +166,7 @@ def test_a_spare_that_dies_while_waiting_is_replaced(tmp_path: Path) -> None:
     ({"world_size": 2, "timeout": "soon"}, "Pool(timeout)"),
     ({"world_size": 2, "on_healing": "maybe"}, "Pool(on_healing)"),
     ({"world_size": 2, "setup": "load"}, "Pool(setup)"),
+    ({"world_size": 2, "journal": "/"}, "Pool(journal)"),
 ])
 def test_bad_arguments_are_refused_before_any_process_starts(kwargs: dict, what: str) -> None:
     with pytest.raises(rankguard.UsageError) as caught:
@@ -244,3 +247,22 @@ def test_when_every_rank_raises_a_collective_error_the_verdict_comes_at_once() -
         assert caught.value.cause == "raised", caught.value
         assert took < 10.0 / 2, f"the verdict came after {took:.2f} s, at the call's deadline"
         assert pool.run(rf.forward, 1.0) == rf.expected(1.0, 2)
+
+
+@pytest.mark.deadline(120)
+def test_the_pool_removes_the_folder_it_made_and_keeps_the_one_it_was_given(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # where the pool makes its folder
+    with rankguard.Pool(1, spares=0, timeout=TIMEOUT) as pool:
+        pool.run(rf.pid)
+        assert (Path(pool.log_dir) / "group1" / "rank0.log").exists()
+        assert Path(pool.log_dir).parent == temp
+    with pytest.raises(rankguard.PoolUnavailable):  # a pool whose start failed cleans up too
+        rankguard.Pool(1, rf.broken_setup, spares=0)
+    assert list(temp.iterdir()) == []
+    given = tmp_path / "logs"
+    with rankguard.Pool(1, spares=0, timeout=TIMEOUT, log_dir=str(given)) as pool:
+        pool.run(rf.pid)
+    assert (given / "group1" / "rank0.log").exists()

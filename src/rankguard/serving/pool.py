@@ -15,6 +15,7 @@ Every fault, retirement, heal and spare start is a journal event (``rankguard.jo
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -25,7 +26,7 @@ from typing import Any, Callable
 
 from ..errors import PoolClosed, PoolUnavailable, RequestFailed, UsageError
 from ..journal import Journal
-from ..options import seconds
+from ..options import seconds, writable_file
 from .group import StartFailure, WorkerGroup
 
 HEALING_MODES = ("wait", "fail")
@@ -106,9 +107,10 @@ class Pool:
         self.on_healing = on_healing
         self._setup = setup
         self._env = dict(env or {})
-        self.log_dir = log_dir or tempfile.mkdtemp(prefix="rankguard-pool-")
         self.id = f"pool-{uuid.uuid4().hex[:8]}"
-        self._journal = Journal(journal, self.id) if journal else None
+        self._journal = _open_journal(journal, self.id) if journal else None
+        self._own_log_dir = not log_dir  # a folder of ours, removed by close()
+        self.log_dir = log_dir or tempfile.mkdtemp(prefix="rankguard-pool-")
         self._cond = threading.Condition()
         self._active: WorkerGroup | None = None
         self._busy = False
@@ -444,7 +446,8 @@ class Pool:
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the supervisor and shut every group down: the serving group and the spares get
-        a bounded barrier and exit; whatever is left after ``timeout`` is killed. Idempotent."""
+        a bounded barrier and exit; whatever is left after ``timeout`` is killed. The log folder
+        goes too when the pool made it (no ``log_dir`` was given). Idempotent."""
         with self._cond:
             if self._closed:
                 return
@@ -465,12 +468,22 @@ class Pool:
         self._event("pool_close", groups=len(groups) + len(doomed))
         if self._journal is not None:
             self._journal.close()
+        if self._own_log_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def __enter__(self) -> Pool:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _open_journal(path: str, pool_id: str) -> Journal:
+    try:
+        return Journal(writable_file("Pool(journal)", path), pool_id)
+    except OSError as error:
+        raise UsageError("Pool(journal)", f"cannot open {path!r}: {error.strerror}",
+                         "choose a file you can write to") from None
 
 
 def _check_count(what: str, value: Any, least: int) -> None:
