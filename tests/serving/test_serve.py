@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -146,9 +147,53 @@ def test_bad_requests_are_answered_400_or_422_and_never_reach_the_ranks(server: 
     assert reply.status == 422 and "'x' must be a list of 8 numbers" in reply.body["error"]["detail"]
     reply = server.run({"x": X, "fault": "boom:rank=1"})
     assert reply.status == 422 and "unknown kind 'boom'" in reply.body["error"]["detail"]
+    for deadline in ("0.001", "inf", "nan", "0"):  # below the service's useful minimum (0.5 s)
+        reply = server.run({"x": X}, headers={"X-Request-Timeout": deadline})
+        assert reply.status == 400 and "X-Request-Timeout" in reply.body["error"]["detail"]
+    reply = server.request("POST", "/run", b"[" * 100_000 + b"]" * 100_000)
+    assert reply.status == 400 and "nested too deeply" in reply.body["error"]["detail"]
+    for number in ("NaN", "Infinity", "-Infinity", "1e400"):
+        reply = server.request("POST", "/run", f'{{"x": [{number}, 1, 2, 3, 4, 5, 6, 7]}}'.encode())
+        assert reply.status == 422 and number in reply.body["error"]["detail"], reply.body
+    deep = '{"x": %s, "extra": %s}' % (json.dumps(X), "[" * 900 + "]" * 900)
+    reply = server.request("POST", "/run", deep.encode())  # JSON, but too deep to pickle
+    assert reply.status == 422 and "cannot be pickled" in reply.body["error"]["detail"]
     assert server.get("/run").status == 405
     assert_served(server.run({"x": X}))
-    assert 'rankguard_pool_requests_total{outcome="ok"} 1' in server.get("/metrics").body
+    metrics = server.get("/metrics").body
+    assert 'rankguard_pool_requests_total{outcome="ok"} 1' in metrics
+    assert 'rankguard_pool_requests_total{outcome="failed"} 0' in metrics
+    assert server.events("request_fault") == [] and server.events("group_retire") == []
+
+
+MAX_BODY = 1000
+
+
+def raw_request(url: str, head: str, parts: list[bytes], timeout: float = 20.0) -> str:
+    """Send ``head`` (the request line and headers) and ``parts`` of a body over a socket of
+    its own, without ending the body; the status line of the answer."""
+    host, port = url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(head.encode() + b"\r\n")
+        for part in parts:
+            sock.sendall(part)
+        return sock.makefile("rb").readline().decode()
+
+
+@pytest.mark.serve_args("--max-body", str(MAX_BODY))
+def test_a_body_over_the_limit_is_answered_413_before_it_is_read(server: Server) -> None:
+    declared = raw_request(server.url, "POST /run HTTP/1.1\r\nHost: x\r\n"
+                           "Content-Length: 1000000000\r\n", [])  # and no byte of it sent
+    assert declared.split()[1] == "413", declared
+    chunk = b"%x\r\n%s\r\n" % (600, b" " * 600)
+    streamed = raw_request(server.url, "POST /run HTTP/1.1\r\nHost: x\r\n"
+                           "Transfer-Encoding: chunked\r\n", [chunk, chunk])  # never ended
+    assert streamed.split()[1] == "413", streamed
+    body = json.dumps({"x": X, "pad": ""})
+    body = json.dumps({"x": X, "pad": " " * (MAX_BODY - len(body))}).encode()
+    assert len(body) == MAX_BODY
+    assert_served(server.request("POST", "/run", body))  # the limit itself is allowed
+    assert 'rankguard_http_responses_total{code="413"} 2' in server.get("/metrics").body
 
 
 @pytest.mark.deadline(180)
