@@ -87,7 +87,7 @@ class WorkerGroup:
         self.failure: StartFailure | None = None
         self.killed = False
         self._requests = 0
-        self._unfinished: tuple[int, Outcome] | None = None  # a request that overran its deadline
+        self._unfinished: tuple[int, Outcome] | None = None  # a failed request, maybe running
         os.makedirs(folder, exist_ok=True)
         self._store = store_server.host_on_loopback(STORE_S)
         self.procs: list[subprocess.Popen[bytes]] = []

@@ -179,7 +179,8 @@ class Pool:
             raise  # nothing was sent
         except BaseException:  # interrupted (KeyboardInterrupt...): the ranks are mid-request
             self._on_fault(group, RequestFailed(None, "deadline", "was interrupted in the "
-                                                "leader", took=time.monotonic() - started))
+                                                "leader", took=time.monotonic() - started),
+                           interrupted=True)
             raise
         finally:
             with self._cond:
@@ -243,14 +244,18 @@ class Pool:
                                "a fault retired the serving group; a new one is starting"
                                if state == "healing" else "the first group is starting")
 
-    def _on_fault(self, group: WorkerGroup, fault: RequestFailed) -> None:
+    def _on_fault(self, group: WorkerGroup, fault: RequestFailed, interrupted: bool = False
+                  ) -> None:
+        """Retire ``group`` after ``fault``: regrouped in place when its ranks only raised, or
+        when the call merely overran its own deadline (once they finish it); killed otherwise,
+        after its stacks for a hang (or when the leader was interrupted mid-call)."""
         with self._cond:
             self.counts["requests_failed"] += 1
             self.counts[f"faults_{fault.cause}"] += 1
         self._event("request_fault", group=group.number, rank=fault.rank, cause=fault.cause,
                     detail=fault.detail, victims=fault.victims, took_s=round(fault.took, 4))
         idle = fault.cause == "raised" and group.alive()
-        overran = fault.cause == "deadline" and fault.rank is None  # no rank is at fault
+        overran = fault.cause == "deadline" and fault.rank is None and not interrupted
         with self._cond:
             if self._active is group:
                 self._active = None
@@ -284,7 +289,7 @@ class Pool:
         """A group whose call overran the call's own deadline, every rank still running it:
         once every rank has finished that call (within the pool's timeout) it regroups and
         serves again; a rank that does not finish by then gets the hang treatment."""
-        if group.settle(self.timeout):
+        if not self._closed and group.settle(self.timeout):
             self._regroup(group)
             return
         with self._cond:
@@ -466,8 +471,10 @@ class Pool:
         for closer in closers:
             closer.join(timeout + 1.0)
         self._event("pool_close", groups=len(groups) + len(doomed))
-        if self._journal is not None:
-            self._journal.close()
+        # events of background threads that end later go nowhere, not to a closed file
+        journal, self._journal = self._journal, None
+        if journal is not None:
+            journal.close()
         if self._own_log_dir:
             shutil.rmtree(self.log_dir, ignore_errors=True)
 
