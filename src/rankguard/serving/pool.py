@@ -27,7 +27,7 @@ from typing import Any, Callable
 from ..errors import PoolClosed, PoolUnavailable, RequestFailed, UsageError
 from ..journal import Journal
 from ..options import seconds, writable_file
-from .group import StartFailure, WorkerGroup
+from .group import STACKS_S, StartFailure, WorkerGroup
 
 HEALING_MODES = ("wait", "fail")
 REGROUP_S = 5.0
@@ -277,9 +277,11 @@ class Pool:
 
     def _stacks_then_kill(self, group: WorkerGroup) -> None:
         """After a hang verdict: where each rank was stuck goes to the journal, then the group
-        is killed (the call already failed; this does not delay it)."""
+        is killed (the call already failed; this does not delay it). The ranks get as long to
+        answer as a call gets to run (at least ``STACKS_S``): on a loaded machine a second was
+        not always enough; the wait ends as soon as every rank has answered."""
         try:
-            dumps = group.capture_stacks()
+            dumps = group.capture_stacks(budget=max(STACKS_S, self.timeout))
             self._event("stacks", group=group.number,
                         stacks={rank: group.stacks_path(rank) for rank in dumps})
         finally:
