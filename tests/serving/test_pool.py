@@ -249,6 +249,7 @@ def test_when_every_rank_raises_a_collective_error_the_verdict_comes_at_once() -
         assert pool.run(rf.forward, 1.0) == rf.expected(1.0, 2)
 
 
+@pytest.mark.slow
 @pytest.mark.deadline(120)
 def test_the_pool_removes_the_folder_it_made_and_keeps_the_one_it_was_given(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
