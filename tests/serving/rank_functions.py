@@ -70,3 +70,38 @@ def broken_setup(rank: int, world_size: int) -> None:
 
 def pid(state: Any) -> int:
     return os.getpid()
+
+
+def master_port(state: Any) -> int:
+    """The port of the group's store, as the rank was told it."""
+    return int(os.environ["MASTER_PORT"])
+
+
+def sleep_until(state: Any, at: float) -> None:
+    """Hold the group until ``at`` on the monotonic clock (system-wide on Linux)."""
+    time.sleep(max(0.0, at - time.monotonic()))
+
+
+def slow(state: Any, seconds: float) -> float:
+    """A healthy call that takes ``seconds`` on every rank, then one all_reduce."""
+    import torch
+    import torch.distributed as dist
+
+    time.sleep(seconds)
+    out = torch.ones(1)
+    dist.all_reduce(out)
+    return out.item()
+
+
+def late_peer(state: Any, late: float, window: float) -> None:
+    """Every rank raises a collective error: rank 0's all_reduce passes its own ``window``
+    while rank 1 is ``late``; rank 1 then finds the group retired."""
+    import torch
+    import torch.distributed as dist
+
+    import rankguard
+
+    if dist.get_rank() == 1:
+        time.sleep(late)
+    with rankguard.deadline(window):
+        dist.all_reduce(torch.ones(1))

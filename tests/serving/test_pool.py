@@ -4,8 +4,11 @@ succeeds; spares heal the pool; a setup that always fails is reported with backo
 
 from __future__ import annotations
 
+import math
 import os
 import signal
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -37,7 +40,8 @@ def events(path: Path, name: str) -> list[dict]:
 def test_each_fault_kind_mid_forward_fails_only_that_request_and_the_next_succeeds(
         rank: int, tmp_path: Path) -> None:
     log = tmp_path / "journal.jsonl"
-    with rankguard.Pool(2, rf.load, spares=1, timeout=TIMEOUT, journal=str(log)) as pool:
+    with rankguard.Pool(2, rf.load, spares=1, timeout=TIMEOUT, journal=str(log),
+                        log_dir=str(tmp_path / "logs")) as pool:  # kept: the stacks are read
         assert pool.run(rf.forward, 1.0) == rf.expected(1.0, 2)
         for kind, cause in rf.KINDS.items():
             wait_for(lambda: pool.status().spares_ready >= 1, SPARE_WAIT_S, "a spare")
@@ -161,11 +165,107 @@ def test_a_spare_that_dies_while_waiting_is_replaced(tmp_path: Path) -> None:
 @pytest.mark.parametrize("kwargs, what", [
     ({"world_size": 0}, "Pool(world_size)"),
     ({"world_size": 2, "spares": -1}, "Pool(spares)"),
-    ({"world_size": 2, "timeout": "soon"}, "timeout"),
+    ({"world_size": 2, "timeout": "soon"}, "Pool(timeout)"),
     ({"world_size": 2, "on_healing": "maybe"}, "Pool(on_healing)"),
     ({"world_size": 2, "setup": "load"}, "Pool(setup)"),
+    ({"world_size": 2, "journal": "/"}, "Pool(journal)"),
 ])
 def test_bad_arguments_are_refused_before_any_process_starts(kwargs: dict, what: str) -> None:
     with pytest.raises(rankguard.UsageError) as caught:
         rankguard.Pool(**kwargs)
     assert caught.value.what == what
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, True, "5", 0, -1.0, None])
+def test_every_seconds_argument_is_refused_unless_finite_and_positive(value: object) -> None:
+    for name in ("timeout", "start_timeout", "max_backoff"):
+        with pytest.raises(rankguard.UsageError) as caught:
+            rankguard.Pool(2, **{name: value})
+        assert caught.value.what == f"Pool({name})"
+
+
+def test_a_call_timeout_that_is_not_seconds_or_below_the_useful_minimum_is_refused() -> None:
+    with rankguard.Pool(1, spares=0, timeout=TIMEOUT) as pool:
+        group = pool.run(rf.pid)
+        for value in (math.inf, math.nan, True, "1", 0, pool.min_call_s / 2):
+            with pytest.raises(rankguard.UsageError) as caught:
+                pool.run(rf.pid, timeout=value)
+            assert caught.value.what == "Pool.run(timeout)", value
+        assert pool.run(rf.pid, timeout=pool.min_call_s) == group  # the least that is useful
+        assert pool.metrics().get("requests_failed", 0) == 0
+
+
+@pytest.mark.deadline(120)
+def test_a_queued_call_that_cannot_start_in_useful_time_fails_unavailable_and_spares_the_group(
+        tmp_path: Path) -> None:
+    log = tmp_path / "journal.jsonl"
+    with rankguard.Pool(2, rf.load, spares=0, timeout=10.0, journal=str(log)) as pool:
+        pids = pool.run(rf.pid, all_ranks=True)
+        holder_done: list[object] = []
+        free_at = time.monotonic() + 2.0
+        holder = threading.Thread(target=lambda: holder_done.append(
+            pool.run(rf.sleep_until, free_at)))
+        holder.start()
+        try:
+            time.sleep(0.3)  # the holder has the group until free_at
+            # this call's deadline comes 0.5 s after the group is free, less than the pool's
+            # useful minimum (a tenth of its timeout): it must not get the group
+            with pytest.raises(rankguard.PoolUnavailable) as caught:
+                pool.run(rf.slow, 0.7, timeout=free_at + 0.5 - time.monotonic())
+            assert caught.value.state == "busy"
+            assert time.monotonic() < free_at  # it gave up without waiting for the group
+        finally:
+            holder.join(30)
+        assert holder_done == [None]
+        assert pool.run(rf.pid, all_ranks=True) == pids  # the same, healthy group
+    assert events(log, "group_retire") == [] and events(log, "request_fault") == []
+
+
+@pytest.mark.deadline(120)
+def test_a_call_that_overruns_its_own_deadline_blames_no_rank_and_the_group_serves_again(
+        tmp_path: Path) -> None:
+    log = tmp_path / "journal.jsonl"
+    with rankguard.Pool(2, rf.load, spares=0, timeout=10.0, journal=str(log)) as pool:
+        pids = pool.run(rf.pid, all_ranks=True)
+        with pytest.raises(rankguard.RequestFailed) as caught:
+            pool.run(rf.slow, 2.0, timeout=1.0)  # every rank is healthy, just slower than that
+        assert (caught.value.rank, caught.value.cause) == (None, "deadline"), caught.value
+        assert caught.value.victims == []
+        # the ranks finish that call, regroup, and the same processes serve the next one
+        assert pool.run(rf.slow, 0.0, timeout=10.0) == 2.0
+        assert pool.run(rf.pid, all_ranks=True) == pids
+    retired = events(log, "group_retire")
+    assert [(e["action"], e["reason"]) for e in retired] == [("regroup", "deadline")]
+    assert [e["rank"] for e in events(log, "request_fault")] == [None]
+
+
+@pytest.mark.deadline(120)
+def test_when_every_rank_raises_a_collective_error_the_verdict_comes_at_once() -> None:
+    with rankguard.Pool(2, rf.load, spares=0, timeout=10.0) as pool:
+        started = time.monotonic()
+        with pytest.raises(rankguard.RequestFailed) as caught:
+            pool.run(rf.late_peer, 1.0, 0.2)
+        took = time.monotonic() - started
+        assert caught.value.cause == "raised", caught.value
+        assert took < 10.0 / 2, f"the verdict came after {took:.2f} s, at the call's deadline"
+        assert pool.run(rf.forward, 1.0) == rf.expected(1.0, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(120)
+def test_the_pool_removes_the_folder_it_made_and_keeps_the_one_it_was_given(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # where the pool makes its folder
+    with rankguard.Pool(1, spares=0, timeout=TIMEOUT) as pool:
+        pool.run(rf.pid)
+        assert (Path(pool.log_dir) / "group1" / "rank0.log").exists()
+        assert Path(pool.log_dir).parent == temp
+    with pytest.raises(rankguard.PoolUnavailable):  # a pool whose start failed cleans up too
+        rankguard.Pool(1, rf.broken_setup, spares=0)
+    assert list(temp.iterdir()) == []
+    given = tmp_path / "logs"
+    with rankguard.Pool(1, spares=0, timeout=TIMEOUT, log_dir=str(given)) as pool:
+        pool.run(rf.pid)
+    assert (given / "group1" / "rank0.log").exists()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -138,7 +139,23 @@ def test_each_fault_kind_answers_500_naming_the_rank_and_the_next_request_is_ser
     assert [e["cause"] for e in server.events("request_fault")] == [c for _, _, c in cases]
 
 
-def test_bad_requests_are_answered_400_or_422_and_never_reach_the_ranks(server: Server) -> None:
+MAX_BODY = 300_000  # more than the deeply nested body below (200,000 bytes)
+
+
+def raw_request(url: str, head: str, parts: list[bytes], timeout: float = 20.0) -> str:
+    """Send ``head`` (the request line and headers) and ``parts`` of a body over a socket of
+    its own, without ending the body; the status line of the answer."""
+    host, port = url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(head.encode() + b"\r\n")
+        for part in parts:
+            sock.sendall(part)
+        return sock.makefile("rb").readline().decode()
+
+
+@pytest.mark.serve_args("--max-body", str(MAX_BODY))
+def test_bad_requests_are_answered_400_413_or_422_and_never_reach_the_ranks(
+        server: Server) -> None:
     assert server.request("POST", "/run", b'{"x": ').status == 400
     assert server.run({"x": X}, headers={"X-Request-Timeout": "soon"}).status == 400
     assert server.run({"x": X}, headers={"X-Request-Timeout": "-1"}).status == 400
@@ -147,9 +164,35 @@ def test_bad_requests_are_answered_400_or_422_and_never_reach_the_ranks(server: 
     assert reply.status == 422 and "'x' must be a list of 8 numbers" in reply.body["error"]["detail"]
     reply = server.run({"x": X, "fault": "boom:rank=1"})
     assert reply.status == 422 and "unknown kind 'boom'" in reply.body["error"]["detail"]
+    for deadline in ("0.001", "inf", "nan", "0"):  # below the service's useful minimum (0.5 s)
+        reply = server.run({"x": X}, headers={"X-Request-Timeout": deadline})
+        assert reply.status == 400 and "X-Request-Timeout" in reply.body["error"]["detail"]
+    reply = server.request("POST", "/run", b"[" * 100_000 + b"]" * 100_000)
+    assert reply.status == 400 and "nested too deeply" in reply.body["error"]["detail"]
+    for number in ("NaN", "Infinity", "-Infinity", "1e400"):
+        reply = server.request("POST", "/run", f'{{"x": [{number}, 1, 2, 3, 4, 5, 6, 7]}}'.encode())
+        assert reply.status == 422 and number in reply.body["error"]["detail"], reply.body
+    deep = '{"x": %s, "extra": %s}' % (json.dumps(X), "[" * 900 + "]" * 900)
+    reply = server.request("POST", "/run", deep.encode())  # JSON, but too deep to pickle
+    assert reply.status == 422 and "cannot be pickled" in reply.body["error"]["detail"]
+    declared = raw_request(server.url, "POST /run HTTP/1.1\r\nHost: x\r\n"
+                           "Content-Length: 1000000000\r\n", [])  # and no byte of it sent
+    assert declared.split()[1] == "413", declared
+    chunk = b"%x\r\n%s\r\n" % (MAX_BODY // 2 + 1, b" " * (MAX_BODY // 2 + 1))
+    streamed = raw_request(server.url, "POST /run HTTP/1.1\r\nHost: x\r\n"
+                           "Transfer-Encoding: chunked\r\n", [chunk, chunk])  # never ended
+    assert streamed.split()[1] == "413", streamed
     assert server.get("/run").status == 405
     assert_served(server.run({"x": X}))
-    assert 'rankguard_pool_requests_total{outcome="ok"} 1' in server.get("/metrics").body
+    body = json.dumps({"x": X, "pad": ""})
+    body = json.dumps({"x": X, "pad": " " * (MAX_BODY - len(body))}).encode()
+    assert len(body) == MAX_BODY
+    assert_served(server.request("POST", "/run", body))  # the limit itself is allowed
+    metrics = server.get("/metrics").body
+    assert 'rankguard_pool_requests_total{outcome="ok"} 2' in metrics
+    assert 'rankguard_pool_requests_total{outcome="failed"} 0' in metrics
+    assert 'rankguard_http_responses_total{code="413"} 2' in metrics
+    assert server.events("request_fault") == [] and server.events("group_retire") == []
 
 
 @pytest.mark.deadline(180)

@@ -27,6 +27,10 @@ BROKEN = "import nonexistent_module_xyz\n"
     (["{tmp}/not_a_service.py"], "not_a_service.py:app is a int, not a rankguard.Service"),
     (["{tmp}/broken.py:app"], "ModuleNotFoundError: No module named 'nonexistent_module_xyz'"),
     ([], "the following arguments are required: APP"),
+    (["examples/serve_tp.py:app", "--port", "99999"], "--port: '99999' is above 65535"),
+    (["examples/serve_tp.py:app", "--journal", "{tmp}"], "is a folder"),
+    (["examples/serve_tp.py:app", "--max-body", "0"], "--max-body: '0' is below 1"),
+    (["examples/serve_tp.py:app", "--max-body", "1MB"], "--max-body: '1MB' is not an integer"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], expected: str,
                                           tmp_path: Path) -> None:
@@ -39,6 +43,7 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], expected: str,
     assert expected in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert done.stderr.startswith("rankguard serve: error: ")
+    assert "listening" not in done.stdout  # nothing started
 
 
 def test_a_port_in_use_is_refused_with_the_port_named(tmp_path: Path) -> None:

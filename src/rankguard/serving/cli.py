@@ -15,10 +15,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import UsageError
-from ..options import Parser, number, writable_dir
+from ..options import Parser, number, writable_dir, writable_file
 from ..serving.pool import HEALING_MODES
 
 PROG = "rankguard serve"
+MAX_BODY = 1 << 20  # bytes: the default limit on a request's body (1 MiB)
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -41,8 +42,12 @@ def build_parser() -> Parser:
                    "its deadline, or fails at once with 503 (default wait)")
     p.add_argument("--grace", default="10", help="seconds in-flight requests get to finish "
                    "after SIGTERM (default 10)")
+    p.add_argument("--max-body", dest="max_body", default=str(MAX_BODY),
+                   help="the largest request body in bytes; a larger one is answered 413 "
+                   f"without being read (default {MAX_BODY}, 1 MiB)")
     p.add_argument("--log-dir", dest="log_dir", default="",
-                   help="folder for the ranks' output (default: a new temporary folder)")
+                   help="folder for the ranks' output and stacks (default: a new temporary "
+                   "folder, removed at exit)")
     p.add_argument("--journal", default="", help="append pool events to this JSON-lines file")
     return p
 
@@ -58,8 +63,11 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         args = build_parser().parse_args(argv)
-        port = int(number("--port", args.port, int, 0, "e.g. --port 8000"))
+        port = int(number("--port", args.port, int, 0, "use a port from 0 to 65535, e.g. "
+                          "--port 8000", maximum=65535))
         grace = number("--grace", args.grace, float, 0.1, "e.g. --grace 10")
+        max_body = int(number("--max-body", args.max_body, int, 1, "a number of bytes, e.g. "
+                              f"--max-body {MAX_BODY}"))
         served = service.load(args.app)
         if args.world_size is not None:
             served.world_size = int(number("--world-size", args.world_size, int, 1,
@@ -68,11 +76,11 @@ def main(argv: list[str]) -> int:
             served.spares = int(number("--spares", args.spares, int, 0, "e.g. --spares 1"))
         if args.timeout is not None:
             served.timeout = number("--timeout", args.timeout, float, 0.001, "e.g. --timeout 5")
-        options = {"on_healing": args.on_healing}
+        options: dict[str, Any] = {"on_healing": args.on_healing, "max_body": max_body}
         if args.log_dir:
             options["log_dir"] = writable_dir("--log-dir", args.log_dir)
         if args.journal:
-            options["journal"] = args.journal
+            options["journal"] = writable_file("--journal", args.journal)
         listener = _listen(args.host, port)
     except UsageError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)

@@ -1,5 +1,5 @@
 """One group of a pool: N rank processes (``serving.worker``) that form one gloo process group,
-on a TCPStore of its own hosted in the leader.
+on a TCPStore of its own hosted in the leader (on loopback only: ``rankguard.store_server``).
 
 A group is started, becomes ready once every rank has run the user's setup, runs requests one
 at a time, and is retired after a fault: regrouped in place when every rank is alive and
@@ -20,11 +20,10 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any, Callable
 
 from .. import ledger as _ledger
-from .. import proctree, stack_requests
+from .. import proctree, stack_requests, store_server
 from ..ledger import LedgerReader
 from ..runtime import stacks
 from ..errors import RequestFailed, UsageError
@@ -37,6 +36,7 @@ COLLECTIVE_MARGIN_S = 0.1  # collectives in the ranks give up this long before t
 TICK_S = 0.05
 STACKS_S = 1.0  # how long ranks get to dump their stacks after a hang verdict
 REAP_S = 5.0  # how long killed ranks get to be reaped
+STORE_S = 30.0  # the bound on the group store's own waits
 
 
 @dataclass
@@ -79,8 +79,6 @@ class WorkerGroup:
 
     def __init__(self, number: int, world: int, setup: Callable[[int, int], Any] | None,
                  folder: str, env: dict[str, str]) -> None:
-        from torch.distributed import TCPStore
-
         self.number = number
         self.world = world
         self.folder = folder
@@ -89,14 +87,14 @@ class WorkerGroup:
         self.failure: StartFailure | None = None
         self.killed = False
         self._requests = 0
+        self._unfinished: tuple[int, Outcome] | None = None  # a failed request, maybe running
         os.makedirs(folder, exist_ok=True)
-        self._store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                               timeout=timedelta(seconds=30))
+        self._store = store_server.host_on_loopback(STORE_S)
         self.procs: list[subprocess.Popen[bytes]] = []
         self.ends: list[LeaderEnd] = []
         self._ready: set[int] = set()
         base = {**os.environ, **leader_env.leader_context(), **env,
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self._store.port),
+                "MASTER_ADDR": store_server.LOOPBACK, "MASTER_PORT": str(self._store.port),
                 "WORLD_SIZE": str(world), "TORCHELASTIC_USE_AGENT_STORE": "True",
                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         base.setdefault("RANKGUARD_GRACE", "2")
@@ -211,18 +209,35 @@ class WorkerGroup:
 
         Raises:
             RequestFailed: a rank raised, exited, was killed, froze, or was still running at
-                ``deadline_at``; raised within ``deadline_at`` + about 0.1 s, and as soon as
-                the root cause is known.
+                ``deadline_at`` while a peer waited for it or had answered; ``rank`` None when
+                every rank answered with a collective error, or when every rank was still
+                running at ``deadline_at`` and none was behind (cause ``deadline``: see
+                :meth:`settle`). Raised within ``deadline_at`` + about 0.1 s, and as soon as
+                the root cause is known or every rank has answered.
             UsageError: the command cannot be pickled (no rank got it).
         """
         collective_timeout = max(0.05, deadline_at - time.monotonic() - COLLECTIVE_MARGIN_S)
         request, outcome = self._send(command, collective_timeout, deadline_at)
-        self._collect(request, outcome, deadline_at, lambda o: len(o.results) == self.world or
+        self._unfinished = (request, outcome)
+        self._collect(request, outcome, deadline_at, lambda o: self._settled(o) or
                       self._verdict(o, started, final=False) is not None)
         verdict = self._verdict(outcome, started, final=len(outcome.results) < self.world)
         if verdict is not None:
             raise verdict
+        self._unfinished = None
         return outcome.results
+
+    def settle(self, budget: float) -> bool:
+        """After a request that failed: wait up to ``budget`` seconds for every rank to be
+        done with it. True if every rank answered it (alive, idle: it may regroup and serve
+        again); False if a rank died or is still running it."""
+        if self._unfinished is not None:
+            request, outcome = self._unfinished
+            self._collect(request, outcome, time.monotonic() + budget, self._settled)
+            if len(outcome.answered) < self.world:
+                return False
+            self._unfinished = None
+        return self.alive()
 
     def gather(self, command: dict[str, Any], collective_timeout: float, deadline_at: float,
                grace: float) -> Outcome:
@@ -236,18 +251,21 @@ class WorkerGroup:
         """
         request, outcome = self._send(command, collective_timeout, deadline_at)
 
-        def settled(o: Outcome) -> bool:
-            return len(o.answered | set(o.dead)) == self.world
-
         def only_named_left(o: Outcome) -> bool:
             named = {r for a in o.failures.values() for r in a.get("missing", [])}
             left = set(range(self.world)) - o.answered - set(o.dead)
             return bool(named) and left <= named
 
-        self._collect(request, outcome, deadline_at, lambda o: settled(o) or only_named_left(o))
-        if not settled(outcome):
-            self._collect(request, outcome, min(deadline_at, time.monotonic() + grace), settled)
+        self._collect(request, outcome, deadline_at,
+                      lambda o: self._settled(o) or only_named_left(o))
+        if not self._settled(outcome):
+            self._collect(request, outcome, min(deadline_at, time.monotonic() + grace),
+                          self._settled)
         return outcome
+
+    def _settled(self, outcome: Outcome) -> bool:
+        """Every rank answered or died."""
+        return len(outcome.answered | set(outcome.dead)) == self.world
 
     def _send(self, command: dict[str, Any], collective_timeout: float, deadline_at: float
               ) -> tuple[int, Outcome]:
@@ -333,7 +351,15 @@ class WorkerGroup:
         victims = sorted(outcome.failures)
         absent, where = self._absent()
         stopped = [r for r in silent if proctree.is_stopped(self.procs[r].pid)]
-        culprits = stopped or [r for r in silent if r in absent] or silent
+        # silent ranks are to blame when stopped, behind the others, or slower than peers that
+        # answered; when every rank is silent and none is behind, the deadline was the call's
+        culprits = (stopped or [r for r in silent if r in absent]
+                    or (silent if outcome.answered else []))
+        if not culprits and silent:
+            return RequestFailed(None, "deadline", "did not finish before the call's deadline: "
+                                 "every rank was still running it and none was behind the "
+                                 "others (the deadline was too short for the call, no rank is "
+                                 "at fault)", took=took)
         if not culprits:  # every rank answered with a collective error and none is to blame
             first = next(r for r in outcome.order if r in outcome.failures)
             answer = outcome.failures[first]

@@ -7,10 +7,14 @@ Starlette's thread pool, so the event loop never waits on a rank.
 Routes:
 
 - ``POST /run``: the JSON body (an object) is the request; the service's ``validate`` runs
-  here, then ``handle`` on every rank. 200 ``{"result", "took_s"}``; 400 malformed JSON or a bad
-  ``X-Request-Timeout``; 422 a body that is not an object or that ``validate`` refused; 500 a
-  rank failed the request (``{"error": {"type", "rank", "cause", "detail", "victims"}}``); 503
-  the pool is healing, starting, busy or failing to start (with ``Retry-After``), or closed.
+  here, then ``handle`` on every rank. 200 ``{"result", "took_s"}``; 400 malformed or too
+  deeply nested JSON, or an ``X-Request-Timeout`` that is not a number of seconds of at least
+  the pool's ``min_call_s``; 413 a body over ``max_body`` bytes (refused from its
+  Content-Length before it is read, or as soon as a streamed body passes the limit); 422 a body
+  that is not an object, holds NaN or an infinity, cannot be sent to the ranks, or that
+  ``validate`` refused; 500 a rank failed the request (``{"error": {"type", "rank", "cause",
+  "detail", "victims"}}``); 503 the pool is healing, starting, busy or failing to start (with
+  ``Retry-After``), or closed.
 - ``GET /healthz``: 200 ``{"state": "ready", ...}``; 503 while ``starting``, ``healing``,
   ``failed`` or ``closed``.
 - ``GET /metrics``: Prometheus text format (see ``serving.metrics``).
@@ -33,7 +37,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..errors import PoolClosed, PoolUnavailable, RequestFailed, UsageError
-from ..runtime.deadline import check_seconds
+from ..options import number
 from . import metrics
 from .pool import Pool
 from .service import Service
@@ -41,11 +45,31 @@ from .service import Service
 TIMEOUT_HEADER = "x-request-timeout"
 
 
+class _TooLarge(Exception):
+    """The request's body passed the limit."""
+
+
+class _NotFinite(ValueError):
+    """A number in the body that JSON cannot carry back (NaN, an infinity)."""
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotFinite(text)
+    return value
+
+
+def _not_finite(text: str) -> float:
+    raise _NotFinite(text)
+
+
 class _Server:
     """The application's state: the service, its pool (made at start-up), response counts."""
 
-    def __init__(self, service: Service, pool_options: dict[str, Any]) -> None:
+    def __init__(self, service: Service, max_body: int, pool_options: dict[str, Any]) -> None:
         self.service = service
+        self.max_body = max_body
         self.pool_options = pool_options
         self.pool: Pool | None = None
         self.codes: Counter[int] = Counter()
@@ -63,18 +87,50 @@ class _Server:
         return self.answer(status, {"error": {"type": kind, "detail": detail, **fields}},
                            headers)
 
+    async def _body(self, request: Request) -> bytes:
+        """The request's body, read only while it stays within ``max_body`` bytes.
+
+        Raises:
+            _TooLarge: its Content-Length says more (nothing is read), or, streamed, it passed
+                the limit (nothing more is read).
+        """
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body:
+            raise _TooLarge
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body:
+                raise _TooLarge
+            chunks.append(chunk)
+        return b"".join(chunks)
+
     async def run(self, request: Request) -> Response:
+        assert self.pool is not None
         try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            body = json.loads(await self._body(request), parse_float=_finite,
+                              parse_constant=_not_finite)
+        except _TooLarge:
+            response = self.error(413, "PayloadTooLarge", f"the body is over the limit of "
+                                  f"{self.max_body} bytes (rankguard serve --max-body)")
+            response.headers["Connection"] = "close"  # the rest of the body is never read
+            return response
+        except _NotFinite as error:
+            return self.error(422, "InvalidRequest", f"the body holds {error}, a number that "
+                              "JSON cannot carry (NaN and infinities are not JSON)")
+        except ValueError as error:  # not JSON, not UTF-8, an integer too long to read
             return self.error(400, "BadRequest", f"the body is not valid JSON: {error}")
+        except RecursionError:
+            return self.error(400, "BadRequest", "the body's JSON is nested too deeply")
         if not isinstance(body, dict):
             return self.error(422, "InvalidRequest", "the body must be a JSON object, got "
                               f"{type(body).__name__}")
         timeout = self.service.timeout
         if TIMEOUT_HEADER in request.headers:
             try:
-                timeout = check_seconds("X-Request-Timeout", request.headers[TIMEOUT_HEADER])
+                timeout = self.pool.call_timeout("X-Request-Timeout", number(
+                    "X-Request-Timeout", request.headers[TIMEOUT_HEADER], float, 0,
+                    "a number of seconds, e.g. 5"))
             except UsageError as error:
                 return self.error(400, "BadRequest", str(error))
         if self.service.validate is not None:
@@ -82,11 +138,13 @@ class _Server:
                 body = self.service.validate(body)
             except (ValueError, TypeError) as error:
                 return self.error(422, "InvalidRequest", str(error))
-        assert self.pool is not None
         started = time.monotonic()
         try:
             result = await run_in_threadpool(self.pool.run, self.service.handle, body,
                                              timeout=timeout)
+        except UsageError as error:  # the body cannot be pickled (too deeply nested)
+            return self.error(422, "InvalidRequest", f"the body cannot be sent to the ranks: "
+                              f"{error.problem}")
         except RequestFailed as error:
             return self.error(500, "RequestFailed", str(error), rank=error.rank,
                               cause=error.cause, victims=error.victims,
@@ -127,11 +185,12 @@ class _Server:
             await run_in_threadpool(self.pool.close)
 
 
-def build(service: Service, **pool_options: Any) -> Starlette:
+def build(service: Service, *, max_body: int, **pool_options: Any) -> Starlette:
     """The ASGI application serving ``service``; the pool starts with the application (its
-    lifespan) and is closed when the application shuts down. ``pool_options``: further
-    keyword arguments of :class:`rankguard.Pool` (``journal``, ``log_dir``, ``on_healing``)."""
-    server = _Server(service, pool_options)
+    lifespan) and is closed when the application shuts down. ``max_body``: the largest request
+    body, in bytes. ``pool_options``: further keyword arguments of :class:`rankguard.Pool`
+    (``journal``, ``log_dir``, ``on_healing``)."""
+    server = _Server(service, max_body, pool_options)
     routes = [Route("/run", server.run, methods=["POST"]),
               Route("/healthz", server.healthz, methods=["GET"]),
               Route("/metrics", server.metrics, methods=["GET"])]

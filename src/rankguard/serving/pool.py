@@ -14,8 +14,8 @@ Every fault, retirement, heal and spare start is a journal event (``rankguard.jo
 
 from __future__ import annotations
 
-import math
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -26,13 +26,15 @@ from typing import Any, Callable
 
 from ..errors import PoolClosed, PoolUnavailable, RequestFailed, UsageError
 from ..journal import Journal
-from .group import StartFailure, WorkerGroup
+from ..options import seconds, writable_file
+from .group import STACKS_S, StartFailure, WorkerGroup
 
 HEALING_MODES = ("wait", "fail")
 REGROUP_S = 5.0
 BACKOFF_FIRST_S = 0.5
 SUPERVISE_S = 0.02
 FAILED_AFTER = 3  # start-ups failing in a row (a rank died, or was late) before calls fail fast
+MIN_CALL_FRACTION = 0.1  # of the pool's timeout: the least time a call must have left to start
 
 
 @dataclass(frozen=True)
@@ -66,13 +68,15 @@ class Pool:
             allocate buffers. Its result is the first argument of every call's function. Must
             be importable by name (a module-level function).
         spares: spare groups kept ready beside the serving one (0: heal from a cold start).
-        timeout: default deadline of a call, in seconds.
+        timeout: default deadline of a call, in seconds. A tenth of it is the least time a
+            call must have left to start on the group (``min_call_s``).
         on_healing: ``wait``: a call that arrives while no group is ready waits for one within
             its deadline; ``fail``: it raises :class:`PoolUnavailable` at once.
         start_timeout: seconds a group may take to start (torch import, setup).
         max_backoff: the longest pause, in seconds, between start-ups that keep failing.
         journal: path of a JSON-lines journal to append events to (default: none).
-        log_dir: where each rank's output goes (default: a new temporary folder).
+        log_dir: where each rank's output and stacks go (default: a new temporary folder,
+            removed when the pool closes).
         env: extra environment variables for the ranks.
         wait: wait (bounded by ``start_timeout``) until the first group is ready.
 
@@ -89,9 +93,10 @@ class Pool:
                  env: dict[str, str] | None = None, wait: bool = True) -> None:
         _check_count("world_size", world_size, 1)
         _check_count("spares", spares, 0)
-        self.timeout = _check_seconds("timeout", timeout)
-        self.start_timeout = _check_seconds("start_timeout", start_timeout)
-        self.max_backoff = _check_seconds("max_backoff", max_backoff)
+        self.timeout = seconds("Pool(timeout)", timeout)
+        self.start_timeout = seconds("Pool(start_timeout)", start_timeout)
+        self.max_backoff = seconds("Pool(max_backoff)", max_backoff)
+        self.min_call_s = self.timeout * MIN_CALL_FRACTION
         if on_healing not in HEALING_MODES:
             raise UsageError("Pool(on_healing)", f"{on_healing!r} is not one of "
                              f"{', '.join(HEALING_MODES)}")
@@ -102,9 +107,10 @@ class Pool:
         self.on_healing = on_healing
         self._setup = setup
         self._env = dict(env or {})
-        self.log_dir = log_dir or tempfile.mkdtemp(prefix="rankguard-pool-")
         self.id = f"pool-{uuid.uuid4().hex[:8]}"
-        self._journal = Journal(journal, self.id) if journal else None
+        self._journal = _open_journal(journal, self.id) if journal else None
+        self._own_log_dir = not log_dir  # a folder of ours, removed by close()
+        self.log_dir = log_dir or tempfile.mkdtemp(prefix="rankguard-pool-")
         self._cond = threading.Condition()
         self._active: WorkerGroup | None = None
         self._busy = False
@@ -140,17 +146,24 @@ class Pool:
         must be importable by name.
 
         Returns or raises within ``timeout`` (default: the pool's) plus about 0.1 s, including
-        any wait for the group to be free or healed.
+        any wait for the group to be free or healed. A call waits for the group only while at
+        least ``min_call_s`` of its deadline would be left: a call that could only start with
+        less fails with ``PoolUnavailable`` and never reaches the group.
 
         Raises:
             RequestFailed: a rank raised, exited, was killed, froze, or was still running at
-                the deadline; names the rank and the cause. The pool heals by itself.
-            PoolUnavailable: no healthy group within the deadline (``healing``, ``busy``), or
-                at once with ``on_healing="fail"`` or when start-ups keep failing (``failed``).
+                the deadline while its peers waited for it; names the rank and the cause. When
+                the call's own deadline passed with every rank still running it and none behind
+                the others, ``rank`` is None (cause ``deadline``): the group finishes the call
+                and serves again. The pool heals by itself.
+            PoolUnavailable: no healthy group in time (``healing``, ``busy``), or at once with
+                ``on_healing="fail"`` or when start-ups keep failing (``failed``).
             PoolClosed: the pool was closed.
-            UsageError: a bad ``timeout``.
+            UsageError: ``timeout`` is not a finite number of seconds of at least
+                ``min_call_s``, or the call cannot be pickled.
         """
-        limit = self.timeout if timeout is None else _check_seconds("run(timeout)", timeout)
+        limit = self.timeout if timeout is None else self.call_timeout("Pool.run(timeout)",
+                                                                       timeout)
         started = time.monotonic()
         deadline_at = started + limit
         group = self._claim(deadline_at)
@@ -166,7 +179,8 @@ class Pool:
             raise  # nothing was sent
         except BaseException:  # interrupted (KeyboardInterrupt...): the ranks are mid-request
             self._on_fault(group, RequestFailed(None, "deadline", "was interrupted in the "
-                                                "leader", took=time.monotonic() - started))
+                                                "leader", took=time.monotonic() - started),
+                           interrupted=True)
             raise
         finally:
             with self._cond:
@@ -177,24 +191,43 @@ class Pool:
                 self._cond.notify_all()
         return [results[r] for r in range(self.world_size)] if all_ranks else results[0]
 
+    def call_timeout(self, what: str, value: object) -> float:
+        """``value`` as a call's deadline in seconds: finite and at least ``min_call_s``.
+
+        Raises:
+            UsageError: naming ``what``.
+        """
+        limit = seconds(what, value)
+        if limit < self.min_call_s:
+            raise UsageError(what, f"{limit:g} s is below the least useful deadline of "
+                             f"{self.min_call_s:g} s (a tenth of the pool's timeout)",
+                             f"give at least {self.min_call_s:g} s")
+        return limit
+
     def _claim(self, deadline_at: float) -> WorkerGroup:
-        """The serving group, marked busy; waits (bounded) while it is busy or healing."""
+        """The serving group, marked busy; waits (bounded) while it is busy or healing, but
+        only until ``min_call_s`` before ``deadline_at``: a call that could start only later
+        fails as unavailable, and the group is not touched."""
+        latest = deadline_at - self.min_call_s
+        first = True  # an idle group is taken at once (the deadline was checked on entry)
         with self._cond:
             while True:
                 if self._closed:
                     raise PoolClosed("the pool was closed")
-                if self._active is not None and not self._busy:
+                if self._active is not None and not self._busy and (
+                        first or time.monotonic() <= latest):
                     self._busy = True
                     return self._active
                 state = self._state()
                 if state == "failed" or (state == "healing" and self.on_healing == "fail"):
                     self.counts["requests_unavailable"] += 1
                     raise self._unavailable(state)
-                remaining = deadline_at - time.monotonic()
+                remaining = latest - time.monotonic()
                 if remaining <= 0:
                     self.counts["requests_unavailable"] += 1
                     raise self._unavailable("busy" if self._active is not None else state)
                 self._cond.wait(remaining)
+                first = False
 
     def _unavailable(self, state: str) -> PoolUnavailable:
         if state == "failed":
@@ -205,30 +238,35 @@ class Pool:
             return PoolUnavailable("failed", max(1.0, self._next_start_at - time.monotonic()),
                                    detail)
         if state == "busy":
-            return PoolUnavailable("busy", 1.0, "the group ran other calls until this call's "
-                                   "deadline")
+            return PoolUnavailable("busy", 1.0, "the group ran other calls until less than "
+                                   f"{self.min_call_s:g} s of this call's deadline was left")
         return PoolUnavailable(state, self._start_estimate_s,
                                "a fault retired the serving group; a new one is starting"
                                if state == "healing" else "the first group is starting")
 
-    def _on_fault(self, group: WorkerGroup, fault: RequestFailed) -> None:
+    def _on_fault(self, group: WorkerGroup, fault: RequestFailed, interrupted: bool = False
+                  ) -> None:
+        """Retire ``group`` after ``fault``: regrouped in place when its ranks only raised, or
+        when the call merely overran its own deadline (once they finish it); killed otherwise,
+        after its stacks for a hang (or when the leader was interrupted mid-call)."""
         with self._cond:
             self.counts["requests_failed"] += 1
             self.counts[f"faults_{fault.cause}"] += 1
         self._event("request_fault", group=group.number, rank=fault.rank, cause=fault.cause,
                     detail=fault.detail, victims=fault.victims, took_s=round(fault.took, 4))
         idle = fault.cause == "raised" and group.alive()
+        overran = fault.cause == "deadline" and fault.rank is None and not interrupted
         with self._cond:
             if self._active is group:
                 self._active = None
                 self._busy = False
                 self._fault_at = time.monotonic()
             self._event("group_retire", group=group.number,
-                        action="regroup" if idle else "kill", reason=fault.cause)
-            if idle:
+                        action="regroup" if idle or overran else "kill", reason=fault.cause)
+            if idle or overran:
                 self._retired.append(group)
-                threading.Thread(target=self._regroup, args=(group,), daemon=True,
-                                 name="rankguard-regroup").start()
+                threading.Thread(target=self._settle_then_regroup if overran else self._regroup,
+                                 args=(group,), daemon=True, name="rankguard-regroup").start()
             elif fault.cause in ("frozen", "deadline"):
                 threading.Thread(target=self._stacks_then_kill, args=(group,), daemon=True,
                                  name="rankguard-stacks").start()
@@ -239,13 +277,27 @@ class Pool:
 
     def _stacks_then_kill(self, group: WorkerGroup) -> None:
         """After a hang verdict: where each rank was stuck goes to the journal, then the group
-        is killed (the call already failed; this does not delay it)."""
+        is killed (the call already failed; this does not delay it). The ranks get as long to
+        answer as a call gets to run (at least ``STACKS_S``): on a loaded machine a second was
+        not always enough; the wait ends as soon as every rank has answered."""
         try:
-            dumps = group.capture_stacks()
+            dumps = group.capture_stacks(budget=max(STACKS_S, self.timeout))
             self._event("stacks", group=group.number,
                         stacks={rank: group.stacks_path(rank) for rank in dumps})
         finally:
             group.kill()
+
+    def _settle_then_regroup(self, group: WorkerGroup) -> None:
+        """A group whose call overran the call's own deadline, every rank still running it:
+        once every rank has finished that call (within the pool's timeout) it regroups and
+        serves again; a rank that does not finish by then gets the hang treatment."""
+        if not self._closed and group.settle(self.timeout):
+            self._regroup(group)
+            return
+        with self._cond:
+            self._retired.remove(group)
+            self._cond.notify_all()
+        self._stacks_then_kill(group)
 
     def _regroup(self, group: WorkerGroup) -> None:
         """A group whose ranks only raised forms a fresh generation and becomes a spare again."""
@@ -401,7 +453,8 @@ class Pool:
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the supervisor and shut every group down: the serving group and the spares get
-        a bounded barrier and exit; whatever is left after ``timeout`` is killed. Idempotent."""
+        a bounded barrier and exit; whatever is left after ``timeout`` is killed. The log folder
+        goes too when the pool made it (no ``log_dir`` was given). Idempotent."""
         with self._cond:
             if self._closed:
                 return
@@ -420,8 +473,12 @@ class Pool:
         for closer in closers:
             closer.join(timeout + 1.0)
         self._event("pool_close", groups=len(groups) + len(doomed))
-        if self._journal is not None:
-            self._journal.close()
+        # events of background threads that end later go nowhere, not to a closed file
+        journal, self._journal = self._journal, None
+        if journal is not None:
+            journal.close()
+        if self._own_log_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def __enter__(self) -> Pool:
         return self
@@ -430,13 +487,15 @@ class Pool:
         self.close()
 
 
+def _open_journal(path: str, pool_id: str) -> Journal:
+    try:
+        return Journal(writable_file("Pool(journal)", path), pool_id)
+    except OSError as error:
+        raise UsageError("Pool(journal)", f"cannot open {path!r}: {error.strerror}",
+                         "choose a file you can write to") from None
+
+
 def _check_count(what: str, value: Any, least: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < least:
         raise UsageError(f"Pool({what})", f"expected a whole number >= {least}, got {value!r}")
 
-
-def _check_seconds(what: str, value: Any) -> float:
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value)
-            or value <= 0):
-        raise UsageError(what, f"expected a positive number of seconds, got {value!r}")
-    return float(value)
