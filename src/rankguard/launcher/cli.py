@@ -104,8 +104,10 @@ def _check_run_id(run_id: str) -> str:
 
 def _check_module(name: str) -> None:
     """``name`` is a module ``python -m`` can run from here: a module, or a package with a
-    ``__main__``. Found without importing anything of it (its code may start a job, or take
-    seconds to import torch)."""
+    ``__main__``. Found without importing any of it where its packages' folders tell (its code
+    may start a job, or take seconds to import torch); only a submodule those folders do not
+    hold (a package that extends its ``__path__`` when imported) is looked up by importing its
+    parents, as ``python -m`` would."""
     parts = name.split(".")
     if not all(part.isidentifier() for part in parts):
         raise UsageError("-m", f"{name!r} is not a module name",
@@ -116,8 +118,9 @@ def _check_module(name: str) -> None:
         for depth in range(1, len(parts)):
             if spec is None or spec.submodule_search_locations is None:
                 break
-            spec = importlib.machinery.PathFinder.find_spec(
-                ".".join(parts[:depth + 1]), spec.submodule_search_locations)
+            child = ".".join(parts[:depth + 1])
+            spec = (importlib.machinery.PathFinder.find_spec(child, spec.submodule_search_locations)
+                    or importlib.util.find_spec(child))
         if spec is not None and spec.submodule_search_locations is not None:
             main = importlib.machinery.PathFinder.find_spec(
                 f"{name}.__main__", spec.submodule_search_locations)
@@ -127,6 +130,12 @@ def _check_module(name: str) -> None:
                                  f"{name.replace('.', '/')}/__main__.py")
     except (ImportError, ValueError):
         spec = None
+    except UsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 (a parent package's own code raised)
+        raise UsageError("-m", f"importing the packages of {name!r} raised "
+                         f"{type(exc).__name__}: {exc}", "fix the error in the package's "
+                         "__init__.py") from None
     finally:
         sys.path.pop(0)
     if spec is None:
