@@ -1,5 +1,6 @@
-"""The ``rankguard`` command: ``rankguard run ...`` (the launcher), ``rankguard serve APP`` (an
-HTTP server in front of a rankguard.Pool; see ``rankguard.serving.cli``).
+"""The ``rankguard`` command (also ``python -m rankguard``): ``rankguard run ...`` (the launcher),
+``rankguard serve APP`` (an HTTP server in front of a rankguard.Pool; see
+``rankguard.serving.cli``).
 
 Exit codes (stable, documented in the README): 0 every rank succeeded; 1 a rank failed (raised,
 exited non-zero, was killed) and restarts ran out; 2 bad usage, nothing started; 3 a rank hung
@@ -27,7 +28,7 @@ Commands:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
+        print(USAGE, file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command == "--version":

@@ -6,8 +6,10 @@ given in Python."""
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import os
+import re
 
 from .errors import UsageError
 
@@ -19,25 +21,48 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(self.prog, message, f"see {self.prog} --help")
 
 
+# The most seconds any option takes. Past about 9.2e9 s the platform's timers overflow
+# (threading.TIMEOUT_MAX, time_t deadlines), so a larger value could only fail later, in a rank.
+MAX_SECONDS = 1e9
+
+# Plain decimal spellings only: Python's int() and float() also take "1_0", " 5", "١٢",
+# "nan" and "inf", none of which a person means as a count or a number of seconds.
+_INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
+
+
 def number(option: str, text: str, kind: type, minimum: float, hint: str,
            maximum: float | None = None) -> float:
-    """``text`` as a finite ``kind`` (int or float) of at least ``minimum`` (and at most
-    ``maximum``, when given).
+    """``text`` as a ``kind`` (int or float) from ``minimum`` to ``maximum``.
+
+    Only plain decimal spellings are taken (``10``, ``2.5``, ``1e3`` for a float). A float is a
+    number of seconds: finite and at most ``MAX_SECONDS`` unless ``maximum`` says otherwise.
 
     Raises:
-        UsageError: naming ``option``, with ``hint``.
+        UsageError: ``text`` is not such a number, or is out of range; names ``option``, with
+            ``hint`` as the fix.
     """
+    integer = kind is int
+    if not (_INTEGER if integer else _DECIMAL).fullmatch(text):
+        try:
+            finite = math.isfinite(float(text))
+        except ValueError:
+            finite = True
+        problem = "is not a finite number" if not finite else (
+            "is not an integer" if integer else "is not a number")
+        raise UsageError(option, f"{text!r} {problem}", hint)
     try:
         value = kind(text)
-    except ValueError:
-        raise UsageError(option, f"{text!r} is not a{'n integer' if kind is int else ' number'}",
-                         hint) from None
-    if isinstance(value, float) and not math.isfinite(value):
+    except ValueError:  # more digits than int() converts
+        raise UsageError(option, f"{text[:20]!r}... is far too long", hint) from None
+    if not integer and not math.isfinite(value):
         raise UsageError(option, f"{text!r} is not a finite number", hint)
     if value < minimum:
         raise UsageError(option, f"{text!r} is below {minimum:g}", hint)
+    if maximum is None and not integer:
+        maximum = MAX_SECONDS
     if maximum is not None and value > maximum:
-        raise UsageError(option, f"{text!r} is above {maximum:g}", hint)
+        raise UsageError(option, f"{text!r} is above {maximum:.10g}", hint)
     return value
 
 
@@ -71,13 +96,29 @@ def writable_dir(option: str, path: str) -> str:
 
 
 def writable_file(option: str, path: str) -> str:
-    """``path`` made absolute, checked to name a file that can be appended to: not a folder,
-    its folder created if missing and writable, the file writable if it exists already."""
+    """``path`` made absolute: a file that can be opened for appending now, without blocking.
+
+    Its folder is created if missing. A file that does not exist yet is created and removed
+    again, so that whatever would refuse it later (a name too long, a read-only disk) is
+    reported now.
+
+    Raises:
+        UsageError: ``path`` is a folder, a FIFO nobody reads, or cannot be opened or created.
+    """
     path = os.path.abspath(path)
     if os.path.isdir(path):
         raise UsageError(option, f"{path!r} is a folder",
-                         f"give a file's path, e.g. {os.path.join(path, 'journal.jsonl')}")
+                         f"give a file path, e.g. {os.path.join(path, 'journal.jsonl')}")
     writable_dir(option, os.path.dirname(path))
-    if os.path.exists(path) and not os.access(path, os.W_OK):
-        raise UsageError(option, f"{path!r} is not writable", "choose a file you can write to")
+    existed = os.path.lexists(path)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | (0 if existed else os.O_CREAT | os.O_EXCL)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        problem = ("is a FIFO that nobody reads" if exc.errno == errno.ENXIO
+                   else f"cannot be opened for writing: {exc.strerror}")
+        raise UsageError(option, f"{path!r} {problem}", "give a file you can write to") from None
+    os.close(fd)
+    if not existed:
+        os.unlink(path)
     return path

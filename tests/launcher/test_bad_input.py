@@ -1,5 +1,6 @@
 """Bad input: one line naming the problem and the fix, exit code 2, nothing started."""
 
+import os
 import socket
 import subprocess
 import sys
@@ -33,6 +34,37 @@ def _run(args, tmp_path):
     (["missing_script.py"], "'missing_script.py' does not exist"),
     (["-m", "no_such_module_here"], "no module named 'no_such_module_here'"),
     ([], "the following arguments are required: SCRIPT"),
+    # numbers: only plain decimal spellings, finite, within what the timers can wait
+    (["--nproc-per-node", "1_0", "x.py"], "--nproc-per-node: '1_0' is not an integer"),
+    (["--nproc-per-node", "١٢", "x.py"], "--nproc-per-node: '١٢' is not an integer"),
+    (["--master-port", "2_9500", "x.py"], "--master-port: '2_9500' is not an integer"),
+    (["--max-restarts", " 1", "x.py"], "--max-restarts: ' 1' is not an integer"),
+    (["--hang-timeout", "1_0", "x.py"], "--hang-timeout: '1_0' is not a number"),
+    (["--grace", "inf", "x.py"], "--grace: 'inf' is not a finite number"),
+    (["--straggler-timeout", "1e999", "x.py"], "--straggler-timeout: '1e999' is not a finite"),
+    (["--grace", "1e300", "x.py"], "--grace: '1e300' is above 1000000000"),
+    (["--collective-timeout", "1e12", "x.py"], "--collective-timeout: '1e12' is above"),
+    # fault specs: the same checks for their numbers, and no part given twice or never used
+    (["--inject", "crash:nan:rank=0,at=op1", "x.py"], "exit code 'nan' is not a finite number"),
+    (["--inject", "crash:inf:rank=0,at=op1", "x.py"], "exit code 'inf' is not a finite number"),
+    (["--inject", "crash:1.5:rank=0,at=op1", "x.py"], "exit code '1.5' is not an integer"),
+    (["--inject", "slow:nan:rank=0,at=op1", "x.py"], "seconds 'nan' is not a finite number"),
+    (["--inject", "gil:inf:rank=0,at=op1", "x.py"], "seconds 'inf' is not a finite number"),
+    (["--inject", "slow:1_0:rank=0,at=op1", "x.py"], "seconds '1_0' is not a number"),
+    (["--inject", "hang:rank=0,at=99999999999s", "x.py"], "time '99999999999' is above"),
+    (["--inject", "hang:rank=²,at=op1", "x.py"], "rank='²' is not a rank number"),
+    (["--inject", "hang:rank=0,rank=1,at=op1", "x.py"], "option rank= is given twice"),
+    (["--inject", "hang:rank=0,at=op1,attempt=1", "x.py"], "targets attempt 1, but the run "
+     "has attempts 0 to 0"),
+    # run ids name files and folders
+    (["--run-id", "..", "x.py"], "--run-id: '..' is not a simple name"),
+    (["--run-id", "a/b", "x.py"], "--run-id: 'a/b' is not a simple name"),
+    (["--run-id=-rf", "x.py"], "--run-id: '-rf' is not a simple name"),
+    (["--run-id=", "x.py"], "--run-id: '' is not a simple name"),
+    # modules python -m could not run
+    (["-m", "json"], "'json' is a package without a __main__ module"),
+    (["-m", "sleeper.py"], "give the module's name without .py"),
+    (["-m", "a..b"], "'a..b' is not a module name"),
 ])
 def test_bad_flag_or_value_gives_one_line_and_exit_2(tmp_path, args, fragment):
     if args and args[-1] == "x.py":
@@ -44,6 +76,37 @@ def test_bad_flag_or_value_gives_one_line_and_exit_2(tmp_path, args, fragment):
     assert lines[0].startswith("rankguard run: error:") and fragment in lines[0]
     assert "Traceback" not in proc.stderr
     assert not (log_dir / "journal.jsonl").exists()
+
+
+def _journal_refused(tmp_path, journal, fragment):
+    proc, log_dir = _run(["--journal", str(journal), script("sleeper.py")], tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rankguard run: error: --journal:"), lines
+    assert fragment in lines[0]
+    assert not (log_dir / "attempt0").exists()  # no rank was started
+
+
+def test_journal_naming_a_folder_is_refused(tmp_path):
+    _journal_refused(tmp_path, tmp_path, "is a folder (give a file path")
+
+
+def test_journal_naming_a_fifo_nobody_reads_is_refused_instead_of_blocking(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    _journal_refused(tmp_path, tmp_path / "fifo", "is a FIFO that nobody reads")
+
+
+def test_journal_that_cannot_be_created_is_refused_and_leaves_nothing(tmp_path):
+    _journal_refused(tmp_path, tmp_path / ("j" * 300), "File name too long")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["logs"]
+
+
+def test_run_id_dot_dot_does_not_put_the_logs_in_the_parent_folder(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "rankguard.cli", "run", "--run-id", "..",
+                           script("sleeper.py"), "0"], capture_output=True, text=True,
+                          timeout=60, cwd=str(ROOT), env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert proc.returncode == 2, proc.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_inject_on_a_rank_that_does_not_exist_is_refused(tmp_path):

@@ -81,7 +81,10 @@ class Injector:
         mine = [s for s in specs if s.applies_to(rank, attempt)]
         self._start = [s for s in mine if s.at == "start"]
         self._init = [s for s in mine if s.at == "init"]
-        self._by_op = {s.op: s for s in mine if s.at == "op"}
+        self._by_op: dict[int, list[FaultSpec]] = {}
+        for spec in mine:
+            if spec.at == "op":
+                self._by_op.setdefault(spec.op, []).append(spec)
         self._timed = [s for s in mine if s.at == "time"]
         self.active = bool(mine)
 
@@ -101,9 +104,9 @@ class Injector:
             perform(spec)
 
     def before_op(self, seq: int) -> None:
-        """Called before the ``seq``-th collective of the default group (1-based)."""
-        spec = self._by_op.get(seq)
-        if spec is not None:
+        """Called before the ``seq``-th collective of the default group (1-based); performs its
+        faults in the order given, as at ``start`` and ``init``."""
+        for spec in self._by_op.get(seq, ()):
             perform(spec)
 
     @property

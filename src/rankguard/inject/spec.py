@@ -37,10 +37,12 @@ import re
 from dataclasses import dataclass
 
 from ..errors import RankguardError, UsageError
+from ..options import number
 
 KINDS = ("crash", "raise", "kill", "term", "stop", "hang", "gil", "slow")
 _TAKES_SECONDS = ("gil", "slow")
-_AT = re.compile(r"^(?:(start|init)|op(\d+)|(\d+(?:\.\d*)?)s)$")
+_AT = re.compile(r"(?:(start|init)|op([0-9]+)|([0-9]+(?:\.[0-9]*)?)s)", re.ASCII)
+_DIGITS = re.compile(r"[0-9]+", re.ASCII)
 
 
 class InjectedFault(RankguardError):
@@ -81,6 +83,14 @@ def parse(text: str, *, what: str = "--inject", moment: str | None = None) -> Fa
                           f"write KIND[:ARG]:rank=R{',at=WHEN' if moment is None else ''}, "
                           f"e.g. {example}")
 
+    def _value(part: str, value: str, kind: type, minimum: int = 0,
+               maximum: int | None = None) -> float:
+        # through the check every numeric option gets: plain digits, finite, bounded
+        try:
+            return number(part, value, kind, minimum, "", maximum)
+        except UsageError as error:
+            raise _bad(text, f"{part} {error.problem}") from None
+
     parts = text.strip().split(":")
     kind = parts[0]
     if kind not in KINDS:
@@ -94,51 +104,50 @@ def parse(text: str, *, what: str = "--inject", moment: str | None = None) -> Fa
         raise _bad(text, "expected KIND[:ARG]:OPTIONS")
     arg = None
     if arg_text is not None:
-        try:
-            arg = float(arg_text)
-        except ValueError:
-            raise _bad(text, f"argument {arg_text!r} is not a number") from None
         if kind not in ("crash", *_TAKES_SECONDS):
             raise _bad(text, f"kind {kind!r} takes no argument")
-        if arg < 0 or (kind == "crash" and (arg != int(arg) or not 1 <= arg <= 255)):
-            raise _bad(text, f"argument {arg_text!r} is out of range")
+        arg = (_value("exit code", arg_text, int, 1, 255) if kind == "crash"
+               else _value("seconds", arg_text, float))
     elif kind == "slow":
         raise _bad(text, "kind 'slow' needs SECONDS, e.g. slow:30:rank=0,at=op5")
 
     fields: dict[str, str] = {}
     for item in options.split(","):
         key, sep, value = item.partition("=")
-        if not sep or key.strip() not in ("rank", "at", "attempt"):
+        key = key.strip()
+        if not sep or key not in ("rank", "at", "attempt"):
             raise _bad(text, f"option {item!r} is not rank=, at= or attempt=")
-        fields[key.strip()] = value.strip()
+        if key in fields:
+            raise _bad(text, f"option {key}= is given twice")
+        fields[key] = value.strip()
     if moment is not None:
         fields.setdefault("at", moment)
     if "rank" not in fields or "at" not in fields:
         raise _bad(text, "both rank= and at= are required")
-    if not fields["rank"].isdigit():
+    if not _DIGITS.fullmatch(fields["rank"]):
         raise _bad(text, f"rank={fields['rank']!r} is not a rank number")
-    match = _AT.match(fields["at"])
+    match = _AT.fullmatch(fields["at"])
     if fields["at"] == moment:
         word, op, seconds = moment, None, None
     elif not match:
         raise _bad(text, f"at={fields['at']!r} is not start, init, opN or a time like 2.5s")
     else:
         word, op, seconds = match.groups()
-    if op is not None and int(op) < 1:
+    if op is not None and _value("op", op, int) < 1:
         raise _bad(text, "collectives are counted from op1")
     attempt_text = fields.get("attempt", "0")
     if attempt_text == "any":
         attempt = None
-    elif attempt_text.isdigit():
-        attempt = int(attempt_text)
+    elif _DIGITS.fullmatch(attempt_text):
+        attempt = int(_value("attempt", attempt_text, int))
     else:
         raise _bad(text, f"attempt={attempt_text!r} is not a number or 'any'")
     return FaultSpec(
         kind=kind,
-        rank=int(fields["rank"]),
+        rank=int(_value("rank", fields["rank"], int)),
         at=word or ("op" if op is not None else "time"),
-        op=int(op) if op is not None else 0,
-        seconds=float(seconds) if seconds is not None else 0.0,
+        op=int(_value("op", op, int)) if op is not None else 0,
+        seconds=_value("time", seconds, float) if seconds is not None else 0.0,
         arg=arg,
         attempt=attempt,
         text=text.strip(),

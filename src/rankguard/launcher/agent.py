@@ -193,7 +193,7 @@ class Launcher:
                     {result.fault.rank} if result.fault.rank is not None else set())
                 if result.fault.kind != "launcher_signal":
                     teardown.notify_survivors(group, monitor, self._journal, culprits,
-                                              result.hang is not None)
+                                              result.hang is not None, cfg.grace)
                 report.stacks.update(teardown.capture_stacks(group, monitor, stopped=True))
                 if result.hang is not None:
                     hang = result.hang

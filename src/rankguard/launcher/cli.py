@@ -7,14 +7,16 @@ code 2, before anything is started.
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
 import importlib.util
 import os
+import re
 import sys
 import tempfile
 import uuid
 
 from ..errors import UsageError
-from ..options import Parser, number, writable_dir
+from ..options import Parser, number, writable_dir, writable_file
 from ..inject import spec as inject_spec
 from . import config as _config
 
@@ -41,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="port of the job's store (default 29500; 0: any free port)")
     p.add_argument("--standalone", action="store_true",
                    help="as in torchrun: pick a free port for the store")
-    p.add_argument("--run-id", "--run_id", "--rdzv-id", "--rdzv_id", dest="run_id", default="",
+    p.add_argument("--run-id", "--run_id", "--rdzv-id", "--rdzv_id", dest="run_id", default=None,
                    help="the run's name in logs and the journal (default: a random id)")
     p.add_argument("--log-dir", "--log_dir", dest="log_dir", default="",
                    help="folder for rank logs, stacks and the journal "
@@ -88,18 +90,64 @@ def _nproc(text: str) -> int:
     return nproc
 
 
+# A run id names files and folders: a letter or digit first (no ".", "..", "-x"), then
+# letters, digits, "-", "_" and "."; short enough for a file name with a suffix.
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", re.ASCII)
+
+
+def _check_run_id(run_id: str) -> str:
+    if not _RUN_ID.fullmatch(run_id):
+        raise UsageError("--run-id", f"{run_id!r} is not a simple name", "use up to 128 "
+                         "letters, digits, '-', '_' and '.', starting with a letter or digit")
+    return run_id
+
+
+def _check_module(name: str) -> None:
+    """``name`` is a module ``python -m`` can run from here: a module, or a package with a
+    ``__main__``. Found without importing any of it where its packages' folders tell (its code
+    may start a job, or take seconds to import torch); only a submodule those folders do not
+    hold (a package that extends its ``__path__`` when imported) is looked up by importing its
+    parents, as ``python -m`` would."""
+    parts = name.split(".")
+    if not all(part.isidentifier() for part in parts):
+        raise UsageError("-m", f"{name!r} is not a module name",
+                         "give a dotted module name, e.g. -m mypackage.train")
+    sys.path.insert(0, os.getcwd())
+    try:
+        spec = importlib.util.find_spec(parts[0])
+        for depth in range(1, len(parts)):
+            if spec is None or spec.submodule_search_locations is None:
+                break
+            child = ".".join(parts[:depth + 1])
+            spec = (importlib.machinery.PathFinder.find_spec(child, spec.submodule_search_locations)
+                    or importlib.util.find_spec(child))
+        if spec is not None and spec.submodule_search_locations is not None:
+            main = importlib.machinery.PathFinder.find_spec(
+                f"{name}.__main__", spec.submodule_search_locations)
+            if main is None:
+                raise UsageError("-m", f"{name!r} is a package without a __main__ module, so "
+                                 "it cannot be run", "give a module inside it, or add "
+                                 f"{name.replace('.', '/')}/__main__.py")
+    except (ImportError, ValueError):
+        spec = None
+    except UsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 (a parent package's own code raised)
+        raise UsageError("-m", f"importing the packages of {name!r} raised "
+                         f"{type(exc).__name__}: {exc}", "fix the error in the package's "
+                         "__init__.py") from None
+    finally:
+        sys.path.pop(0)
+    if spec is None:
+        raise UsageError("-m", f"no module named {name!r}",
+                         f"give the module's name without .py, e.g. -m {name[:-3]}"
+                         if name.endswith(".py") else
+                         "check the name and that it is importable from this folder")
+
+
 def _check_script(module: bool, script: str) -> None:
     if module:
-        sys.path.insert(0, os.getcwd())
-        try:
-            found = importlib.util.find_spec(script) is not None
-        except (ImportError, ValueError):
-            found = False
-        finally:
-            sys.path.pop(0)
-        if not found:
-            raise UsageError("-m", f"no module named {script!r}",
-                             "check the name and that it is importable from this folder")
+        _check_module(script)
         return
     if not os.path.exists(script):
         raise UsageError("SCRIPT", f"{script!r} does not exist",
@@ -145,18 +193,17 @@ def parse(argv: list[str]) -> _config.RunConfig:
         if fault.rank >= nproc:
             raise UsageError("--inject", f"{fault.text!r} targets rank {fault.rank}, but the run "
                              f"has ranks 0 to {nproc - 1}", "pick an existing rank")
+        if fault.attempt is not None and fault.attempt > max_restarts:
+            raise UsageError("--inject", f"{fault.text!r} targets attempt {fault.attempt}, but "
+                             f"the run has attempts 0 to {max_restarts}",
+                             "raise --max-restarts, or pick an attempt that will run")
     _check_script(ns.module, ns.script)
     if not ns.master_addr.strip():
         raise UsageError("--master-addr", "is empty", "e.g. --master-addr 127.0.0.1")
-    run_id = ns.run_id or f"rg-{uuid.uuid4().hex[:8]}"
-    if not all(c.isalnum() or c in "-_." for c in run_id):
-        raise UsageError("--run-id", f"{run_id!r} has characters other than letters, digits, "
-                         "'-', '_' and '.'", "pick a simple name")
+    run_id = _check_run_id(ns.run_id) if ns.run_id is not None else f"rg-{uuid.uuid4().hex[:8]}"
     log_dir = writable_dir("--log-dir", ns.log_dir or os.path.join(
         tempfile.gettempdir(), "rankguard", run_id))
-    journal = os.path.abspath(ns.journal) if ns.journal else os.path.join(log_dir,
-                                                                          "journal.jsonl")
-    writable_dir("--journal", os.path.dirname(journal))
+    journal = writable_file("--journal", ns.journal or os.path.join(log_dir, "journal.jsonl"))
     command = ("-m", ns.script, *ns.script_args) if ns.module else (ns.script, *ns.script_args)
     return _config.RunConfig(
         command=command, nproc=nproc, max_restarts=max_restarts, master_addr=ns.master_addr,

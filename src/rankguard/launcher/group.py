@@ -140,6 +140,7 @@ def base_env(config: RunConfig, token: str, master_port: int) -> dict[str, str]:
         RANKGUARD_LAUNCHER_PID=str(os.getpid()),
         RANKGUARD_INJECT=";".join(spec.text for spec in config.injections),
         RANKGUARD_GRACE=f"{config.rank_grace:g}",
+        RANKGUARD_HANG_TIMEOUT=f"{config.hang_timeout:g}",  # bounds a rank's wait for a store
     )
     if config.collective_timeout is not None:
         env["RANKGUARD_COLLECTIVE_TIMEOUT"] = f"{config.collective_timeout:g}"

@@ -3,7 +3,8 @@
 0. **notice** (ranks in bounded mode only; between the two halves of step 1): the survivors'
    ledgers get a notice that a peer died or hung; a rank waiting in a bounded collective raises
    ``rankguard.PeerFailed`` within one wait slice, and its program may end on its own. Bounded
-   by ``NOTICE_BUDGET``.
+   by the run's ``--grace``: a rank asked to stop by a notice gets as long to end as one asked
+   by SIGTERM, so a budget that holds for the one holds for the other, on a loaded machine too.
 1. **stacks**: every live rank whose stack handler is installed dumps all its threads' Python
    stacks to its stacks file (SIGUSR1, faulthandler; a stopped rank is continued so the handler
    runs). Bounded by ``STACKS_BUDGET``. The running ranks dump first, then get the notice, and
@@ -29,7 +30,6 @@ from .group import Rank, RankGroup
 from .monitor import HangMonitor
 
 STACKS_BUDGET = 1.0
-NOTICE_BUDGET = 2.0
 KILL_BUDGET = 2.0
 
 
@@ -55,9 +55,10 @@ def capture_stacks(group: RankGroup, monitor: HangMonitor, stopped: bool,
 
 
 def notify_survivors(group: RankGroup, monitor: HangMonitor, journal: Journal,
-                     culprits: set[int], hung: bool, budget: float = NOTICE_BUDGET) -> None:
+                     culprits: set[int], hung: bool, grace: float) -> None:
     """Tell the live ranks in bounded mode, except ``culprits``, that a peer failed; wait up to
-    ``budget`` for them to exit on their own."""
+    ``grace`` (the run's ``--grace``) for them to exit on their own. Returns as soon as they
+    all have."""
     snaps = monitor.snapshot()
     told = {m.rank for m in group.live() if m.rank not in culprits and m.rank in snaps
             and snaps[m.rank].flags & _ledger.FLAG_BOUNDED}
@@ -70,7 +71,7 @@ def notify_survivors(group: RankGroup, monitor: HangMonitor, journal: Journal,
             _ledger.post_notice(member.ledger_path, kind, failed)
     journal.write("escalate", step="notice", ranks=sorted(told), reason="hung" if hung else
                   "died", attempt=group.attempt)
-    group.wait_exits(time.monotonic() + budget, told)
+    group.wait_exits(time.monotonic() + grace, told)
 
 
 def stop_ranks(group: RankGroup, journal: Journal, grace: float, reason: str) -> None:

@@ -104,6 +104,8 @@ def _prepare(rank: int, attempt: int) -> None:
         print(f"rankguard: {error}", file=sys.stderr)
         sys.exit(2)
     instrument.state.namespace = os.environ.get("RANKGUARD_NAMESPACE")
+    if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:  # before the script may
+        instrument.state.launcher_store = (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])
     injector = _perform.Injector(_spec.decode(os.environ.get("RANKGUARD_INJECT", "")), rank,
                                  attempt)
     if injector.active:

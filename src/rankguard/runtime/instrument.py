@@ -12,7 +12,8 @@ It then patches three functions of ``torch.distributed`` so that user scripts ne
 - ``init_process_group`` and ``new_group``: the ``gloo`` backend (named, or the default for CPU)
   becomes ``rankguard_gloo``. Under the launcher, ``init_method="env://"`` (the default) is
   served by a client of the launcher's store under this attempt's own namespace, so stale keys of
-  an earlier attempt can never meet a later one.
+  an earlier attempt can never meet a later one. A store at any other address must answer
+  within the run's hang timeout (see ``rendezvous``).
 - ``get_backend`` reports ``gloo`` for those groups, as the script expects.
 
 NCCL groups are left as they are in this version (no GPU to test them here).
@@ -33,6 +34,7 @@ from . import bounded as _bounded
 from . import deadline as _deadline
 from . import groups
 from . import probe as _probe
+from . import rendezvous
 from .completions import CompletionTracker
 
 BACKEND = "rankguard_gloo"
@@ -73,6 +75,7 @@ class _State:
     ledger: _ledger.LedgerWriter | None = None
     injector: Any = None
     namespace: str | None = None  # store prefix of this attempt, under the launcher
+    launcher_store: tuple[str, str] | None = None  # MASTER_ADDR, MASTER_PORT the launcher gave
     bounded = False  # every operation returns a BoundedWork (see runtime.bounded)
     asker: Any = None  # probe.Asker, kept across generations
     responder: Any = None  # probe.Responder, kept across generations
@@ -227,9 +230,27 @@ def _attempt_store(timeout: timedelta) -> Any:
     """A client of the launcher's store, under this attempt's namespace."""
     from torch.distributed import PrefixStore, TCPStore
 
-    store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                     timeout=timeout)
+    assert state.launcher_store is not None
+    host, port = state.launcher_store
+    store = TCPStore(host, int(port), is_master=False, timeout=timeout)
     return PrefixStore(state.namespace, store)
+
+
+def _launchers_store(init_method: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether this ``init_process_group`` meets its peers in the launcher's store. If it names
+    another store, wait (bounded) until that one answers; raises UsageError if it does not."""
+    if not state.namespace or state.launcher_store is None or kwargs.get("store") is not None:
+        return False
+    where = rendezvous.address(init_method)
+    if where is None:
+        return False
+    if (where[0], str(where[1])) == state.launcher_store:
+        return init_method in (None, "env://")
+    limit = rendezvous.wait_limit(kwargs.get("timeout"))
+    if limit is not None:
+        rendezvous.check_store(init_method, where[0], where[1], os.environ.get("RANK", "?"),
+                               limit, state.launcher_store)
+    return False
 
 
 def install() -> None:
@@ -251,8 +272,7 @@ def install() -> None:
         world = state.ledger.world() if state.ledger is not None else None
         if state.injector is not None:
             state.injector.at_init()
-        if (state.namespace and kwargs.get("store") is None
-                and init_method in (None, "env://")):
+        if _launchers_store(init_method, kwargs):
             timeout = kwargs.get("timeout") or c10d.default_pg_timeout
             kwargs["store"] = _attempt_store(timeout)
             kwargs.setdefault("rank", int(os.environ["RANK"]))
