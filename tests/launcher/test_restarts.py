@@ -6,6 +6,7 @@ from tests.conftest import script
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(420)  # 20 restarts: up to ~120 s on a loaded 2-core machine
 def test_twenty_restarts_in_a_row_all_form_a_working_group(run_rankguard):
     run = run_rankguard(["--nproc-per-node", "2", "--max-restarts", "20",
                          script("restart_until.py"), "20"], timeout=400)
