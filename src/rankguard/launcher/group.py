@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import IO, Callable
 
 from .. import ledger as _ledger
+from .. import sealed
 from ..proctree import MARKER
 from .config import RunConfig
 from .store import namespace
@@ -98,6 +99,7 @@ def base_env(config: RunConfig, token: str, master_port: int) -> dict[str, str]:
         RANKGUARD_INJECT=";".join(spec.text for spec in config.injections),
         RANKGUARD_GRACE=f"{config.rank_grace:g}",
     )
+    env[sealed.ENV] = config.secret
     if config.collective_timeout is not None:
         env["RANKGUARD_COLLECTIVE_TIMEOUT"] = f"{config.collective_timeout:g}"
     env[MARKER] = token

@@ -24,7 +24,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from .. import ledger as _ledger
-from .. import proctree, stack_requests
+from .. import proctree, sealed, stack_requests
 from ..ledger import LedgerReader
 from ..runtime import stacks
 from ..errors import RequestFailed, UsageError
@@ -98,6 +98,7 @@ class WorkerGroup:
         base = {**os.environ, **leader_env.leader_context(), **env,
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self._store.port),
                 "WORLD_SIZE": str(world), "TORCHELASTIC_USE_AGENT_STORE": "True",
+                **sealed.host_env(),  # this group's own store seal
                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         base.setdefault("RANKGUARD_GRACE", "2")
         self._ledgers: list[LedgerReader] = []
