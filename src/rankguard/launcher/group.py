@@ -139,11 +139,13 @@ class RankGroup:
     config: RunConfig
     attempt: int
     dir: str
+    ledger_dir: str  # the run's private ledger folder (``ledger.make_dir``)
     ranks: list[Rank] = field(default_factory=list)
     selector: selectors.BaseSelector = field(default_factory=selectors.DefaultSelector)
 
     @classmethod
     def start(cls, config: RunConfig, attempt: int, token: str, master_port: int,
+              ledger_dir: str,
               spares: Callable[[], subprocess.Popen[bytes] | None] = lambda: None
               ) -> "RankGroup":
         """Create the ledgers and start every rank; returns at once (ranks import in parallel).
@@ -152,15 +154,14 @@ class RankGroup:
         """
         attempt_dir = os.path.join(config.log_dir, f"attempt{attempt}")
         os.makedirs(attempt_dir, exist_ok=True)
-        group = cls(config, attempt, attempt_dir)
+        group = cls(config, attempt, attempt_dir, ledger_dir)
         for rank in range(config.nproc):
             group._spawn(rank, token, master_port, spares())
         return group
 
     def _spawn(self, rank: int, token: str, master_port: int,
                spare: subprocess.Popen[bytes] | None) -> None:
-        ledger_path = os.path.join(_ledger.default_dir(),
-                                   f"rankguard-{self.config.run_id}-{self.attempt}-{rank}.ledger")
+        ledger_path = os.path.join(self.ledger_dir, f"attempt{self.attempt}-rank{rank}.ledger")
         _ledger.create(ledger_path, self.config.nproc)
         stacks_path = os.path.join(self.dir, f"stacks_rank{rank}.txt")
         log_path = os.path.join(self.dir, f"rank{rank}.log")

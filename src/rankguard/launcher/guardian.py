@@ -1,9 +1,10 @@
 """The guardian: a small process that outlives a killed launcher and ends the job's processes.
 
-``python -m rankguard.launcher.guardian TOKEN``, started by the launcher in a session of its
-own with a pipe on its stdin. When the pipe closes (the launcher exited, however it died), it
-kills every process carrying the run's marker, sweeping a few times over ``SWEEP_S`` seconds to
-catch processes that were starting. A launcher that finished its own teardown writes
+``python -m rankguard.launcher.guardian TOKEN [FOLDER...]``, started by the launcher in a
+session of its own with a pipe on its stdin. When the pipe closes (the launcher exited, however
+it died), it kills every process carrying the run's marker, sweeping a few times over
+``SWEEP_S`` seconds to catch processes that were starting, then removes the run's FOLDERs (its
+private ledger folder in /dev/shm). A launcher that finished its own teardown writes
 ``CLEAN_EXIT`` first: then one sweep is enough. Without it, SIGKILL to a launcher leaves orphaned ranks
 (measured with torchrun). Ranks also ask for SIGKILL on the launcher's death (PR_SET_PDEATHSIG);
 the guardian catches what that misses: their children, and anything that left their tree.
@@ -12,6 +13,7 @@ the guardian catches what that misses: their children, and anything that left th
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import time
@@ -24,7 +26,7 @@ CLEAN_EXIT = b"done"
 
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    token = sys.argv[1]
+    token, folders = sys.argv[1], sys.argv[2:]
     received = b""
     while chunk := os.read(0, 4096):
         received += chunk
@@ -32,8 +34,10 @@ def main() -> None:
     while True:
         kill_all(with_marker(token))
         if time.monotonic() >= end:
-            return
+            break
         time.sleep(0.1)
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":
