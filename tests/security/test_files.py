@@ -9,6 +9,9 @@ import os
 import shutil
 import signal
 import stat
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -16,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from rankguard import ledger, proctree
+from rankguard.runtime import stacks
 
-from ..conftest import finish, launch, script
+from ..conftest import ROOT, finish, launch, script
 
 NOBODY = 65534
 PRECIOUS = "the test's own file; nobody may write through a link to it\n"
@@ -139,3 +143,107 @@ def test_a_ledger_folder_that_its_process_still_holds_is_never_swept(tmp_path: P
     finally:
         shutil.rmtree(held)
         shutil.rmtree(fresh)
+
+
+# -- stack dumps ---------------------------------------------------------------------------------
+
+def _stacks_child(mode: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, script("stacks_child.py"), mode], cwd=str(ROOT),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def _ready(child: subprocess.Popen[str]) -> None:
+    assert child.stdin is not None and child.stdout is not None
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    assert child.stdout.readline() == "ready\n"  # bounded by the plugin's deadline
+
+
+def test_init_does_not_dump_stacks_through_a_symlink_planted_at_a_predictable_path(
+        tmp_path: Path) -> None:
+    victim = _victim(tmp_path)
+    child = _stacks_child("wait")
+    planted = Path(tempfile.gettempdir()) / f"rankguard-stacks-{child.pid}.txt"  # the old one
+    planted.symlink_to(victim)
+    try:
+        _ready(child)
+        path = Path(stacks.path_for(child.pid, {}))
+        proctree.signal_main_thread(child.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while "stacks_child.py" not in (path.read_text() if path.exists() else ""):
+            assert time.monotonic() < deadline, "no stack dump"
+            time.sleep(0.02)
+        child.communicate("\n", timeout=30)
+    finally:
+        planted.unlink(missing_ok=True)
+        child.kill()
+        child.wait()
+    assert victim.read_text() == PRECIOUS
+    assert _mode(path) == 0o600 and _mode(path.parent) == 0o700
+    assert path.parent.lstat().st_uid == os.geteuid() and path != planted
+    path.unlink()
+
+
+@pytest.mark.parametrize("end", ["exit", "sigterm", "sigkill"])
+def test_init_leaves_no_empty_stacks_file_behind(end: str) -> None:
+    child = _stacks_child("exit" if end == "exit" else "wait")
+    path = Path(stacks.path_for(child.pid, {}))
+    _ready(child)
+    assert path.exists()  # faulthandler needs it open from init() on
+    if end != "exit":
+        child.send_signal(signal.SIGTERM if end == "sigterm" else signal.SIGKILL)
+    child.communicate(timeout=30)
+    assert child.returncode == {"exit": 0, "sigterm": 0, "sigkill": -signal.SIGKILL}[end]
+    if end == "sigkill":  # it had no chance: the next process of this user that starts removes it
+        assert path.exists()
+        successor = _stacks_child("exit")
+        _ready(successor)
+        successor.communicate(timeout=30)
+    assert not path.exists()
+
+
+# -- the default log folder ----------------------------------------------------------------------
+
+def _run_with_default_log_dir(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "rankguard.cli", "run", "--master-port", "0", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=str(ROOT), timeout=90,
+                          env={**os.environ, "TMPDIR": str(tmp)})
+
+
+@pytest.mark.parametrize("problem", ["owned by nobody", "world-writable", "a symlink"])
+def test_a_default_log_folder_that_is_not_private_is_refused_with_exit_2(
+        tmp_path: Path, problem: str) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    shared = tmp / f"rankguard-{os.geteuid()}"
+    if problem == "a symlink":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        shared.symlink_to(tmp_path / "elsewhere")
+    else:
+        shared.mkdir(mode=0o700)
+        if problem == "world-writable":
+            shared.chmod(0o777)
+        else:
+            os.chown(shared, NOBODY, NOBODY)
+    started = tmp_path / "started"
+    done = _run_with_default_log_dir(tmp, "--nproc-per-node", "1", script("report_ledger.py"),
+                                     str(started))
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--log-dir" in lines[0] and str(shared) in lines[0], done.stderr
+    assert not list(tmp_path.glob("started*"))  # nothing was started
+
+
+def test_a_run_keeps_its_default_log_folder_and_files_private(tmp_path: Path) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    done = _run_with_default_log_dir(tmp, "--nproc-per-node", "2", "--run-id", "private",
+                                     script("report_ledger.py"), str(tmp_path / "ledger"))
+    assert done.returncode == 0, done.stderr
+    mine = tmp / f"rankguard-{os.geteuid()}"
+    folders = [mine, *[p for p in mine.rglob("*") if p.is_dir()]]
+    files = [p for p in mine.rglob("*") if not p.is_dir()]
+    assert {p.name for p in files} >= {"journal.jsonl", "rank0.log", "rank1.log",
+                                       "stacks_rank0.txt"}, files
+    assert {str(p): oct(_mode(p)) for p in folders if _mode(p) != 0o700} == {}
+    assert {str(p): oct(_mode(p)) for p in files if _mode(p) != 0o600} == {}

@@ -10,9 +10,9 @@ import argparse
 import importlib.util
 import os
 import sys
-import tempfile
 import uuid
 
+from .. import private_files
 from ..errors import UsageError
 from ..options import Parser, number, writable_dir
 from ..inject import spec as inject_spec
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the run's name in logs and the journal (default: a random id)")
     p.add_argument("--log-dir", "--log_dir", dest="log_dir", default="",
                    help="folder for rank logs, stacks and the journal "
-                   "(default: $TMPDIR/rankguard/RUN_ID)")
+                   "(default: $TMPDIR/rankguard-UID/RUN_ID, private to you)")
     p.add_argument("--journal", dest="journal", default="",
                    help="path of the JSON-lines journal (default: LOG_DIR/journal.jsonl)")
     p.add_argument("--hang-timeout", dest="hang_timeout",
@@ -153,7 +153,7 @@ def parse(argv: list[str]) -> _config.RunConfig:
         raise UsageError("--run-id", f"{run_id!r} has characters other than letters, digits, "
                          "'-', '_' and '.'", "pick a simple name")
     log_dir = writable_dir("--log-dir", ns.log_dir or os.path.join(
-        tempfile.gettempdir(), "rankguard", run_id))
+        private_files.user_dir("--log-dir"), run_id))
     journal = os.path.abspath(ns.journal) if ns.journal else os.path.join(log_dir,
                                                                           "journal.jsonl")
     writable_dir("--journal", os.path.dirname(journal))

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import IO, Callable
 
 from .. import ledger as _ledger
-from .. import sealed
+from .. import private_files, sealed
 from ..proctree import MARKER
 from .config import RunConfig
 from .store import namespace
@@ -153,7 +153,7 @@ class RankGroup:
         Each rank is a warm spare from ``spares()`` when it gives one, else a new process.
         """
         attempt_dir = os.path.join(config.log_dir, f"attempt{attempt}")
-        os.makedirs(attempt_dir, exist_ok=True)
+        os.makedirs(attempt_dir, mode=0o700, exist_ok=True)
         group = cls(config, attempt, attempt_dir, ledger_dir)
         for rank in range(config.nproc):
             group._spawn(rank, token, master_port, spares())
@@ -173,7 +173,7 @@ class RankGroup:
                       warm=proc is spare)
         member.pidfd = os.pidfd_open(proc.pid)
         self.selector.register(member.pidfd, selectors.EVENT_READ, ("exit", member))
-        log = open(log_path, "ab")  # noqa: SIM115 (closed when both pipes reach EOF)
+        log = open(log_path, "ab", opener=private_files.opener)  # noqa: SIM115 (closed at EOF)
         for pipe, tee in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
             assert pipe is not None
             os.set_blocking(pipe.fileno(), False)

@@ -24,7 +24,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from .. import ledger as _ledger
-from .. import proctree, sealed, stack_requests
+from .. import private_files, proctree, sealed, stack_requests
 from ..ledger import LedgerReader
 from ..runtime import stacks
 from ..errors import RequestFailed, UsageError
@@ -107,7 +107,7 @@ class WorkerGroup:
             _ledger.create(ledger_path, world)
             self._ledgers.append(LedgerReader(ledger_path))
             mine, theirs = pair()
-            with open(self.log_path(rank), "ab") as log:
+            with open(self.log_path(rank), "ab", opener=private_files.opener) as log:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "rankguard.serving.worker"],
                     env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank),
