@@ -23,10 +23,11 @@ therefore **sealed** with a secret that only the ranks of one run hold:
   treated as absent: it is dropped and counted (:func:`dropped`); the first one a process drops
   is reported on its stderr.
 
-Without any secret (a program that never called ``rankguard.init()`` and was not started by a
-rankguard host, calling ``rankguard.shutdown()`` or ``regroup()``) values are written as
-``-.<payload>`` and nothing is authenticated: that is the one case where a store client can
-forge a barrier arrival or a membership.
+Without any secret (a process that no rankguard host started and whose default group rankguard
+did not instrument: ``rankguard.init()`` was not called before it, or it is an NCCL group; such
+a process has no probes, but may call ``rankguard.shutdown()`` or ``regroup()``) values are
+written as ``-.<payload>`` and nothing is authenticated: that is the one case where a store
+client can forge a barrier arrival or a membership.
 
 What a store client can still do, secret or not: delete, overwrite or consume keys, which can
 make a rank look absent or silent (a denial of service, bounded by the deadlines of the waits

@@ -11,13 +11,13 @@ A process group that saw a fault is retired, never reused. ``rankguard.regroup()
    :class:`rankguard.GroupRetired`.
 2. **join**: every member marks its arrival under its own key; all must be in within the
    timeout, or the ones that are not are named (:class:`rankguard.CollectiveTimeout`).
+3. **new group**: the old groups are discarded (their backends are never destructed, see
+   ``runtime.groups``) and the default group is created again, ranks numbered in the order of
+   their old ranks. ``RANK`` and ``WORLD_SIZE`` in the environment follow.
 
 The proposal and the arrivals are sealed with the run's secret (``rankguard.sealed``): a
 membership or an arrival that another process wrote into the store is never adopted (a forged
 proposal found in place is replaced by compare-and-set).
-3. **new group**: the old groups are discarded (their backends are never destructed, see
-   ``runtime.groups``) and the default group is created again, ranks numbered in the order of
-   their old ranks. ``RANK`` and ``WORLD_SIZE`` in the environment follow.
 """
 
 from __future__ import annotations
@@ -109,7 +109,9 @@ def regroup(*, timeout: float = DEFAULT_TIMEOUT_S, exclude: Iterable[int] | None
     Raises:
         UsageError: no process group exists, or ``timeout`` is not a positive number.
         GroupRetired: this rank was left out of the new generation by its peers.
-        CollectiveTimeout: a member did not join within ``timeout``.
+        CollectiveTimeout: a member did not join within ``timeout``, or no authentic
+            membership could be agreed in the store within it (another process kept writing a
+            forged one).
     """
     timeout = check_seconds("rankguard.regroup(timeout)", timeout)
     import torch.distributed as dist
