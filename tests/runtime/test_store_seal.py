@@ -53,8 +53,8 @@ class Outsider:
         key, at = self._default_pg_key()
         return key[:at + len("0//")]
 
-    def done(self) -> None:
-        (self.ranks.folder / "written").write_text("")
+    def done(self, what: str = "written") -> None:
+        (self.ranks.folder / what).write_text("")
 
 
 def _message(fields: dict[str, Any], queue: str, secret: str | None) -> str:
@@ -86,6 +86,7 @@ def test_forged_notice_probe_and_stop_are_ignored_and_the_next_collective_succee
         results = [ranks.result(0), ranks.result(1)]
         answered = [outsider.client.check([f"{prefix}rankguard/answer/forged-{r}/{r}"])
                     for r in (0, 1)]
+        outsider.done("checked")
     for result in results:
         assert result["retired"] is None, result  # the forged notice did not retire the group
         assert result["ok"] and result["value"] == 2.0, result
@@ -110,6 +111,7 @@ def test_a_notice_sealed_with_the_runs_secret_is_honoured(tmp_path: Path,
         result = ranks.result(1)
         answer_key = "rankguard/answer/host-1/1"
         answer = sealed.unseal(answer_key, outsider.client.get(prefix + answer_key))
+        outsider.done("checked")
     assert result["retired"] == "sealed by the host", result
     assert not result["ok"] and result["type"] == "GroupRetired", result
     assert answer is not None and json.loads(answer)["op"] == "all_reduce"

@@ -187,7 +187,8 @@ def store_address() -> None:
 def outsider_writes() -> None:
     """The group forms; the test (an outsider to the run) writes probes, notices or a stop into
     the ranks' store; each rank waits until it dealt with them (its world group retired, or
-    ``SCENARIO_DROPS`` values dropped), then runs a bounded collective and reports."""
+    ``SCENARIO_DROPS`` values dropped), then runs a bounded collective, reports, and waits for
+    the test to be done with the store before it shuts down."""
     torch, dist = group()
     from rankguard.runtime import instrument
 
@@ -210,6 +211,7 @@ def outsider_writes() -> None:
     except (rankguard.CollectiveError, rankguard.GroupRetired) as error:
         fields.update(ok=False, **error_fields(error, started))
     report(**fields)
+    wait_for_file("checked")  # rank 0 hosts the store the test still reads
     rankguard.shutdown(timeout=5)
 
 
