@@ -24,6 +24,19 @@ from .ranks import Ranks
 SECRET = "6f" * 32  # the secret a host hands its ranks, in the tests that play the host
 
 
+_DEFAULT_PG = "0//cpu//"  # in gloo's rendezvous keys of the default group (group 0, cpu)
+
+
+def prefixes(client: Any) -> tuple[str, str]:
+    """Where rankguard's keys live in a store, found from the keys of the default group's gloo
+    rendezvous as any client can list them: (the default store's prefix, where generations and
+    shutdown keys live; its backend store's prefix, where the probe queues live)."""
+    keys = [k for k in client.list_keys() if _DEFAULT_PG in k]
+    assert keys, f"no gloo rendezvous key of the default group in {client.list_keys()}"
+    at = keys[0].index(_DEFAULT_PG)
+    return keys[0][:at + len("0//")], keys[0][:at + len(_DEFAULT_PG)]
+
+
 class Outsider:
     """A client of the ranks' store that is not one of the ranks."""
 
@@ -34,24 +47,11 @@ class Outsider:
         self.ranks = ranks
         self.client = TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=10))
 
-    def _default_pg_key(self) -> tuple[str, int]:
-        """A gloo rendezvous key of the default group (group "0", device "cpu"), and where the
-        default store's prefix ends in it."""
-        keys = [k for k in self.client.list_keys() if self._DEFAULT_PG in k]
-        assert keys, f"no gloo rendezvous key of the default group in {self.client.list_keys()}"
-        return keys[0], keys[0].index(self._DEFAULT_PG)
-
-    _DEFAULT_PG = "0//cpu//"
-
     def probe_prefix(self) -> str:
-        """The prefix of the default group's backend store (its probe queues live there)."""
-        key, at = self._default_pg_key()
-        return key[:at + len(self._DEFAULT_PG)]
+        return prefixes(self.client)[1]
 
     def root_prefix(self) -> str:
-        """The prefix of the default store (generations and shutdown keys live there)."""
-        key, at = self._default_pg_key()
-        return key[:at + len("0//")]
+        return prefixes(self.client)[0]
 
     def done(self, what: str = "written") -> None:
         (self.ranks.folder / what).write_text("")
