@@ -46,7 +46,8 @@ class Journal:
         self.path = path
         self.run_id = run_id
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        self._file = open(path, "a", buffering=1)  # noqa: SIM115 (closed by close())
+        self._file = open(path, "a", buffering=1,  # noqa: SIM115 (closed by close())
+                          opener=lambda p, flags: os.open(p, flags, 0o600))  # rank output
         self._lock = threading.Lock()  # a pool writes from its supervisor and callers' threads
 
     def write(self, event: str, **fields: Any) -> dict[str, Any]:

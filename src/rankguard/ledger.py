@@ -1,6 +1,7 @@
 """The progress ledger: what each rank is doing, in shared memory, readable by its supervisor.
 
-One small file per rank (under /dev/shm when it exists), mapped into memory by the rank, which
+One small file per rank (in a private folder of the run under /dev/shm when it exists, see
+:func:`make_dir`), mapped into memory by the rank, which
 writes it, and by the supervisor, which reads it without locks or system calls. The rank records
 for each process group it belongs to how many collectives it has entered and how many of them
 completed, the kind of the last one and when. Comparing the ledgers of all ranks tells which
@@ -25,9 +26,11 @@ the ``k``-th collective, so ``seq`` as shown to people (``all_reduce #k``) is ``
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import mmap
 import os
+import shutil
 import struct
 import tempfile
 import time
@@ -110,25 +113,101 @@ def group_key(name: str) -> int:
 
 def default_dir() -> str:
     """Where ledgers live: /dev/shm (memory) when it exists, else the temp folder."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") else os.environ.get("TMPDIR", "/tmp")
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
-def create(path: str, world_size: int) -> None:
-    """Create a zeroed ledger file for one rank, with the world group in slot 0.
+def make_dir(run_id: str) -> str:
+    """A new folder for the ledgers of one run, under :func:`default_dir`: private (0700) and
+    named unpredictably, so nobody else can plant or read a file in it. Removing it is the
+    whole cleanup: the launcher's guardian does, however the launcher ends; and should the
+    guardian be killed too, the next run of the same user removes it (:func:`_sweep_dirs`).
 
-    The supervisor creates it before the rank starts, so it can always be read.
+    The calling process holds a lock on the folder for the rest of its life: a folder whose
+    lock is free belongs to no live process.
     """
+    _sweep_dirs()
+    path = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{run_id}-", dir=default_dir())
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    _held_dirs.append(fd)
+    return path
+
+
+_DIR_PREFIX = "rankguard-ledgers-"  # distinct from every other folder of ours in the temp folder
+_SWEEP_AGE_S = 60.0  # younger folders may be about to be locked by the process making them
+_held_dirs: list[int] = []
+
+
+def _sweep_dirs() -> None:
+    """Remove the ledger folders of this user that no live process holds (their launcher and
+    its guardian were both killed)."""
+    base = default_dir()
+    try:
+        names = [name for name in os.listdir(base) if name.startswith(_DIR_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(base, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:  # not a folder (a ledger file of an older version), or gone
+            continue
+        try:
+            info = os.fstat(fd)
+            if (info.st_uid != os.geteuid() or info.st_mode & 0o077
+                    or time.time() - info.st_mtime < _SWEEP_AGE_S):
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:  # locked: its launcher lives
+            continue
+        finally:
+            os.close(fd)
+
+
+def _initial(world_size: int) -> bytearray:
     buf = bytearray(SIZE)
     HEADER.pack_into(buf, 0, MAGIC, VERSION, 0, 0, FAULT_NONE, 0, 0, 0.0, 0.0, 0)
     members = (1 << world_size) - 1 if world_size <= 64 else 0
     SLOT.pack_into(buf, HEADER.size, group_key("world"), members, 1, world_size, 0, 0, 0, 0.0, 0.0)
-    with open(path, "wb") as f:
-        f.write(buf)
+    return buf
+
+
+def _write_all(fd: int, data: bytes | bytearray) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def create(path: str, world_size: int) -> None:
+    """Create a zeroed ledger file for one rank (mode 0600), with the world group in slot 0.
+
+    The supervisor creates it before the rank starts, so it can always be read. Whatever was at
+    ``path`` is replaced, never followed or written through: a symlink or a file planted there
+    is unlinked first (or, when that is not allowed, the creation fails).
+
+    Raises:
+        LedgerError: the file cannot be created at ``path``.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        try:
+            fd = os.open(path, flags, 0o600)
+        except FileExistsError:  # a ledger left at this path, or something planted there
+            os.unlink(path)
+            fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        raise LedgerError(f"cannot create ledger {path}: {exc.strerror}") from exc
+    try:
+        _write_all(fd, _initial(world_size))
+    finally:
+        os.close(fd)
 
 
 def _map(path: str, writable: bool) -> mmap.mmap:
     try:
-        fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+        fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW
+                     | os.O_CLOEXEC)
     except OSError as exc:
         raise LedgerError(f"cannot open ledger {path}: {exc.strerror}") from exc
     try:
@@ -209,12 +288,12 @@ class LedgerWriter:
     def private(cls, world_size: int = 1) -> LedgerWriter:
         """A ledger of this process's own, for ranks without a supervisor to read it: the file
         is removed as soon as it is mapped."""
-        fd, path = tempfile.mkstemp(prefix="rankguard-ledger-", dir=default_dir())
-        os.close(fd)
+        fd, path = tempfile.mkstemp(prefix="rankguard-ledger-", dir=default_dir())  # 0600
         try:
-            create(path, world_size)
+            _write_all(fd, _initial(world_size))
             return cls(path)
         finally:
+            os.close(fd)
             os.unlink(path)
 
     def set_flag(self, flag: int) -> None:

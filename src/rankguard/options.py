@@ -83,10 +83,11 @@ def seconds(what: str, value: object) -> float:
 
 
 def writable_dir(option: str, path: str) -> str:
-    """``path`` made absolute, created if missing, and checked to be writable."""
+    """``path`` made absolute, created if missing (private to the user: 0700), and checked to
+    be writable."""
     path = os.path.abspath(path)
     try:
-        os.makedirs(path, exist_ok=True)
+        os.makedirs(path, mode=0o700, exist_ok=True)
     except OSError as exc:
         raise UsageError(option, f"cannot create {path!r}: {exc.strerror}",
                          "choose a folder you can write to") from None

@@ -82,6 +82,10 @@ class Ranks:
         return json.loads(self._await_file(f"result_{rank}.json",
                                            f"rank {rank} reported nothing", timeout))
 
+    def text(self, name: str, timeout: float = 30.0) -> str:
+        """The text of ``name``, which the scenario writes (by a rename) into the folder."""
+        return self._await_file(name, f"no {name!r} from the scenario", timeout)
+
     def _await_file(self, name: str, failure: str, timeout: float) -> str:
         """The text of ``name`` in the folder once it exists (written by a rename)."""
         path = self.folder / name

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import tempfile
 import time
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import psutil
 import pytest
 
 from rankguard import proctree
+from rankguard.runtime import stacks as rank_stacks
 
 from .ranks import Ranks
 
@@ -151,7 +151,7 @@ def test_stacks_on_demand_while_the_main_thread_is_inside_a_collective(tmp_path:
         pid = ranks.pid(0)
         ranks.pid(1)
         time.sleep(0.3)
-        stacks = Path(tempfile.gettempdir()) / f"rankguard-stacks-{pid}.txt"
+        stacks = Path(rank_stacks.path_for(pid, {}))  # the default: no RANKGUARD_STACKS
         proctree.signal_main_thread(pid, signal.SIGUSR1)
         deadline = time.monotonic() + 5
         text = ""

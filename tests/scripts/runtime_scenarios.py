@@ -154,6 +154,100 @@ def ddp_peer_dies() -> None:
         report(**error_fields(error, started), cause=type(error.__cause__).__name__)
 
 
+def wait_for_file(name: str, timeout: float = 30.0) -> None:
+    """Wait (bounded) for the test to create ``name`` in the folder."""
+    end = time.monotonic() + timeout
+    while not (OUT / name).exists():
+        if time.monotonic() > end:
+            raise SystemExit(f"rank {RANK}: the test never wrote {name}")
+        time.sleep(0.01)
+
+
+def values_dropped() -> int:
+    try:
+        from rankguard import sealed
+    except ImportError:  # a rankguard that seals nothing
+        return 0
+    return sealed.dropped()
+
+
+def world_retired():
+    from torch.distributed import distributed_c10d as c10d
+
+    return getattr(c10d._get_default_group(), "_rankguard_retired", None)
+
+
+def store_address() -> None:
+    """Tell the test where the job's store is, so it can write into it as an outsider."""
+    tmp = OUT / f".store_{RANK}"
+    tmp.write_text(json.dumps([os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])]))
+    tmp.rename(OUT / f"store_{RANK}")
+
+
+def outsider_writes() -> None:
+    """The group forms; the test (an outsider to the run) writes probes, notices or a stop into
+    the ranks' store; each rank waits until it dealt with them (its world group retired, or
+    ``SCENARIO_DROPS`` values dropped), then runs a bounded collective, reports, and waits for
+    the test to be done with the store before it shuts down."""
+    torch, dist = group()
+    from rankguard.runtime import instrument
+
+    store_address()
+    mark("ready")
+    wait_for_file("written")
+    drops = int(os.environ.get("SCENARIO_DROPS", "1"))
+    end = time.monotonic() + 10
+    while world_retired() is None and values_dropped() < drops and time.monotonic() < end:
+        time.sleep(0.01)
+    time.sleep(0.2)  # anything else the outsider wrote has been popped by now
+    fields = {"retired": world_retired(), "dropped": values_dropped(),
+              "serving": instrument.state.responder.serving}
+    started = time.monotonic()
+    try:
+        with rankguard.deadline(5):
+            t = torch.ones(4)
+            dist.all_reduce(t)
+        fields.update(ok=True, value=t[0].item())
+    except (rankguard.CollectiveError, rankguard.GroupRetired) as error:
+        fields.update(ok=False, **error_fields(error, started))
+    report(**fields)
+    wait_for_file("checked")  # rank 0 hosts the store the test still reads
+    rankguard.shutdown(timeout=5)
+
+
+def outsider_regroup() -> None:
+    """The group forms; the test writes a membership into the store; then both ranks regroup."""
+    torch, dist = group()
+    store_address()
+    mark("ready")
+    wait_for_file("written")
+    try:
+        generation = rankguard.regroup(timeout=10, exclude=())
+    except (rankguard.CollectiveError, rankguard.GroupRetired) as error:
+        report(ok=False, type=type(error).__name__, message=str(error),
+               dropped=values_dropped())
+        return
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    report(ok=True, members=generation.members, world_size=generation.world_size,
+           value=t[0].item(), dropped=values_dropped())
+    rankguard.shutdown(timeout=5)
+
+
+def outsider_shutdown() -> None:
+    """Rank 1 freezes; the test writes rank 1's arrival at the shutdown barrier; rank 0 shuts
+    down and reports who it found missing."""
+    torch, dist = group()
+    store_address()
+    if RANK == 1:
+        freeze()
+    mark("ready")
+    wait_for_file("written")
+    result = rankguard.shutdown(timeout=float(os.environ.get("SCENARIO_TIMEOUT", "2")))
+    report(clean=result.clean, missing=result.missing, detail=result.detail,
+           dropped=values_dropped())
+
+
 SCENARIOS = {
     "sigterm_idle": sigterm_idle,
     "sigterm_cpu": sigterm_cpu,
@@ -164,6 +258,9 @@ SCENARIOS = {
     "deadline_peer_frozen": deadline_peer_frozen,
     "regroup_after_kill": regroup_after_kill,
     "ddp_peer_dies": ddp_peer_dies,
+    "outsider_writes": outsider_writes,
+    "outsider_regroup": outsider_regroup,
+    "outsider_shutdown": outsider_shutdown,
 }
 
 if __name__ == "__main__":

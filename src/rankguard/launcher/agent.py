@@ -82,6 +82,7 @@ class Launcher:
         self._wakeup_r, self._wakeup_w = os.pipe()
         self._guardian: subprocess.Popen[bytes] | None = None
         self._tracking: proctree.Tracking | None = None
+        self._ledger_dir = ""
         self._spares = SparePool(config, self._token, self._port) \
             if config.spares and config.max_restarts > 0 else None
 
@@ -167,7 +168,7 @@ class Launcher:
         cfg = self.config
         result = _Attempt()
         spares = self._spares
-        group = RankGroup.start(cfg, attempt, self._token, self._port,
+        group = RankGroup.start(cfg, attempt, self._token, self._port, self._ledger_dir,
                                 spares.take if spares is not None else lambda: None,
                                 self._terminal)
         started = time.monotonic()
@@ -358,8 +359,9 @@ class Launcher:
 
     def _start_guardian(self) -> None:
         env = {k: v for k, v in os.environ.items() if k != MARKER}
+        self._ledger_dir = _ledger.make_dir(self.config.run_id)  # the guardian removes it
         self._guardian = subprocess.Popen(
-            [sys.executable, "-m", "rankguard.launcher.guardian", self._token],
+            [sys.executable, "-m", "rankguard.launcher.guardian", self._token, self._ledger_dir],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True, env=env)
 
     def _stop_guardian(self) -> None:

@@ -12,9 +12,9 @@ import importlib.util
 import os
 import re
 import sys
-import tempfile
 import uuid
 
+from .. import private_files
 from ..errors import UsageError
 from ..options import Parser, number, writable_dir, writable_file
 from ..inject import spec as inject_spec
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the run's name in logs and the journal (default: a random id)")
     p.add_argument("--log-dir", "--log_dir", dest="log_dir", default="",
                    help="folder for rank logs, stacks and the journal "
-                   "(default: $TMPDIR/rankguard/RUN_ID)")
+                   "(default: $TMPDIR/rankguard-UID/RUN_ID, private to you)")
     p.add_argument("--journal", dest="journal", default="",
                    help="path of the JSON-lines journal (default: LOG_DIR/journal.jsonl)")
     p.add_argument("--hang-timeout", dest="hang_timeout",
@@ -202,7 +202,7 @@ def parse(argv: list[str]) -> _config.RunConfig:
         raise UsageError("--master-addr", "is empty", "e.g. --master-addr 127.0.0.1")
     run_id = _check_run_id(ns.run_id) if ns.run_id is not None else f"rg-{uuid.uuid4().hex[:8]}"
     log_dir = writable_dir("--log-dir", ns.log_dir or os.path.join(
-        tempfile.gettempdir(), "rankguard", run_id))
+        private_files.user_dir("--log-dir"), run_id))
     journal = writable_file("--journal", ns.journal or os.path.join(log_dir, "journal.jsonl"))
     command = ("-m", ns.script, *ns.script_args) if ns.module else (ns.script, *ns.script_args)
     return _config.RunConfig(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .. import sealed
 from ..inject.spec import FaultSpec
 
 DEFAULT_HANG_TIMEOUT = 10.0
@@ -34,6 +35,7 @@ class RunConfig:
     tee: bool = True  # copy rank output to the launcher's stdout/stderr, prefixed [rankN]:
     spares: bool = True  # keep warm spares for restarts (only when --max-restarts > 0)
     collective_timeout: float | None = None  # job-wide deadline of every collective
+    secret: str = field(default_factory=sealed.new_secret, repr=False)  # the ranks' store seal
 
     @property
     def rank_grace(self) -> float:

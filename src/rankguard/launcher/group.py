@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import IO, Callable
 
 from .. import ledger as _ledger
+from .. import private_files, sealed
 from ..proctree import MARKER
 from .config import RunConfig
 from .store import namespace
@@ -142,6 +143,7 @@ def base_env(config: RunConfig, token: str, master_port: int) -> dict[str, str]:
         RANKGUARD_GRACE=f"{config.rank_grace:g}",
         RANKGUARD_HANG_TIMEOUT=f"{config.hang_timeout:g}",  # bounds a rank's wait for a store
     )
+    env[sealed.ENV] = config.secret
     if config.collective_timeout is not None:
         env["RANKGUARD_COLLECTIVE_TIMEOUT"] = f"{config.collective_timeout:g}"
     env[MARKER] = token
@@ -181,12 +183,14 @@ class RankGroup:
     config: RunConfig
     attempt: int
     dir: str
+    ledger_dir: str  # the run's private ledger folder (``ledger.make_dir``)
     terminal: Terminal | None = None  # where rank output is teed (None: only to the logs)
     ranks: list[Rank] = field(default_factory=list)
     selector: selectors.BaseSelector = field(default_factory=selectors.DefaultSelector)
 
     @classmethod
     def start(cls, config: RunConfig, attempt: int, token: str, master_port: int,
+              ledger_dir: str,
               spares: Callable[[], subprocess.Popen[bytes] | None] = lambda: None,
               terminal: Terminal | None = None) -> "RankGroup":
         """Create the ledgers and start every rank; returns at once (ranks import in parallel).
@@ -195,16 +199,15 @@ class RankGroup:
         Rank output is teed to ``terminal`` when given and ``config.tee`` is set.
         """
         attempt_dir = os.path.join(config.log_dir, f"attempt{attempt}")
-        os.makedirs(attempt_dir, exist_ok=True)
-        group = cls(config, attempt, attempt_dir, terminal if config.tee else None)
+        os.makedirs(attempt_dir, mode=0o700, exist_ok=True)
+        group = cls(config, attempt, attempt_dir, ledger_dir, terminal if config.tee else None)
         for rank in range(config.nproc):
             group._spawn(rank, token, master_port, spares())
         return group
 
     def _spawn(self, rank: int, token: str, master_port: int,
                spare: subprocess.Popen[bytes] | None) -> None:
-        ledger_path = os.path.join(_ledger.default_dir(),
-                                   f"rankguard-{self.config.run_id}-{self.attempt}-{rank}.ledger")
+        ledger_path = os.path.join(self.ledger_dir, f"attempt{self.attempt}-rank{rank}.ledger")
         _ledger.create(ledger_path, self.config.nproc)
         stacks_path = os.path.join(self.dir, f"stacks_rank{rank}.txt")
         log_path = os.path.join(self.dir, f"rank{rank}.log")
@@ -216,7 +219,7 @@ class RankGroup:
                       warm=proc is spare)
         member.pidfd = os.pidfd_open(proc.pid)
         self.selector.register(member.pidfd, selectors.EVENT_READ, ("exit", member))
-        log = open(log_path, "ab")  # noqa: SIM115 (closed when both pipes reach EOF)
+        log = open(log_path, "ab", opener=private_files.opener)  # noqa: SIM115 (closed at EOF)
         terminal = self.terminal
         tees = (terminal.out.write, terminal.err.write) if terminal is not None else (None, None)
         for pipe, tee in zip((proc.stdout, proc.stderr), tees):

@@ -35,7 +35,7 @@ import time
 
 from .. import ledger as _ledger
 from ..errors import UsageError
-from . import groups
+from . import groups, stacks
 
 DEFAULT_GRACE_S = 5.0
 EXIT_TEARDOWN_TIMEOUT = 143  # what an orchestrator sees from a process that SIGTERM ended
@@ -177,6 +177,7 @@ def _steps(reason: str, progress: dict[str, str]) -> None:
     if live:
         progress["released"] = f" ({len(live)} process group{'s' * (len(live) > 1)} released)"
     progress["step"] = "flush output"
+    stacks.discard_if_empty()  # os._exit skips atexit
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

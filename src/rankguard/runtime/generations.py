@@ -6,13 +6,18 @@ A process group that saw a fault is retired, never reused. ``rankguard.regroup()
 
 1. **membership**: the first survivor to get here proposes the members, the current ranks minus
    the ones known to have failed (the ``missing`` ranks of the last collective error, and the
-   peers that do not answer a probe; or the ``exclude`` argument); the store's compare-and-set makes that proposal the one every survivor
-   adopts. A rank left out of it learns so and gets :class:`rankguard.GroupRetired`.
-2. **join**: every member marks its arrival and counts itself in; all must be in within the
+   peers that do not answer a probe; or the ``exclude`` argument); the store's compare-and-set
+   makes that proposal the one every survivor adopts. A rank left out of it learns so and gets
+   :class:`rankguard.GroupRetired`.
+2. **join**: every member marks its arrival under its own key; all must be in within the
    timeout, or the ones that are not are named (:class:`rankguard.CollectiveTimeout`).
 3. **new group**: the old groups are discarded (their backends are never destructed, see
    ``runtime.groups``) and the default group is created again, ranks numbered in the order of
    their old ranks. ``RANK`` and ``WORLD_SIZE`` in the environment follow.
+
+The proposal and the arrivals are sealed with the run's secret (``rankguard.sealed``): a
+membership or an arrival that another process wrote into the store is never adopted (a forged
+proposal found in place is replaced by compare-and-set).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Iterable
 
+from .. import sealed
 from ..errors import CollectiveTimeout, GroupRetired, UsageError
 from . import bounded, groups, instrument
 from .deadline import check_seconds
@@ -103,7 +109,9 @@ def regroup(*, timeout: float = DEFAULT_TIMEOUT_S, exclude: Iterable[int] | None
     Raises:
         UsageError: no process group exists, or ``timeout`` is not a positive number.
         GroupRetired: this rank was left out of the new generation by its peers.
-        CollectiveTimeout: a member did not join within ``timeout``.
+        CollectiveTimeout: a member did not join within ``timeout``, or no authentic
+            membership could be agreed in the store within it (another process kept writing a
+            forged one).
     """
     timeout = check_seconds("rankguard.regroup(timeout)", timeout)
     import torch.distributed as dist
@@ -120,8 +128,14 @@ def regroup(*, timeout: float = DEFAULT_TIMEOUT_S, exclude: Iterable[int] | None
     failed = set(exclude) if exclude is not None else _known_failed() | _silent(rank, size)
     prefix = f"rankguard/gen{number}/"
     client = store_client(timeout)
-    proposal = json.dumps(sorted(set(range(size)) - failed))
-    members = json.loads(client.compare_set(f"{prefix}members", "", proposal))
+    members = _agree(client, f"{prefix}members", sorted(set(range(size)) - failed),
+                     started + timeout)
+    if members is None:
+        groups.retire_all(f"generation {number} did not form")
+        raise CollectiveTimeout("did not form: no authentic membership could be agreed in the "
+                                "store (another process keeps writing to it)", op="regroup",
+                                seq=number, group="world", rank=rank, missing=[],
+                                waited=time.monotonic() - started)
     if rank not in members:
         groups.retire_all(f"left out of generation {number}")
         raise GroupRetired("world", f"this rank was left out of generation {number} "
@@ -164,13 +178,25 @@ def _silent(rank: int, size: int) -> set[int]:
     return {peer for peer, answer in answers.items() if answer is None}
 
 
+def _agree(client: Any, key: str, proposal: list[int], deadline: float) -> list[int] | None:
+    """The membership in ``key``: the first authentic proposal written there (``proposal`` if
+    it is this one); None if none could be agreed by ``deadline``."""
+    ours = sealed.seal(key, json.dumps(proposal))
+    current = client.compare_set(key, "", ours)
+    while True:
+        text = sealed.unseal(key, current)
+        if text is not None:
+            return [int(member) for member in json.loads(text)]
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(_POLL_S)
+        current = client.compare_set(key, current, ours)  # replace the forged value only
+
+
 def _join(client: Any, prefix: str, rank: int, members: list[int], deadline: float) -> list[int]:
     """Members that did not join before ``deadline`` (empty when all did)."""
-    client.set(f"{prefix}joined/{rank}", "1")
-    joined = client.add(f"{prefix}count", 1)
-    while joined < len(members) and time.monotonic() < deadline:
-        time.sleep(_POLL_S)
-        joined = client.add(f"{prefix}count", 0)
-    if joined >= len(members):
-        return []
-    return [m for m in members if not client.check([f"{prefix}joined/{m}"])]
+    mine = f"{prefix}joined/{rank}"
+    client.set(mine, sealed.seal(mine, "joined"))
+    names = {member: f"{prefix}joined/{member}" for member in members}
+    joined = sealed.gather(client, list(names.values()), deadline, _POLL_S)
+    return [member for member, name in names.items() if name not in joined]

@@ -43,12 +43,14 @@ def init(*, grace: float | None = None, collective_timeout: float | None = None,
         grace: SIGTERM teardown budget in seconds (default ``$RANKGUARD_GRACE`` or 5).
         collective_timeout: deadline of every collective in seconds (default
             ``$RANKGUARD_COLLECTIVE_TIMEOUT`` or none).
-        stacks_file: where stack dumps go (default ``$RANKGUARD_STACKS`` or a file in the temp
-            folder named after the pid).
+        stacks_file: where stack dumps go (default ``$RANKGUARD_STACKS``, else
+            ``$TMPDIR/rankguard-<uid>/stacks-<pid>.txt``, removed at exit if nothing was
+            dumped).
 
     Raises:
-        UsageError: a bad argument or environment value, a call from another thread than the
-            main thread, or a default process group that already exists and was not created
+        UsageError: a bad argument or environment value, a stacks file that cannot be opened
+            (or a user folder under the temp folder that is not private to the user), a call
+            from another thread than the main thread, or a default process group that already exists and was not created
             through rankguard (create it after ``init()``).
     """
     grace = _deadline.check_seconds("grace", grace) if grace is not None else grace_from_env()

@@ -29,6 +29,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from .. import ledger as _ledger
+from .. import sealed
 from ..errors import GroupRetired
 from . import bounded as _bounded
 from . import deadline as _deadline
@@ -175,10 +176,20 @@ def _create_group(options: Any, backend_options: Any) -> Any:
                                timeout=options.timeout)
     backend.options.global_ranks_in_group = list(options.global_ranks_in_group)
     backend.options.group_name = options.group_id
+    if is_world and state.generation == 0 and not sealed.from_host():
+        sealed.agree(backend, options.group_rank, options.group_size, _agreement_timeout(options))
     group = _group_class_cached()(backend, options, slot, is_world)
     if is_world and state.bounded:
         start_probing(options.store, group._rankguard_rank)
     return group
+
+
+def _agreement_timeout(options: Any) -> float:
+    """The bound of the secret's broadcast when the default group forms: the group's timeout,
+    or the collective deadline in force if it is earlier."""
+    limit = _deadline.current()
+    timeout = options.timeout.total_seconds()
+    return max(min(timeout, limit.remaining()), 0.001) if limit is not None else timeout
 
 
 def start_probing(store: Any, rank: int) -> None:

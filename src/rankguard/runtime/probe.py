@@ -14,6 +14,10 @@ The asking rank pushes a request to each peer's queue and polls for the answers 
 the group failed: the responder then retires the group locally, which wakes a main thread
 waiting in a collective that will never complete because the failure was elsewhere (in a ring,
 only the neighbours of a dead rank see its connection close).
+
+Every request and answer is sealed with the run's secret (``rankguard.sealed``) for the queue
+or key it is written to: a request, notice or answer that another process wrote into the store
+is dropped, never acted on.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import threading
 import time
 from datetime import timedelta
 from typing import Any, Callable
+
+from .. import sealed
 
 ANSWER_WINDOW_S = 0.5
 _POLL_S = 0.01
@@ -65,6 +71,7 @@ class Responder:
     def __init__(self, store: Any, rank: int, describe: Describe, on_notice: OnNotice) -> None:
         self._rank = rank
         self._generation = 0
+        self._waiting_on = _queue(rank, 0)  # the queue the thread waits on, for follow/close
         self._describe = describe
         self._on_notice = on_notice
         self._client = clone_client(store, _IDLE_WAIT)
@@ -82,23 +89,29 @@ class Responder:
 
     def follow(self, rank: int, generation: int) -> None:
         """Answer as ``rank`` of ``generation`` from now on."""
-        old = _queue(self._rank, self._generation)
         self._rank, self._generation = rank, generation
+        self._tell_thread({"wake": True})  # it waits on the old queue
+
+    def _tell_thread(self, message: dict[str, Any]) -> None:
+        queue = self._waiting_on
         try:
-            self._closer.queue_push(old, json.dumps({"wake": True}))  # it waits on the old queue
+            self._closer.queue_push(queue, sealed.seal(queue, json.dumps(message)))
         except Exception:  # noqa: BLE001 (the store is gone: so is the thread's wait)
             pass
 
     def _serve(self) -> None:
         client = self._client
         while not self._closed:
+            queue = self._waiting_on = _queue(self._rank, self._generation)
             try:
-                message = json.loads(client.queue_pop(_queue(self._rank, self._generation),
-                                                      True))
+                text = sealed.unseal(queue, client.queue_pop(queue, True))
             except Exception:  # noqa: BLE001 (idle timeout, or the store is gone)
                 if self._store_gone():
                     return
                 continue
+            if text is None:
+                continue  # not from a rank of this run
+            message = json.loads(text)
             if message.get("stop"):
                 return
             if message.get("wake"):
@@ -107,8 +120,9 @@ class Responder:
             answer = self._describe(group)
             if message.get("notice"):
                 self._on_notice(group, message["notice"])
+            key = _answer_key(message["id"], self._rank)
             try:
-                client.set(_answer_key(message["id"], self._rank), json.dumps(answer))
+                client.set(key, sealed.seal(key, json.dumps(answer)))
             except Exception:  # noqa: BLE001 (the asker's store went away: nobody to answer)
                 return
 
@@ -129,11 +143,7 @@ class Responder:
             return
         self._closed = True
         if self._thread is not None:
-            try:
-                self._closer.queue_push(_queue(self._rank, self._generation),
-                                        json.dumps({"stop": True}))
-            except Exception:  # noqa: BLE001 (the store is gone: so is the thread's wait)
-                pass
+            self._tell_thread({"stop": True})
             self._thread.join(timeout)
 
 
@@ -163,7 +173,8 @@ class Asker:
         body = json.dumps({"id": request, "group": group, "notice": notice})
         try:
             for peer in peers:
-                self._client.queue_push(_queue(peer, self.generation), body)
+                queue = _queue(peer, self.generation)
+                self._client.queue_push(queue, sealed.seal(queue, body))
         except Exception:  # noqa: BLE001 (the store's server is dead or frozen)
             return {}
         answers: dict[int, dict[str, Any] | None] = {peer: None for peer in peers}
@@ -174,8 +185,10 @@ class Asker:
                 for peer in list(waiting):
                     key = _answer_key(request, peer)
                     if self._client.check([key]):
-                        answers[peer] = json.loads(self._client.get(key))
-                        waiting.discard(peer)
+                        text = sealed.unseal(key, self._client.get(key))
+                        if text is not None:  # else forged: the peer's own answer replaces it
+                            answers[peer] = json.loads(text)
+                            waiting.discard(peer)
                 if not waiting or time.monotonic() >= end:
                     break
                 time.sleep(_POLL_S)

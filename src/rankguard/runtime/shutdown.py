@@ -2,9 +2,10 @@
 
 ``destroy_process_group()`` after a failure can hang (a peer never arrives at the last
 collective), and ``barrier(timeout=)`` exists only from torch 2.13 and names nobody. This is a
-barrier in the store instead: every rank marks its arrival under its own key and counts itself
-in; each rank polls the count until everyone is in or the budget is spent, then reads the keys
-to name the ranks that never arrived, on every rank that got there.
+barrier in the store instead: every rank marks its arrival under its own key, sealed with the
+run's secret (``rankguard.sealed``: an arrival that another process wrote is not believed); each
+rank polls the keys until everyone is in or the budget is spent, and names the ranks that never
+arrived, on every rank that got there.
 
 - All arrived: the process groups are destroyed as usual.
 - Not all arrived (or the store is gone): the groups are **aborted** instead: retired (see
@@ -24,8 +25,9 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from ..errors import TeardownTimeout
 from .. import ledger as _ledger
+from .. import sealed
+from ..errors import TeardownTimeout
 from . import eviction, groups, instrument
 from .deadline import check_seconds
 from .probe import clone_client
@@ -100,18 +102,14 @@ def shutdown(timeout: float = DEFAULT_TIMEOUT_S, *, strict: bool = False) -> Shu
 
 def _barrier(store: object, rank: int, size: int, deadline: float) -> tuple[list[int], str]:
     """Missing ranks, and a reason when they cannot be known (the store is gone)."""
-    prefix = f"rankguard/shutdown/{next(_calls)}/"
+    prefix = f"rankguard/shutdown/g{instrument.state.generation}/{next(_calls)}/"
     budget = max(deadline - time.monotonic(), 0.001)
     client = clone_client(store, timedelta(seconds=budget)) or store
     try:
-        client.set(f"{prefix}{rank}", "1")
-        arrived = client.add(f"{prefix}count", 1)
-        while arrived < size and time.monotonic() < deadline:
-            time.sleep(_POLL_S)
-            arrived = client.add(f"{prefix}count", 0)
-        if arrived >= size:
-            return [], ""
-        return [r for r in range(size) if not client.check([f"{prefix}{r}"])], ""
+        mine = f"{prefix}{rank}"
+        client.set(mine, sealed.seal(mine, "arrived"))
+        arrived = sealed.gather(client, [f"{prefix}{r}" for r in range(size)], deadline, _POLL_S)
+        return [r for r in range(size) if f"{prefix}{r}" not in arrived], ""
     except Exception as error:  # noqa: BLE001 (the store's server died or froze)
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         return [], f"the store is unreachable: {first}"

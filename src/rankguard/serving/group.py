@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import ledger as _ledger
-from .. import proctree, stack_requests, store_server
+from .. import private_files, proctree, sealed, stack_requests, store_server
 from ..ledger import LedgerReader
 from ..runtime import stacks
 from ..errors import RequestFailed, UsageError
@@ -96,6 +96,7 @@ class WorkerGroup:
         base = {**os.environ, **leader_env.leader_context(), **env,
                 "MASTER_ADDR": store_server.LOOPBACK, "MASTER_PORT": str(self._store.port),
                 "WORLD_SIZE": str(world), "TORCHELASTIC_USE_AGENT_STORE": "True",
+                **sealed.host_env(),  # this group's own store seal
                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         base.setdefault("RANKGUARD_GRACE", "2")
         self._ledgers: list[LedgerReader] = []
@@ -104,7 +105,7 @@ class WorkerGroup:
             _ledger.create(ledger_path, world)
             self._ledgers.append(LedgerReader(ledger_path))
             mine, theirs = pair()
-            with open(self.log_path(rank), "ab") as log:
+            with open(self.log_path(rank), "ab", opener=private_files.opener) as log:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "rankguard.serving.worker"],
                     env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank),

@@ -93,21 +93,22 @@ class EveryRank:
         """Agree with every rank on the test to resume at; skip to it or regroup here."""
         import torch.distributed as dist
 
+        from .. import sealed
         from ..runtime import generations
 
         rank, world = dist.get_rank(), dist.get_world_size()
         deadline_at = self._until(item)
         client = generations.store_client(max(1.0, deadline_at - time.monotonic()))
         prefix = f"rankguard/pytest/reform{generations.next_number()}/at/"
-        client.set(f"{prefix}{rank}", str(self._order.get(item.nodeid, -1)))
+        mine = f"{prefix}{rank}"
+        client.set(mine, sealed.seal(mine, str(self._order.get(item.nodeid, -1))))
         keys = [f"{prefix}{r}" for r in range(world)]
-        while not client.check(keys) and time.monotonic() < deadline_at:
-            time.sleep(_POLL_S)
-        missing = [r for r, key in enumerate(keys) if not client.check([key])]
+        at = sealed.gather(client, keys, deadline_at, _POLL_S)  # a forged position is ignored
+        missing = [r for r, key in enumerate(keys) if key not in at]
         if missing:
             self._give_up(f"ranks {', '.join(map(str, missing))} did not reach a test "
                           f"boundary in time")
-        furthest = max(int(client.get(key)) for key in keys)
+        furthest = max(int(position) for position in at.values())
         names = {index: nodeid for nodeid, index in self._order.items()}
         if furthest not in names:
             self._give_up("the ranks did not collect the same tests")

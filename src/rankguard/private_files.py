@@ -1,0 +1,72 @@
+"""Where rankguard keeps files nobody else may read or plant: the user's own folder under the
+temp folder, and files only their owner can open.
+
+The temp folder is shared by every user. A fixed name in it (``/tmp/rankguard``) belongs to
+whoever creates it first, who then controls, or can read, what the others write there. So each
+user gets ``$TMPDIR/rankguard-<uid>``, created 0700 and refused when it is not exactly that (a
+symlink, not a folder, owned by someone else, or writable by group or others). Logs, journals,
+stack dumps and ledgers hold the ranks' output: they are created 0600 (:func:`opener`).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+
+from .errors import UsageError
+
+
+def user_dir_path(uid: int | None = None) -> str:
+    """The path of the user's folder (``$TMPDIR/rankguard-<uid>``), without creating it."""
+    return os.path.join(tempfile.gettempdir(),
+                        f"rankguard-{os.geteuid() if uid is None else uid}")
+
+
+def user_dir(what: str) -> str:
+    """The user's private folder, created 0700 if missing.
+
+    Args:
+        what: the option or argument the folder is the default of, named in errors.
+
+    Raises:
+        UsageError: it exists but is a symlink or not a folder, belongs to another user, or is
+            writable by group or others.
+    """
+    path = user_dir_path()
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise UsageError(what, f"cannot create the default folder {path!r}: {exc.strerror}",
+                         "choose a folder of your own for it") from None
+    check_private(path, what)
+    return path
+
+
+def check_private(path: str, what: str) -> None:
+    """Refuse ``path`` unless it is a real folder of this user that only this user can write.
+
+    Raises:
+        UsageError: naming what is wrong with it and how to fix it.
+    """
+    info = os.lstat(path)
+    hint = f"remove it, or choose a folder of your own for {what}"
+    if stat.S_ISLNK(info.st_mode):
+        raise UsageError(what, f"{path!r} is a symlink, not a folder of yours", hint)
+    if not stat.S_ISDIR(info.st_mode):
+        raise UsageError(what, f"{path!r} is not a folder", hint)
+    if info.st_uid != os.geteuid():
+        raise UsageError(what, f"{path!r} belongs to uid {info.st_uid}, not to you "
+                               f"(uid {os.geteuid()})", hint)
+    if info.st_mode & 0o022:
+        raise UsageError(what, f"{path!r} can be written by other users "
+                               f"(mode {stat.S_IMODE(info.st_mode):04o})",
+                         f"chmod 700 {path}, or {hint}")
+
+
+def opener(path: str, flags: int) -> int:
+    """An ``opener`` for :func:`open`: a new file is created 0600, and a symlink at ``path`` is
+    refused (``OSError`` ELOOP), never followed."""
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
