@@ -7,13 +7,15 @@ Plain torch.distributed, as a torchrun user writes it; nothing here knows about 
 
 Rank 0 saves a checkpoint every ``--ckpt-every`` steps; every rank resumes from it when a
 restarted attempt begins (TORCHELASTIC_RESTART_COUNT > 0 under rankguard run and torchrun).
+By default the checkpoint goes to the run's private log folder under rankguard run
+(``RANKGUARD_LOG_DIR``), else to ``./checkpoints-RUN_ID``: never to a predictable path in a
+folder other users can write.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 import time
 
 import torch
@@ -25,8 +27,9 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--ckpt-every", type=int, default=10)
-    p.add_argument("--ckpt-dir", default=os.path.join(
-        tempfile.gettempdir(), f"rankguard-demo-{os.environ.get('TORCHELASTIC_RUN_ID', 'x')}"))
+    run_dir = os.environ.get("RANKGUARD_LOG_DIR")
+    p.add_argument("--ckpt-dir", default=os.path.join(run_dir, "checkpoints") if run_dir
+                   else f"checkpoints-{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}")
     p.add_argument("--step-time", type=float, default=0.02, help="extra seconds per step")
     return p.parse_args()
 

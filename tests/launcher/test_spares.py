@@ -34,7 +34,7 @@ def _spares_ready(pids, timeout=60.0):
     pytest.fail("spares did not get ready")
 
 
-@pytest.mark.parametrize("kill_one", [False, True])
+@pytest.mark.parametrize("kill_one", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_restart_takes_warm_spares_and_replaces_a_dead_one(tmp_path, kill_one):
     log_dir = tmp_path / "logs"
     trigger = tmp_path / "crash-now"
@@ -57,6 +57,7 @@ def test_restart_takes_warm_spares_and_replaces_a_dead_one(tmp_path, kill_one):
     assert "OK attempt=1" in run.stdout
 
 
+@pytest.mark.slow
 def test_no_spares_without_restarts_or_with_no_spares(run_rankguard):
     for args in ([], ["--max-restarts", "1", "--no-spares"]):
         run = run_rankguard(["--nproc-per-node", "2", *args, script("allreduce.py"), "30"])

@@ -142,6 +142,7 @@ def base_env(config: RunConfig, token: str, master_port: int) -> dict[str, str]:
         RANKGUARD_INJECT=";".join(spec.text for spec in config.injections),
         RANKGUARD_GRACE=f"{config.rank_grace:g}",
         RANKGUARD_HANG_TIMEOUT=f"{config.hang_timeout:g}",  # bounds a rank's wait for a store
+        RANKGUARD_LOG_DIR=config.log_dir,  # the run's private folder (0700), e.g. for checkpoints
     )
     env[sealed.ENV] = config.secret
     if config.collective_timeout is not None:
