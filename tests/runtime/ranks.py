@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -26,9 +27,22 @@ SCENARIOS = script("runtime_scenarios.py")
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port that is free now, for a rank 0 that binds it a moment later.
+
+    Taken below the kernel's ephemeral range: a port the kernel hands out (bind to 0) is also
+    what every outgoing connection gets, and with tests running in parallel one of those took
+    it before rank 0 bound it (EADDRINUSE). Outside that range only another explicit bind can.
+    """
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(1000):
+        port = random.randrange(10000, max(10001, low))
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port from 10000 to {low} in 1000 tries")
 
 
 class Ranks:
