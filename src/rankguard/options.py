@@ -10,6 +10,7 @@ import errno
 import math
 import os
 import re
+import stat
 
 from .errors import UsageError
 
@@ -67,8 +68,9 @@ def number(option: str, text: str, kind: type, minimum: float, hint: str,
 
 
 def seconds(what: str, value: object) -> float:
-    """``value``, a duration given in Python, as float seconds: an int or a float, finite and
-    above 0. A bool, a string, None, NaN, an infinity, 0 or less are refused.
+    """``value``, a duration given in Python, as float seconds: an int or a float, finite,
+    above 0 and at most ``MAX_SECONDS``. A bool, a string, None, NaN, an infinity, 0 or less
+    are refused.
 
     Raises:
         UsageError: naming ``what`` (e.g. ``Pool(timeout)``).
@@ -79,6 +81,9 @@ def seconds(what: str, value: object) -> float:
     if not math.isfinite(value) or value <= 0:
         raise UsageError(what, f"expected a finite number of seconds above 0, got {value!r}",
                          "e.g. 5.0")
+    if value > MAX_SECONDS:
+        raise UsageError(what, f"{value!r} is above {MAX_SECONDS:g} seconds",
+                         f"give at most {MAX_SECONDS:g}")
     return float(value)
 
 
@@ -119,7 +124,18 @@ def writable_file(option: str, path: str) -> str:
         problem = ("is a FIFO that nobody reads" if exc.errno == errno.ENXIO
                    else f"cannot be opened for writing: {exc.strerror}")
         raise UsageError(option, f"{path!r} {problem}", "give a file you can write to") from None
-    os.close(fd)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):  # /dev/full, a terminal, a socket
+            raise UsageError(option, f"{path!r} is not a regular file",
+                             "give the path of a file, e.g. journal.jsonl")
+        if stat.S_ISREG(mode):
+            os.lseek(fd, 0, os.SEEK_END)  # what appending does first: fails on /proc files
+    except OSError as exc:
+        raise UsageError(option, f"{path!r} cannot be appended to: {exc.strerror}",
+                         "give a file you can write to") from None
+    finally:
+        os.close(fd)
     if not existed:
         os.unlink(path)
     return path

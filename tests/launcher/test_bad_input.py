@@ -96,6 +96,12 @@ def test_journal_naming_a_fifo_nobody_reads_is_refused_instead_of_blocking(tmp_p
     _journal_refused(tmp_path, tmp_path / "fifo", "is a FIFO that nobody reads")
 
 
+@pytest.mark.parametrize("journal, fragment", [("/dev/full", "is not a regular file"),
+                                               ("/proc/version", "cannot be appended to")])
+def test_journal_that_is_not_a_file_one_can_append_to_is_refused(tmp_path, journal, fragment):
+    _journal_refused(tmp_path, journal, fragment)
+
+
 def test_journal_that_cannot_be_created_is_refused_and_leaves_nothing(tmp_path):
     _journal_refused(tmp_path, tmp_path / ("j" * 300), "File name too long")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["logs"]

@@ -105,3 +105,13 @@ def late_peer(state: Any, late: float, window: float) -> None:
         time.sleep(late)
     with rankguard.deadline(window):
         dist.all_reduce(torch.ones(1))
+
+
+def start_children(state: Any) -> list[int]:
+    """Start a child and a double-forked grandchild that outlive this call; their pids."""
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "1000"])
+    shell = subprocess.run(["sh", "-c", "sleep 1000 >/dev/null 2>&1 & echo $!"],
+                           capture_output=True, text=True, timeout=10)
+    return [child.pid, int(shell.stdout)]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import rankguard
-from rankguard import journal
+from rankguard import journal, proctree
 
 from . import rank_functions as rf
 
@@ -176,7 +176,8 @@ def test_bad_arguments_are_refused_before_any_process_starts(kwargs: dict, what:
     assert caught.value.what == what
 
 
-@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, True, "5", 0, -1.0, None])
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, True, "5", 0, -1.0, None,
+                                   1e10])  # past ~9.2e9 s the platform's timers overflow
 def test_every_seconds_argument_is_refused_unless_finite_and_positive(value: object) -> None:
     for name in ("timeout", "start_timeout", "max_backoff"):
         with pytest.raises(rankguard.UsageError) as caught:
@@ -187,7 +188,7 @@ def test_every_seconds_argument_is_refused_unless_finite_and_positive(value: obj
 def test_a_call_timeout_that_is_not_seconds_or_below_the_useful_minimum_is_refused() -> None:
     with rankguard.Pool(1, spares=0, timeout=TIMEOUT) as pool:
         group = pool.run(rf.pid)
-        for value in (math.inf, math.nan, True, "1", 0, pool.min_call_s / 2):
+        for value in (math.inf, math.nan, True, "1", 0, pool.min_call_s / 2, 1e10):
             with pytest.raises(rankguard.UsageError) as caught:
                 pool.run(rf.pid, timeout=value)
             assert caught.value.what == "Pool.run(timeout)", value
@@ -269,3 +270,14 @@ def test_the_pool_removes_the_folder_it_made_and_keeps_the_one_it_was_given(
     with rankguard.Pool(1, spares=0, timeout=TIMEOUT, log_dir=str(given)) as pool:
         pool.run(rf.pid)
     assert (given / "group1" / "rank0.log").exists()
+
+
+@pytest.mark.deadline(120)
+def test_processes_the_ranks_started_do_not_outlive_the_pool() -> None:
+    with rankguard.Pool(2, rf.load, spares=0, timeout=10.0) as pool:
+        started = [pid for pids in pool.run(rf.start_children, all_ranks=True) for pid in pids]
+        assert all(proctree.alive(pid) for pid in started)
+    deadline = time.monotonic() + 10
+    while any(proctree.alive(pid) for pid in started) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [proctree.describe(pid) for pid in started if proctree.alive(pid)]

@@ -21,6 +21,7 @@ import time
 from typing import Iterator
 
 from ..errors import UsageError
+from ..options import MAX_SECONDS
 
 
 class Deadline:
@@ -57,6 +58,9 @@ def check_seconds(what: str, seconds: float) -> float:
         raise UsageError(what, f"expected a number of seconds, got {seconds!r}") from None
     if not math.isfinite(value) or value <= 0:
         raise UsageError(what, f"must be a positive number of seconds, got {seconds!r}")
+    if value > MAX_SECONDS:  # past ~9.2e9 s gloo's and the platform's timers overflow
+        raise UsageError(what, f"{seconds!r} is above {MAX_SECONDS:g} seconds",
+                         f"give at most {MAX_SECONDS:g}")
     return value
 
 

@@ -13,6 +13,7 @@ failed only as a consequence (their collective error names the culprit as missin
 from __future__ import annotations
 
 import os
+import secrets
 import selectors
 import signal
 import subprocess
@@ -37,6 +38,7 @@ TICK_S = 0.05
 STACKS_S = 1.0  # how long ranks get to dump their stacks after a hang verdict
 REAP_S = 5.0  # how long killed ranks get to be reaped
 STORE_S = 30.0  # the bound on the group store's own waits
+GROUP_MARKER = "RANKGUARD_GROUP_TOKEN"  # in the environment of a group's ranks and their children
 
 
 @dataclass
@@ -99,6 +101,10 @@ class WorkerGroup:
                 **sealed.host_env(),  # this group's own store seal
                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         base.setdefault("RANKGUARD_GRACE", "2")
+        # inherited by whatever the ranks start, so that close() and kill() find it after the
+        # rank is gone (a variable of its own: a launcher's marker, if any, stays as it was)
+        self._token = secrets.token_hex(8)
+        base[GROUP_MARKER] = self._token
         self._ledgers: list[LedgerReader] = []
         for rank in range(world):
             ledger_path = os.path.join(folder, f"rank{rank}.ledger")
@@ -433,6 +439,7 @@ class WorkerGroup:
             if proc.poll() is None:
                 proctree.signal_tree(proc.pid, signal.SIGKILL)
                 proctree.signal_tree(proc.pid, signal.SIGCONT)
+        proctree.kill_all(proctree.with_env(GROUP_MARKER, self._token))  # what the ranks left
         if wait:
             self._reap()
         else:

@@ -8,10 +8,10 @@ Routes:
 
 - ``POST /run``: the JSON body (an object) is the request; the service's ``validate`` runs
   here, then ``handle`` on every rank. 200 ``{"result", "took_s"}``; 400 malformed or too
-  deeply nested JSON, or an ``X-Request-Timeout`` that is not a number of seconds of at least
-  the pool's ``min_call_s``; 413 a body over ``max_body`` bytes (refused from its
-  Content-Length before it is read, or as soon as a streamed body passes the limit); 422 a body
-  that is not an object, holds NaN or an infinity, cannot be sent to the ranks, or that
+  deeply nested JSON, or an ``X-Request-Timeout`` that is not a number of seconds from the
+  pool's ``min_call_s`` to the service's timeout; 413 a body over ``max_body`` bytes (refused
+  from its Content-Length before it is read, or as soon as a streamed body passes the limit);
+  422 a body that is not an object, holds NaN or an infinity, cannot be sent to the ranks, or that
   ``validate`` refused; 500 a rank failed the request (``{"error": {"type", "rank", "cause",
   "detail", "victims"}}``); 503 the pool is healing, starting, busy or failing to start (with
   ``Retry-After``), or closed.
@@ -128,9 +128,12 @@ class _Server:
         timeout = self.service.timeout
         if TIMEOUT_HEADER in request.headers:
             try:
+                # a client may shorten the service's deadline, never extend it: one request
+                # must not hold a group for longer than the operator allowed
                 timeout = self.pool.call_timeout("X-Request-Timeout", number(
                     "X-Request-Timeout", request.headers[TIMEOUT_HEADER], float, 0,
-                    "a number of seconds, e.g. 5"))
+                    f"a number of seconds up to the service's timeout of "
+                    f"{self.service.timeout:g} s", maximum=self.service.timeout))
             except UsageError as error:
                 return self.error(400, "BadRequest", str(error))
         if self.service.validate is not None:
