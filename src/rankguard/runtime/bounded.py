@@ -140,7 +140,12 @@ def work_class() -> type:
                     return inner.wait(SLICE)
                 except RuntimeError as error:
                     if inner.is_completed():
-                        raise self._failure(error) from error
+                        # it may have finished just after this slice timed out: its own
+                        # outcome decides, not the slice's timeout
+                        try:
+                            return inner.wait(SLICE)
+                        except RuntimeError as final:
+                            raise self._failure(final) from final
                     group = self._group
                     take_supervisor_notice(group)
                     if group._rankguard_retired is not None:
