@@ -12,6 +12,7 @@ import os
 import re
 import stat
 
+from .deadline import MAX_SECONDS
 from .errors import UsageError
 
 
@@ -24,7 +25,6 @@ class Parser(argparse.ArgumentParser):
 
 # The most seconds any option takes. Past about 9.2e9 s the platform's timers overflow
 # (threading.TIMEOUT_MAX, time_t deadlines), so a larger value could only fail later, in a rank.
-MAX_SECONDS = 1e9
 
 # Plain decimal spellings only: Python's int() and float() also take "1_0", " 5", "١٢",
 # "nan" and "inf", none of which a person means as a count or a number of seconds.

@@ -15,31 +15,12 @@ so the bound holds for collectives issued from C++ (DistributedDataParallel) too
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
-import time
 from typing import Iterator
 
-from ..errors import UsageError
-from ..options import MAX_SECONDS
+from ..deadline import Deadline, check_seconds
 
-
-class Deadline:
-    """An absolute deadline on the monotonic clock."""
-
-    __slots__ = ("at", "seconds")
-
-    def __init__(self, at: float, seconds: float) -> None:
-        self.at = at
-        self.seconds = seconds  # the budget it was made from, for messages
-
-    @classmethod
-    def after(cls, seconds: float) -> Deadline:
-        return cls(time.monotonic() + seconds, seconds)
-
-    def remaining(self) -> float:
-        """Seconds left; negative once it has passed."""
-        return self.at - time.monotonic()
+__all__ = ["Deadline", "check_seconds", "current", "deadline", "default", "set_default"]
 
 
 class _Scope(threading.local):
@@ -48,20 +29,6 @@ class _Scope(threading.local):
 
 _scope = _Scope()
 _default_seconds: float | None = None
-
-
-def check_seconds(what: str, seconds: float) -> float:
-    """``seconds`` as a float, or UsageError naming ``what`` if it is not a positive number."""
-    try:
-        value = float(seconds)
-    except (TypeError, ValueError):
-        raise UsageError(what, f"expected a number of seconds, got {seconds!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise UsageError(what, f"must be a positive number of seconds, got {seconds!r}")
-    if value > MAX_SECONDS:  # past ~9.2e9 s gloo's and the platform's timers overflow
-        raise UsageError(what, f"{seconds!r} is above {MAX_SECONDS:g} seconds",
-                         f"give at most {MAX_SECONDS:g}")
-    return value
 
 
 def set_default(seconds: float | None) -> None:

@@ -1,0 +1,126 @@
+"""Deadlines: one instant on the monotonic clock, passed as is to wherever a wait is enforced.
+
+A relative timeout (``Pool.run(timeout=5)``, ``--hang-timeout 3``, a test's deadline) is checked
+once, at the edge, by :func:`check_seconds`, and becomes a :class:`Deadline` there. Every layer
+below receives that value and asks it how much time is left; none re-derives the instant from a
+timeout of its own. A step that must end sooner takes a shorter deadline from it
+(:meth:`Deadline.within`), so the earliest always wins.
+
+A Deadline crosses processes unchanged (it pickles as its instant): ``CLOCK_MONOTONIC`` is one
+clock for the whole machine on Linux, so a rank process reads the same instant its leader set.
+
+This module is at the bottom of the package: it imports nothing of rankguard but the errors.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from .errors import UsageError
+
+# Past ~9.2e9 s the platform's and gloo's timers overflow; no real budget comes near this.
+MAX_SECONDS = 1e9
+
+
+def check_seconds(what: str, value: object, *, zero: bool = False,
+                  infinite: bool = False) -> float:
+    """``value`` as a number of seconds, or UsageError naming ``what``.
+
+    Accepts an int, a float or the text of a decimal number. Refuses booleans, NaN, negative
+    numbers, zero unless ``zero``, infinity unless ``infinite``, and finite values above
+    ``MAX_SECONDS``.
+
+    Raises:
+        UsageError: ``value`` is not a number of seconds in the allowed range.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise UsageError(what, f"expected a number of seconds, got {value!r}")
+    try:
+        seconds = float(value.strip() if isinstance(value, str) else value)
+    except (ValueError, OverflowError):
+        raise UsageError(what, f"expected a number of seconds, got {value!r}") from None
+    if isinstance(value, str) and "_" in value:
+        raise UsageError(what, f"expected a number of seconds, got {value!r}")
+    if math.isnan(seconds) or seconds < 0 or (seconds == 0 and not zero):
+        low = "zero or more" if zero else "a positive number of"
+        raise UsageError(what, f"must be {low} seconds, got {value!r}")
+    if math.isinf(seconds):
+        if infinite:
+            return seconds
+        raise UsageError(what, f"must be a finite number of seconds, got {value!r}")
+    if seconds > MAX_SECONDS:
+        raise UsageError(what, f"{value!r} is above {MAX_SECONDS:g} seconds",
+                         f"give at most {MAX_SECONDS:g}")
+    return seconds
+
+
+class Deadline:
+    """An absolute instant on the monotonic clock, and the budget it was made from.
+
+    Immutable. ``seconds`` is kept for messages ("did not complete within 5 s"); the instant
+    ``at`` is what every wait reads. ``Deadline.never()`` is the instant that never comes.
+    """
+
+    __slots__ = ("at", "seconds")
+
+    def __init__(self, at: float, seconds: float) -> None:
+        object.__setattr__(self, "at", at)
+        object.__setattr__(self, "seconds", seconds)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("a Deadline is immutable")
+
+    def __reduce__(self) -> tuple[type, tuple[float, float]]:
+        return (Deadline, (self.at, self.seconds))
+
+    def __repr__(self) -> str:
+        return f"Deadline(remaining={self.remaining():.3f}s of {self.seconds:g}s)"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Deadline) and (self.at, self.seconds) == (other.at, other.seconds)
+
+    def __hash__(self) -> int:
+        return hash((self.at, self.seconds))
+
+    @classmethod
+    def after(cls, seconds: float) -> Deadline:
+        """``seconds`` from now (already checked: see :func:`check_seconds`)."""
+        return cls(time.monotonic() + seconds, seconds)
+
+    @classmethod
+    def never(cls) -> Deadline:
+        """A deadline that never passes."""
+        return cls(math.inf, math.inf)
+
+    def remaining(self) -> float:
+        """Seconds left; negative once it has passed, ``inf`` for :meth:`never`."""
+        return self.at - time.monotonic()
+
+    def left(self, at_least: float = 0.0) -> float:
+        """Seconds left, never below ``at_least`` (a floor for APIs that refuse 0 or less)."""
+        return max(self.at - time.monotonic(), at_least)
+
+    def passed(self) -> bool:
+        """Whether the instant has come."""
+        return time.monotonic() >= self.at
+
+    def within(self, seconds: float) -> Deadline:
+        """The earlier of this deadline and ``seconds`` from now: the bound of a step."""
+        step = Deadline.after(seconds)
+        return step if step.at < self.at else self
+
+    def sooner(self, other: Deadline | None) -> Deadline:
+        """The earlier of the two (``self`` when ``other`` is None)."""
+        return other if other is not None and other.at < self.at else self
+
+    def before(self, margin: float) -> Deadline:
+        """This deadline moved ``margin`` seconds earlier: leaves the caller time to act after
+        the step it bounds gives up (for example to send the error back)."""
+        return Deadline(self.at - margin, self.seconds)
+
+    def wait_time(self, cap: float | None = None) -> float:
+        """What to hand a ``select``/``wait``/``join`` call: the time left, at least 0, at
+        most ``cap``."""
+        left = max(self.at - time.monotonic(), 0.0)
+        return left if cap is None else min(left, cap)
