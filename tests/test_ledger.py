@@ -43,3 +43,21 @@ def test_foreign_file_is_refused(tmp_path):
         ledger.LedgerReader(str(path))
     with pytest.raises(LedgerError, match="cannot open"):
         ledger.LedgerReader(str(tmp_path / "missing"))
+
+
+def _slot(entered: int) -> ledger.GroupProgress:
+    return ledger.GroupProgress(key=0, members=0, is_world=True, size=3, entered=entered,
+                                done=entered - 1, kind="all_reduce", t_enter=0.0, t_done=0.0)
+
+
+@pytest.mark.parametrize("entries, target, expected", [
+    ({0: 5, 1: 5, 2: 5}, None, ([], 5)),
+    ({0: 5, 1: 4, 2: 5}, None, ([1], 5)),
+    ({0: 5, 2: 3}, None, ([1, 2], 5)),         # rank 1 has no slot: it entered nothing
+    ({0: 5, 1: 4, 2: 3}, 4, ([2], 4)),          # judged against a given operation number
+    ({}, None, ([0, 1, 2], 0)),
+])
+def test_behind_names_members_short_of_the_furthest_entry(entries: dict, target: int | None,
+                                                           expected: tuple) -> None:
+    slots = {rank: _slot(entered) for rank, entered in entries.items()}
+    assert ledger.behind(range(3), slots, target) == expected

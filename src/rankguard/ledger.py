@@ -36,6 +36,7 @@ import tempfile
 import time
 import zlib
 from dataclasses import dataclass
+from typing import Iterable, Mapping
 
 from .errors import LedgerError
 
@@ -410,6 +411,21 @@ class RankProgress:
     @property
     def stacks_ready(self) -> bool:
         return bool(self.flags & FLAG_STACKS_READY)
+
+
+def behind(members: Iterable[int], entries: Mapping[int, GroupProgress],
+           target: int | None = None) -> tuple[list[int], int]:
+    """Who is behind in one group: the members that have not entered operation number
+    ``target`` (by default the furthest any member entered), and that number.
+
+    ``entries`` maps a rank to its slot for the group; a member without one has entered
+    nothing. Entries are written by the rank's calling thread, so this is exact even for a rank
+    that holds the GIL (completions are recorded by another thread and may lag). The launcher's
+    hang monitor and the serving pool's verdicts both judge by this rule.
+    """
+    if target is None:
+        target = max((g.entered for g in entries.values()), default=0)
+    return [r for r in members if r not in entries or entries[r].entered < target], target
 
 
 def post_notice(path: str, kind: int, failed_rank: int) -> None:

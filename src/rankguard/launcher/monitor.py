@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ledger import FAULT_NONE, GroupProgress, LedgerReader, RankProgress, seq_of
+from ..ledger import FAULT_NONE, GroupProgress, LedgerReader, RankProgress, behind, seq_of
 from .progress import ProgressTracker
 
 # An absent rank counts as busy (a straggler) only if it made progress this recently; one that
@@ -193,7 +193,7 @@ class HangMonitor:
         waited = max(now - entries[r].last_event for r in waiters)
         kind = entries[max(waiters, key=lambda r: entries[r].entered)].kind
         seq = seq_of(target, sample.is_world)
-        absent = [r for r in members if r not in entries or entries[r].entered < target]
+        absent, _ = behind(members, entries, target)
 
         def verdict(hung: bool, blamed: list[int], reason: str,
                     ops: tuple[tuple[int, str], ...] = ()) -> Verdict:

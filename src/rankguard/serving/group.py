@@ -396,8 +396,7 @@ class WorkerGroup:
                 world[rank] = slot
         if not world:
             return [], ""
-        target = max(g.entered for g in world.values())
-        absent = [r for r in range(self.world) if r not in world or world[r].entered < target]
+        absent, target = _ledger.behind(range(self.world), world)
         if not absent:
             return [], ""
         kind = next(g.kind for g in world.values() if g.entered == target)
