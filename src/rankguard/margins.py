@@ -63,6 +63,10 @@ DRAIN_S = 1.0
 """After an attempt, how long the ranks' output pipes get to reach their end (a process a rank
 left behind may hold them open: then its output is read until this passes)."""
 
+GUARDIAN_EXIT_S = 3.0
+"""Told that the run ended cleanly, the guardian (``launcher.guardian``) sweeps once and exits,
+in tens of ms; the launcher waits this long for it before it kills it."""
+
 # -- the pytest plugin -----------------------------------------------------------------------------
 
 REPORT_MARGIN_S = 0.5

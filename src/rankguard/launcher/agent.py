@@ -370,7 +370,7 @@ class Launcher:
         except OSError:
             pass
         try:
-            self._guardian.wait(timeout=3.0)
+            self._guardian.wait(timeout=margins.GUARDIAN_EXIT_S)
         except subprocess.TimeoutExpired:
             self._guardian.kill()
-            self._guardian.wait(timeout=1.0)
+            self._guardian.wait(timeout=margins.REAP_S)
