@@ -45,6 +45,40 @@ def test_check_seconds_refuses_naming_the_value(value: object, options: dict, sa
     assert "--budget" in str(caught.value) and says in str(caught.value)
 
 
+@pytest.mark.parametrize("value, options, problem", [
+    ("0", {"least": 0.001}, "'0' is below 0.001"),
+    ("0.05", {"least": 0.1}, "'0.05' is below 0.1"),
+    ("-1", {"zero": True}, "'-1' is below 0"),
+    ("20", {"most": 10.0}, "'20' is above 10"),
+    ("1e300", {}, "'1e300' is above 1000000000"),
+    ("1e999", {}, "'1e999' is not a finite number of seconds"),
+    ("5", {"text": False}, "expected a number of seconds, got '5'"),
+])
+def test_check_seconds_states_the_range_it_refuses(value: object, options: dict,
+                                                   problem: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        check_seconds("--budget", value, **options)
+    assert caught.value.problem == problem
+
+
+def test_check_seconds_hint_is_the_rule_unless_the_caller_gives_one() -> None:
+    with pytest.raises(UsageError) as caught:
+        check_seconds("--budget", "0", least=0.5)
+    assert caught.value.hint == "give at least 0.5 seconds"
+    with pytest.raises(UsageError) as caught:
+        check_seconds("--budget", "0", least=0.5, hint="e.g. --budget 5")
+    assert caught.value.hint == "e.g. --budget 5"
+    assert check_seconds("--budget", "0.5", least=0.5) == 0.5
+    assert check_seconds("--budget", 10, most=10.0) == 10.0
+
+
+def test_later_moves_the_instant_and_keeps_the_budget() -> None:
+    limit = Deadline.after(5)
+    moved = limit.later(2)
+    assert moved.at == limit.at + 2 and moved.seconds == limit.seconds
+    assert Deadline.never().later(1).at == math.inf
+
+
 def test_within_and_sooner_keep_the_earliest() -> None:
     outer = Deadline.after(10)
     assert outer.within(60) is outer

@@ -84,3 +84,25 @@ def test_a_new_tracking_removes_the_empty_cgroups_that_killed_trackings_left(tmp
         for folder in (stale / "nested", stale):
             if folder.exists():
                 folder.rmdir()
+
+
+def test_await_exits_wakes_on_the_exit_and_names_who_outlived_the_deadline() -> None:
+    """Exits are events (pidfds): the wait ends when the last process ends, not at its deadline;
+    a process still running at the deadline is returned."""
+    from rankguard.deadline import Deadline
+
+    quick = subprocess.Popen([sys.executable, "-c", "pass"])
+    stays = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        limit = Deadline.after(120)
+        assert proctree.await_exits([quick.pid], limit) == []
+        assert not limit.passed()
+        short = Deadline.after(0.2)
+        assert proctree.await_exits([quick.pid, stays.pid], short) == [stays.pid]
+        assert short.passed()
+        stays.kill()
+        assert proctree.await_exits([stays.pid], Deadline.after(120)) == []
+    finally:
+        for proc in (quick, stays):
+            proc.kill()
+            proc.wait(30)

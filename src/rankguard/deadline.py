@@ -23,35 +23,52 @@ from .errors import UsageError
 MAX_SECONDS = 1e9
 
 
-def check_seconds(what: str, value: object, *, zero: bool = False,
-                  infinite: bool = False) -> float:
+def check_seconds(what: str, value: object, *, zero: bool = False, infinite: bool = False,
+                  least: float = 0.0, most: float = MAX_SECONDS, text: bool = True,
+                  hint: str | None = None) -> float:
     """``value`` as a number of seconds, or UsageError naming ``what``.
 
-    Accepts an int, a float or the text of a decimal number. Refuses booleans, NaN, negative
-    numbers, zero unless ``zero``, infinity unless ``infinite``, and finite values above
-    ``MAX_SECONDS``.
+    The one rule for every duration rankguard takes (Python arguments, flags, headers,
+    environment variables). Accepts an int, a float, or (``text``) the text of a decimal number.
+    Refuses booleans, NaN, negative numbers, zero unless ``zero``, values below ``least``,
+    infinity unless ``infinite``, and finite values above ``most`` (at most ``MAX_SECONDS``,
+    past which the platform's and gloo's timers overflow).
+
+    Args:
+        hint: how to fix a refused value, for the message; by default the rule in words. A
+            caller that parses text more strictly first (``options.number``) passes its own.
 
     Raises:
         UsageError: ``value`` is not a number of seconds in the allowed range.
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise UsageError(what, f"expected a number of seconds, got {value!r}")
+    def refuse(problem: str, fix: str | None = None) -> UsageError:
+        rule = (f"give at least {least:g} seconds" if least > 0 else
+                "give zero or more seconds" if zero else "give a positive number of seconds")
+        return UsageError(what, problem, hint if hint is not None else fix or rule)
+
+    kinds = (int, float, str) if text else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise refuse(f"expected a number of seconds, got {value!r}",
+                     "give an int or a float, e.g. 5.0")
     try:
         seconds = float(value.strip() if isinstance(value, str) else value)
     except (ValueError, OverflowError):
-        raise UsageError(what, f"expected a number of seconds, got {value!r}") from None
+        raise refuse(f"expected a number of seconds, got {value!r}") from None
     if isinstance(value, str) and "_" in value:
-        raise UsageError(what, f"expected a number of seconds, got {value!r}")
-    if math.isnan(seconds) or seconds < 0 or (seconds == 0 and not zero):
-        low = "zero or more" if zero else "a positive number of"
-        raise UsageError(what, f"must be {low} seconds, got {value!r}")
+        raise refuse(f"expected a number of seconds, got {value!r}")
+    if math.isnan(seconds):
+        raise refuse(f"{value!r} is not a number")
+    if seconds < least or seconds < 0:
+        raise refuse(f"{value!r} is below {max(least, 0.0):g}")
+    if seconds == 0 and not zero:
+        raise refuse(f"{value!r} is not above 0")
     if math.isinf(seconds):
         if infinite:
             return seconds
-        raise UsageError(what, f"must be a finite number of seconds, got {value!r}")
-    if seconds > MAX_SECONDS:
-        raise UsageError(what, f"{value!r} is above {MAX_SECONDS:g} seconds",
-                         f"give at most {MAX_SECONDS:g}")
+        raise refuse(f"{value!r} is not a finite number of seconds")
+    most = min(most, MAX_SECONDS)
+    if seconds > most:
+        raise refuse(f"{value!r} is above {most:.10g}", f"give at most {most:.10g}")
     return seconds
 
 
@@ -113,6 +130,11 @@ class Deadline:
     def sooner(self, other: Deadline | None) -> Deadline:
         """The earlier of the two (``self`` when ``other`` is None)."""
         return other if other is not None and other.at < self.at else self
+
+    def later(self, seconds: float) -> Deadline:
+        """This deadline moved ``seconds`` later: for time that must not count against it
+        (a watchdog paused while work with a bound of its own runs)."""
+        return Deadline(self.at + seconds, self.seconds)
 
     def before(self, margin: float) -> Deadline:
         """This deadline moved ``margin`` seconds earlier: leaves the caller time to act after

@@ -12,7 +12,7 @@ import os
 import re
 import stat
 
-from .deadline import MAX_SECONDS
+from .deadline import MAX_SECONDS, check_seconds
 from .errors import UsageError
 
 
@@ -22,9 +22,6 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(self.prog, message, f"see {self.prog} --help")
 
-
-# The most seconds any option takes. Past about 9.2e9 s the platform's timers overflow
-# (threading.TIMEOUT_MAX, time_t deadlines), so a larger value could only fail later, in a rank.
 
 # Plain decimal spellings only: Python's int() and float() also take "1_0", " 5", "١٢",
 # "nan" and "inf", none of which a person means as a count or a number of seconds.
@@ -37,7 +34,8 @@ def number(option: str, text: str, kind: type, minimum: float, hint: str,
     """``text`` as a ``kind`` (int or float) from ``minimum`` to ``maximum``.
 
     Only plain decimal spellings are taken (``10``, ``2.5``, ``1e3`` for a float). A float is a
-    number of seconds: finite and at most ``MAX_SECONDS`` unless ``maximum`` says otherwise.
+    number of seconds, whose range is :func:`~rankguard.deadline.check_seconds`'s (zero only when
+    ``minimum`` is 0, at most ``MAX_SECONDS``); ``maximum`` may lower the upper bound.
 
     Raises:
         UsageError: ``text`` is not such a number, or is out of range; names ``option``, with
@@ -52,39 +50,29 @@ def number(option: str, text: str, kind: type, minimum: float, hint: str,
         problem = "is not a finite number" if not finite else (
             "is not an integer" if integer else "is not a number")
         raise UsageError(option, f"{text!r} {problem}", hint)
+    if not integer:
+        return check_seconds(option, text, zero=minimum <= 0, least=minimum,
+                             most=MAX_SECONDS if maximum is None else maximum, hint=hint)
     try:
-        value = kind(text)
+        value = int(text)
     except ValueError:  # more digits than int() converts
         raise UsageError(option, f"{text[:20]!r}... is far too long", hint) from None
-    if not integer and not math.isfinite(value):
-        raise UsageError(option, f"{text!r} is not a finite number", hint)
     if value < minimum:
         raise UsageError(option, f"{text!r} is below {minimum:g}", hint)
-    if maximum is None and not integer:
-        maximum = MAX_SECONDS
     if maximum is not None and value > maximum:
         raise UsageError(option, f"{text!r} is above {maximum:.10g}", hint)
     return value
 
 
 def seconds(what: str, value: object) -> float:
-    """``value``, a duration given in Python, as float seconds: an int or a float, finite,
-    above 0 and at most ``MAX_SECONDS``. A bool, a string, None, NaN, an infinity, 0 or less
-    are refused.
+    """``value``, a duration given in Python, as float seconds: an int or a float above 0, by
+    the rule of :func:`~rankguard.deadline.check_seconds` (a string is refused: in Python it is
+    a mistake).
 
     Raises:
         UsageError: naming ``what`` (e.g. ``Pool(timeout)``).
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UsageError(what, f"expected a number of seconds, got {value!r}",
-                         "give an int or a float, e.g. 5.0")
-    if not math.isfinite(value) or value <= 0:
-        raise UsageError(what, f"expected a finite number of seconds above 0, got {value!r}",
-                         "e.g. 5.0")
-    if value > MAX_SECONDS:
-        raise UsageError(what, f"{value!r} is above {MAX_SECONDS:g} seconds",
-                         f"give at most {MAX_SECONDS:g}")
-    return float(value)
+    return check_seconds(what, value, text=False)
 
 
 def writable_dir(option: str, path: str) -> str:

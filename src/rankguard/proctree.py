@@ -16,9 +16,11 @@ import os
 import platform
 import select
 import signal
-import time
 
 import psutil
+
+from . import margins
+from .deadline import Deadline
 
 MARKER = "RANKGUARD_RUN_TOKEN"
 
@@ -125,27 +127,36 @@ def kill_all(pids: list[int]) -> None:
                 pass
 
 
-def kill_and_reap(pids: list[int], budget: float = 1.0) -> None:
+def kill_and_reap(pids: list[int], budget: float = margins.REAP_S) -> None:
     """SIGKILL ``pids`` (see :func:`kill_all`), wait up to ``budget`` s for them to end, and
     reap those that are children of this process (orphans re-parented to it as the child
     subreaper of a :class:`Tracking`), so that none stays a zombie; no errors."""
     kill_all(pids)
+    await_exits(pids, Deadline.after(budget), reap=True)
+
+
+def await_exits(pids: list[int], deadline: Deadline, *, reap: bool = False) -> list[int]:
+    """Wait, on pidfds (no polling), until every one of ``pids`` has ended or ``deadline``
+    passed; returns those still running. ``reap``: reap those that are children of this
+    process as they end. No errors."""
     waiting: dict[int, int] = {}
     for pid in pids:
         try:
             waiting[os.pidfd_open(pid)] = pid
         except OSError:
             continue  # gone (and reaped) already
-    deadline = time.monotonic() + budget
     try:
-        while waiting and time.monotonic() < deadline:
-            ready, _, _ = select.select(list(waiting), [], [], deadline - time.monotonic())
+        while waiting and not deadline.passed():
+            ready, _, _ = select.select(list(waiting), [], [], deadline.wait_time())
             for fd in ready:
-                _reap(waiting.pop(fd))
+                pid = waiting.pop(fd)
                 os.close(fd)
+                if reap:
+                    _reap(pid)
     finally:
         for fd in waiting:
             os.close(fd)
+    return sorted(waiting.values())
 
 
 def _reap(pid: int) -> None:

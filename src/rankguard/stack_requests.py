@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
 from . import proctree
+from .deadline import Deadline
 
 POLL_S = 0.005
 SETTLE_S = 0.02  # faulthandler writes a whole dump within its handler, in a few ms
@@ -38,15 +39,14 @@ def request(pid: int) -> bool:
 
 
 def await_dumps(files: Mapping[Hashable, Iterable[str]], before: Mapping[str, int],
-                budget: float, gone: Callable[[Hashable], bool] = lambda key: False) -> None:
+                deadline: Deadline, gone: Callable[[Hashable], bool] = lambda key: False) -> None:
     """Wait until each asker's files grew past their ``before`` sizes and then stayed quiet,
-    its process is ``gone``, or ``budget`` seconds passed."""
+    its process is ``gone``, or ``deadline`` passed."""
     waiting = {key: list(paths) for key, paths in files.items()}
     last = {key: [before.get(p, 0) for p in paths] for key, paths in waiting.items()}
     grew_at: dict[Hashable, float] = {}
-    deadline = time.monotonic() + budget
-    while waiting and time.monotonic() < deadline:
-        time.sleep(POLL_S)
+    while waiting and not deadline.passed():
+        time.sleep(deadline.wait_time(POLL_S))
         now = time.monotonic()
         for key, paths in list(waiting.items()):
             if gone(key):
@@ -66,7 +66,7 @@ def ask(targets: Mapping[Hashable, tuple[int, Sequence[str]]], budget: float,
     the targets that answered within ``budget`` seconds."""
     before = {path: file_size(path) for _, paths in targets.values() for path in paths}
     asked = {key: paths for key, (pid, paths) in targets.items() if request(pid)}
-    await_dumps(asked, before, budget, gone)
+    await_dumps(asked, before, Deadline.after(budget), gone)
     dumps = {}
     for key, paths in asked.items():
         texts = []

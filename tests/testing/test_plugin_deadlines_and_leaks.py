@@ -238,6 +238,12 @@ def test_bad_deadline_values_are_refused_with_a_clear_message(tmp_path: Path) ->
     assert session.code == 4  # pytest's usage error
     assert "--rankguard-deadline: expected a number of seconds, got 'soon'" in session.output
 
+    # the rule of every seconds value: a timer cannot wait past 1e9 s (the watchdog's overflowed)
+    session = run_suite(tmp_path, {"test_x.py": GOOD}, ["--rankguard-deadline", "1e10"],
+                        timeout=60)
+    assert session.code == 4
+    assert "--rankguard-deadline: '1e10' is above 1000000000" in session.output
+
 
 def test_multiprocessing_helpers_shared_by_the_whole_session_are_not_leaks(
         tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 
+from ..deadline import Deadline
 from .spec import FaultSpec, InjectedFault
 
 # A signal number whose Python handler performs main-thread faults. Only its Python handler is
@@ -31,8 +32,8 @@ def _flush() -> None:
 
 
 def _busy_python(seconds: float) -> None:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    end = Deadline.after(seconds)
+    while not end.passed():
         pass
 
 

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import ledger as _ledger
-from .. import proctree
+from .. import margins, proctree
+from ..deadline import Deadline
 from ..journal import Journal
 from ..proctree import MARKER
 from . import store as _store
@@ -42,11 +43,6 @@ from .summary import AttemptReport, render
 from .terminal import Terminal
 
 TICK_S = 0.2
-# At the end, how long the terminal's reader gets to take what is still queued for it.
-FLUSH_BUDGET_S = 1.0
-# A rank that raised inside a collective is judged only after this long: a peer's death reaches
-# it through gloo before the launcher sees the dead process's exit.
-CASCADE_WINDOW_S = 0.3
 
 EXIT_OK = 0
 EXIT_RANK_FAILED = 1
@@ -103,8 +99,7 @@ class Launcher:
                                f"rank was stopped. Traceback: {where}")
             return EXIT_INTERNAL
         finally:
-            self._terminal.out.flush(FLUSH_BUDGET_S)
-            self._terminal.err.flush(FLUSH_BUDGET_S)
+            self._terminal.flush(Deadline.after(margins.FLUSH_S))
 
     def _say(self, line: str) -> None:
         self._terminal.say(line)
@@ -153,7 +148,8 @@ class Launcher:
             status = "failed"
             code = EXIT_HUNG if fault.kind == "hung" else EXIT_RANK_FAILED
         root = next((r.root_cause for r in reports if r.root_cause), None)
-        self._terminal.out.flush(FLUSH_BUDGET_S)  # rank output first, then count what was lost
+        # rank output first, then count what was lost
+        self._terminal.out.flush(Deadline.after(margins.FLUSH_S))
         self._journal.write("run_end", status=status.split()[-1], exit_code=code,
                             root_cause=root, attempts=len(reports),
                             dropped_output=self._terminal.dropped())
@@ -211,7 +207,7 @@ class Launcher:
                 teardown_at = time.monotonic()
                 teardown.stop_ranks(group, self._journal, cfg.grace, result.fault.kind)
                 report.stop_s = time.monotonic() - result.fault.at
-            group.drain_output(time.monotonic() + 1.0)
+            group.drain_output(Deadline.after(margins.DRAIN_S))
         finally:
             teardown.stop_ranks(group, self._journal, 0.0, "launcher_exit")  # no-op when done
             group.close()
@@ -235,9 +231,9 @@ class Launcher:
                readers: dict[int, _ledger.LedgerReader], result: _Attempt,
                started: float) -> None:
         """Handle events until every rank exited cleanly or the first fault."""
-        next_tick = time.monotonic() + TICK_S
+        tick = Deadline.after(TICK_S)
         while group.live() and result.fault is None:
-            exited = group.pump(next_tick - time.monotonic())
+            exited = group.pump(tick.wait_time())
             now = time.monotonic()
             if result.first_step_at is None and self._all_stepped(readers, group):
                 result.first_step_at = now
@@ -256,9 +252,9 @@ class Launcher:
                 self._say(f"rankguard: received {name}; stopping all ranks")
                 result.fault = Fault("launcher_signal", now, None,
                                      f"the launcher received {name}")
-            if result.fault is not None or now < next_tick:
+            if result.fault is not None or now < tick.at:
                 continue
-            next_tick = now + TICK_S
+            tick = Deadline.after(TICK_S)
             self._check_raised(group, readers, result, now)
             if result.fault is None:
                 self._decide(group, readers, result, now)
@@ -294,7 +290,7 @@ class Launcher:
             progress = readers[member.rank].read()
             if progress.fault != _ledger.FAULT_RAISED or result.fault is not None:
                 continue
-            if now - progress.t_fault < CASCADE_WINDOW_S:
+            if now - progress.t_fault < margins.CASCADE_WINDOW_S:
                 continue
             verdict = self._deadline_verdict(member.rank, progress, group)
             if verdict is not None:
@@ -305,7 +301,7 @@ class Launcher:
         """Take the root cause among the faults the ranks show at ``now``, if any (a rank's
         exception or exit is acted on before its slow exit, from its ledger)."""
         states = [RankState.of(m, readers[m.rank].read()) for m in group.ranks]
-        fault = first_fault(states, now, CASCADE_WINDOW_S, self.config.hang_timeout)
+        fault = first_fault(states, now, margins.CASCADE_WINDOW_S, self.config.hang_timeout)
         if fault is not None:
             result.fault = fault
             stopping = "; stopping the other ranks" if group.live() else ""
@@ -374,7 +370,7 @@ class Launcher:
         except OSError:
             pass
         try:
-            self._guardian.wait(timeout=3.0)
+            self._guardian.wait(timeout=margins.GUARDIAN_EXIT_S)
         except subprocess.TimeoutExpired:
             self._guardian.kill()
-            self._guardian.wait(timeout=1.0)
+            self._guardian.wait(timeout=margins.REAP_S)

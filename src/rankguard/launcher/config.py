@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .. import sealed
+from .. import margins, sealed
 from ..inject.spec import FaultSpec
 
 DEFAULT_HANG_TIMEOUT = 10.0
@@ -39,8 +39,9 @@ class RunConfig:
 
     @property
     def rank_grace(self) -> float:
-        """The SIGTERM teardown budget of a rank: inside ``grace``, so it ends before SIGKILL."""
-        return max(self.grace * 0.8, 0.05)
+        """The SIGTERM teardown budget of a rank: inside ``grace``, so it ends before SIGKILL
+        (see ``margins.rank_grace``)."""
+        return margins.rank_grace(self.grace)
 
     @property
     def description(self) -> str:

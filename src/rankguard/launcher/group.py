@@ -29,6 +29,7 @@ from typing import IO, Callable
 
 from .. import ledger as _ledger
 from .. import private_files, sealed
+from ..deadline import Deadline
 from ..proctree import MARKER
 from .config import RunConfig
 from .store import namespace
@@ -267,22 +268,20 @@ class RankGroup:
             pipe.close()
         stream.feed(data)
 
-    def wait_exits(self, deadline: float, ranks: set[int] | None = None) -> None:
+    def wait_exits(self, deadline: Deadline, ranks: set[int] | None = None) -> None:
         """Handle events until every rank (of ``ranks``, default all) has exited or
-        ``deadline`` (monotonic) passes."""
+        ``deadline`` passes."""
         while any(ranks is None or m.rank in ranks for m in self.live()):
-            left = deadline - time.monotonic()
-            if left <= 0:
+            if deadline.passed():
                 return
-            self.pump(left)
+            self.pump(deadline.wait_time())
 
-    def drain_output(self, deadline: float) -> None:
+    def drain_output(self, deadline: Deadline) -> None:
         """Read the rest of the ranks' output (pipes close when the last holder exits)."""
         while any(key.data[0] == "out" for key in self.selector.get_map().values()):
-            left = deadline - time.monotonic()
-            if left <= 0:
+            if deadline.passed():
                 return
-            self.pump(min(left, 0.05))
+            self.pump(deadline.wait_time(0.05))
 
     def close(self) -> None:
         for key in list(self.selector.get_map().values()):

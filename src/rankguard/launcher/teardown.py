@@ -7,12 +7,13 @@
    by SIGTERM, so a budget that holds for the one holds for the other, on a loaded machine too.
 1. **stacks**: every live rank whose stack handler is installed dumps all its threads' Python
    stacks to its stacks file (SIGUSR1, faulthandler; a stopped rank is continued so the handler
-   runs). Bounded by ``STACKS_BUDGET``. The running ranks dump first, then get the notice, and
+   runs). Bounded by ``margins.STACKS_S``. The running ranks dump first, then get the notice, and
    the stopped ones are continued only after it, so a frozen rank cannot slip into the
    collective its peers are being told to give up.
 2. **term**: SIGTERM to each rank's process group and tree (stopped ones are continued so they
    receive it); wait up to ``grace`` for the exits, event-driven.
-3. **kill**: SIGKILL to the process trees of the ranks still alive; wait up to ``KILL_BUDGET``.
+3. **kill**: SIGKILL to the process trees of the ranks still alive; wait up to
+   ``margins.REAP_S``.
 4. **verify**: find any process of the run still alive (its marker, or the launcher's
    ``proctree.Tracking`` for those that cleared their environment and detached) and kill it,
    journaled as ``leftover``.
@@ -21,22 +22,18 @@
 from __future__ import annotations
 
 import signal
-import time
 
 from .. import ledger as _ledger
-from .. import proctree, stack_requests
+from .. import margins, proctree, stack_requests
+from ..deadline import Deadline
 from ..journal import Journal
 from .group import Rank, RankGroup
 from .monitor import HangMonitor
 
-STACKS_BUDGET = 1.0
-KILL_BUDGET = 2.0
 
-
-def capture_stacks(group: RankGroup, monitor: HangMonitor, stopped: bool,
-                   budget: float = STACKS_BUDGET) -> dict[int, str]:
-    """Ask every live, ready rank that is ``stopped`` (or, with False, running) for its stacks;
-    returns rank -> file that holds them."""
+def capture_stacks(group: RankGroup, monitor: HangMonitor, stopped: bool) -> dict[int, str]:
+    """Ask every live, ready rank that is ``stopped`` (or, with False, running) for its stacks,
+    and wait for the dumps up to ``margins.STACKS_S``; returns rank -> file that holds them."""
     asked: dict[Rank, int] = {}  # rank -> size of its stacks file before the request
     snaps = monitor.snapshot()
     for member in group.live():
@@ -50,7 +47,7 @@ def capture_stacks(group: RankGroup, monitor: HangMonitor, stopped: bool,
             asked[member] = size
     stack_requests.await_dumps(
         {m: [m.stacks_path] for m in asked}, {m.stacks_path: s for m, s in asked.items()},
-        budget, gone=lambda m: m.proc.poll() is not None)
+        Deadline.after(margins.STACKS_S), gone=lambda m: m.proc.poll() is not None)
     return {m.rank: m.stacks_path for m in asked if stack_requests.file_size(m.stacks_path) > 0}
 
 
@@ -71,7 +68,7 @@ def notify_survivors(group: RankGroup, monitor: HangMonitor, journal: Journal,
             _ledger.post_notice(member.ledger_path, kind, failed)
     journal.write("escalate", step="notice", ranks=sorted(told), reason="hung" if hung else
                   "died", attempt=group.attempt)
-    group.wait_exits(time.monotonic() + grace, told)
+    group.wait_exits(Deadline.after(grace), told)
 
 
 def stop_ranks(group: RankGroup, journal: Journal, grace: float, reason: str) -> None:
@@ -83,7 +80,7 @@ def stop_ranks(group: RankGroup, journal: Journal, grace: float, reason: str) ->
         for member in live:
             proctree.signal_tree(member.pid, signal.SIGTERM)
             proctree.signal_tree(member.pid, signal.SIGCONT)
-        group.wait_exits(time.monotonic() + grace)
+        group.wait_exits(Deadline.after(grace))
     live = group.live()
     if live:
         journal.write("escalate", step="kill", ranks=[m.rank for m in live], reason=reason,
@@ -92,7 +89,7 @@ def stop_ranks(group: RankGroup, journal: Journal, grace: float, reason: str) ->
             member.killed_by_launcher = True
             proctree.signal_tree(member.pid, signal.SIGKILL)
             proctree.signal_tree(member.pid, signal.SIGCONT)
-        group.wait_exits(time.monotonic() + KILL_BUDGET)
+        group.wait_exits(Deadline.after(margins.REAP_S))
 
 
 def sweep(tracking: proctree.Tracking, journal: Journal, attempt: int,
@@ -104,6 +101,6 @@ def sweep(tracking: proctree.Tracking, journal: Journal, attempt: int,
     if not leftovers:
         return []
     described = [proctree.describe(pid) for pid in leftovers]
-    proctree.kill_and_reap(leftovers, KILL_BUDGET)
+    proctree.kill_and_reap(leftovers, margins.REAP_S)
     journal.write("leftover", attempt=attempt, processes=described)
     return described

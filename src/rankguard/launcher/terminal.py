@@ -11,7 +11,7 @@ bounded buffer:
   is dropped and counted;
 - once the reader has closed its end (EPIPE, or any other write error) the stream is closed:
   everything after is dropped and counted;
-- ``flush(timeout)`` waits at most ``timeout`` seconds for the buffer to drain.
+- ``flush(deadline)`` waits for the buffer to drain until ``deadline`` at most.
 
 The rank logs in the log dir keep everything; the terminal is only a view of them. The writer
 thread may stay blocked in ``write(2)`` on a reader that never reads; it is a daemon thread and
@@ -23,7 +23,8 @@ from __future__ import annotations
 import collections
 import os
 import threading
-import time
+
+from ..deadline import Deadline
 
 LIMIT = 1 << 20  # bytes waiting for a slow reader before new output is dropped
 
@@ -67,16 +68,14 @@ class Output:
         with self._cond:
             return self.dropped + self._queued
 
-    def flush(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` s for everything queued to be written; True if it was (or
-        the stream is closed and nothing more can be)."""
-        deadline = time.monotonic() + timeout
+    def flush(self, deadline: Deadline) -> bool:
+        """Wait until ``deadline`` at most for everything queued to be written; True if it was
+        (or the stream is closed and nothing more can be)."""
         with self._cond:
             while self._queued and not self.closed:
-                left = deadline - time.monotonic()
-                if left <= 0:
+                if deadline.passed():
                     return False
-                self._cond.wait(left)
+                self._cond.wait(deadline.wait_time())
             return True
 
     def _run(self) -> None:
@@ -108,6 +107,11 @@ class Terminal:
     def __init__(self, out_fd: int = 1, err_fd: int = 2) -> None:
         self.out = Output(out_fd, "stdout")
         self.err = Output(err_fd, "stderr")
+
+    def flush(self, deadline: Deadline) -> bool:
+        """Wait until ``deadline`` at most for both streams to be written out (their threads
+        write at the same time); True if both were."""
+        return all([self.out.flush(deadline), self.err.flush(deadline)])
 
     def say(self, line: str) -> None:
         """One line of the launcher's own to stderr, best effort."""

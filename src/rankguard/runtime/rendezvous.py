@@ -26,8 +26,8 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..deadline import Deadline, check_seconds
 from ..errors import UsageError
-from .deadline import Deadline, check_seconds
 
 HANG_TIMEOUT_ENV = "RANKGUARD_HANG_TIMEOUT"
 _RETRY_S = 0.05  # between connection attempts: a store coming up is found this soon
@@ -95,12 +95,11 @@ def _connect(host: str, port: int, limit: Deadline) -> str | None:
     problem = "no answer"
     while limit.remaining() > 0:
         try:
-            with socket.create_connection((host, port), timeout=max(min(limit.remaining(), 1.0),
-                                                                    0.001)):
+            with socket.create_connection((host, port), timeout=min(limit.left(0.001), 1.0)):
                 return None
         except OSError as exc:
             problem = (exc.strerror or str(exc) or type(exc).__name__).lower()
-        time.sleep(max(min(_RETRY_S, limit.remaining()), 0))
+        time.sleep(limit.wait_time(_RETRY_S))
     return problem
 
 
@@ -118,12 +117,12 @@ def _shake_hands(host: str, port: int, limit: Deadline) -> str | None:
             from torch.distributed import TCPStore
 
             TCPStore(host, port, is_master=False, wait_for_workers=False,
-                     timeout=timedelta(seconds=max(limit.remaining(), 0.001)))
+                     timeout=timedelta(seconds=limit.left(0.001)))
         except Exception as exc:  # noqa: BLE001 (reported, whatever torch raised)
             outcome["error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         done.set()
 
     threading.Thread(target=shake, name="rankguard-store-check", daemon=True).start()
-    if not done.wait(max(limit.remaining(), 0)):
+    if not done.wait(limit.wait_time()):
         return "something listens there, but it does not answer as a torch store"
     return outcome.get("error")

@@ -30,12 +30,10 @@ teardown ends is reported with its command line and killed; ``fail`` makes the t
 
 from __future__ import annotations
 
-import math
 import os
 import pickle
 import signal
 import tempfile
-import time
 import uuid
 import warnings
 from collections.abc import Generator
@@ -43,7 +41,9 @@ from typing import Any
 
 import pytest
 
-from .. import proctree
+from .. import margins, proctree
+from ..deadline import Deadline, check_seconds
+from ..errors import UsageError
 from ..runtime import stacks as rank_stacks
 from . import abort, leaks, processes
 from . import session as rank_session
@@ -80,15 +80,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_Guard(config), "rankguard-guard")
 
 
-def _seconds(where: str, value: Any) -> float:
+def _seconds(where: str, value: Any, hint: str = "0 turns it off") -> float:
+    """``value`` as seconds by ``check_seconds``'s rule: 0 (off) and infinity allowed."""
     try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        raise pytest.UsageError(f"{where}: expected a number of seconds, got {value!r}") from None
-    if math.isnan(seconds) or seconds < 0:
-        raise pytest.UsageError(f"{where}: must be 0 (off) or a positive number of seconds, "
-                                f"got {value!r}")
-    return seconds
+        return check_seconds(where, value, zero=True, infinite=True, hint=hint)
+    except UsageError as error:
+        raise pytest.UsageError(str(error)) from None
 
 
 class _Guard:
@@ -109,7 +106,7 @@ class _Guard:
             rank_session.start()
             config.pluginmanager.register(rank_session.EveryRank(
                 _seconds("rankguard_shutdown_timeout (ini)",
-                         config.getini("rankguard_shutdown_timeout")), item_deadline),
+                         config.getini("rankguard_shutdown_timeout"), "e.g. 60"), item_deadline),
                 "rankguard-every-rank")
         self.tracking = proctree.Tracking(f"pytest-{self.token}")  # see processes
         self.stacks_file = self._answer_stack_requests()
@@ -171,8 +168,8 @@ class _Guard:
         self.pools.clear()
         item, told = self._item, False
         if item is not None and item.nodeid == phase.nodeid:
-            started = phase.deadline_at - phase.budget
-            abort.report_and_finish(item, phase.when, report, time.monotonic() - started, why)
+            took = phase.deadline.seconds - phase.deadline.remaining()
+            abort.report_and_finish(item, phase.when, report, took, why)
             told = True
         self._clean_up()
         return told
@@ -181,11 +178,12 @@ class _Guard:
         budget = self._budget(item)
         if budget <= 0:
             return None
-        now = time.monotonic()
+        deadline = Deadline.after(budget)
         if when == "setup" or item.stash[_DEADLINE] is None:
-            item.stash[_DEADLINE] = now + budget
-        deadline_at = item.stash[_DEADLINE] if when != "teardown" else now + budget
-        return Phase(item.nodeid, when, budget, deadline_at, item.stash[_TAG], str(item.path),
+            item.stash[_DEADLINE] = deadline  # setup and call share it
+        if when != "teardown":
+            deadline = item.stash[_DEADLINE]
+        return Phase(item.nodeid, when, deadline, item.stash[_TAG], str(item.path),
                      item.stash[_KNOWN])
 
     def _guarded(self, item: pytest.Item, when: str) -> Generator[None]:
@@ -238,16 +236,17 @@ class _Guard:
                                     f"{error}") from None
         with self.watchdog.paused() as paused:  # a pool start-up is bounded by its own limit
             pool = self._pool(world)
-        if item_deadline(pyfuncitem) is not None:
-            pyfuncitem.stash[_DEADLINE] += paused[0]
+        deadline = item_deadline(pyfuncitem)
+        if deadline is not None:
+            deadline = pyfuncitem.stash[_DEADLINE] = deadline.later(paused[0])
+        else:
+            deadline = Deadline.after(DEFAULT_DEADLINE_S)
         offsets = {rank: pool.log_size(rank) for rank in range(world)}
-        deadline_at = item_deadline(pyfuncitem) or time.monotonic() + DEFAULT_DEADLINE_S
-        remaining = deadline_at - time.monotonic()
         healthy = False
         try:
             answers = pool.run(str(pyfuncitem.path), _qualname(pyfuncitem), args,
-                               deadline_at - min(0.5, remaining / 4),
-                               max(remaining - 2.0, remaining * 0.5))
+                               margins.answers_by(deadline).at,
+                               margins.collectives_by(deadline).remaining())
             missing = sorted(set(range(world)) - set(answers))
             text = compose(world, answers, pool.stacks(missing) if missing else {},
                            {r: pool.log_since(r, offsets[r]) for r in range(world)})
@@ -323,11 +322,11 @@ class _Guard:
 
 _TAG = pytest.StashKey[str]()
 _KNOWN = pytest.StashKey[set]()
-_DEADLINE = pytest.StashKey["float | None"]()
+_DEADLINE = pytest.StashKey["Deadline | None"]()
 
 
-def item_deadline(item: pytest.Item) -> float | None:
-    """The monotonic deadline of the item's setup and call, once its setup started."""
+def item_deadline(item: pytest.Item) -> Deadline | None:
+    """The deadline of the item's setup and call, once its setup started (None: off)."""
     return item.stash.get(_DEADLINE, None)
 
 

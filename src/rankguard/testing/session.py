@@ -30,6 +30,8 @@ from typing import Any, Callable
 
 import pytest
 
+from .. import margins
+from ..deadline import Deadline
 from ..errors import CollectiveError, GroupRetired
 
 DEFAULT_SHUTDOWN_TIMEOUT_S = 60.0
@@ -55,11 +57,11 @@ def start() -> None:
 class EveryRank:
     """The plugin's part in a suite every rank runs; registered by the plugin under a launcher.
 
-    ``deadline_of(item)``: the monotonic deadline of the item's setup and call, or None.
+    ``deadline_of(item)``: the deadline of the item's setup and call, or None.
     """
 
     def __init__(self, shutdown_timeout: float,
-                 deadline_of: Callable[[pytest.Item], float | None]) -> None:
+                 deadline_of: Callable[[pytest.Item], Deadline | None]) -> None:
         self.shutdown_timeout = shutdown_timeout
         self._deadline_of = deadline_of
         self._order: dict[str, int] = {}
@@ -129,10 +131,10 @@ class EveryRank:
 
     def _until(self, item: pytest.Item) -> float:
         """When re-forming must have ended: a second before the test's deadline."""
-        deadline_at = self._deadline_of(item)
-        if deadline_at is None:
+        deadline = self._deadline_of(item)
+        if deadline is None:
             return time.monotonic() + self.shutdown_timeout
-        return deadline_at - min(1.0, max(0.0, deadline_at - time.monotonic()) / 4)
+        return margins.reformed_by(deadline).at
 
     def _give_up(self, why: str) -> None:
         self._gave_up = why

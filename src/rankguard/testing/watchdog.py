@@ -8,7 +8,7 @@ which never waits on anything the test holds:
    that can answer (see ``processes``), and describes the others;
 2. **releases** them: retires this process's rankguard process groups (a collective waiting in
    bounded mode raises at once), SIGTERM to each of the test's process trees (a rankguard rank
-   tears itself down and exits 0), ``RELEASE_GRACE_S``, SIGKILL;
+   tears itself down and exits 0), ``margins.RELEASE_GRACE_S`` (waiting on pidfds), SIGKILL;
 3. interrupts the main thread with ``INTERRUPT_SIGNAL``, whose handler raises
    :class:`DeadlineExceeded` carrying the report: a Python-level wait (sleep, lock, queue, join,
    a socket, a pipe) ends, the test fails with the report, and the session goes on;
@@ -41,10 +41,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from .. import proctree
+from ..deadline import Deadline
+from ..margins import RELEASE_GRACE_S
 from . import processes
 
 INTERRUPT_SIGNAL = signal.SIGUSR2
-RELEASE_GRACE_S = 2.0
 LAST_RESORT_S = 10.0
 LAST_WORDS_S = 10.0  # for the plugin's report of a session that must end (other plugins' hooks)
 EXIT_ABORTED = 2  # pytest's "interrupted"
@@ -64,8 +65,7 @@ class Phase:
 
     nodeid: str
     when: str  # setup | call | teardown
-    budget: float
-    deadline_at: float  # monotonic
+    deadline: Deadline  # Deadline.never() while the watchdog is paused
     tag: str  # the environment tag of the test's processes
     path: str  # the test's file, to point at its own frame in the stacks
     known: set[int] = field(default_factory=set)  # processes that are not the test's
@@ -114,7 +114,7 @@ class Watchdog:
         with self._cond:
             self._phase = phase
             self._ended.clear()
-            self._set_backstop(phase.deadline_at + BACKSTOP_S)
+            self._set_backstop(phase.deadline.later(BACKSTOP_S))
             self._cond.notify()
 
     @contextlib.contextmanager
@@ -124,10 +124,10 @@ class Watchdog:
         paused, by which the deadline moved."""
         paused: list[float] = []
         with self._cond:
-            phase, saved = self._phase, math.inf
+            phase, saved = self._phase, Deadline.never()
             if phase is not None:
-                saved, phase.deadline_at = phase.deadline_at, math.inf
-                self._set_backstop(math.inf)
+                saved, phase.deadline = phase.deadline, Deadline.never()
+                self._set_backstop(Deadline.never())
         started = time.monotonic()
         try:
             yield paused
@@ -135,8 +135,8 @@ class Watchdog:
             paused.append(time.monotonic() - started)
             with self._cond:
                 if phase is not None and self._phase is phase:
-                    phase.deadline_at = saved + paused[0]
-                    self._set_backstop(phase.deadline_at + BACKSTOP_S)
+                    phase.deadline = saved.later(paused[0])
+                    self._set_backstop(phase.deadline.later(BACKSTOP_S))
                     self._cond.notify()
 
     def disarm(self) -> str | None:
@@ -147,20 +147,20 @@ class Watchdog:
             firing.wait(RELEASE_GRACE_S + _DUMPS_BUDGET_S)
         with self._cond:
             self._phase = None
-            self._set_backstop(math.inf)
+            self._set_backstop(Deadline.never())
             report, self._pending = self._pending, None
             self._ended.set()
             self._cond.notify()
         return report
 
-    def _set_backstop(self, at: float) -> None:
-        """faulthandler's backstop fires at monotonic time ``at`` (inf: not at all)."""
+    def _set_backstop(self, deadline: Deadline) -> None:
+        """faulthandler's backstop fires at ``deadline`` (``Deadline.never()``: not at all)."""
         if self._terminal is None:
             return
-        if math.isinf(at):
+        if math.isinf(deadline.at):
             faulthandler.cancel_dump_traceback_later()
         else:
-            faulthandler.dump_traceback_later(max(0.1, at - time.monotonic()), exit=True,
+            faulthandler.dump_traceback_later(deadline.left(0.1), exit=True,
                                               file=self._terminal)
 
     def _interrupt(self, signum: int, frame: Any) -> None:
@@ -174,13 +174,13 @@ class Watchdog:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while self._phase is None or time.monotonic() < self._phase.deadline_at:
-                    timeout = None if self._phase is None or math.isinf(
-                        self._phase.deadline_at) else self._phase.deadline_at - time.monotonic()
-                    self._cond.wait(timeout)
+                while self._phase is None or not self._phase.deadline.passed():
+                    deadline = None if self._phase is None else self._phase.deadline
+                    self._cond.wait(None if deadline is None or math.isinf(deadline.at)
+                                    else deadline.wait_time())
                 phase, self._phase = self._phase, None
                 self._firing = threading.Event()
-                self._set_backstop(time.monotonic() + _EXPIRY_S)  # this thread runs: push it
+                self._set_backstop(Deadline.after(_EXPIRY_S))  # this thread runs: push it
             report = self._expire(phase)
             with self._cond:
                 self._pending = report
@@ -191,8 +191,8 @@ class Watchdog:
                 self._abort(phase, report)
 
     def _expire(self, phase: Phase) -> str:
-        lines = [f"rankguard: the deadline of {phase.budget:g} s passed during the {phase.when} "
-                 f"of {phase.nodeid}"]
+        lines = [f"rankguard: the deadline of {phase.deadline.seconds:g} s passed during the "
+                 f"{phase.when} of {phase.nodeid}"]
         own = _own_stacks()
         main = _thread_block(own, threading.main_thread().ident)
         lines.append(f"stuck: the test process's main thread {_top_frame(main, phase.path)}")
@@ -230,11 +230,7 @@ class Watchdog:
         for pid in pids:
             proctree.signal_tree(pid, signal.SIGTERM, group=False)
             proctree.signal_tree(pid, signal.SIGCONT, group=False)
-        end = time.monotonic() + RELEASE_GRACE_S
-        alive = [pid for pid in pids if proctree.alive(pid)]
-        while alive and time.monotonic() < end:
-            time.sleep(0.02)
-            alive = [pid for pid in alive if proctree.alive(pid)]
+        alive = proctree.await_exits(pids, Deadline.after(RELEASE_GRACE_S))
         for pid in alive:
             proctree.signal_tree(pid, signal.SIGKILL, group=False)
             proctree.kill_all([pid])

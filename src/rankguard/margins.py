@@ -1,0 +1,110 @@
+"""Margins: the time figures that steps of one bounded operation must agree on, in one place.
+
+Every bound of rankguard comes from what its user configures (``--hang-timeout``, ``--grace``,
+a test's deadline, ``Pool(timeout)``), turned into a :class:`~rankguard.deadline.Deadline` once,
+where it enters. Between the steps under that deadline rankguard needs a few margins of its
+own: how long a rank gets to dump its stacks, how long before a test's deadline its ranks give
+up so that their answers still arrive, how much of ``--grace`` a rank's own teardown may use.
+Those that two steps (often two modules, or two processes) must agree on live here, each with
+the reason for its figure and what it is derived from; a module that needs one imports it
+instead of writing the figure again.
+
+The figures hold on a loaded 2-core machine: each is many times what was measured idle.
+
+This module sits at the bottom of the package beside ``deadline``, and imports nothing else.
+"""
+
+from __future__ import annotations
+
+from .deadline import Deadline
+
+# -- what a process needs: measured facts (see DESIGN.md) -----------------------------------------
+
+STACKS_S = 1.0
+"""How long processes asked for their stacks (SIGUSR1 to faulthandler) get to write them all:
+a dump takes a few ms. The launcher's stacks rung; a pool's hang verdict."""
+
+REAP_S = 2.0
+"""How long SIGKILLed processes get to be gone and reaped: kernel work only, a few ms idle.
+The launcher's kill rung and its sweep of leftovers; ``proctree.kill_and_reap``."""
+
+ANSWER_WINDOW_S = 0.5
+"""How long a rank that saw a collective fail waits for its peers' answers to its probe
+(``runtime.probe``): a live responder answers within ms; only a dead, stopped or GIL-holding
+peer costs the whole window."""
+
+REGROUP_S = 10.0
+"""A pool's bound on forming a fresh generation after a failed call or test: the default of
+``rankguard.regroup(timeout)`` (a store barrier, a probe of silent peers and a new gloo group:
+about 10 ms idle)."""
+
+# -- the launcher (rankguard run) -----------------------------------------------------------------
+
+
+def rank_grace(grace: float) -> float:
+    """A rank's own SIGTERM teardown budget (``RANKGUARD_GRACE``) under the launcher's
+    ``--grace``: 80% of it, so that the teardown ends, saying why, before the launcher's SIGKILL
+    comes ``grace`` after the SIGTERM; never below 50 ms. The notice rung before the SIGTERM
+    (ranks in bounded mode told that a peer failed) waits ``grace`` too: a rank told by a notice
+    gets as long to end as one told by SIGTERM."""
+    return max(grace * 0.8, 0.05)
+
+
+CASCADE_WINDOW_S = 0.3
+"""A rank's error inside a collective is judged only this long after it happened: the fault of
+a peer that caused it shows first (a dead peer's connection resets in ~20 ms; the launcher sees
+its exit through a pidfd at once)."""
+
+FLUSH_S = 1.0
+"""At the end of a run, how long the readers of the launcher's stdout and stderr get to take
+what is still queued for them (``launcher.terminal``; the rank logs keep everything anyway)."""
+
+DRAIN_S = 1.0
+"""After an attempt, how long the ranks' output pipes get to reach their end (a process a rank
+left behind may hold them open: then its output is read until this passes)."""
+
+GUARDIAN_EXIT_S = 3.0
+"""Told that the run ended cleanly, the guardian (``launcher.guardian``) sweeps once and exits,
+in tens of ms; the launcher waits this long for it before it kills it."""
+
+# -- the pytest plugin -----------------------------------------------------------------------------
+
+REPORT_MARGIN_S = 0.5
+"""A ranks test stops waiting for its ranks' answers this long before its deadline (at most a
+quarter of the time left), so that the report is made before the watchdog fires."""
+
+EXPLAIN_MARGIN_S = REPORT_MARGIN_S + ANSWER_WINDOW_S + 1.0
+"""The collectives of a ranks test give up this long before the test's deadline (at most half
+the time left): room for the failing rank's probe (``ANSWER_WINDOW_S``), 1 s to send its answer
+on a loaded machine, and ``REPORT_MARGIN_S``."""
+
+REFORM_MARGIN_S = 1.0
+"""Under a launcher, re-forming the process group after a failed test must end this long before
+the test's deadline (at most a quarter of the time left), so the test fails with its own report."""
+
+RELEASE_GRACE_S = 2.0
+"""When a test's deadline passed, its processes get this long between SIGTERM and SIGKILL."""
+
+POOL_RANK_GRACE_S = rank_grace(RELEASE_GRACE_S)
+"""The SIGTERM teardown budget of a pool's rank (``rankguard.Pool``, the plugin's warm ranks):
+inside ``RELEASE_GRACE_S``, so that a rank released by the watchdog ends before its SIGKILL."""
+
+
+def _margin(deadline: Deadline, seconds: float, share: float) -> float:
+    """``seconds``, but at most ``share`` of the time left before ``deadline``."""
+    return min(seconds, max(deadline.remaining(), 0.0) * share)
+
+
+def answers_by(deadline: Deadline) -> Deadline:
+    """When a ranks test under ``deadline`` stops waiting for its ranks' answers."""
+    return deadline.before(_margin(deadline, REPORT_MARGIN_S, 0.25))
+
+
+def collectives_by(deadline: Deadline) -> Deadline:
+    """When the collectives of a ranks test under ``deadline`` give up."""
+    return deadline.before(_margin(deadline, EXPLAIN_MARGIN_S, 0.5))
+
+
+def reformed_by(deadline: Deadline) -> Deadline:
+    """When re-forming the group after a failed test under ``deadline`` must have ended."""
+    return deadline.before(_margin(deadline, REFORM_MARGIN_S, 0.25))
