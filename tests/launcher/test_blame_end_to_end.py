@@ -1,7 +1,8 @@
 """The verdicts on real ranks: a rank that left first is the root cause with its exit code, a
 mismatch is named with its operations and group, and a stopped rank says why it was stopped.
 
-(The decision rules themselves are table-tested in test_blame_rules.py.)"""
+(The decision rules themselves are table-tested in test_monitor_rules.py and
+test_outcome_rules.py.)"""
 
 import pytest
 

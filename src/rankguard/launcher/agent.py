@@ -37,7 +37,8 @@ from .config import RunConfig
 from .group import RankGroup
 from .monitor import HangMonitor, Verdict
 from .spares import SparePool
-from .outcome import Fault, RankOutcome, RankState, classify, deadline_verdict, first_fault
+from .outcome import (EXIT_INTERNAL, Fault, RankOutcome, RankState, classify, deadline_verdict,
+                      first_fault, run_status)
 from .summary import AttemptReport, render
 from .terminal import Terminal
 
@@ -47,13 +48,6 @@ FLUSH_BUDGET_S = 1.0
 # A rank that raised inside a collective is judged only after this long: a peer's death reaches
 # it through gloo before the launcher sees the dead process's exit.
 CASCADE_WINDOW_S = 0.3
-
-EXIT_OK = 0
-EXIT_RANK_FAILED = 1
-EXIT_USAGE = 2
-EXIT_HUNG = 3
-EXIT_INTERNAL = 4
-_SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 @dataclass
@@ -143,15 +137,7 @@ class Launcher:
                 self._spares.close()
             tracking.close(kill=True)
             self._stop_guardian()
-        fault = attempt_result.fault
-        if fault is None:
-            status, code = "succeeded", EXIT_OK
-        elif fault.kind == "launcher_signal":
-            assert self._signal is not None
-            status, code = "was interrupted", _SIGNAL_EXIT.get(self._signal, 128 + self._signal)
-        else:
-            status = "failed"
-            code = EXIT_HUNG if fault.kind == "hung" else EXIT_RANK_FAILED
+        status, code = run_status(attempt_result.fault, self._signal)
         root = next((r.root_cause for r in reports if r.root_cause), None)
         self._terminal.out.flush(FLUSH_BUDGET_S)  # rank output first, then count what was lost
         self._journal.write("run_end", status=status.split()[-1], exit_code=code,
@@ -221,7 +207,8 @@ class Launcher:
         last = {rank: reader.read() for rank, reader in readers.items()}
         for reader in readers.values():
             reader.close()
-        result.outcomes = classify(group.ranks, last, result.fault, result.hang, teardown_at)
+        result.outcomes = classify([RankState.of(m, last.get(m.rank)) for m in group.ranks],
+                                   result.fault, result.hang, teardown_at)
         for outcome in result.outcomes:
             self._journal.write("rank_exit", attempt=attempt, **outcome.as_dict())
         report.outcomes = result.outcomes
