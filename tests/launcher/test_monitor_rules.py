@@ -39,8 +39,8 @@ class Case:
     gone: tuple[int, ...] = ()
 
 
-def _judge(case: Case, world_size: int | None = None) -> list[Verdict]:
-    size = world_size or max([*case.ledgers, *case.gone]) + 1
+def _judge(case: Case) -> list[Verdict]:
+    size = max([*case.ledgers, *case.gone]) + 1
     activity = {rank: case.activity.get(rank, Activity(case.now)) for rank in case.ledgers}
     return HangRules(size, HANG, STRAGGLER).judge(case.ledgers, activity, case.gone, case.now)
 

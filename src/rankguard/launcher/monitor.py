@@ -78,6 +78,7 @@ class Verdict:
         return op_label(self.op, self.seq, self.group)
 
     def describe(self) -> str:
+        """The verdict in one line for people (the terminal, the summary)."""
         blamed = _ranks(self.blamed)
         waiters = _ranks(self.waiting)
         if self.reason == "mismatch":

@@ -13,6 +13,10 @@ ended (both from its ledger, however long the interpreter's teardown takes after
 the time its exit was seen. A rank that left with code 0 is at fault only when a peer went on
 to an operation the leaver never entered, on a group they share, and failed in it or waited
 there ``--hang-timeout``: its peers can never complete it.
+
+The run's exit code follows from the fault of its last attempt (``run_status``). Every decision
+here is pure, a function of its arguments (ledger snapshots and process exits as ``RankState``
+values, ``now``, the timeouts): table-tested in tests/launcher/test_outcome_rules.py.
 """
 
 from __future__ import annotations
@@ -26,6 +30,14 @@ from .group import Rank
 from .monitor import P2P, Verdict, group_label, op_label
 
 OUTCOMES = ("ok", "raised", "exited", "signalled", "hung", "victim", "teardown_timeout")
+
+# The launcher's exit codes (the README's table): see ``run_status``.
+EXIT_OK = 0
+EXIT_RANK_FAILED = 1
+EXIT_USAGE = 2
+EXIT_HUNG = 3
+EXIT_INTERNAL = 4
+_SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 @dataclass(frozen=True)
@@ -240,14 +252,6 @@ def classify(states: list[RankState], root: Fault | None, hang: Verdict | None,
         detail = exit_detail(code) if code is not None else "still running"
         results.append(RankOutcome(state.rank, state.pid, outcome, exit_code, sig, detail))
     return results
-
-
-EXIT_OK = 0
-EXIT_RANK_FAILED = 1
-EXIT_USAGE = 2
-EXIT_HUNG = 3
-EXIT_INTERNAL = 4
-_SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 def run_status(fault: Fault | None, launcher_signal: int | None) -> tuple[str, int]:
