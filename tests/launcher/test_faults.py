@@ -1,13 +1,18 @@
 """Each kind of rank fault, at the moments that matter, ends bounded and explained.
 
-Bounds here are generous on purpose (they prove boundedness, not speed; bench/ measures speed).
+Bounds here come from the timeouts each run is given (``budgets``): they prove boundedness, not
+speed (bench/ measures speed). Which rank is blamed or a victim, for every combination, is
+table-tested in test_monitor_rules.py and test_outcome_rules.py; these runs prove it on real
+ranks, signals, /proc and ledgers.
 """
 
 import pytest
 
 from tests.conftest import script
+from tests.launcher.budgets import hang_waited_s, stopped_within_s
 
 ALLREDUCE = [script("allreduce.py"), "400", "0.01"]
+HANG_S = 2.0  # --hang-timeout of the hang cases
 
 
 @pytest.mark.parametrize("spec, outcome, detail", [
@@ -33,28 +38,32 @@ def test_dying_rank_is_the_root_cause_and_the_others_are_victims(run_rankguard, 
     assert all(e["step"] == "term" for e in escalations)  # nobody needed SIGKILL
 
 
-def test_survivors_are_stopped_within_half_a_second_of_a_death(run_rankguard):
-    run = run_rankguard(["--nproc-per-node", "3", "--inject", "kill:rank=2,at=op10", *ALLREDUCE])
+def test_survivors_of_a_death_end_on_sigterm_within_the_stacks_step_and_grace(run_rankguard):
+    grace = 1.0
+    run = run_rankguard(["--nproc-per-node", "3", "--grace", str(grace), "--inject",
+                         "kill:rank=2,at=op10", *ALLREDUCE])
     assert run.code == 1
     exits = [e for e in run.events if e["event"] == "rank_exit"]
     assert {e["rank"]: e["outcome"] for e in exits} == {0: "victim", 1: "victim", 2: "signalled"}
+    assert [e["step"] for e in run.events if e["event"] == "escalate"] == ["term"]
     assert "all ranks stopped" in run.stderr
     stop_s = float(run.stderr.split("all ranks stopped ")[1].split(" s")[0])
-    assert stop_s < 0.5, run.stderr
+    assert stop_s < stopped_within_s(grace), run.stderr
 
 
 @pytest.mark.parametrize("spec, reason", [
     ("hang:rank=1,at=op10", "no_progress"),
     ("stop:rank=0,at=op10", "stopped"),
     ("hang:rank=1,at=init", "no_progress"),
-    ("stop:rank=1,at=init", "stopped"),
+    # the same ledger wait as the case above; stopped vs frozen is told at op10 already
+    pytest.param("stop:rank=1,at=init", "stopped", marks=pytest.mark.slow),
     pytest.param("hang:rank=0,at=8s", "no_progress",  # between collectives, from a timer thread
                  marks=pytest.mark.slow),
 ])
 def test_frozen_rank_is_blamed_within_the_hang_budget_with_stacks(run_rankguard, spec, reason):
     # 1500 steps of >= 10 ms: the loop still runs at 8 s, even when start-up is slow
-    run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "2", "--inject", spec,
-                         script("allreduce.py"), "1500", "0.01"])
+    run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", str(HANG_S), "--inject",
+                         spec, script("allreduce.py"), "1500", "0.01"])
     assert run.code == 3, run.stderr
     blamed = int(spec.split("rank=")[1].split(",")[0])
     hang = run.event("hang_detected")
@@ -66,7 +75,7 @@ def test_frozen_rank_is_blamed_within_the_hang_budget_with_stacks(run_rankguard,
         assert (hang["op"], hang["seq"]) == ("all_reduce", 10)
     else:
         assert hang["op"] == "all_reduce" and hang["seq"] > 1
-    assert 2.0 <= hang["waited_s"] < 2.0 + 1.5
+    assert HANG_S <= hang["waited_s"] < hang_waited_s(HANG_S)
     assert run.outcomes() == {blamed: "hung", 1 - blamed: "victim"}
     stacks = (run.log_dir / "attempt0" / f"stacks_rank{blamed}.txt").read_text()
     assert "Current thread" in stacks or "Thread 0x" in stacks
@@ -87,13 +96,14 @@ def test_busy_rank_is_a_straggler_and_is_not_killed(run_rankguard):
 
 @pytest.mark.slow
 def test_rank_holding_the_gil_is_blamed_only_after_the_straggler_timeout(run_rankguard):
+    straggler_s = 5.0
     run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "1.5", "--straggler-timeout",
-                         "5", "--inject", "gil:rank=1,at=op10", *ALLREDUCE])
+                         str(straggler_s), "--inject", "gil:rank=1,at=op10", *ALLREDUCE])
     assert run.code == 3, run.stderr
     assert run.event("straggler")["ranks"] == [1]
     hang = run.event("hang_detected")
     assert hang["blamed"] == [1] and hang["reason"] == "straggler_timeout"
-    assert hang["waited_s"] >= 5.0
+    assert straggler_s <= hang["waited_s"] < hang_waited_s(straggler_s)
     assert run.event("straggler")["ts"] < hang["ts"]
 
 
@@ -109,16 +119,18 @@ def test_rank_ignoring_sigterm_is_killed_after_grace_with_its_grandchild(run_ran
 
 def test_collective_timeout_blames_the_rank_that_never_arrived_not_the_one_that_raised(
         run_rankguard):
-    run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "60",
-                         "--collective-timeout", "1", "--inject", "stop:rank=1,at=op5",
-                         *ALLREDUCE])
+    collective_s, hang_s = 1.0, 60.0
+    run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", str(hang_s),
+                         "--collective-timeout", str(collective_s), "--inject",
+                         "stop:rank=1,at=op5", *ALLREDUCE])
     assert run.code == 3, run.stderr
     assert run.outcomes() == {0: "victim", 1: "hung"}
     hang = run.event("hang_detected")
     assert hang["blamed"] == [1] and hang["reason"] == "collective_deadline"
     assert (hang["op"], hang["seq"]) == ("all_reduce", 5)
     assert "rankguard.errors.CollectiveTimeout: rank 0: all_reduce #5" in run.stderr
-    assert run.wall_s < 30  # the 1 s deadline decided, not the 60 s hang timeout
+    # the collective's deadline decided, not the hang timeout
+    assert collective_s <= hang["waited_s"] < hang_s
 
 
 def test_bounded_ranks_get_the_launchers_notice_and_raise_peer_failed_before_any_sigterm(

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from tests.conftest import TEST_ID_VAR, finish, launch, script, wait_until_gone
+from tests.launcher.budgets import guardian_sweep_s, stopped_within_s
 
 
 def _wait_for_ranks(log_dir, n, timeout=30.0):
@@ -23,14 +24,16 @@ def _wait_for_ranks(log_dir, n, timeout=30.0):
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signal_to_launcher_stops_every_rank_within_grace(tmp_path, sig, code):
     log_dir = tmp_path / "logs"
-    proc = launch(["--nproc-per-node", "2", "--grace", "2", script("sleeper.py")], log_dir)
+    grace = 2.0
+    proc = launch(["--nproc-per-node", "2", "--grace", str(grace), script("sleeper.py")],
+                  log_dir)
     started = time.monotonic()
     _wait_for_ranks(log_dir, 2)
     sent = time.monotonic()
     os.kill(proc.pid, sig)
     run = finish(proc, log_dir, 30, started)
     assert run.code == code, run.stderr
-    assert time.monotonic() - sent < 2 + 1 + 1.5  # grace + 1 s, plus process exit slack
+    assert time.monotonic() - sent < stopped_within_s(grace)
     assert run.outcomes() == {0: "victim", 1: "victim"}
     assert run.event("run_end")["root_cause"] == f"the launcher received {sig.name}"
 
@@ -39,13 +42,11 @@ def test_sigkill_to_launcher_leaves_no_rank_or_grandchild(tmp_path):
     log_dir = tmp_path / "logs"
     proc = launch(["--nproc-per-node", "2", script("ignore_term.py")], log_dir,
                   env={"RANK_NEVER_CRASH": "1"})
-    started = time.monotonic()
     _wait_for_ranks(log_dir, 2)
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=10)
-    left = wait_until_gone(os.environ[TEST_ID_VAR], 5.0)
+    left = wait_until_gone(os.environ[TEST_ID_VAR], guardian_sweep_s())
     assert left == [], "job processes outlived a SIGKILLed launcher"
-    assert time.monotonic() - started < 40
 
 
 def test_internal_error_stops_every_rank_and_exits_4(tmp_path):

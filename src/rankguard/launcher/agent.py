@@ -38,18 +38,12 @@ from .config import RunConfig
 from .group import RankGroup
 from .monitor import HangMonitor, Verdict
 from .spares import SparePool
-from .outcome import Fault, RankOutcome, RankState, classify, deadline_verdict, first_fault
+from .outcome import (EXIT_INTERNAL, Fault, RankOutcome, RankState, classify, deadline_verdict,
+                      first_fault, run_status)
 from .summary import AttemptReport, render
 from .terminal import Terminal
 
 TICK_S = 0.2
-
-EXIT_OK = 0
-EXIT_RANK_FAILED = 1
-EXIT_USAGE = 2
-EXIT_HUNG = 3
-EXIT_INTERNAL = 4
-_SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 @dataclass
@@ -138,15 +132,7 @@ class Launcher:
                 self._spares.close()
             tracking.close(kill=True)
             self._stop_guardian()
-        fault = attempt_result.fault
-        if fault is None:
-            status, code = "succeeded", EXIT_OK
-        elif fault.kind == "launcher_signal":
-            assert self._signal is not None
-            status, code = "was interrupted", _SIGNAL_EXIT.get(self._signal, 128 + self._signal)
-        else:
-            status = "failed"
-            code = EXIT_HUNG if fault.kind == "hung" else EXIT_RANK_FAILED
+        status, code = run_status(attempt_result.fault, self._signal)
         root = next((r.root_cause for r in reports if r.root_cause), None)
         # rank output first, then count what was lost
         self._terminal.out.flush(Deadline.after(margins.FLUSH_S))
@@ -217,7 +203,8 @@ class Launcher:
         last = {rank: reader.read() for rank, reader in readers.items()}
         for reader in readers.values():
             reader.close()
-        result.outcomes = classify(group.ranks, last, result.fault, result.hang, teardown_at)
+        result.outcomes = classify([RankState.of(m, last.get(m.rank)) for m in group.ranks],
+                                   result.fault, result.hang, teardown_at)
         for outcome in result.outcomes:
             self._journal.write("rank_exit", attempt=attempt, **outcome.as_dict())
         report.outcomes = result.outcomes

@@ -5,7 +5,8 @@ for ``hang_timeout`` are candidates; the operation they wait in is the highest e
 among them, and the candidates that entered it are the *waiters*. Members that have not entered
 it are *absent*:
 
-- an absent rank that made no progress (see ``progress``) for ``hang_timeout`` is **hung**;
+- an absent rank that is stopped (SIGSTOP), or made no progress (see ``progress``) for
+  ``hang_timeout``, is **hung**;
 - an absent rank that is busy (progressed in the last ``BUSY_RECENT_S``) is a **straggler**:
   reported once, and blamed as hung only when the waiters have waited ``straggler_timeout``;
 - when every member entered the operation number but not the same operation (rank 0 in
@@ -18,11 +19,16 @@ it are *absent*:
 A group one of whose members has left or recorded a fault of its own (it raised, is exiting,
 got SIGTERM) is not judged here: that fault is (``outcome.first_fault``), and the waiting
 members are its victims, not hung.
+
+The rules are pure (``HangRules.judge``: ledgers, each process's ``Activity`` and ``now`` in,
+verdicts out) and so are table-tested over plain snapshots; ``ReportedOnce`` passes each
+straggler report on once; ``HangMonitor`` feeds them from the ledgers and /proc.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Collection, Iterable, Mapping
 
 from ..ledger import FAULT_NONE, GroupProgress, LedgerReader, RankProgress, behind, seq_of
 from .progress import ProgressTracker
@@ -72,6 +78,7 @@ class Verdict:
         return op_label(self.op, self.seq, self.group)
 
     def describe(self) -> str:
+        """The verdict in one line for people (the terminal, the summary)."""
         blamed = _ranks(self.blamed)
         waiters = _ranks(self.waiting)
         if self.reason == "mismatch":
@@ -126,17 +133,146 @@ def mismatched(ops: tuple[tuple[int, str], ...]) -> list[int]:
     return sorted(rank for rank, _ in ops if rank not in majority)
 
 
+@dataclass(frozen=True)
+class Activity:
+    """What one rank's process was seen doing, as of one moment (``progress`` samples it)."""
+
+    idle_s: float  # seconds since the process last made progress
+    stopped: bool = False  # stopped (SIGSTOP) or traced
+
+
+@dataclass(frozen=True)
+class HangRules:
+    """The hang and straggler rules of the module doc, as a pure function of what was seen.
+
+    Nothing here reads a clock, a file or /proc: ``judge`` takes the ledgers, the processes'
+    activity and ``now`` (the monotonic time the ledgers' times are on), and returns verdicts.
+    """
+
+    world_size: int
+    hang_timeout: float
+    straggler_timeout: float
+
+    def judge(self, snaps: Mapping[int, RankProgress], activity: Mapping[int, Activity],
+              gone: Collection[int], now: float) -> list[Verdict]:
+        """Every group's verdict at ``now``, hangs first: those blaming ranks that wait in no
+        other group before those that do, then straggler reports.
+
+        Args:
+            snaps: the ledger of every live rank (the ranks judged: a member without one is
+                not counted on).
+            activity: for every rank of ``snaps``.
+            gone: ranks whose process exited; a group with such a member is not judged, nor
+                one with a member whose ledger records a fault of its own.
+            now: on the clock of the ledgers' times.
+        """
+        by_group: dict[int, dict[int, GroupProgress]] = {}
+        for rank, snap in snaps.items():
+            for group in snap.groups:
+                by_group.setdefault(group.key, {})[rank] = group
+        faulty = set(gone) | {rank for rank, snap in snaps.items() if snap.fault != FAULT_NONE}
+        verdicts = []
+        for key, entries in by_group.items():
+            sample = next(iter(entries.values()))
+            if faulty.intersection(sample.member_ranks(self.world_size)):
+                continue  # a member left or failed: its fault decides, not a hang
+            verdict = self._judge_group(key, entries, snaps, activity, now)
+            if verdict is not None:
+                verdicts.append(verdict)
+        # A rank blamed in one group while it waits in another is more likely held up there:
+        # hangs that blame ranks waiting nowhere come first.
+        verdicts.sort(key=lambda v: (not v.hung, bool(v.elsewhere)))
+        return verdicts
+
+    def _judge_group(self, key: int, entries: dict[int, GroupProgress],
+                     snaps: Mapping[int, RankProgress], activity: Mapping[int, Activity],
+                     now: float) -> Verdict | None:
+        waiters = [r for r, g in entries.items()
+                   if g.waiting and now - g.last_event >= self.hang_timeout]
+        if not waiters:
+            return None
+        target = max(entries[r].entered for r in waiters)
+        # A rank behind the target is not waiting on the others (they got past its operation,
+        # which it merely has not recorded as done, e.g. frozen before its next one).
+        waiters = [r for r in waiters if entries[r].entered == target]
+        sample = entries[waiters[0]]
+        members = [r for r in sample.member_ranks(self.world_size) if r in snaps]
+        waited = max(now - entries[r].last_event for r in waiters)
+        kind = entries[waiters[0]].kind
+        seq = seq_of(target, sample.is_world)
+        absent, _ = behind(members, entries, target)
+
+        def stopped(ranks: list[int]) -> list[int]:
+            return [r for r in ranks if activity[r].stopped]
+
+        def idle(ranks: list[int]) -> list[int]:
+            return [r for r in ranks if activity[r].idle_s >= self.hang_timeout]
+
+        def verdict(hung: bool, blamed: list[int], reason: str,
+                    ops: tuple[tuple[int, str], ...] = ()) -> Verdict:
+            return Verdict(hung, tuple(sorted(blamed)), tuple(sorted(waiters)), kind, seq,
+                           round(waited, 3), reason, key, group_label(sample), ops,
+                           _elsewhere(sorted(blamed), key, snaps))
+
+        if not absent:
+            ops = tuple((r, entries[r].kind) for r in members if entries[r].entered == target)
+            odd = mismatched(ops)
+            if odd:
+                return verdict(True, odd, "mismatch", ops)
+            last_arrival = max(entries[r].t_enter for r in members if r in entries)
+            if now - last_arrival < self.hang_timeout:
+                return None  # the last rank arrived only now: give the operation time to end
+            if stopped(members):
+                return verdict(True, stopped(members), "stopped")
+            quiet = idle([r for r in members if r not in waiters])
+            return verdict(True, quiet or members, "stuck_in_collective")
+        if stopped(absent):
+            return verdict(True, stopped(absent), "stopped")
+        frozen = idle(absent)
+        if frozen:
+            return verdict(True, frozen, "no_progress")
+        if waited >= self.straggler_timeout:
+            return verdict(True, absent, "straggler_timeout")
+        busy = [r for r in absent if activity[r].idle_s <= BUSY_RECENT_S]
+        if busy:
+            return verdict(False, busy, "busy")
+        return None  # went quiet only lately: frozen or not, the next checks will tell
+
+
+@dataclass
+class ReportedOnce:
+    """The reporting-once rule: a hang is passed on at every check (the agent acts on the
+    first one), a straggler report once per group, operation and first blamed rank."""
+
+    _seen: set[tuple[int, int, int]] = field(default_factory=set)
+
+    def new(self, verdicts: Iterable[Verdict]) -> list[Verdict]:
+        """Of ``verdicts``, in their order, the hangs and the reports not passed on before."""
+        fresh = []
+        for verdict in verdicts:
+            mark = (verdict.group_key, verdict.seq, verdict.blamed[0] if verdict.blamed else -1)
+            if verdict.hung or mark not in self._seen:
+                self._seen.add(mark)
+                fresh.append(verdict)
+        return fresh
+
+
 @dataclass
 class HangMonitor:
-    """Reads every live rank's ledger on each ``check`` and returns new verdicts."""
+    """Reads every live rank's ledger and samples its process on each ``check``, and returns
+    the new verdicts of ``HangRules``."""
 
     world_size: int
     hang_timeout: float
     straggler_timeout: float
     progress: ProgressTracker = field(default_factory=ProgressTracker)
     _readers: dict[int, LedgerReader] = field(default_factory=dict)
-    _reported: set[tuple[int, int, int]] = field(default_factory=set)
+    _reported: ReportedOnce = field(default_factory=ReportedOnce)
     _gone: set[int] = field(default_factory=set)  # ranks whose process exited
+
+    @property
+    def rules(self) -> HangRules:
+        return HangRules(self.world_size, self.hang_timeout, self.straggler_timeout)
 
     def watch(self, rank: int, pid: int, reader: LedgerReader, now: float) -> None:
         self._readers[rank] = reader
@@ -156,74 +292,6 @@ class HangMonitor:
         hangs first."""
         self.progress.sample(now)
         snaps = self.snapshot()
-        by_group: dict[int, dict[int, GroupProgress]] = {}
-        for rank, snap in snaps.items():
-            for group in snap.groups:
-                by_group.setdefault(group.key, {})[rank] = group
-        faulty = self._gone | {rank for rank, snap in snaps.items() if snap.fault != FAULT_NONE}
-        verdicts = []
-        for key, entries in by_group.items():
-            sample = next(iter(entries.values()))
-            if faulty.intersection(sample.member_ranks(self.world_size)):
-                continue  # a member left or failed: its fault decides, not a hang
-            verdict = self._check_group(key, entries, snaps, now)
-            if verdict is None:
-                continue
-            mark = (key, verdict.seq, verdict.blamed[0] if verdict.blamed else -1)
-            if verdict.hung or mark not in self._reported:
-                self._reported.add(mark)
-                verdicts.append(verdict)
-        # A rank blamed in one group while it waits in another is more likely held up there:
-        # hangs that blame ranks waiting nowhere come first.
-        verdicts.sort(key=lambda v: (not v.hung, bool(v.elsewhere)))
-        return verdicts
-
-    def _check_group(self, key: int, entries: dict[int, GroupProgress],
-                     snaps: dict[int, RankProgress], now: float) -> Verdict | None:
-        waiters = [r for r, g in entries.items()
-                   if g.waiting and now - g.last_event >= self.hang_timeout]
-        if not waiters:
-            return None
-        target = max(entries[r].entered for r in waiters)
-        # A rank behind the target is not waiting on the others (they got past its operation,
-        # which it merely has not recorded as done, e.g. frozen before its next one).
-        waiters = [r for r in waiters if entries[r].entered == target]
-        sample = entries[waiters[0]]
-        members = [r for r in sample.member_ranks(self.world_size) if r in self._readers]
-        waited = max(now - entries[r].last_event for r in waiters)
-        kind = entries[max(waiters, key=lambda r: entries[r].entered)].kind
-        seq = seq_of(target, sample.is_world)
-        absent, _ = behind(members, entries, target)
-
-        def verdict(hung: bool, blamed: list[int], reason: str,
-                    ops: tuple[tuple[int, str], ...] = ()) -> Verdict:
-            return Verdict(hung, tuple(sorted(blamed)), tuple(sorted(waiters)), kind, seq,
-                           round(waited, 3), reason, key, group_label(sample), ops,
-                           _elsewhere(sorted(blamed), key, snaps))
-
-        if not absent:
-            ops = tuple((r, entries[r].kind) for r in members if entries[r].entered == target)
-            odd = mismatched(ops)
-            if odd:
-                return verdict(True, odd, "mismatch", ops)
-            last_arrival = max(entries[r].t_enter for r in members if r in entries)
-            if now - last_arrival < self.hang_timeout:
-                return None  # the last rank arrived only now: give the operation time to end
-            stopped = [r for r in members if self.progress.stopped(r)]
-            if stopped:
-                return verdict(True, stopped, "stopped")
-            idle = [r for r in members
-                    if self.progress.idle_for(r, now) >= self.hang_timeout and r not in waiters]
-            return verdict(True, idle or members, "stuck_in_collective")
-        stopped = [r for r in absent if self.progress.stopped(r)]
-        if stopped:
-            return verdict(True, stopped, "stopped")
-        frozen = [r for r in absent if self.progress.idle_for(r, now) >= self.hang_timeout]
-        if frozen:
-            return verdict(True, frozen, "no_progress")
-        if waited >= self.straggler_timeout:
-            return verdict(True, absent, "straggler_timeout")
-        busy = [r for r in absent if self.progress.idle_for(r, now) <= BUSY_RECENT_S]
-        if busy:
-            return verdict(False, busy, "busy")
-        return None  # went quiet only lately: frozen or not, the next checks will tell
+        activity = {rank: Activity(self.progress.idle_for(rank, now),
+                                   self.progress.stopped(rank)) for rank in snaps}
+        return self._reported.new(self.rules.judge(snaps, activity, self._gone, now))

@@ -13,10 +13,15 @@ ended (both from its ledger, however long the interpreter's teardown takes after
 the time its exit was seen. A rank that left with code 0 is at fault only when a peer went on
 to an operation the leaver never entered, on a group they share, and failed in it or waited
 there ``--hang-timeout``: its peers can never complete it.
+
+The run's exit code follows from the fault of its last attempt (``run_status``). Every decision
+here is pure, a function of its arguments (ledger snapshots and process exits as ``RankState``
+values, ``now``, the timeouts): table-tested in tests/launcher/test_outcome_rules.py.
 """
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 
 from .. import ledger as _ledger
@@ -25,6 +30,14 @@ from .group import Rank
 from .monitor import P2P, Verdict, group_label, op_label
 
 OUTCOMES = ("ok", "raised", "exited", "signalled", "hung", "victim", "teardown_timeout")
+
+# The launcher's exit codes (the README's table): see ``run_status``.
+EXIT_OK = 0
+EXIT_RANK_FAILED = 1
+EXIT_USAGE = 2
+EXIT_HUNG = 3
+EXIT_INTERNAL = 4
+_SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 @dataclass(frozen=True)
@@ -65,10 +78,13 @@ class RankState:
     progress: _ledger.RankProgress | None
     returncode: int | None = None  # Popen's: negative for a signal
     exited_at: float | None = None  # monotonic, when the exit was seen
+    pid: int = 0
+    killed_by_launcher: bool = False  # needed SIGKILL after the grace period
 
     @classmethod
     def of(cls, member: Rank, progress: _ledger.RankProgress | None) -> "RankState":
-        return cls(member.rank, progress, member.returncode, member.exited_at)
+        return cls(member.rank, progress, member.returncode, member.exited_at, member.pid,
+                   member.killed_by_launcher)
 
 
 def raised_fault(rank: int, progress: _ledger.RankProgress) -> Fault:
@@ -121,11 +137,6 @@ def own_fault(state: RankState) -> Fault | None:
     assert state.exited_at is not None
     return Fault("signalled" if code < 0 else "exited", state.exited_at, state.rank,
                  exit_detail(code))
-
-
-def fault_of(member: Rank, progress: _ledger.RankProgress | None) -> Fault | None:
-    """The fault a rank's own exit represents, or None for a clean exit."""
-    return own_fault(RankState.of(member, progress))
 
 
 def departure(state: RankState) -> float | None:
@@ -205,27 +216,32 @@ def first_fault(states: list[RankState], now: float, cascade_window: float,
     return min(faults, key=lambda f: f[:2])[2] if faults else None
 
 
-def classify(ranks: list[Rank], last: dict[int, _ledger.RankProgress], root: Fault | None,
-             hang: Verdict | None, teardown_at: float | None) -> list[RankOutcome]:
-    """The outcome of every rank of a finished attempt. A rank that was leaving with an exit
-    code when it was stopped reports that code (its script's), whatever the teardown did."""
+def classify(states: list[RankState], root: Fault | None, hang: Verdict | None,
+             teardown_at: float | None) -> list[RankOutcome]:
+    """The outcome of every rank of a finished attempt, from each rank's last state.
+
+    Blamed for the hang: ``hung``; the root cause: its kind; SIGKILLed after the grace:
+    ``teardown_timeout``; exited once the teardown began (at ``teardown_at``), or failed
+    inside a collective after the root cause: ``victim``; otherwise its own fault's kind, or
+    ``ok``. A rank that was leaving with an exit code when it was stopped reports that code
+    (its script's), whatever the teardown did. Pure: reads nothing but its arguments.
+    """
     blamed = set(hang.blamed) if hang and hang.hung else set()
     results = []
-    for member in ranks:
-        code = member.returncode
+    for state in states:
+        code, progress = state.returncode, state.progress
         sig = signal_name(-code) if code is not None and code < 0 else None
         exit_code = code if code is not None and code >= 0 else None
-        progress = last.get(member.rank)
         if progress is not None and progress.fault == _ledger.FAULT_EXITING:
             exit_code = progress.exit_code
-        own = fault_of(member, progress)
-        if member.rank in blamed:
+        own = own_fault(state)
+        if state.rank in blamed:
             outcome = "hung"
-        elif root is not None and root.rank == member.rank:
+        elif root is not None and root.rank == state.rank:
             outcome = root.kind
-        elif member.killed_by_launcher:
+        elif state.killed_by_launcher:
             outcome = "teardown_timeout"
-        elif teardown_at is not None and (member.exited_at or 0) >= teardown_at:
+        elif teardown_at is not None and (state.exited_at or 0) >= teardown_at:
             outcome = "victim"
         elif own is None:
             outcome = "ok"
@@ -234,5 +250,18 @@ def classify(ranks: list[Rank], last: dict[int, _ledger.RankProgress], root: Fau
         else:
             outcome = own.kind
         detail = exit_detail(code) if code is not None else "still running"
-        results.append(RankOutcome(member.rank, member.pid, outcome, exit_code, sig, detail))
+        results.append(RankOutcome(state.rank, state.pid, outcome, exit_code, sig, detail))
     return results
+
+
+def run_status(fault: Fault | None, launcher_signal: int | None) -> tuple[str, int]:
+    """How a run ended, from the fault of its last attempt: its status (``succeeded``, ``was
+    interrupted``, ``failed``) and its exit code, as in the README's table. ``launcher_signal``:
+    the signal the launcher received, if any (SIGINT 130, SIGTERM 143, another 128 + its
+    number)."""
+    if fault is None:
+        return "succeeded", EXIT_OK
+    if fault.kind == "launcher_signal":
+        assert launcher_signal is not None
+        return "was interrupted", _SIGNAL_EXIT.get(launcher_signal, 128 + launcher_signal)
+    return "failed", EXIT_HUNG if fault.kind == "hung" else EXIT_RANK_FAILED
