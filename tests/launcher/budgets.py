@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from rankguard.launcher.agent import TICK_S
 from rankguard.launcher.guardian import SWEEP_S
-from rankguard.launcher.teardown import STACKS_BUDGET
+from rankguard.margins import STACKS_S
 
 # How much later than promised a loaded 2-core machine (two busy test processes beside the run)
 # may let the launcher, a rank or the guardian wake up and act.
@@ -29,7 +29,7 @@ def stopped_within_s(grace: float) -> float:
     """The most the launcher may take from a fault (a rank's death, a signal to itself) to every
     rank stopped when each rank ends on SIGTERM: the stacks step, then the ranks' teardown
     within ``grace``."""
-    return STACKS_BUDGET + grace + LOAD_SLACK_S
+    return STACKS_S + grace + LOAD_SLACK_S
 
 
 def guardian_sweep_s() -> float:
