@@ -26,11 +26,13 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..deadline import Deadline, check_seconds
 from ..errors import UsageError
-from .deadline import Deadline, check_seconds
 
 HANG_TIMEOUT_ENV = "RANKGUARD_HANG_TIMEOUT"
 _RETRY_S = 0.05  # between connection attempts: a store coming up is found this soon
+_CONNECT_S = 1.0  # the most one connection attempt may take
+_MIN_S = 0.001  # the least timeout a socket or a store client takes (0 would mean none)
 
 
 def address(init_method: str | None) -> tuple[str, int] | None:
@@ -58,7 +60,7 @@ def wait_limit(init_timeout: timedelta | None) -> float | None:
         return None
     limit = check_seconds(HANG_TIMEOUT_ENV, value)
     if init_timeout is not None:
-        limit = min(limit, max(init_timeout.total_seconds(), 0.001))
+        limit = min(limit, max(init_timeout.total_seconds(), _MIN_S))
     return limit
 
 
@@ -93,14 +95,14 @@ def check_store(init_method: str | None, host: str, port: int, rank: str, second
 def _connect(host: str, port: int, limit: Deadline) -> str | None:
     """None once a TCP connection to ``host:port`` succeeds; else, at ``limit``, why not."""
     problem = "no answer"
-    while limit.remaining() > 0:
+    while not limit.passed():
         try:
-            with socket.create_connection((host, port), timeout=max(min(limit.remaining(), 1.0),
-                                                                    0.001)):
+            with socket.create_connection((host, port),
+                                          timeout=min(limit.left(at_least=_MIN_S), _CONNECT_S)):
                 return None
         except OSError as exc:
             problem = (exc.strerror or str(exc) or type(exc).__name__).lower()
-        time.sleep(max(min(_RETRY_S, limit.remaining()), 0))
+        time.sleep(limit.wait_time(_RETRY_S))
     return problem
 
 
@@ -118,12 +120,12 @@ def _shake_hands(host: str, port: int, limit: Deadline) -> str | None:
             from torch.distributed import TCPStore
 
             TCPStore(host, port, is_master=False, wait_for_workers=False,
-                     timeout=timedelta(seconds=max(limit.remaining(), 0.001)))
+                     timeout=timedelta(seconds=limit.left(at_least=_MIN_S)))
         except Exception as exc:  # noqa: BLE001 (reported, whatever torch raised)
             outcome["error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         done.set()
 
     threading.Thread(target=shake, name="rankguard-store-check", daemon=True).start()
-    if not done.wait(max(limit.remaining(), 0)):
+    if not done.wait(limit.wait_time()):
         return "something listens there, but it does not answer as a torch store"
     return outcome.get("error")

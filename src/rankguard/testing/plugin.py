@@ -44,6 +44,7 @@ from typing import Any
 import pytest
 
 from .. import proctree
+from ..deadline import Deadline
 from ..runtime import stacks as rank_stacks
 from . import abort, leaks, processes
 from . import session as rank_session
@@ -109,7 +110,7 @@ class _Guard:
             rank_session.start()
             config.pluginmanager.register(rank_session.EveryRank(
                 _seconds("rankguard_shutdown_timeout (ini)",
-                         config.getini("rankguard_shutdown_timeout")), item_deadline),
+                         config.getini("rankguard_shutdown_timeout")), self._item_limit),
                 "rankguard-every-rank")
         self.tracking = proctree.Tracking(f"pytest-{self.token}")  # see processes
         self.stacks_file = self._answer_stack_requests()
@@ -139,6 +140,11 @@ class _Guard:
         return path
 
     # -- one test ----------------------------------------------------------------------------
+
+    def _item_limit(self, item: pytest.Item) -> Deadline | None:
+        """The item's deadline (``item_deadline``) as the every-rank session takes it."""
+        at = item_deadline(item)
+        return None if at is None else Deadline(at, self._budget(item))
 
     def _budget(self, item: pytest.Item) -> float:
         marker = item.get_closest_marker("deadline")
