@@ -95,7 +95,8 @@ class GroupRegistry:
     def live(self) -> list[GroupRecord]:
         """The records of this rank's current groups, newest first."""
         with self.lock:
-            return [r for r in reversed(self._records.values()) if not r.discarded]
+            records = list(self._records.values())  # a copy: a group's death may pop one
+        return [record for record in reversed(records) if not record.discarded]
 
     def by_name(self, name: str) -> GroupRecord | None:
         """The current group called ``name`` (the newest, if names repeat), or None."""
@@ -109,7 +110,7 @@ class GroupRegistry:
         """None of the current groups is this rank's any more (their records stay, for stale
         references to them)."""
         with self.lock:
-            for record in self._records.values():
+            for record in list(self._records.values()):
                 record.discarded = True
 
 
