@@ -22,9 +22,8 @@ from .generations import Generation
 from .shutdown import ShutdownReport
 from .state import GroupRecord, current
 
-__all__ = ["Deadline", "Generation", "ShutdownReport", "abandon_world", "blame", "meet",
-           "next_generation", "regroup", "retire_all", "shutdown", "until", "world",
-           "world_retired"]
+__all__ = ["Generation", "ShutdownReport", "abandon_world", "blame", "meet", "next_generation",
+           "regroup", "retire_all", "shutdown", "until", "world", "world_retired"]
 
 
 def world() -> GroupRecord | None:
