@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 import rankguard
 from plain_group import side_by_side
-from rankguard.runtime import instrument
+from rankguard.runtime import state
 
 rankguard.init()
 ours, plain, _ = side_by_side()
@@ -23,7 +23,7 @@ t = torch.ones(1)
 
 
 def per_op_us(pg, bounded: bool, limit: bool, n: int = 2000) -> float:
-    instrument.state.bounded = bounded
+    state.current().bounded = bounded
     opts = dist.AllreduceOptions()
     opts.asyncOp = False  # as dist.all_reduce issues it
     start = time.perf_counter()
@@ -49,5 +49,5 @@ print(f"plain_us={statistics.median(p for v in pairs.values() for p, _ in v):.2f
 for name, measured in pairs.items():
     print(f"{name}_us={statistics.median(o for _, o in measured):.2f}")
     print(f"{name}_diff_us={statistics.median(o - p for p, o in measured):.2f}")
-instrument.state.bounded = True
+state.current().bounded = True
 rankguard.shutdown(timeout=5)

@@ -16,11 +16,11 @@ import torch.distributed as dist
 
 from plain_group import side_by_side
 from rankguard import ledger
-from rankguard.runtime import instrument
+from rankguard.runtime import instrument, state
 
 path = tempfile.mktemp(prefix="rankguard-bench-")
 ledger.create(path, 1)
-instrument.state.ledger = ledger.LedgerWriter(path)
+state.current().ledger = ledger.LedgerWriter(path)
 instrument.install()
 ours, plain, gloo = side_by_side()
 t = torch.ones(1)
@@ -41,13 +41,13 @@ pairs = [(per_op_us(plain), per_op_us(ours)) for _ in range(31)]
 print(f"paired_plain_us={statistics.median(p for p, _ in pairs):.2f}")
 print(f"paired_ours_us={statistics.median(o for _, o in pairs):.2f}")
 print(f"paired_diff_us={statistics.median(o - p for p, o in pairs):.2f}")
-slot = instrument.state.ledger.world()
+slot = state.current().ledger.world()
 work = gloo.allreduce([t], opts)
 work.wait()
 n = 200_000
 enter = timeit.timeit(lambda: slot.enter(2), number=n) / n * 1e6
-track = timeit.timeit(lambda: instrument.completions.add(slot, work), number=n) / n * 1e6
+track = timeit.timeit(lambda: state.current().completions.add(slot, work), number=n) / n * 1e6
 print(f"ledger_enter_us={enter:.3f}")
 print(f"completion_add_us={track:.3f}")
-instrument.completions.close()
+state.current().completions.close()
 dist.destroy_process_group()

@@ -41,7 +41,6 @@ import hmac
 import os
 import secrets
 import threading
-import time
 from typing import Any
 
 ENV = "RANKGUARD_SECRET"
@@ -134,35 +133,6 @@ def _drop(name: str) -> None:
 def dropped() -> int:
     """How many values this process dropped because their seal was missing or wrong."""
     return _key.dropped
-
-
-def gather(client: Any, names: list[str], deadline: float, poll: float) -> dict[str, str]:
-    """The payloads of ``names`` (each written sealed by one rank) once every one is there and
-    valid, or the valid ones at ``deadline`` (monotonic). A forged value is waited past: its
-    rank's own write replaces it. Store errors propagate."""
-    found: dict[str, str] = {}
-    seen: dict[str, bytes] = {}  # the forged value last read under each name, dropped once
-    while True:
-        pending = [name for name in names if name not in found]
-        if not pending:
-            return found
-        last_round = time.monotonic() >= deadline
-        if last_round or client.check(pending):
-            for name in pending:
-                if last_round and not client.check([name]):
-                    continue
-                value = client.get(name)
-                if seen.get(name) == value:
-                    continue
-                payload = unseal(name, value)
-                if payload is None:
-                    seen[name] = value
-                else:
-                    found[name] = payload
-        if last_round:
-            return found
-        if len(found) < len(names):
-            time.sleep(poll)
 
 
 def agree(backend: Any, rank: int, size: int, timeout_s: float) -> None:

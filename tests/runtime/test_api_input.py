@@ -10,6 +10,7 @@ import threading
 import pytest
 
 import rankguard
+from rankguard.deadline import Deadline
 from rankguard.runtime import deadline as deadline_module
 
 
@@ -29,6 +30,19 @@ def test_nested_deadlines_keep_the_earliest_and_restore_the_outer_one() -> None:
         with rankguard.deadline(1) as tighter:
             assert tighter.at < outer.at
             assert deadline_module.current() is tighter
+        assert deadline_module.current() is outer
+    assert deadline_module.current() is None
+
+
+def test_a_deadline_made_elsewhere_bounds_the_block_unless_an_outer_one_is_earlier() -> None:
+    made = Deadline.after(30)  # as a leader makes it and a rank receives it
+    with deadline_module.until(made) as limit:
+        assert limit is made and deadline_module.current() is made
+    with rankguard.deadline(5) as outer:
+        with deadline_module.until(made) as limit:
+            assert limit is outer
+        with deadline_module.until(Deadline.after(1)) as limit:
+            assert limit.at < outer.at and deadline_module.current() is limit
         assert deadline_module.current() is outer
     assert deadline_module.current() is None
 

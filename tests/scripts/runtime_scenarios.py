@@ -172,9 +172,9 @@ def values_dropped() -> int:
 
 
 def world_retired():
-    from torch.distributed import distributed_c10d as c10d
+    from rankguard.runtime import internal
 
-    return getattr(c10d._get_default_group(), "_rankguard_retired", None)
+    return internal.world_retired()
 
 
 def store_address() -> None:
@@ -190,7 +190,7 @@ def outsider_writes() -> None:
     ``SCENARIO_DROPS`` values dropped), then runs a bounded collective, reports, and waits for
     the test to be done with the store before it shuts down."""
     torch, dist = group()
-    from rankguard.runtime import instrument
+    from rankguard.runtime import state
 
     store_address()
     mark("ready")
@@ -201,7 +201,7 @@ def outsider_writes() -> None:
         time.sleep(0.01)
     time.sleep(0.2)  # anything else the outsider wrote has been popped by now
     fields = {"retired": world_retired(), "dropped": values_dropped(),
-              "serving": instrument.state.responder.serving}
+              "serving": state.current().responder.serving}
     started = time.monotonic()
     try:
         with rankguard.deadline(5):

@@ -12,13 +12,14 @@ from ..testing.test_plugin_session import every_rank_runs, outcome
 FORGED_POSITION = '''
 import time
 import torch.distributed as dist
+from rankguard.deadline import Deadline
 from rankguard.runtime import generations
 
 def test_both_fail_and_a_forged_position_waits_in_the_store():
     if dist.get_rank() == 1:
         # what any store client can write: rank 1 "reached" test_last (index 2), unsealed
         key = f"rankguard/pytest/reform{generations.next_number()}/at/1"
-        generations.store_client(5).set(key, "2")
+        generations.store_client(Deadline.after(5)).set(key, "2")
         time.sleep(1.0)  # rank 0 reaches the next test boundary first and reads the store
     assert False, f"rank {dist.get_rank()} fails by itself"
 

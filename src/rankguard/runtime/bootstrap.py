@@ -43,6 +43,7 @@ from ..inject import perform as _perform
 from ..inject import spec as _spec
 from . import deadline as _deadline
 from . import eviction, init, instrument, stacks
+from .state import current
 
 
 def _die_with_launcher() -> None:
@@ -86,30 +87,31 @@ def _wait_for_activation() -> None:
 
 
 def _prepare(rank: int, attempt: int) -> None:
+    state = current()
     ledger_path = os.environ.get(_ledger.PATH_ENV)
     if ledger_path:
-        instrument.state.ledger = _ledger.LedgerWriter(ledger_path)
-        instrument.state.ledger.set_flag(_ledger.FLAG_BOOTSTRAPPED)
+        state.ledger = _ledger.LedgerWriter(ledger_path)
+        state.ledger.set_flag(_ledger.FLAG_BOOTSTRAPPED)
     if os.environ.get(stacks.PATH_ENV):
         stacks.install()
-        if instrument.state.ledger is not None:
-            instrument.state.ledger.set_flag(_ledger.FLAG_STACKS_READY)
+        if state.ledger is not None:
+            state.ledger.set_flag(_ledger.FLAG_STACKS_READY)
     try:
         eviction.install(init.grace_from_env())
         if os.environ.get(init.COLLECTIVE_TIMEOUT_ENV):
             _deadline.set_default(_deadline.check_seconds(
                 init.COLLECTIVE_TIMEOUT_ENV, os.environ[init.COLLECTIVE_TIMEOUT_ENV]))
-            instrument.enable_bounded()
+            state.enable_bounded()
     except UsageError as error:
         print(f"rankguard: {error}", file=sys.stderr)
         sys.exit(2)
-    instrument.state.namespace = os.environ.get("RANKGUARD_NAMESPACE")
+    state.namespace = os.environ.get("RANKGUARD_NAMESPACE")
     if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:  # before the script may
-        instrument.state.launcher_store = (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])
+        state.launcher_store = (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])
     injector = _perform.Injector(_spec.decode(os.environ.get("RANKGUARD_INJECT", "")), rank,
                                  attempt)
     if injector.active:
-        instrument.state.injector = injector
+        state.injector = injector
     if "torch.distributed" in sys.modules:
         instrument.install()
     else:
@@ -161,10 +163,10 @@ def _exit_code(code: object) -> int:
 
 
 def _record_exit(code: int) -> None:
-    ledger = instrument.state.ledger
-    if ledger is not None:
-        instrument.completions.flush()
-        ledger.record_exit(code, ledger.in_collective())
+    state = current()
+    if state.ledger is not None:
+        state.completions.flush()
+        state.ledger.record_exit(code, state.ledger.in_collective())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -186,9 +188,9 @@ def main(argv: list[str] | None = None) -> None:
         _record_exit(_exit_code(leaving.code))
         raise
     except BaseException as error:
-        ledger = instrument.state.ledger
+        ledger = current().ledger
         if ledger is not None:
-            instrument.completions.flush()  # so "inside a collective" is exact, not 20 ms stale
+            current().completions.flush()  # so "inside a collective" is exact, not 20 ms stale
             failure = _collective_error(error)
             if failure is not None:
                 ledger.record_blame(failure.missing)  # the launcher blames them, not this rank

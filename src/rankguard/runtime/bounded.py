@@ -14,51 +14,57 @@ it retires the group, asks the peers where they are (``runtime.probe``) and rais
 
 from __future__ import annotations
 
-import collections
 import functools
 import time
 from datetime import timedelta
 from typing import Any
 
 from .. import ledger as _ledger
+from ..deadline import Deadline
 from ..errors import CollectiveError, CollectiveTimeout, GroupRetired, PeerFailed
 from . import groups
-from .deadline import Deadline
+from .state import GroupRecord, current
 
 SLICE = timedelta(milliseconds=50)
-_MIN_TIMEOUT = timedelta(milliseconds=1)
-
-# Works whose future went to C++ (DDP): a failed one explains a RuntimeError from backward().
-handed_out: collections.deque[Any] = collections.deque(maxlen=256)
-last_failure: CollectiveError | None = None
+_MIN_TIMEOUT_S = 0.001  # gloo's least timeout for an operation whose deadline has passed
 
 
 def limit_options(args: tuple[Any, ...], limit: Deadline) -> None:
     """Give the operation's options (its last positional argument) the deadline as timeout."""
     options = args[-1] if args else None
     if options is not None and hasattr(options, "timeout"):
-        remaining = timedelta(seconds=limit.remaining())
-        options.timeout = remaining if remaining > _MIN_TIMEOUT else _MIN_TIMEOUT
+        options.timeout = timedelta(seconds=limit.left(at_least=_MIN_TIMEOUT_S))
 
 
-def explain(group: Any, entry: int, op: str, started: float, limit: Deadline | None,
-            error: BaseException | None, reported: dict[str, Any] | None = None
-            ) -> CollectiveError:
-    """Retire ``group``, tell its peers, ask them where they are, and build the error for its
-    failed operation number ``entry``. ``reported``: the notice of the peer that saw the
-    failure first, when that is how this rank learnt of it."""
-    global last_failure
+def retire_and_explain(record: GroupRecord, entry: int, op: str, started: float,
+                       limit: Deadline | None, error: BaseException | None,
+                       reported: dict[str, Any] | None = None) -> CollectiveError:
+    """Retire the group, tell its peers, ask them where they are, and build the error for its
+    failed operation number ``entry`` (see :func:`explain`); it becomes the rank's
+    ``last_failure``. ``started``: when the operation began (monotonic). ``reported``: the
+    notice of the peer that saw the failure first, when that is how this rank learnt of it."""
     waited = time.monotonic() - started
-    seq = _seq(group, entry)
-    groups.retire(group, f"{op} #{seq} failed")
-    me = group._rankguard_rank
-    peers = [r for r in group._rankguard_ranks if r != me]
-    answers = groups.tell_peers(group, {"by": me, "op": op, "seq": seq})
+    seq = _ledger.seq_of(entry, record.is_world)
+    groups.retire(record, f"{op} #{seq} failed")
+    answers = groups.tell_peers(record, {"by": record.rank, "op": op, "seq": seq})
+    failure = explain(record, entry, op, waited, limit, error, answers, reported)
+    current().last_failure = failure
+    return failure
+
+
+def explain(record: GroupRecord, entry: int, op: str, waited: float, limit: Deadline | None,
+            error: BaseException | None, answers: dict[int, dict[str, Any] | None],
+            reported: dict[str, Any] | None = None) -> CollectiveError:
+    """The error for the group's failed operation number ``entry`` (``op``), which waited
+    ``waited`` seconds: a :class:`CollectiveTimeout` when it passed ``limit`` (or gloo says it
+    timed out), else a :class:`PeerFailed`. It names the peers that had not arrived, from their
+    ``answers`` to this rank's probe (peer -> its progress, None: no answer; empty: the peers
+    could not be asked). ``error``: gloo's; ``reported``: the notice that told this rank of the
+    failure (a peer's, or the supervisor's)."""
+    seq = _ledger.seq_of(entry, record.is_world)
     missing, states = [], {}
-    for peer in peers:
-        answer = answers.get(peer) if answers else None
-        if not answers:
-            continue
+    for peer in record.peers if answers else []:
+        answer = answers.get(peer)
         if answer is None:
             states[peer] = "did not answer (stopped, dead, or holding the GIL)"
             missing.append(peer)
@@ -70,7 +76,7 @@ def explain(group: Any, entry: int, op: str, started: float, limit: Deadline | N
         elif answer.get("retired"):
             states[peer] = f"arrived, then gave up ({answer['retired']})"
     text = str(error or "")
-    timed_out = "timed out" in text.lower() or (limit is not None and limit.remaining() <= 0)
+    timed_out = "timed out" in text.lower() or (limit is not None and limit.passed())
     if reported is not None and reported.get("supervisor"):
         who = f"rank {reported['rank']}" if reported["rank"] >= 0 else "a rank"
         kind, cause = PeerFailed, (f"was abandoned: the supervisor reported that {who} "
@@ -83,26 +89,18 @@ def explain(group: Any, entry: int, op: str, started: float, limit: Deadline | N
     else:
         first = text.splitlines()[0] if text else "the supervisor reported a failed peer"
         kind, cause = PeerFailed, f"failed because a peer failed ({_short(first)})"
-    failure = kind(cause, op=op, seq=seq, group=group._rankguard_name, rank=me,
-                   missing=missing, waited=waited, peers=states)
-    last_failure = failure
-    return failure
+    return kind(cause, op=op, seq=seq, group=record.name, rank=record.rank,
+                missing=missing, waited=waited, peers=states)
 
 
-def take_supervisor_notice(group: Any) -> None:
-    """Retire ``group`` if the supervisor posted, in the ledger, that a peer died or hung."""
-    from . import instrument
-
-    ledger = instrument.state.ledger
+def take_supervisor_notice(record: GroupRecord) -> None:
+    """Retire the group if the supervisor posted, in the ledger, that a peer died or hung."""
+    ledger = current().ledger
     notice = ledger.notice() if ledger is not None else None
-    if notice is not None and group._rankguard_retired is None:
+    if notice is not None and record.retired is None:
         kind, rank = notice
-        groups.retire(group, f"the supervisor reported that rank {rank} {kind}",
+        groups.retire(record, f"the supervisor reported that rank {rank} {kind}",
                       {"supervisor": True, "kind": kind, "rank": rank})
-
-
-def _seq(group: Any, entry: int) -> int:
-    return _ledger.seq_of(entry, group._rankguard_is_world)
 
 
 def _short(gloo_text: str) -> str:
@@ -120,7 +118,7 @@ def work_class() -> type:
     class BoundedWork(dist.Work):
         """A gloo work handle whose ``wait`` is bounded and explains its failure."""
 
-        def __init__(self, inner: Any, group: Any, entry: int, op: str,
+        def __init__(self, inner: Any, group: GroupRecord, entry: int, op: str,
                      limit: Deadline | None) -> None:
             super().__init__()
             self._inner = inner
@@ -138,7 +136,7 @@ def work_class() -> type:
             while True:
                 try:
                     return inner.wait(SLICE)
-                except RuntimeError as error:
+                except RuntimeError:
                     if inner.is_completed():
                         # it may have finished just after this slice timed out: its own
                         # outcome decides, not the slice's timeout
@@ -148,21 +146,21 @@ def work_class() -> type:
                             raise self._failure(final) from final
                     group = self._group
                     take_supervisor_notice(group)
-                    if group._rankguard_retired is not None:
-                        if group._rankguard_notice is not None:
-                            raise explain(group, self._entry, self._op, self._started,
-                                          self._limit, None, group._rankguard_notice) from None
-                        raise GroupRetired(group._rankguard_name,
-                                           group._rankguard_retired) from None
-                    if own is not None and own.remaining() <= 0:
+                    if group.retired is not None:
+                        if group.notice is not None:
+                            raise retire_and_explain(group, self._entry, self._op,
+                                                     self._started, self._limit, None,
+                                                     group.notice) from None
+                        raise GroupRetired(group.name, group.retired) from None
+                    if own is not None and own.passed():
                         raise self._failure(None, own) from None
 
         def _failure(self, error: BaseException | None,
                      limit: Deadline | None = None) -> CollectiveError:
             if error is None and limit is not None:
                 error = TimeoutError("timed out")
-            return explain(self._group, self._entry, self._op, self._started,
-                           limit or self._limit, error)
+            return retire_and_explain(self._group, self._entry, self._op, self._started,
+                                      limit or self._limit, error)
 
         def is_completed(self) -> bool:
             return self._inner.is_completed()
@@ -176,7 +174,7 @@ def work_class() -> type:
         def get_future(self) -> Any:
             if not _backward_explained:
                 _explain_backward_failures()
-            handed_out.append(self)
+            current().handed_out.append(self)
             return self._inner.get_future()
 
         def explain_if_failed(self) -> CollectiveError | None:
@@ -212,7 +210,7 @@ def _explain_backward_failures() -> None:
         try:
             return original(*args, **kwargs)
         except RuntimeError as error:
-            failure = failure_behind() if handed_out else None
+            failure = failure_behind() if current().handed_out else None
             if failure is None:
                 raise
             raise failure from error
@@ -222,6 +220,7 @@ def _explain_backward_failures() -> None:
 
 def failure_behind() -> CollectiveError | None:
     """The collective failure that made C++ code (DDP's backward) raise, if any."""
+    handed_out = current().handed_out
     while handed_out:
         work = handed_out.popleft()
         failure = work.explain_if_failed()

@@ -20,7 +20,7 @@ from typing import Iterator
 
 from ..deadline import Deadline, check_seconds
 
-__all__ = ["Deadline", "check_seconds", "current", "deadline", "default", "set_default"]
+__all__ = ["Deadline", "check_seconds", "current", "deadline", "default", "set_default", "until"]
 
 
 class _Scope(threading.local):
@@ -42,8 +42,7 @@ def default() -> float | None:
     return _default_seconds
 
 
-@contextlib.contextmanager
-def deadline(seconds: float) -> Iterator[Deadline]:
+def deadline(seconds: float) -> contextlib.AbstractContextManager[Deadline]:
     """Bound every collective issued by this thread inside the block to ``seconds`` from now.
 
     A collective that has not completed when the deadline passes raises
@@ -55,10 +54,16 @@ def deadline(seconds: float) -> Iterator[Deadline]:
     Raises:
         UsageError: ``seconds`` is not a positive number.
     """
-    limit = Deadline.after(check_seconds("rankguard.deadline(seconds)", seconds))
+    return until(Deadline.after(check_seconds("rankguard.deadline(seconds)", seconds)))
+
+
+@contextlib.contextmanager
+def until(limit: Deadline) -> Iterator[Deadline]:
+    """:func:`deadline` for a deadline already made (a caller's, perhaps in another process):
+    bound every collective of this thread inside the block by ``limit``, or by an enclosing
+    block's deadline if that one is earlier. Yields the deadline in force."""
     outer = _scope.innermost
-    if outer is not None and outer.at <= limit.at:
-        limit = outer
+    limit = limit.sooner(outer)
     _scope.innermost = limit
     try:
         yield limit

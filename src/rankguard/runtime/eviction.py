@@ -36,6 +36,7 @@ import time
 from .. import ledger as _ledger
 from ..errors import UsageError
 from . import groups, stacks
+from .state import current
 
 DEFAULT_GRACE_S = 5.0
 EXIT_TEARDOWN_TIMEOUT = 143  # what an orchestrator sees from a process that SIGTERM ended
@@ -126,9 +127,7 @@ def _run(reason: str) -> None:
 
 def _leaving_code() -> int:
     """The exit code the rank's script had already ended with, else 0."""
-    from . import instrument
-
-    ledger = instrument.state.ledger
+    ledger = current().ledger
     if ledger is not None and ledger.recorded_fault() == _ledger.FAULT_EXITING:
         return ledger.exit_code()
     return 0
@@ -137,9 +136,7 @@ def _leaving_code() -> int:
 def _stopped_because(reason: str) -> str:
     """Why the rank is being torn down, from the launcher's notice in its ledger when there
     is one: ``stopped by the launcher, which blamed this rank for a hang (SIGTERM)``."""
-    from . import instrument
-
-    ledger = instrument.state.ledger
+    ledger = current().ledger
     notice = ledger.notice() if ledger is not None else None
     if notice is None:
         return reason
@@ -152,17 +149,16 @@ def _stopped_because(reason: str) -> str:
 
 
 def _steps(reason: str, progress: dict[str, str]) -> None:
-    from . import instrument
-
-    ledger = instrument.state.ledger
+    state = current()
+    ledger = state.ledger
     if ledger is not None:
         progress["step"] = "record the teardown"
-        instrument.completions.flush()
+        state.completions.flush()
         if ledger.recorded_fault() == _ledger.FAULT_NONE:  # else that fault tells the story
             ledger.record_fault(_ledger.FAULT_TERMINATED, ledger.in_collective())
         ledger.set_flag(_ledger.FLAG_TERMINATING)
     progress["step"] = "retire process groups"
-    live = groups.live()
+    live = state.groups.live()
     groups.retire_all(f"terminating ({reason})")
     torch = sys.modules.get("torch")
     if torch is not None:

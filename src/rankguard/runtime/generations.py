@@ -30,13 +30,13 @@ from datetime import timedelta
 from typing import Any, Iterable
 
 from .. import sealed
+from ..deadline import Deadline, check_seconds
 from ..errors import CollectiveTimeout, GroupRetired, UsageError
-from . import bounded, groups, instrument
-from .deadline import check_seconds
+from . import barrier, groups
 from .probe import clone_client
+from .state import WORLD, current
 
 DEFAULT_TIMEOUT_S = 10.0
-_POLL_S = 0.002
 
 
 @dataclass(frozen=True)
@@ -60,37 +60,31 @@ class Generation:
     took: float
 
 
-class _Lineage:
-    root: Any = None  # the store of generation 0, under which every later one lives
-    client: Any = None  # regroup's own connection to it, made once (see probe.Responder)
-    number = 0
-
-
-_lineage = _Lineage()
-
-
 def root_store() -> Any:
     """The store of generation 0, under which every generation keeps its keys (the default
     group must exist)."""
     from torch.distributed import distributed_c10d as c10d
 
-    return _lineage.root if _lineage.root is not None else c10d._get_default_store()
+    state = current()
+    return state.lineage_root if state.lineage_root is not None else c10d._get_default_store()
 
 
-def store_client(timeout: float) -> Any:
+def store_client(limit: Deadline) -> Any:
     """This process's own connection to :func:`root_store`, made once (each new connection
-    costs a reverse DNS lookup in torch that can stall 5 s, see ``probe.Responder``), with
-    ``timeout`` seconds for its operations."""
-    _lineage.root = root_store()
-    if _lineage.client is None:
-        _lineage.client = clone_client(_lineage.root, timedelta(seconds=timeout)) or _lineage.root
-    _lineage.client.set_timeout(timedelta(seconds=timeout))
-    return _lineage.client
+    costs a reverse DNS lookup in torch that can stall 5 s, see ``probe.Responder``), its
+    operations bounded by ``limit`` (at least ``barrier.STORE_OP_MIN_S``)."""
+    state = current()
+    state.lineage_root = root_store()
+    timeout = timedelta(seconds=limit.left(at_least=barrier.STORE_OP_MIN_S))
+    if state.lineage_client is None:
+        state.lineage_client = clone_client(state.lineage_root, timeout) or state.lineage_root
+    state.lineage_client.set_timeout(timeout)
+    return state.lineage_client
 
 
 def next_number() -> int:
     """The number the next ``regroup()`` will give its generation."""
-    return _lineage.number + 1
+    return current().generation + 1
 
 
 def regroup(*, timeout: float = DEFAULT_TIMEOUT_S, exclude: Iterable[int] | None = None
@@ -113,7 +107,12 @@ def regroup(*, timeout: float = DEFAULT_TIMEOUT_S, exclude: Iterable[int] | None
             membership could be agreed in the store within it (another process kept writing a
             forged one).
     """
-    timeout = check_seconds("rankguard.regroup(timeout)", timeout)
+    limit = Deadline.after(check_seconds("rankguard.regroup(timeout)", timeout))
+    return form_next(limit, exclude)
+
+
+def form_next(limit: Deadline, exclude: Iterable[int] | None = None) -> Generation:
+    """:func:`regroup`, by ``limit`` (plus the time gloo takes to connect the members)."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
@@ -121,48 +120,47 @@ def regroup(*, timeout: float = DEFAULT_TIMEOUT_S, exclude: Iterable[int] | None
         raise UsageError("rankguard.regroup()", "there is no process group to regroup",
                          "call it after init_process_group, when a collective has failed")
     started = time.monotonic()
-    _lineage.root = root_store()
+    state = current()
     number = next_number()
     rank, size = dist.get_rank(), dist.get_world_size()
-    pg_timeout = instrument.state.pg_timeout or c10d.default_pg_timeout
+    pg_timeout = state.pg_timeout or c10d.default_pg_timeout
     failed = set(exclude) if exclude is not None else _known_failed() | _silent(rank, size)
     prefix = f"rankguard/gen{number}/"
-    client = store_client(timeout)
-    members = _agree(client, f"{prefix}members", sorted(set(range(size)) - failed),
-                     started + timeout)
+    client = store_client(limit)
+    members = _agree(client, f"{prefix}members", sorted(set(range(size)) - failed), limit)
     if members is None:
         groups.retire_all(f"generation {number} did not form")
         raise CollectiveTimeout("did not form: no authentic membership could be agreed in the "
                                 "store (another process keeps writing to it)", op="regroup",
-                                seq=number, group="world", rank=rank, missing=[],
+                                seq=number, group=WORLD, rank=rank, missing=[],
                                 waited=time.monotonic() - started)
     if rank not in members:
         groups.retire_all(f"left out of generation {number}")
-        raise GroupRetired("world", f"this rank was left out of generation {number} "
-                                    f"(members: {members})")
-    absent = _join(client, prefix, rank, members, started + timeout)
-    if absent:
+        raise GroupRetired(WORLD, f"this rank was left out of generation {number} "
+                                  f"(members: {members})")
+    joined = barrier.meet(client, f"{prefix}joined", members.index(rank), len(members), limit)
+    if not joined.complete:
         groups.retire_all(f"generation {number} did not form")
         raise CollectiveTimeout("did not form: members failed to join", op="regroup",
-                                seq=number, group="world", rank=rank, missing=absent,
+                                seq=number, group=WORLD, rank=rank,
+                                missing=[members[i] for i in joined.missing],
                                 waited=time.monotonic() - started)
     groups.retire_all(f"replaced by generation {number}")
     groups.discard_all()
-    instrument.completions.flush()
-    if instrument.state.ledger is not None:
-        instrument.state.ledger.world().reset()  # collectives are numbered per generation
+    state.completions.flush()
+    if state.ledger is not None:
+        state.ledger.world().reset()  # collectives are numbered per generation
     new_rank = members.index(rank)
-    instrument.state.generation = number
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"{prefix}pg/", _lineage.root),
+    state.generation = number
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"{prefix}pg/", state.lineage_root),
                             rank=new_rank, world_size=len(members), timeout=pg_timeout)
-    _lineage.number = number
-    bounded.last_failure = None
+    state.last_failure = None
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(new_rank), str(len(members))
     return Generation(number, new_rank, len(members), rank, members, time.monotonic() - started)
 
 
 def _known_failed() -> set[int]:
-    failure = bounded.last_failure
+    failure = current().last_failure
     return set(failure.missing) if failure is not None else set()
 
 
@@ -171,32 +169,23 @@ def _silent(rank: int, size: int) -> set[int]:
     join. Needed because a rank that learnt of the fault from a peer's notice (GroupRetired)
     knows nothing of who failed, and its proposal may be the one adopted. Returns at once when
     every peer answers; waits the probe's answer window otherwise."""
-    asker = instrument.state.asker
+    asker = current().asker
     if asker is None:
         return set()
-    answers = asker.ask("world", [r for r in range(size) if r != rank])
+    answers = asker.ask(WORLD, [r for r in range(size) if r != rank])
     return {peer for peer, answer in answers.items() if answer is None}
 
 
-def _agree(client: Any, key: str, proposal: list[int], deadline: float) -> list[int] | None:
+def _agree(client: Any, key: str, proposal: list[int], limit: Deadline) -> list[int] | None:
     """The membership in ``key``: the first authentic proposal written there (``proposal`` if
-    it is this one); None if none could be agreed by ``deadline``."""
+    it is this one); None if none could be agreed by ``limit``. A forged value found there is
+    replaced by compare-and-set; each try is one round trip to the store."""
     ours = sealed.seal(key, json.dumps(proposal))
-    current = client.compare_set(key, "", ours)
+    current_value = client.compare_set(key, "", ours)
     while True:
-        text = sealed.unseal(key, current)
+        text = sealed.unseal(key, current_value)
         if text is not None:
             return [int(member) for member in json.loads(text)]
-        if time.monotonic() >= deadline:
+        if limit.passed():
             return None
-        time.sleep(_POLL_S)
-        current = client.compare_set(key, current, ours)  # replace the forged value only
-
-
-def _join(client: Any, prefix: str, rank: int, members: list[int], deadline: float) -> list[int]:
-    """Members that did not join before ``deadline`` (empty when all did)."""
-    mine = f"{prefix}joined/{rank}"
-    client.set(mine, sealed.seal(mine, "joined"))
-    names = {member: f"{prefix}joined/{member}" for member in members}
-    joined = sealed.gather(client, list(names.values()), deadline, _POLL_S)
-    return [member for member, name in names.items() if name not in joined]
+        current_value = client.compare_set(key, current_value, ours)  # the forged value only

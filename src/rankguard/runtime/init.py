@@ -13,6 +13,7 @@ from .. import ledger as _ledger
 from ..errors import UsageError
 from . import deadline as _deadline
 from . import eviction, instrument, stacks
+from .state import current
 
 GRACE_ENV = "RANKGUARD_GRACE"
 COLLECTIVE_TIMEOUT_ENV = "RANKGUARD_COLLECTIVE_TIMEOUT"
@@ -61,12 +62,13 @@ def init(*, grace: float | None = None, collective_timeout: float | None = None,
         _deadline.set_default(collective_timeout)
     eviction.install(grace)
     stacks.install(stacks_file)
-    if instrument.state.ledger is None and os.environ.get(_ledger.PATH_ENV):
-        instrument.state.ledger = _ledger.LedgerWriter(os.environ[_ledger.PATH_ENV])
-    if instrument.state.ledger is None:
+    state = current()
+    if state.ledger is None and os.environ.get(_ledger.PATH_ENV):
+        state.ledger = _ledger.LedgerWriter(os.environ[_ledger.PATH_ENV])
+    if state.ledger is None:
         world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
-        instrument.state.ledger = _ledger.LedgerWriter.private(world_size)
-    instrument.enable_bounded()
+        state.ledger = _ledger.LedgerWriter.private(world_size)
+    state.enable_bounded()
     _instrument_torch()
 
 
@@ -81,10 +83,10 @@ def _instrument_torch() -> None:
     from torch.distributed import distributed_c10d as c10d
 
     world = c10d._get_default_group()
-    if not hasattr(world, "_rankguard_name"):
+    if current().groups.of(world) is None:
         raise UsageError("rankguard.init()", "the default process group already exists and was "
                          "not created through rankguard, so its collectives cannot be bounded",
                          "call rankguard.init() before torch.distributed.init_process_group()")
-    if instrument.state.responder is None:
+    if current().responder is None:
         instrument.start_probing(c10d._get_default_store(), dist.get_rank())
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import atexit
 import functools
 import os
-import threading
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -36,7 +35,7 @@ from . import deadline as _deadline
 from . import groups
 from . import probe as _probe
 from . import rendezvous
-from .completions import CompletionTracker
+from .state import WORLD, GroupRecord, current
 
 BACKEND = "rankguard_gloo"
 
@@ -70,56 +69,37 @@ _OPS = {
 }
 
 
-class _State:
-    """What the rank's runtime knows; set by the bootstrap or ``rankguard.init()``."""
-
-    ledger: _ledger.LedgerWriter | None = None
-    injector: Any = None
-    namespace: str | None = None  # store prefix of this attempt, under the launcher
-    launcher_store: tuple[str, str] | None = None  # MASTER_ADDR, MASTER_PORT the launcher gave
-    bounded = False  # every operation returns a BoundedWork (see runtime.bounded)
-    asker: Any = None  # probe.Asker, kept across generations
-    responder: Any = None  # probe.Responder, kept across generations
-    generation = 0  # of the default group (see runtime.generations)
-    pg_timeout: timedelta | None = None  # the timeout the default group was created with
-    creating_default = threading.local()
-
-
-state = _State()
-completions = CompletionTracker()
-
-
-def enable_bounded() -> None:
-    """Every operation from now on returns a BoundedWork; the supervisor may send notices."""
-    state.bounded = True
-    if state.ledger is not None:
-        state.ledger.set_flag(_ledger.FLAG_BOUNDED)
+_installed = False  # install() ran in this process
+_MIN_AGREEMENT_S = 0.001  # gloo's least timeout, for a secret's broadcast past its deadline
 
 
 def _make_op(name: str, backend_method: str, op_name: str) -> Callable[..., Any]:
     code = _ledger.OP_CODES[op_name]
+    state = current()
+    record_of = state.groups.of
 
     def op(self: Any, *args: Any, **kwargs: Any) -> Any:
+        group = record_of(self)
         if state.bounded:
-            _bounded.take_supervisor_notice(self)
-        if self._rankguard_retired is not None:
-            raise GroupRetired(self._rankguard_name, self._rankguard_retired)
-        slot = self._rankguard_slot
+            _bounded.take_supervisor_notice(group)
+        if group.retired is not None:
+            raise GroupRetired(group.name, group.retired)
+        slot = group.slot
         limit = _deadline.current()
         if limit is not None:
             _bounded.limit_options(args, limit)
         entry = 0
         if slot is not None:
-            if self._rankguard_is_world and state.injector is not None:
+            if group.is_world and state.injector is not None:
                 # entered - 1 collectives so far, +1 for init
                 state.injector.before_op(slot.entered)
             entry = slot.enter(code)
-        work = getattr(self._rankguard_backend, backend_method)(*args, **kwargs)
+        work = getattr(group.backend, backend_method)(*args, **kwargs)
         if slot is not None:
-            completions.add(slot, work)
+            state.completions.add(slot, work)
         if not state.bounded and limit is None:
             return work
-        return _bounded.work_class()(work, self, entry, op_name, limit)
+        return _bounded.work_class()(work, group, entry, op_name, limit)
 
     op.__name__ = name
     op.__qualname__ = f"InstrumentedGroup.{name}"
@@ -133,20 +113,11 @@ def _group_class() -> type:
     from torch.distributed import ProcessGroup
 
     class InstrumentedGroup(ProcessGroup):
-        """A process group that records every operation in the ledger, then runs it on gloo."""
+        """A process group that records every operation in the ledger, then runs it on gloo.
+        What rankguard knows of it is in its record (``runtime.state.GroupRecord``)."""
 
-        def __init__(self, backend: Any, options: Any, slot: Any, is_world: bool) -> None:
+        def __init__(self, backend: Any, options: Any) -> None:
             super().__init__(options.group_rank, options.group_size)
-            self._rankguard_backend = backend
-            self._rankguard_slot = slot
-            self._rankguard_is_world = is_world
-            self._rankguard_name = "world" if is_world else str(options.group_id)
-            self._rankguard_ranks = (list(options.global_ranks_in_group)
-                                     or list(range(options.group_size)))  # empty for the world
-            self._rankguard_rank = self._rankguard_ranks[options.group_rank]
-            self._rankguard_retired: str | None = None
-            self._rankguard_notice: dict[str, Any] | None = None
-            groups.register(self)
             self._register_backend(torch.device("cpu"), ProcessGroup.BackendType.GLOO, backend)
             self._set_default_backend(ProcessGroup.BackendType.GLOO)
 
@@ -161,6 +132,7 @@ def _group_class() -> type:
 def _create_group(options: Any, backend_options: Any) -> Any:
     from torch.distributed import ProcessGroupGloo
 
+    state = current()
     is_world = bool(getattr(state.creating_default, "value", False))
     slot = None
     if state.ledger is not None:
@@ -178,24 +150,30 @@ def _create_group(options: Any, backend_options: Any) -> Any:
     backend.options.group_name = options.group_id
     if is_world and state.generation == 0 and not sealed.from_host():
         sealed.agree(backend, options.group_rank, options.group_size, _agreement_timeout(options))
-    group = _group_class_cached()(backend, options, slot, is_world)
+    ranks = list(options.global_ranks_in_group) or list(range(options.group_size))  # world: []
+    record = GroupRecord(name=WORLD if is_world else str(options.group_id), ranks=ranks,
+                         rank=ranks[options.group_rank], is_world=is_world, slot=slot,
+                         backend=backend)
+    group = _group_class_cached()(backend, options)
+    state.groups.add(group, record)
     if is_world and state.bounded:
-        start_probing(options.store, group._rankguard_rank)
+        start_probing(options.store, record.rank)
     return group
 
 
 def _agreement_timeout(options: Any) -> float:
     """The bound of the secret's broadcast when the default group forms: the group's timeout,
     or the collective deadline in force if it is earlier."""
-    limit = _deadline.current()
     timeout = options.timeout.total_seconds()
-    return max(min(timeout, limit.remaining()), 0.001) if limit is not None else timeout
+    limit = _deadline.current()
+    return limit.within(timeout).left(_MIN_AGREEMENT_S) if limit is not None else timeout
 
 
 def start_probing(store: Any, rank: int) -> None:
-    """Answer peers' probes in this generation (``state.generation``), and be able to ask
+    """Answer peers' probes in this generation (the state's ``generation``), and be able to ask
     them. The responder and asker of the first generation are kept for the later ones: their
     store connections were made once (see ``probe.Responder``)."""
+    state = current()
     if state.responder is not None and state.responder.serving and state.asker is not None:
         state.responder.follow(rank, state.generation)
         state.asker.generation = state.generation
@@ -211,8 +189,9 @@ def start_probing(store: Any, rank: int) -> None:
 
 
 def _stop_probing() -> None:
-    if state.responder is not None:
-        state.responder.close()
+    responder = current().responder
+    if responder is not None:
+        responder.close()
 
 
 @functools.cache
@@ -241,6 +220,7 @@ def _attempt_store(timeout: timedelta) -> Any:
     """A client of the launcher's store, under this attempt's namespace."""
     from torch.distributed import PrefixStore, TCPStore
 
+    state = current()
     assert state.launcher_store is not None
     host, port = state.launcher_store
     store = TCPStore(host, int(port), is_master=False, timeout=timeout)
@@ -250,6 +230,7 @@ def _attempt_store(timeout: timedelta) -> Any:
 def _launchers_store(init_method: Any, kwargs: dict[str, Any]) -> bool:
     """Whether this ``init_process_group`` meets its peers in the launcher's store. If it names
     another store, wait (bounded) until that one answers; raises UsageError if it does not."""
+    state = current()
     if not state.namespace or state.launcher_store is None or kwargs.get("store") is not None:
         return False
     where = rendezvous.address(init_method)
@@ -269,8 +250,10 @@ def install() -> None:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    if getattr(dist, "_rankguard_installed", False) or not dist.is_available():
+    global _installed
+    if _installed or not dist.is_available():
         return
+    state = current()
     dist.Backend.register_backend(BACKEND, _create_group, extended_api=True, devices=["cpu"])
 
     original_init = c10d.init_process_group
@@ -321,5 +304,5 @@ def install() -> None:
         module.init_process_group = init_process_group
         module.new_group = new_group
         module.get_backend = get_backend
-    dist._rankguard_installed = True
+    _installed = True
 

@@ -31,6 +31,8 @@ from ..errors import UsageError
 
 HANG_TIMEOUT_ENV = "RANKGUARD_HANG_TIMEOUT"
 _RETRY_S = 0.05  # between connection attempts: a store coming up is found this soon
+_CONNECT_S = 1.0  # the most one connection attempt may take
+_MIN_S = 0.001  # the least timeout a socket or a store client takes (0 would mean none)
 
 
 def address(init_method: str | None) -> tuple[str, int] | None:
@@ -58,7 +60,7 @@ def wait_limit(init_timeout: timedelta | None) -> float | None:
         return None
     limit = check_seconds(HANG_TIMEOUT_ENV, value)
     if init_timeout is not None:
-        limit = min(limit, max(init_timeout.total_seconds(), 0.001))
+        limit = min(limit, max(init_timeout.total_seconds(), _MIN_S))
     return limit
 
 
@@ -93,9 +95,10 @@ def check_store(init_method: str | None, host: str, port: int, rank: str, second
 def _connect(host: str, port: int, limit: Deadline) -> str | None:
     """None once a TCP connection to ``host:port`` succeeds; else, at ``limit``, why not."""
     problem = "no answer"
-    while limit.remaining() > 0:
+    while not limit.passed():
         try:
-            with socket.create_connection((host, port), timeout=min(limit.left(0.001), 1.0)):
+            with socket.create_connection((host, port),
+                                          timeout=min(limit.left(at_least=_MIN_S), _CONNECT_S)):
                 return None
         except OSError as exc:
             problem = (exc.strerror or str(exc) or type(exc).__name__).lower()
@@ -117,7 +120,7 @@ def _shake_hands(host: str, port: int, limit: Deadline) -> str | None:
             from torch.distributed import TCPStore
 
             TCPStore(host, port, is_master=False, wait_for_workers=False,
-                     timeout=timedelta(seconds=limit.left(0.001)))
+                     timeout=timedelta(seconds=limit.left(at_least=_MIN_S)))
         except Exception as exc:  # noqa: BLE001 (reported, whatever torch raised)
             outcome["error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         done.set()

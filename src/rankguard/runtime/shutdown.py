@@ -2,10 +2,8 @@
 
 ``destroy_process_group()`` after a failure can hang (a peer never arrives at the last
 collective), and ``barrier(timeout=)`` exists only from torch 2.13 and names nobody. This is a
-barrier in the store instead: every rank marks its arrival under its own key, sealed with the
-run's secret (``rankguard.sealed``: an arrival that another process wrote is not believed); each
-rank polls the keys until everyone is in or the budget is spent, and names the ranks that never
-arrived, on every rank that got there.
+barrier in the store instead (``runtime.barrier``: woken by the store, every arrival sealed with
+the run's secret), which names the ranks that never arrived, on every rank that got there.
 
 - All arrived: the process groups are destroyed as usual.
 - Not all arrived (or the store is gone): the groups are **aborted** instead: retired (see
@@ -14,7 +12,8 @@ arrived, on every rank that got there.
   exit or start over. A line names the missing ranks; ``strict=True`` raises instead of
   returning.
 
-Bound: ``timeout`` plus at most ``_DESTROY_ALLOWANCE_S`` for the destroy or abort itself.
+Bound: the deadline, plus at most ``_DESTROY_ALLOWANCE_S`` for the destroy or abort itself (a
+store that froze costs one more store operation, ``barrier.STORE_OP_MIN_S``).
 """
 
 from __future__ import annotations
@@ -24,16 +23,16 @@ import os
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 from .. import ledger as _ledger
-from .. import sealed
+from ..deadline import Deadline, check_seconds
 from ..errors import TeardownTimeout
-from . import eviction, groups, instrument
-from .deadline import check_seconds
+from . import barrier, eviction, groups
 from .probe import clone_client
+from .state import current
 
 DEFAULT_TIMEOUT_S = 10.0
-_POLL_S = 0.005
 _DESTROY_ALLOWANCE_S = 1.0
 _calls = itertools.count()
 
@@ -69,7 +68,12 @@ def shutdown(timeout: float = DEFAULT_TIMEOUT_S, *, strict: bool = False) -> Shu
         UsageError: ``timeout`` is not a positive number.
         TeardownTimeout: with ``strict=True``, when a rank did not arrive.
     """
-    timeout = check_seconds("rankguard.shutdown(timeout)", timeout)
+    limit = Deadline.after(check_seconds("rankguard.shutdown(timeout)", timeout))
+    return shut_down(limit, strict=strict)
+
+
+def shut_down(limit: Deadline, *, strict: bool = False) -> ShutdownReport:
+    """:func:`shutdown`, the barrier bounded by ``limit``."""
     import sys
 
     dist = sys.modules.get("torch.distributed")
@@ -79,18 +83,18 @@ def shutdown(timeout: float = DEFAULT_TIMEOUT_S, *, strict: bool = False) -> Shu
 
     started = time.monotonic()
     rank, size = dist.get_rank(), dist.get_world_size()
-    ledger = instrument.state.ledger
+    ledger = current().ledger
     world = ledger.world() if ledger is not None else None
     if world is not None:
         world.enter(_ledger.OP_CODES["shutdown"])  # the barrier is a wait the supervisor sees
-    missing, detail = _barrier(c10d._get_default_store(), rank, size, started + timeout)
+    missing, detail = _barrier(c10d._get_default_store(), rank, size, limit)
     if world is not None and not missing and not detail:
         world.done()
     waited = time.monotonic() - started
     if not missing and not detail:
         dist.destroy_process_group()
         return ShutdownReport(True, waited=waited)
-    _abort(dist)
+    _abort()
     report = ShutdownReport(False, missing, waited, detail or
                             f"ranks {', '.join(map(str, missing))} did not arrive")
     error = TeardownTimeout(missing, waited, detail)
@@ -100,22 +104,19 @@ def shutdown(timeout: float = DEFAULT_TIMEOUT_S, *, strict: bool = False) -> Shu
     return report
 
 
-def _barrier(store: object, rank: int, size: int, deadline: float) -> tuple[list[int], str]:
+def _barrier(store: Any, rank: int, size: int, limit: Deadline) -> tuple[list[int], str]:
     """Missing ranks, and a reason when they cannot be known (the store is gone)."""
-    prefix = f"rankguard/shutdown/g{instrument.state.generation}/{next(_calls)}/"
-    budget = max(deadline - time.monotonic(), 0.001)
-    client = clone_client(store, timedelta(seconds=budget)) or store
+    name = f"rankguard/shutdown/g{current().generation}/{next(_calls)}"
     try:
-        mine = f"{prefix}{rank}"
-        client.set(mine, sealed.seal(mine, "arrived"))
-        arrived = sealed.gather(client, [f"{prefix}{r}" for r in range(size)], deadline, _POLL_S)
-        return [r for r in range(size) if f"{prefix}{r}" not in arrived], ""
+        timeout = timedelta(seconds=limit.left(at_least=barrier.STORE_OP_MIN_S))
+        client = clone_client(store, timeout) or store
+        return barrier.meet(client, name, rank, size, limit).missing, ""
     except Exception as error:  # noqa: BLE001 (the store's server died or froze)
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         return [], f"the store is unreachable: {first}"
 
 
-def _abort(dist: object) -> None:
+def _abort() -> None:
     groups.retire_all("aborted by rankguard.shutdown()")
     try:
         eviction.abort_nccl()

@@ -36,7 +36,7 @@ from typing import Any
 import rankguard
 from rankguard import proctree
 from rankguard.pyfiles import import_file
-from rankguard.runtime import groups
+from rankguard.runtime import internal
 
 from .channel import ChannelClosed, RankEnd
 from .leader_env import FD, LEADER, MAIN, SYS_PATH
@@ -92,7 +92,7 @@ def _run(command: dict[str, Any], state: Any, rank: int) -> dict[str, Any]:
     except BaseException as error:  # noqa: BLE001 (reported to the leader, whatever it is)
         answer = _failure(error)
         if not answer["collective"]:
-            groups.abandon_world(f"rank {rank} raised {type(error).__name__}")
+            internal.abandon_world(f"rank {rank} raised {type(error).__name__}")
     return answer
 
 

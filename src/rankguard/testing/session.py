@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from typing import Any, Callable
 
 import pytest
@@ -33,9 +32,9 @@ import pytest
 from .. import margins
 from ..deadline import Deadline
 from ..errors import CollectiveError, GroupRetired
+from ..runtime import internal
 
 DEFAULT_SHUTDOWN_TIMEOUT_S = 60.0
-_POLL_S = 0.01
 
 
 def under_launcher() -> bool:
@@ -57,7 +56,9 @@ def start() -> None:
 class EveryRank:
     """The plugin's part in a suite every rank runs; registered by the plugin under a launcher.
 
-    ``deadline_of(item)``: the deadline of the item's setup and call, or None.
+    ``shutdown_timeout``: seconds the session's end waits for every rank (and the bound of
+    re-forming when a test has no deadline). ``deadline_of(item)``: the deadline of the item's
+    setup and call, or None.
     """
 
     def __init__(self, shutdown_timeout: float,
@@ -80,7 +81,7 @@ class EveryRank:
                             f"{self._resume_at}")
             self._resume_at = None
             self._regroup(item)
-        elif self._gave_up is None and _world_retired():
+        elif self._gave_up is None and internal.world_retired() is not None:
             self._reform(item)
 
     @pytest.hookimpl(wrapper=True)
@@ -93,24 +94,13 @@ class EveryRank:
 
     def _reform(self, item: pytest.Item) -> None:
         """Agree with every rank on the test to resume at; skip to it or regroup here."""
-        import torch.distributed as dist
-
-        from .. import sealed
-        from ..runtime import generations
-
-        rank, world = dist.get_rank(), dist.get_world_size()
-        deadline_at = self._until(item)
-        client = generations.store_client(max(1.0, deadline_at - time.monotonic()))
-        prefix = f"rankguard/pytest/reform{generations.next_number()}/at/"
-        mine = f"{prefix}{rank}"
-        client.set(mine, sealed.seal(mine, str(self._order.get(item.nodeid, -1))))
-        keys = [f"{prefix}{r}" for r in range(world)]
-        at = sealed.gather(client, keys, deadline_at, _POLL_S)  # a forged position is ignored
-        missing = [r for r, key in enumerate(keys) if key not in at]
-        if missing:
-            self._give_up(f"ranks {', '.join(map(str, missing))} did not reach a test "
+        name = f"rankguard/pytest/reform{internal.next_generation()}/at"
+        position = self._order.get(item.nodeid, -1)
+        meeting = internal.meet(name, self._until(item), str(position))  # positions are sealed
+        if meeting.missing:
+            self._give_up(f"ranks {', '.join(map(str, meeting.missing))} did not reach a test "
                           f"boundary in time")
-        furthest = max(int(position) for position in at.values())
+        furthest = max(int(at) for at in meeting.arrived.values())
         names = {index: nodeid for nodeid, index in self._order.items()}
         if furthest not in names:
             self._give_up("the ranks did not collect the same tests")
@@ -121,20 +111,18 @@ class EveryRank:
         self._regroup(item)
 
     def _regroup(self, item: pytest.Item) -> None:
-        import rankguard
-
         try:
-            rankguard.regroup(timeout=max(0.5, self._until(item) - time.monotonic()),
-                              exclude=())
+            internal.regroup(self._until(item), exclude=())
         except (CollectiveError, GroupRetired) as error:
             self._give_up(str(error))
 
-    def _until(self, item: pytest.Item) -> float:
-        """When re-forming must have ended: a second before the test's deadline."""
-        deadline = self._deadline_of(item)
-        if deadline is None:
-            return time.monotonic() + self.shutdown_timeout
-        return margins.reformed_by(deadline).at
+    def _until(self, item: pytest.Item) -> Deadline:
+        """When re-forming must have ended: shortly before the test's deadline
+        (``margins.reformed_by``), so that a failure is the test's."""
+        limit = self._deadline_of(item)
+        if limit is None:
+            return Deadline.after(self.shutdown_timeout)
+        return margins.reformed_by(limit)
 
     def _give_up(self, why: str) -> None:
         self._gave_up = why
@@ -143,7 +131,7 @@ class EveryRank:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        problem = finish(self.shutdown_timeout)
+        problem = finish(Deadline.after(self.shutdown_timeout))
         if problem is None:
             return
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
@@ -154,44 +142,18 @@ class EveryRank:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-def _world_retired() -> bool:
-    """Whether this rank's default process group exists and was retired by rankguard."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return False
-    world = dist.distributed_c10d._get_default_group()
-    return getattr(world, "_rankguard_retired", None) is not None
-
-
 def abandon(nodeid: str) -> None:
     """This rank failed ``nodeid`` by itself: its peers must not keep waiting for it in that
     test's collectives, nor pair them with the next test's."""
-    if "rankguard.runtime.groups" in sys.modules and "torch.distributed" in sys.modules:
-        from ..runtime import groups
-
-        groups.abandon_world(f"rank {os.environ.get('RANK')} failed {nodeid}")
+    if "torch.distributed" in sys.modules:
+        internal.abandon_world(f"rank {os.environ.get('RANK')} failed {nodeid}")
 
 
-def finish(timeout: float) -> str | None:
-    """The bounded end of a rank's session; a reason to fail it, or None."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return None
-    import rankguard
-
-    report = rankguard.shutdown(timeout=timeout)
+def finish(limit: Deadline) -> str | None:
+    """The bounded end of a rank's session (the barrier by ``limit``); a reason to fail it, or
+    None."""
+    report = internal.shutdown(limit)
     if report.clean:
         return None
-    _blame(report.missing)
+    internal.blame(report.missing)  # under rankguard run: the launcher blames them, not us
     return f"session teardown: {report.detail}; the process group was aborted"
-
-
-def _blame(missing: list[int]) -> None:
-    """Under ``rankguard run``: the launcher blames the missing ranks, not this one."""
-    from .. import ledger
-    from ..runtime import instrument
-
-    writer = instrument.state.ledger
-    if writer is not None and missing:
-        writer.record_blame(missing)
-        writer.record_fault(ledger.FAULT_RAISED, True)

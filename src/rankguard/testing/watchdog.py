@@ -224,9 +224,9 @@ class Watchdog:
 
     @staticmethod
     def _release(pids: list[int]) -> str:
-        groups = sys.modules.get("rankguard.runtime.groups")
-        if groups is not None:
-            groups.retire_all("the test's deadline passed")
+        runtime = sys.modules.get("rankguard.runtime.internal")
+        if runtime is not None:
+            runtime.retire_all("the test's deadline passed")
         for pid in pids:
             proctree.signal_tree(pid, signal.SIGTERM, group=False)
             proctree.signal_tree(pid, signal.SIGCONT, group=False)

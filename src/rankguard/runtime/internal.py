@@ -1,0 +1,92 @@
+"""The rank runtime's small API for the rest of rankguard (the pytest plugin, a pool's ranks).
+
+``rankguard.regroup``, ``shutdown`` and ``deadline`` are the public faces, which take seconds
+from the user. The parts of rankguard that run inside a rank already hold a :class:`Deadline`
+(a test's, a request's, perhaps made in another process) and need a few things the public API
+does not offer; they use these functions, never the runtime's modules or torch's group objects.
+Every function here is safe to call in a process without torch.distributed, or whose default
+group rankguard did not instrument (it then does nothing, or says so).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Iterable
+
+from .. import ledger as _ledger
+from ..deadline import Deadline
+from . import barrier, generations, groups
+from . import shutdown as _shutdown
+from .deadline import until
+from .generations import Generation
+from .shutdown import ShutdownReport
+from .state import GroupRecord, current
+
+__all__ = ["Generation", "ShutdownReport", "abandon_world", "blame", "meet", "next_generation",
+           "regroup", "retire_all", "shutdown", "until", "world", "world_retired"]
+
+
+def world() -> GroupRecord | None:
+    """The record of this rank's default process group, or None (no default group, or one
+    rankguard does not instrument)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return current().groups.of(dist.distributed_c10d._get_default_group())
+
+
+def world_retired() -> str | None:
+    """Why this rank's default group was retired, or None while it is usable (or absent)."""
+    record = world()
+    return record.retired if record is not None else None
+
+
+def retire_all(reason: str) -> None:
+    """Retire every process group of this rank: every later or waiting collective on them
+    raises (within one wait slice)."""
+    groups.retire_all(reason)
+
+
+def abandon_world(reason: str) -> None:
+    """This rank gives up on its default group (it failed by itself): retire the group and
+    tell every peer, so that none waits for this rank in a collective. Bounded by
+    ``groups.ABANDON_WINDOW_S`` per peer answer; does nothing without a usable group."""
+    groups.abandon_world(reason)
+
+
+def blame(missing: Iterable[int]) -> None:
+    """This rank fails because ranks ``missing`` did not take part: under ``rankguard run``,
+    the launcher then blames them, not this rank. Does nothing without a ledger."""
+    ledger, missing = current().ledger, list(missing)
+    if ledger is not None and missing:
+        ledger.record_blame(missing)
+        ledger.record_fault(_ledger.FAULT_RAISED, True)
+
+
+def next_generation() -> int:
+    """The number the next :func:`regroup` gives its generation (unique to it in the store)."""
+    return generations.next_number()
+
+
+def regroup(limit: Deadline, exclude: Iterable[int] | None = None) -> Generation:
+    """``rankguard.regroup()`` bounded by ``limit``; see ``generations.regroup``."""
+    return generations.form_next(limit, exclude)
+
+
+def shutdown(limit: Deadline, *, strict: bool = False) -> ShutdownReport:
+    """``rankguard.shutdown()`` with its barrier bounded by ``limit``."""
+    return _shutdown.shut_down(limit, strict=strict)
+
+
+def meet(name: str, limit: Deadline, payload: str = "arrived") -> barrier.Meeting:
+    """Every rank of the default group meets at the store barrier ``name`` (unique to this
+    meeting), bringing ``payload``; see ``runtime.barrier``. The default group must exist; it
+    may be retired (the barrier lives in the store, not in the group).
+
+    Raises:
+        RuntimeError: torch's, when the store fails.
+    """
+    import torch.distributed as dist
+
+    client = generations.store_client(limit)
+    return barrier.meet(client, name, dist.get_rank(), dist.get_world_size(), limit, payload)

@@ -1,0 +1,172 @@
+"""What the rank runtime knows, in one object, and its record of each process group.
+
+A rank process has exactly one :class:`RankState`, made when this module is imported and never
+replaced; every part of the runtime reaches it through :func:`current`. The bootstrap and
+``rankguard.init()`` fill it in; the instrumented groups, bounded works, regroup, shutdown and
+the SIGTERM teardown read it.
+
+Per-group information lives in a :class:`GroupRecord`, kept in the state's
+:class:`GroupRegistry` and looked up by the torch group object. Nothing is stored on torch's
+objects. The registry holds the groups weakly: a group that torch destroys and nobody holds
+drops out. A record outlives :meth:`GroupRegistry.discard_all` (regroup, an aborted shutdown):
+a stale reference to an old group still finds its record, which says the group was retired.
+
+This module is the bottom of the runtime: it imports nothing of it but ``completions``.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import weakref
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from .. import ledger as _ledger
+from ..errors import CollectiveError
+from .completions import CompletionTracker
+
+WORLD = "world"  # the name of the default group in messages, probes and notices
+
+
+@dataclass(eq=False)
+class GroupRecord:
+    """What rankguard knows of one instrumented process group of this rank.
+
+    Attributes:
+        name: ``"world"`` for the default group, else torch's group name.
+        ranks: the global ranks of its members, in group-rank order.
+        rank: this rank's global rank.
+        is_world: whether it is the default group.
+        slot: its slot in the progress ledger, or None without a ledger.
+        backend: the gloo backend doing its work.
+        retired: why it was retired, or None while it is usable.
+        notice: the peer's report that made it retire, when that is how this rank learnt of it
+            (then a waiting collective raises ``PeerFailed`` rather than ``GroupRetired``).
+        discarded: no longer one of this rank's current groups (its name may be reused).
+    """
+
+    name: str
+    ranks: list[int]
+    rank: int
+    is_world: bool
+    slot: Any = None
+    backend: Any = None
+    retired: str | None = None
+    notice: dict[str, Any] | None = None
+    discarded: bool = False
+
+    @property
+    def peers(self) -> list[int]:
+        """The members other than this rank."""
+        return [r for r in self.ranks if r != self.rank]
+
+
+class GroupRegistry:
+    """The records of this rank's instrumented groups, looked up by the group object.
+
+    Keyed by ``id(group)`` with a weak reference that removes the entry when the group dies
+    (before its id can be reused): a lookup is one dict access on the hot path of every
+    collective.
+    """
+
+    def __init__(self) -> None:
+        self._records: dict[int, GroupRecord] = {}
+        self._refs: dict[int, weakref.ref[Any]] = {}
+        self.lock = threading.Lock()  # held while a record's retirement changes
+
+    def add(self, group: Any, record: GroupRecord) -> None:
+        """Keep ``record`` for ``group`` (weakly: it goes when the group does)."""
+        key = id(group)
+
+        def forget(_: object, key: int = key) -> None:
+            self._records.pop(key, None)
+            self._refs.pop(key, None)
+
+        with self.lock:
+            self._refs[key] = weakref.ref(group, forget)
+            self._records[key] = record
+
+    def of(self, group: Any) -> GroupRecord | None:
+        """The record of ``group``, or None for a group rankguard does not instrument."""
+        return self._records.get(id(group))
+
+    def live(self) -> list[GroupRecord]:
+        """The records of this rank's current groups, newest first."""
+        with self.lock:
+            records = list(self._records.values())  # a copy: a group's death may pop one
+        return [record for record in reversed(records) if not record.discarded]
+
+    def by_name(self, name: str) -> GroupRecord | None:
+        """The current group called ``name`` (the newest, if names repeat), or None."""
+        return next((record for record in self.live() if record.name == name), None)
+
+    def world(self) -> GroupRecord | None:
+        """The current default group's record, or None."""
+        return next((record for record in self.live() if record.is_world), None)
+
+    def discard_all(self) -> None:
+        """None of the current groups is this rank's any more (their records stay, for stale
+        references to them)."""
+        with self.lock:
+            for record in list(self._records.values()):
+                record.discarded = True
+
+
+@dataclass(eq=False)
+class RankState:
+    """The runtime state of this rank process.
+
+    Attributes:
+        ledger: the progress ledger this rank writes, or None.
+        injector: the injected faults of this rank (``inject.perform.Injector``), or None.
+        namespace: the store prefix of this attempt, under the launcher.
+        launcher_store: ``(MASTER_ADDR, MASTER_PORT)`` as the launcher gave them.
+        bounded: every operation returns a bounded work (see ``runtime.bounded``).
+        generation: of the default group (see ``runtime.generations``).
+        pg_timeout: the timeout the default group was created with.
+        asker, responder: the probe's (``runtime.probe``), kept across generations.
+        lineage_root: the store of generation 0, under which every later one lives.
+        lineage_client: regroup's own connection to it, made once (see ``probe.Responder``).
+        completions: marks completed operations in the ledger.
+        groups: the records of this rank's instrumented groups.
+        handed_out: works whose future went to C++ (DDP): a failed one explains a
+            RuntimeError raised by ``backward()``.
+        last_failure: the last collective error this rank raised in this generation.
+        creating_default: per thread, whether ``init_process_group`` is creating the default
+            group (``value``) and whether the ledger recorded its entry (``entered``).
+    """
+
+    ledger: _ledger.LedgerWriter | None = None
+    injector: Any = None
+    namespace: str | None = None
+    launcher_store: tuple[str, str] | None = None
+    bounded: bool = False
+    generation: int = 0
+    pg_timeout: timedelta | None = None
+    asker: Any = None
+    responder: Any = None
+    lineage_root: Any = None
+    lineage_client: Any = None
+    completions: CompletionTracker = field(default_factory=CompletionTracker)
+    groups: GroupRegistry = field(default_factory=GroupRegistry)
+    handed_out: collections.deque[Any] = field(
+        default_factory=lambda: collections.deque(maxlen=256))
+    last_failure: CollectiveError | None = None
+    creating_default: threading.local = field(default_factory=threading.local)
+
+    def enable_bounded(self) -> None:
+        """Every operation from now on returns a bounded work; the supervisor may send
+        notices."""
+        self.bounded = True
+        if self.ledger is not None:
+            self.ledger.set_flag(_ledger.FLAG_BOUNDED)
+
+
+_state = RankState()
+
+
+def current() -> RankState:
+    """This process's runtime state (one per process, for its whole life)."""
+    return _state
