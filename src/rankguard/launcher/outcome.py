@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from .. import ledger as _ledger
 from ..proctree import exit_detail, signal_name
-from .group import Rank
+from ..supervisor import RankProcess
 from .monitor import P2P, Verdict, group_label, op_label
 
 OUTCOMES = ("ok", "raised", "exited", "signalled", "hung", "victim", "teardown_timeout")
@@ -67,7 +67,7 @@ class RankState:
     exited_at: float | None = None  # monotonic, when the exit was seen
 
     @classmethod
-    def of(cls, member: Rank, progress: _ledger.RankProgress | None) -> "RankState":
+    def of(cls, member: RankProcess, progress: _ledger.RankProgress | None) -> "RankState":
         return cls(member.rank, progress, member.returncode, member.exited_at)
 
 
@@ -123,7 +123,7 @@ def own_fault(state: RankState) -> Fault | None:
                  exit_detail(code))
 
 
-def fault_of(member: Rank, progress: _ledger.RankProgress | None) -> Fault | None:
+def fault_of(member: RankProcess, progress: _ledger.RankProgress | None) -> Fault | None:
     """The fault a rank's own exit represents, or None for a clean exit."""
     return own_fault(RankState.of(member, progress))
 
@@ -205,7 +205,7 @@ def first_fault(states: list[RankState], now: float, cascade_window: float,
     return min(faults, key=lambda f: f[:2])[2] if faults else None
 
 
-def classify(ranks: list[Rank], last: dict[int, _ledger.RankProgress], root: Fault | None,
+def classify(ranks: list[RankProcess], last: dict[int, _ledger.RankProgress], root: Fault | None,
              hang: Verdict | None, teardown_at: float | None) -> list[RankOutcome]:
     """The outcome of every rank of a finished attempt. A rank that was leaving with an exit
     code when it was stopped reports that code (its script's), whatever the teardown did."""
@@ -223,7 +223,7 @@ def classify(ranks: list[Rank], last: dict[int, _ledger.RankProgress], root: Fau
             outcome = "hung"
         elif root is not None and root.rank == member.rank:
             outcome = root.kind
-        elif member.killed_by_launcher:
+        elif member.killed:
             outcome = "teardown_timeout"
         elif teardown_at is not None and (member.exited_at or 0) >= teardown_at:
             outcome = "victim"
