@@ -20,7 +20,8 @@ from typing import Iterator
 
 from ..deadline import Deadline, check_seconds
 
-__all__ = ["Deadline", "check_seconds", "current", "deadline", "default", "set_default"]
+__all__ = ["Deadline", "check_seconds", "current", "deadline", "default", "scope",
+           "set_default"]
 
 
 class _Scope(threading.local):
@@ -55,7 +56,16 @@ def deadline(seconds: float) -> Iterator[Deadline]:
     Raises:
         UsageError: ``seconds`` is not a positive number.
     """
-    limit = Deadline.after(check_seconds("rankguard.deadline(seconds)", seconds))
+    with scope(Deadline.after(check_seconds("rankguard.deadline(seconds)", seconds))) as limit:
+        yield limit
+
+
+@contextlib.contextmanager
+def scope(limit: Deadline) -> Iterator[Deadline]:
+    """Bound every collective issued by this thread inside the block by ``limit``, a Deadline
+    set elsewhere (by a pool's leader, in another process: the instant is the same on this
+    machine's monotonic clock). Internal; nested blocks keep the earliest deadline, which the
+    block yields. A deadline that has passed makes the block's collectives fail at once."""
     outer = _scope.innermost
     if outer is not None and outer.at <= limit.at:
         limit = outer
