@@ -10,6 +10,7 @@ next request forever.
 
 from __future__ import annotations
 
+import math
 import pickle
 import select
 import socket
@@ -49,19 +50,21 @@ class LeaderEnd:
     def send_pickled(self, data: bytes, until: Deadline) -> None:
         """Send a message pickled by :func:`dumps` (to pickle once for every rank)."""
         frame = memoryview(_HEADER.pack(len(data)) + data)
-        with select.epoll() as room:
-            room.register(self.sock.fileno(), select.EPOLLOUT)
-            while frame:
-                try:
-                    frame = frame[self.sock.send(frame):]
-                    continue
-                except BlockingIOError:
-                    pass
-                except OSError as error:
-                    raise ChannelClosed(str(error)) from None
-                if until.passed():
-                    raise TimeoutError("the rank did not take the request before the deadline")
-                room.poll(until.wait_time())
+        room: Any = None  # a poll object, made only when the socket's buffer is full
+        while frame:
+            try:
+                frame = frame[self.sock.send(frame):]
+                continue
+            except BlockingIOError:
+                pass
+            except OSError as error:
+                raise ChannelClosed(str(error)) from None
+            if until.passed():
+                raise TimeoutError("the rank did not take the request before the deadline")
+            if room is None:
+                room = select.poll()
+                room.register(self.sock.fileno(), select.POLLOUT)
+            room.poll(max(1, math.ceil(until.wait_time() * 1000)))
 
     def receive(self) -> list[Any]:
         """The messages completed by the bytes available now (call when the socket is
