@@ -15,6 +15,7 @@ person understands.
     └── PoolError           a call on a ``rankguard.Pool`` that did not run to completion
         ├── RequestFailed       a rank failed it: raised, exited, was killed, froze, overran
         ├── PoolUnavailable     no healthy group to run it: healing, start-up failing, busy
+        │                       (and the pytest plugin's warm ranks that did not start)
         └── PoolClosed          the pool was closed
 """
 
@@ -172,7 +173,8 @@ class RequestFailed(PoolError):
 
 class PoolUnavailable(PoolError):
     """No healthy group could run the call before its deadline (or at once, when the pool is
-    configured to fail fast while healing).
+    configured to fail fast while healing). The pytest plugin raises it (``failed``) when the
+    warm ranks of a ``@pytest.mark.ranks`` test do not start.
 
     Attributes:
         state: ``healing`` (a fault retired the group; a new one is coming), ``failed`` (groups

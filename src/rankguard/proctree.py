@@ -12,6 +12,7 @@ orphans are re-parented to.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import platform
 import select
@@ -147,7 +148,8 @@ def await_exits(pids: list[int], deadline: Deadline, *, reap: bool = False) -> l
             continue  # gone (and reaped) already
     try:
         while waiting and not deadline.passed():
-            ready, _, _ = select.select(list(waiting), [], [], deadline.wait_time())
+            left = deadline.wait_time()
+            ready, _, _ = select.select(list(waiting), [], [], None if math.isinf(left) else left)
             for fd in ready:
                 pid = waiting.pop(fd)
                 os.close(fd)

@@ -6,12 +6,12 @@ import io
 
 import pytest
 
-from rankguard.launcher.group import MAX_PARTIAL, _Stream
+from rankguard.supervisor.output import MAX_PARTIAL, OutputStream
 
 
 def _feed(chunks: list[bytes]) -> tuple[bytes, list[bytes]]:
     log, teed = io.BytesIO(), []
-    stream = _Stream(b"[r1]:", teed.append, log)
+    stream = OutputStream(b"[r1]:", teed.append, log)
     for chunk in [*chunks, b""]:
         stream.feed(chunk)
     return log.getvalue(), teed

@@ -2,7 +2,7 @@
 
 One attempt:
 
-1. start every rank (``group``), then host the store (the first time) while they import torch;
+1. start every rank (``ranks``), then host the store (the first time) while they import torch;
 2. wait on events (rank exits, output, signals to the launcher) with a tick of ``TICK_S`` for
    reading ledgers (``monitor``): a death is seen within milliseconds, a hang within
    ``--hang-timeout`` plus one tick;
@@ -32,12 +32,13 @@ from .. import margins, proctree
 from ..deadline import Deadline
 from ..journal import Journal
 from ..proctree import MARKER
+from ..supervisor import RankProcesses
 from . import store as _store
 from . import guardian, teardown
 from .config import RunConfig
-from .group import RankGroup
+from .ranks import start_attempt
 from .monitor import HangMonitor, Verdict
-from .spares import SparePool
+from .spares import Spares
 from .outcome import (EXIT_INTERNAL, Fault, RankOutcome, RankState, classify, deadline_verdict,
                       first_fault, run_status)
 from .summary import AttemptReport, render
@@ -73,7 +74,7 @@ class Launcher:
         self._guardian: subprocess.Popen[bytes] | None = None
         self._tracking: proctree.Tracking | None = None
         self._ledger_dir = ""
-        self._spares = SparePool(config, self._token, self._port) \
+        self._spares = Spares(config, self._token, self._port) \
             if config.spares and config.max_restarts > 0 else None
 
     def run(self) -> int:
@@ -150,34 +151,34 @@ class Launcher:
         cfg = self.config
         result = _Attempt()
         spares = self._spares
-        group = RankGroup.start(cfg, attempt, self._token, self._port, self._ledger_dir,
-                                spares.take if spares is not None else lambda: None,
-                                self._terminal)
+        ranks = start_attempt(cfg, attempt, self._token, self._port, self._ledger_dir,
+                              spares.take if spares is not None else lambda: None,
+                              self._terminal)
         started = time.monotonic()
         self._journal.write("attempt_start", attempt=attempt)
-        for member in group.ranks:
+        for member in ranks:
             self._journal.write("rank_start", attempt=attempt, rank=member.rank, pid=member.pid,
                                 warm=member.warm)
         if self._store is None:
             self._store = _store.host(self._socket, cfg.master_addr)
-        group.add_reader(self._wakeup_r, self._drain_wakeup)
+        ranks.add_reader(self._wakeup_r, self._drain_wakeup)
         monitor = HangMonitor(cfg.nproc, cfg.hang_timeout, cfg.straggler_timeout)
-        readers = {m.rank: _ledger.LedgerReader(m.ledger_path) for m in group.ranks}
-        for member in group.ranks:
+        readers = {m.rank: _ledger.LedgerReader(m.ledger_path) for m in ranks}
+        for member in ranks:
             monitor.watch(member.rank, member.pid, readers[member.rank], member.started_at)
         try:
-            self._watch(group, monitor, readers, result, started)
+            self._watch(ranks, monitor, readers, result, started)
             report = AttemptReport(attempt, [], None)
             teardown_at = None
             if result.fault is not None:
                 report.detect_s = time.monotonic() - result.fault.at
-                report.stacks = teardown.capture_stacks(group, monitor, stopped=False)
+                report.stacks = teardown.capture_stacks(ranks, monitor, stopped=False)
                 culprits = set(result.hang.blamed) if result.hang else (
                     {result.fault.rank} if result.fault.rank is not None else set())
                 if result.fault.kind != "launcher_signal":
-                    teardown.notify_survivors(group, monitor, self._journal, culprits,
+                    teardown.notify_survivors(ranks, monitor, self._journal, culprits,
                                               result.hang is not None, cfg.grace)
-                report.stacks.update(teardown.capture_stacks(group, monitor, stopped=True))
+                report.stacks.update(teardown.capture_stacks(ranks, monitor, stopped=True))
                 if result.hang is not None:
                     hang = result.hang
                     self._journal.write(
@@ -189,21 +190,21 @@ class Launcher:
                 elif report.stacks:
                     self._journal.write("stacks", attempt=attempt, stacks=report.stacks)
                 if result.fault.kind != "launcher_signal":
-                    self._tell_why(group, culprits, result.hang is not None)
+                    self._tell_why(ranks, culprits, result.hang is not None)
                 teardown_at = time.monotonic()
-                teardown.stop_ranks(group, self._journal, cfg.grace, result.fault.kind)
+                teardown.stop_ranks(ranks, self._journal, cfg.grace, result.fault.kind)
                 report.stop_s = time.monotonic() - result.fault.at
-            group.drain_output(Deadline.after(margins.DRAIN_S))
+            ranks.drain_output(Deadline.after(margins.DRAIN_S))
         finally:
-            teardown.stop_ranks(group, self._journal, 0.0, "launcher_exit")  # no-op when done
-            group.close()
+            teardown.stop_ranks(ranks, self._journal, 0.0, "launcher_exit")  # no-op when done
+            ranks.close(Deadline.after(1.0))
         assert self._tracking is not None
         teardown.sweep(self._tracking, self._journal, attempt,
                        tuple(self._spares.pids()) if self._spares is not None else ())
         last = {rank: reader.read() for rank, reader in readers.items()}
         for reader in readers.values():
             reader.close()
-        result.outcomes = classify([RankState.of(m, last.get(m.rank)) for m in group.ranks],
+        result.outcomes = classify([RankState.of(m, last.get(m.rank)) for m in ranks],
                                    result.fault, result.hang, teardown_at)
         for outcome in result.outcomes:
             self._journal.write("rank_exit", attempt=attempt, **outcome.as_dict())
@@ -214,26 +215,26 @@ class Launcher:
         result.report = report
         return result
 
-    def _watch(self, group: RankGroup, monitor: HangMonitor,
+    def _watch(self, ranks: RankProcesses, monitor: HangMonitor,
                readers: dict[int, _ledger.LedgerReader], result: _Attempt,
                started: float) -> None:
         """Handle events until every rank exited cleanly or the first fault."""
         tick = Deadline.after(TICK_S)
-        while group.live() and result.fault is None:
-            exited = group.pump(tick.wait_time())
+        while ranks.live() and result.fault is None:
+            exited = ranks.pump(tick)
             now = time.monotonic()
-            if result.first_step_at is None and self._all_stepped(readers, group):
+            if result.first_step_at is None and self._all_stepped(readers, ranks):
                 result.first_step_at = now
-                self._journal.write("first_step", attempt=group.attempt,
+                self._journal.write("first_step", attempt=ranks.number,
                                     since_start_s=round(now - started, 3))
-                self._prepare_spares(group.attempt)
+                self._prepare_spares(ranks.number)
             for member in exited:
                 monitor.unwatch(member.rank)
-                verdict = self._deadline_verdict(member.rank, readers[member.rank].read(), group)
+                verdict = self._deadline_verdict(member.rank, readers[member.rank].read(), ranks)
                 if verdict is not None:
                     self._on_verdict(verdict, result, now)
             if exited and result.fault is None:
-                self._decide(group, readers, result, now)
+                self._decide(ranks, readers, result, now)
             if self._signal is not None and result.fault is None:
                 name = proctree.signal_name(self._signal)
                 self._say(f"rankguard: received {name}; stopping all ranks")
@@ -242,21 +243,21 @@ class Launcher:
             if result.fault is not None or now < tick.at:
                 continue
             tick = Deadline.after(TICK_S)
-            self._check_raised(group, readers, result, now)
+            self._check_raised(ranks, readers, result, now)
             if result.fault is None:
-                self._decide(group, readers, result, now)
+                self._decide(ranks, readers, result, now)
             for verdict in monitor.check(now):
                 self._on_verdict(verdict, result, now)
         if result.fault is None:  # every rank has exited: nothing more will show
-            self._decide(group, readers, result, math.inf)
+            self._decide(ranks, readers, result, math.inf)
 
     @staticmethod
-    def _tell_why(group: RankGroup, culprits: set[int], hung: bool) -> None:
+    def _tell_why(ranks: RankProcesses, culprits: set[int], hung: bool) -> None:
         """Before the SIGTERM, tell each live rank in its ledger which rank failed (itself,
         for a culprit), so that its teardown can say why it was stopped."""
         kind = _ledger.NOTICE_HUNG if hung else _ledger.NOTICE_DIED
         first = min(culprits) if culprits else -1
-        for member in group.live():
+        for member in ranks.live():
             _ledger.post_notice(member.ledger_path, kind,
                                 member.rank if member.rank in culprits else first)
 
@@ -269,35 +270,35 @@ class Launcher:
             self._journal.write("spares", attempt=attempt, started=started,
                                 pids=self._spares.pids())
 
-    def _check_raised(self, group: RankGroup, readers: dict[int, _ledger.LedgerReader],
+    def _check_raised(self, ranks: RankProcesses, readers: dict[int, _ledger.LedgerReader],
                       result: _Attempt, now: float) -> None:
         """A live rank that raised ``CollectiveError`` naming ranks that never arrived reports
         a hang (once the cascade window has passed: a peer's death may explain it)."""
-        for member in group.live():
+        for member in ranks.live():
             progress = readers[member.rank].read()
             if progress.fault != _ledger.FAULT_RAISED or result.fault is not None:
                 continue
             if now - progress.t_fault < margins.CASCADE_WINDOW_S:
                 continue
-            verdict = self._deadline_verdict(member.rank, progress, group)
+            verdict = self._deadline_verdict(member.rank, progress, ranks)
             if verdict is not None:
                 self._on_verdict(verdict, result, now)
 
-    def _decide(self, group: RankGroup, readers: dict[int, _ledger.LedgerReader],
+    def _decide(self, ranks: RankProcesses, readers: dict[int, _ledger.LedgerReader],
                 result: _Attempt, now: float) -> None:
         """Take the root cause among the faults the ranks show at ``now``, if any (a rank's
         exception or exit is acted on before its slow exit, from its ledger)."""
-        states = [RankState.of(m, readers[m.rank].read()) for m in group.ranks]
+        states = [RankState.of(m, readers[m.rank].read()) for m in ranks]
         fault = first_fault(states, now, margins.CASCADE_WINDOW_S, self.config.hang_timeout)
         if fault is not None:
             result.fault = fault
-            stopping = "; stopping the other ranks" if group.live() else ""
+            stopping = "; stopping the other ranks" if ranks.live() else ""
             self._say(f"rankguard: {fault.describe()}{stopping}")
 
     @staticmethod
     def _deadline_verdict(rank: int, progress: _ledger.RankProgress,
-                          group: RankGroup) -> Verdict | None:
-        return deadline_verdict(rank, progress, {m.rank for m in group.live()})
+                          ranks: RankProcesses) -> Verdict | None:
+        return deadline_verdict(rank, progress, {m.rank for m in ranks.live()})
 
     def _on_verdict(self, verdict: Verdict, result: _Attempt, now: float) -> None:
         if not verdict.hung:
@@ -314,8 +315,8 @@ class Launcher:
             self._say(f"rankguard: hang: {verdict.describe()}")
 
     @staticmethod
-    def _all_stepped(readers: dict[int, _ledger.LedgerReader], group: RankGroup) -> bool:
-        for member in group.ranks:
+    def _all_stepped(readers: dict[int, _ledger.LedgerReader], ranks: RankProcesses) -> bool:
+        for member in ranks:
             world = readers[member.rank].read().groups[0]
             if world.done < 2:  # init + one collective
                 return False

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from .. import ledger as _ledger
 from ..proctree import exit_detail, signal_name
-from .group import Rank
+from ..supervisor import RankProcess
 from .monitor import P2P, Verdict, group_label, op_label
 
 OUTCOMES = ("ok", "raised", "exited", "signalled", "hung", "victim", "teardown_timeout")
@@ -82,9 +82,9 @@ class RankState:
     killed_by_launcher: bool = False  # needed SIGKILL after the grace period
 
     @classmethod
-    def of(cls, member: Rank, progress: _ledger.RankProgress | None) -> "RankState":
+    def of(cls, member: RankProcess, progress: _ledger.RankProgress | None) -> "RankState":
         return cls(member.rank, progress, member.returncode, member.exited_at, member.pid,
-                   member.killed_by_launcher)
+                   member.killed)
 
 
 def raised_fault(rank: int, progress: _ledger.RankProgress) -> Fault:

@@ -3,7 +3,7 @@
 Starting Python and importing torch costs about 2.5 s per process here, more when several start
 on few cores. A restart that takes its ranks from spares skips that: each spare has run the
 bootstrap up to ``import torch`` and waits on stdin for the environment of the rank it becomes
-(``runtime.bootstrap --spare``). The agent fills the pool once the running attempt has taken its
+(``runtime.bootstrap --spare``). The agent starts them once the running attempt has taken its
 first step (so spares never slow down a start), and only while restarts remain.
 
 Spares carry the run's marker, so the guardian kills them if the launcher dies; the sweep after
@@ -15,10 +15,10 @@ from __future__ import annotations
 import subprocess
 
 from .config import RunConfig
-from .group import base_env, discard, start_bootstrap
+from .ranks import base_env, discard, start_bootstrap
 
 
-class SparePool:
+class Spares:
     """Up to one warm spare per rank for the next attempt."""
 
     def __init__(self, config: RunConfig, token: str, master_port: int) -> None:
@@ -36,7 +36,7 @@ class SparePool:
         return missing
 
     def take(self) -> subprocess.Popen[bytes] | None:
-        """A spare for the next rank, or None when the pool is empty."""
+        """A spare for the next rank, or None when there is none left."""
         return self._spares.pop(0) if self._spares else None
 
     def pids(self) -> list[int]:

@@ -27,16 +27,16 @@ from .. import ledger as _ledger
 from .. import margins, proctree, stack_requests
 from ..deadline import Deadline
 from ..journal import Journal
-from .group import Rank, RankGroup
+from ..supervisor import RankProcess, RankProcesses
 from .monitor import HangMonitor
 
 
-def capture_stacks(group: RankGroup, monitor: HangMonitor, stopped: bool) -> dict[int, str]:
+def capture_stacks(ranks: RankProcesses, monitor: HangMonitor, stopped: bool) -> dict[int, str]:
     """Ask every live, ready rank that is ``stopped`` (or, with False, running) for its stacks,
     and wait for the dumps up to ``margins.STACKS_S``; returns rank -> file that holds them."""
-    asked: dict[Rank, int] = {}  # rank -> size of its stacks file before the request
+    asked: dict[RankProcess, int] = {}  # rank -> size of its stacks file before the request
     snaps = monitor.snapshot()
-    for member in group.live():
+    for member in ranks.live():
         if proctree.is_stopped(member.pid) != stopped:
             continue
         snap = snaps.get(member.rank)
@@ -51,45 +51,42 @@ def capture_stacks(group: RankGroup, monitor: HangMonitor, stopped: bool) -> dic
     return {m.rank: m.stacks_path for m in asked if stack_requests.file_size(m.stacks_path) > 0}
 
 
-def notify_survivors(group: RankGroup, monitor: HangMonitor, journal: Journal,
+def notify_survivors(ranks: RankProcesses, monitor: HangMonitor, journal: Journal,
                      culprits: set[int], hung: bool, grace: float) -> None:
     """Tell the live ranks in bounded mode, except ``culprits``, that a peer failed; wait up to
     ``grace`` (the run's ``--grace``) for them to exit on their own. Returns as soon as they
     all have."""
     snaps = monitor.snapshot()
-    told = {m.rank for m in group.live() if m.rank not in culprits and m.rank in snaps
+    told = {m.rank for m in ranks.live() if m.rank not in culprits and m.rank in snaps
             and snaps[m.rank].flags & _ledger.FLAG_BOUNDED}
     if not told:
         return
     kind = _ledger.NOTICE_HUNG if hung else _ledger.NOTICE_DIED
     failed = min(culprits) if culprits else -1
-    for member in group.live():
+    for member in ranks.live():
         if member.rank in told:
             _ledger.post_notice(member.ledger_path, kind, failed)
     journal.write("escalate", step="notice", ranks=sorted(told), reason="hung" if hung else
-                  "died", attempt=group.attempt)
-    group.wait_exits(Deadline.after(grace), told)
+                  "died", attempt=ranks.number)
+    ranks.wait_exits(Deadline.after(grace), told)
 
 
-def stop_ranks(group: RankGroup, journal: Journal, grace: float, reason: str) -> None:
+def stop_ranks(ranks: RankProcesses, journal: Journal, grace: float, reason: str) -> None:
     """SIGTERM, wait ``grace``, SIGKILL; marks ranks that needed the kill."""
-    live = group.live()
+    live = ranks.live()
     if live:
         journal.write("escalate", step="term", ranks=[m.rank for m in live], reason=reason,
-                      attempt=group.attempt)
-        for member in live:
-            proctree.signal_tree(member.pid, signal.SIGTERM)
-            proctree.signal_tree(member.pid, signal.SIGCONT)
-        group.wait_exits(Deadline.after(grace))
-    live = group.live()
+                      attempt=ranks.number)
+        ranks.signal(signal.SIGTERM, live)
+        ranks.wait_exits(Deadline.after(grace))
+    live = ranks.live()
     if live:
         journal.write("escalate", step="kill", ranks=[m.rank for m in live], reason=reason,
-                      attempt=group.attempt)
+                      attempt=ranks.number)
         for member in live:
-            member.killed_by_launcher = True
-            proctree.signal_tree(member.pid, signal.SIGKILL)
-            proctree.signal_tree(member.pid, signal.SIGCONT)
-        group.wait_exits(Deadline.after(margins.REAP_S))
+            member.killed = True
+        ranks.signal(signal.SIGKILL, live)
+        ranks.wait_exits(Deadline.after(margins.REAP_S))
 
 
 def sweep(tracking: proctree.Tracking, journal: Journal, attempt: int,

@@ -1,3 +1,3 @@
-"""Serving: ``rankguard.Pool`` (a leader and a group of rank processes that run each request
-together, healing itself after a fault) and ``rankguard serve`` (an HTTP server in front of a
-pool)."""
+"""Serving: ``rankguard.Pool`` (a leader and a replica of rank processes that run each request
+together on one gloo group, healing itself from spare replicas after a fault) and ``rankguard
+serve`` (an HTTP server in front of a pool)."""

@@ -1,19 +1,23 @@
 """Messages between the pool's leader and one rank: pickled objects, length-prefixed, over a
 Unix socket pair.
 
-The leader's end never blocks without a deadline: ``send`` gives up when its deadline passes
-(a rank that stopped reading cannot wedge the leader), and reading is driven by a selector, a
-frame being assembled from whatever bytes have arrived. The rank's end simply blocks: a rank
-may wait for its next request forever.
+The leader's end never blocks without a deadline: its socket stays non-blocking, ``send``
+waits for room until its deadline passes (a rank that stopped reading cannot wedge the leader),
+and reading is driven by a selector, a frame being assembled from whatever bytes have arrived;
+one thread may send while another reads. The rank's end simply blocks: a rank may wait for its
+next request forever.
 """
 
 from __future__ import annotations
 
+import math
 import pickle
+import select
 import socket
 import struct
-import time
 from typing import Any, Callable
+
+from ..deadline import Deadline
 
 _HEADER = struct.Struct("!Q")
 
@@ -38,29 +42,29 @@ class LeaderEnd:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def send(self, message: Any, deadline: float) -> None:
-        """Send ``message``; raises TimeoutError at ``deadline``, ChannelClosed if the rank is
+    def send(self, message: Any, until: Deadline) -> None:
+        """Send ``message``; raises TimeoutError at ``until``, ChannelClosed if the rank is
         gone."""
-        self.send_pickled(dumps(message), deadline)
+        self.send_pickled(dumps(message), until)
 
-    def send_pickled(self, data: bytes, deadline: float) -> None:
+    def send_pickled(self, data: bytes, until: Deadline) -> None:
         """Send a message pickled by :func:`dumps` (to pickle once for every rank)."""
         frame = memoryview(_HEADER.pack(len(data)) + data)
-        self.sock.setblocking(True)
-        try:
-            while frame:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError("the rank did not take the request before the deadline")
-                self.sock.settimeout(remaining)
-                try:
-                    frame = frame[self.sock.send(frame):]
-                except socket.timeout:
-                    continue
-                except OSError as error:
-                    raise ChannelClosed(str(error)) from None
-        finally:
-            self.sock.setblocking(False)
+        room: Any = None  # a poll object, made only when the socket's buffer is full
+        while frame:
+            try:
+                frame = frame[self.sock.send(frame):]
+                continue
+            except BlockingIOError:
+                pass
+            except OSError as error:
+                raise ChannelClosed(str(error)) from None
+            if until.passed():
+                raise TimeoutError("the rank did not take the request before the deadline")
+            if room is None:
+                room = select.poll()
+                room.register(self.sock.fileno(), select.POLLOUT)
+            room.poll(max(1, math.ceil(until.wait_time() * 1000)))
 
     def receive(self) -> list[Any]:
         """The messages completed by the bytes available now (call when the socket is
@@ -82,6 +86,20 @@ class LeaderEnd:
             messages.append(pickle.loads(self._buffer[_HEADER.size:_HEADER.size + size]))
             del self._buffer[:_HEADER.size + size]
         return messages
+
+    def drain(self) -> list[Any]:
+        """Every message already sent, read until nothing more is waiting (the rank's last words
+        before it ended); none is lost at the end of the stream."""
+        messages: list[Any] = []
+        try:
+            while True:
+                before = len(self._buffer)
+                got = self.receive()
+                messages.extend(got)
+                if not got and len(self._buffer) == before:
+                    return messages  # nothing was waiting
+        except ChannelClosed:
+            return messages
 
     def close(self) -> None:
         self.sock.close()

@@ -1,12 +1,19 @@
-"""``rankguard.Pool``: a leader in the caller's process and a group of N rank processes that
-run each call together, with warm spare groups that take over after a fault.
+"""``rankguard.Pool``: a leader in the caller's process and a replica (N rank processes that
+form one gloo process group, ``serving.replica``) that runs each call, with warm spare replicas
+that take over after a fault.
 
 The leader never takes part in a collective and never waits without a deadline: a call returns,
 or raises a :class:`rankguard.PoolError`, within its timeout plus about 0.1 s, whatever the ranks
-do. A fault fails only the call in flight. The group that saw it is retired (regrouped in place
-when every rank is alive and merely raised, killed otherwise) and a ready spare takes its place
-at once; a supervisor thread keeps ``spares`` spare groups started, with the user's setup done,
-and backs off when start-ups keep failing.
+do. The call's timeout becomes a :class:`~rankguard.deadline.Deadline` once, in :meth:`Pool.run`;
+that value bounds the wait for a replica, the request, and the ranks' collectives. A fault fails
+only the call in flight. The replica that saw it is retired (regrouped in place when every rank
+is alive and merely raised, killed otherwise) and a ready spare takes its place at once; a
+supervisor thread keeps ``spares`` spare replicas started, with the user's setup done, and backs
+off when start-ups keep failing. It sleeps until something happens (a replica became ready,
+failed, lost a rank; a call retired one; a backoff ended): no polling tick.
+
+In the journal and in :class:`PoolStatus` a replica is still called a ``group`` (``group_start``,
+``group_ready``...): those names are a documented format.
 
 Every fault, retirement, heal and spare start is a journal event (``rankguard.journal``), and
 :meth:`Pool.metrics` counts them.
@@ -24,17 +31,17 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..deadline import Deadline
 from ..errors import PoolClosed, PoolUnavailable, RequestFailed, UsageError
 from ..journal import Journal
 from ..options import seconds, writable_file
-from .group import STACKS_S, StartFailure, WorkerGroup
+from .budgets import (BACKOFF_FIRST_S, MIN_CALL_FRACTION, REGROUP_MARGIN_S, REGROUP_S,
+                      STACKS_S)
+from .replica import Replica, StartFailure
 
 HEALING_MODES = ("wait", "fail")
-REGROUP_S = 5.0
-BACKOFF_FIRST_S = 0.5
-SUPERVISE_S = 0.02
 FAILED_AFTER = 3  # start-ups failing in a row (a rank died, or was late) before calls fail fast
-MIN_CALL_FRACTION = 0.1  # of the pool's timeout: the least time a call must have left to start
+CLOSE_JOIN_S = 1.0  # at close, how long past its timeout the leader waits for the replicas
 
 
 @dataclass(frozen=True)
@@ -42,12 +49,12 @@ class PoolStatus:
     """Where a pool stands.
 
     Attributes:
-        state: ``ready`` (a healthy group serves calls), ``starting`` (the first group is not
-            ready yet), ``healing`` (a fault retired the group; the next one is starting),
-            ``failed`` (the setup raised, or start-ups failed 3 times in a row; see
+        state: ``ready`` (a healthy replica serves calls), ``starting`` (the first replica is
+            not ready yet), ``healing`` (a fault retired the replica; the next one is
+            starting), ``failed`` (the setup raised, or start-ups failed 3 times in a row; see
             ``last_start_failure``; start-ups go on, with backoff) or ``closed``.
-        spares_ready: spare groups ready to take over.
-        spares_starting: groups starting.
+        spares_ready: spare replicas ready to take over.
+        spares_starting: replicas starting.
         last_start_failure: why the last start-up failed, or None.
     """
 
@@ -58,32 +65,33 @@ class PoolStatus:
 
 
 class Pool:
-    """A group of ``world_size`` rank processes that run calls together; see the module
-    docstring.
+    """A replica of ``world_size`` rank processes that run calls together, and its spares; see
+    the module docstring.
 
     Args:
-        world_size: ranks per group (each call runs on all of them).
-        setup: ``setup(rank, world_size) -> state``, run once in every rank of every group
+        world_size: ranks per replica (each call runs on all of them).
+        setup: ``setup(rank, world_size) -> state``, run once in every rank of every replica
             (spares included, ahead of time) after its gloo group formed: load a model,
             allocate buffers. Its result is the first argument of every call's function. Must
             be importable by name (a module-level function).
-        spares: spare groups kept ready beside the serving one (0: heal from a cold start).
+        spares: spare replicas kept ready beside the serving one (0: heal from a cold start).
         timeout: default deadline of a call, in seconds. A tenth of it is the least time a
-            call must have left to start on the group (``min_call_s``).
-        on_healing: ``wait``: a call that arrives while no group is ready waits for one within
-            its deadline; ``fail``: it raises :class:`PoolUnavailable` at once.
-        start_timeout: seconds a group may take to start (torch import, setup).
+            call must have left to start on the replica (``min_call_s``).
+        on_healing: ``wait``: a call that arrives while no replica is ready waits for one
+            within its deadline; ``fail``: it raises :class:`PoolUnavailable` at once.
+        start_timeout: seconds a replica may take to start (torch import, setup).
         max_backoff: the longest pause, in seconds, between start-ups that keep failing.
         journal: path of a JSON-lines journal to append events to (default: none).
         log_dir: where each rank's output and stacks go (default: a new temporary folder,
             removed when the pool closes).
         env: extra environment variables for the ranks.
-        wait: wait (bounded by ``start_timeout``) until the first group is ready.
+        wait: wait (bounded by ``start_timeout``) until the first replica is ready.
 
     Raises:
         UsageError: a bad argument.
-        PoolUnavailable: ``wait`` and the first group failed to start (``state == "failed"``:
-            the setup failed, or a rank died) or was not ready within ``start_timeout``.
+        PoolUnavailable: ``wait`` and the first replica failed to start (``state ==
+            "failed"``: the setup failed, or a rank died) or was not ready within
+            ``start_timeout``.
     """
 
     def __init__(self, world_size: int, setup: Callable[[int, int], Any] | None = None, *,
@@ -112,17 +120,17 @@ class Pool:
         self._own_log_dir = not log_dir  # a folder of ours, removed by close()
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="rankguard-pool-")
         self._cond = threading.Condition()
-        self._active: WorkerGroup | None = None
+        self._active: Replica | None = None
         self._busy = False
-        self._ready: list[WorkerGroup] = []  # spares, ready
-        self._starting: list[WorkerGroup] = []
-        self._retired: list[WorkerGroup] = []  # regrouping in the background
+        self._ready: list[Replica] = []  # spares, ready
+        self._starting: list[Replica] = []
+        self._retired: list[Replica] = []  # regrouping in the background
         self._numbers = 0
         self._closed = False
-        self._fault_at: float | None = None  # when the serving group was lost, until healed
+        self._fault_at: float | None = None  # when the serving replica was lost, until healed
         self._start_failures = 0  # consecutive
         self._last_start_failure: StartFailure | None = None
-        self._next_start_at = 0.0
+        self._next_start = Deadline.after(0.0)  # the backoff after failed start-ups
         self._start_estimate_s = 3.0
         self.counts: Counter[str] = Counter()
         self.heal_seconds: list[float] = []
@@ -146,18 +154,18 @@ class Pool:
         must be importable by name.
 
         Returns or raises within ``timeout`` (default: the pool's) plus about 0.1 s, including
-        any wait for the group to be free or healed. A call waits for the group only while at
-        least ``min_call_s`` of its deadline would be left: a call that could only start with
-        less fails with ``PoolUnavailable`` and never reaches the group.
+        any wait for the replica to be free or healed. A call waits for the replica only while
+        at least ``min_call_s`` of its deadline would be left: a call that could only start
+        with less fails with ``PoolUnavailable`` and never reaches the replica.
 
         Raises:
             RequestFailed: a rank raised, exited, was killed, froze, or was still running at
                 the deadline while its peers waited for it; names the rank and the cause. When
                 the call's own deadline passed with every rank still running it and none behind
-                the others, ``rank`` is None (cause ``deadline``): the group finishes the call
+                the others, ``rank`` is None (cause ``deadline``): the replica finishes the call
                 and serves again. The pool heals by itself.
-            PoolUnavailable: no healthy group in time (``healing``, ``busy``), or at once with
-                ``on_healing="fail"`` or when start-ups keep failing (``failed``).
+            PoolUnavailable: no healthy replica in time (``healing``, ``busy``), or at once
+                with ``on_healing="fail"`` or when start-ups keep failing (``failed``).
             PoolClosed: the pool was closed.
             UsageError: ``timeout`` is not a finite number of seconds of at least
                 ``min_call_s``, or the call cannot be pickled.
@@ -165,26 +173,26 @@ class Pool:
         limit = self.timeout if timeout is None else self.call_timeout("Pool.run(timeout)",
                                                                        timeout)
         started = time.monotonic()
-        deadline_at = started + limit
-        group = self._claim(deadline_at)
+        deadline = Deadline.after(limit)  # the call's one deadline, down to the ranks
+        replica = self._claim(deadline)
         command = {"fn": fn, "args": args, "kwargs": kwargs, "all": all_ranks}
         succeeded = False
         try:
-            results = group.run(command, started, deadline_at)
+            results = replica.run(command, started, deadline)
             succeeded = True
         except RequestFailed as fault:
-            self._on_fault(group, fault)
+            self._on_fault(replica, fault)
             raise
         except UsageError:
             raise  # nothing was sent
         except BaseException:  # interrupted (KeyboardInterrupt...): the ranks are mid-request
-            self._on_fault(group, RequestFailed(None, "deadline", "was interrupted in the "
-                                                "leader", took=time.monotonic() - started),
+            self._on_fault(replica, RequestFailed(None, "deadline", "was interrupted in the "
+                                                  "leader", took=time.monotonic() - started),
                            interrupted=True)
             raise
         finally:
             with self._cond:
-                if self._active is group:
+                if self._active is replica:
                     self._busy = False
                 if succeeded:
                     self.counts["requests_ok"] += 1
@@ -204,29 +212,28 @@ class Pool:
                              f"give at least {self.min_call_s:g} s")
         return limit
 
-    def _claim(self, deadline_at: float) -> WorkerGroup:
-        """The serving group, marked busy; waits (bounded) while it is busy or healing, but
-        only until ``min_call_s`` before ``deadline_at``: a call that could start only later
-        fails as unavailable, and the group is not touched."""
-        latest = deadline_at - self.min_call_s
-        first = True  # an idle group is taken at once (the deadline was checked on entry)
+    def _claim(self, deadline: Deadline) -> Replica:
+        """The serving replica, marked busy; waits (bounded) while it is busy or healing, but
+        only until ``min_call_s`` before ``deadline``: a call that could start only later
+        fails as unavailable, and the replica is not touched."""
+        latest = deadline.before(self.min_call_s)
+        first = True  # an idle replica is taken at once (the deadline was checked on entry)
         with self._cond:
             while True:
                 if self._closed:
                     raise PoolClosed("the pool was closed")
                 if self._active is not None and not self._busy and (
-                        first or time.monotonic() <= latest):
+                        first or not latest.passed()):
                     self._busy = True
                     return self._active
                 state = self._state()
                 if state == "failed" or (state == "healing" and self.on_healing == "fail"):
                     self.counts["requests_unavailable"] += 1
                     raise self._unavailable(state)
-                remaining = latest - time.monotonic()
-                if remaining <= 0:
+                if latest.passed():
                     self.counts["requests_unavailable"] += 1
                     raise self._unavailable("busy" if self._active is not None else state)
-                self._cond.wait(remaining)
+                self._cond.wait(latest.wait_time())
                 first = False
 
     def _unavailable(self, state: str) -> PoolUnavailable:
@@ -234,9 +241,8 @@ class Pool:
             failure = self._last_start_failure
             detail = (f"{self._start_failures} start-up(s) in a row failed; the last: "
                       f"{failure.describe() if failure else '?'}; next try in "
-                      f"{max(0.0, self._next_start_at - time.monotonic()):.1f} s")
-            return PoolUnavailable("failed", max(1.0, self._next_start_at - time.monotonic()),
-                                   detail)
+                      f"{self._next_start.left():.1f} s")
+            return PoolUnavailable("failed", self._next_start.left(1.0), detail)
         if state == "busy":
             return PoolUnavailable("busy", 1.0, "the group ran other calls until less than "
                                    f"{self.min_call_s:g} s of this call's deadline was left")
@@ -244,76 +250,78 @@ class Pool:
                                "a fault retired the serving group; a new one is starting"
                                if state == "healing" else "the first group is starting")
 
-    def _on_fault(self, group: WorkerGroup, fault: RequestFailed, interrupted: bool = False
+    def _on_fault(self, replica: Replica, fault: RequestFailed, interrupted: bool = False
                   ) -> None:
-        """Retire ``group`` after ``fault``: regrouped in place when its ranks only raised, or
-        when the call merely overran its own deadline (once they finish it); killed otherwise,
-        after its stacks for a hang (or when the leader was interrupted mid-call)."""
+        """Retire ``replica`` after ``fault``: regrouped in place when its ranks only raised,
+        or when the call merely overran its own deadline (once they finish it); killed
+        otherwise, after its stacks for a hang (or when the leader was interrupted
+        mid-call)."""
         with self._cond:
             self.counts["requests_failed"] += 1
             self.counts[f"faults_{fault.cause}"] += 1
-        self._event("request_fault", group=group.number, rank=fault.rank, cause=fault.cause,
+        self._event("request_fault", group=replica.number, rank=fault.rank, cause=fault.cause,
                     detail=fault.detail, victims=fault.victims, took_s=round(fault.took, 4))
-        idle = fault.cause == "raised" and group.alive()
+        idle = fault.cause == "raised" and replica.alive()
         overran = fault.cause == "deadline" and fault.rank is None and not interrupted
         with self._cond:
-            if self._active is group:
+            if self._active is replica:
                 self._active = None
                 self._busy = False
                 self._fault_at = time.monotonic()
-            self._event("group_retire", group=group.number,
+            self._event("group_retire", group=replica.number,
                         action="regroup" if idle or overran else "kill", reason=fault.cause)
             if idle or overran:
-                self._retired.append(group)
+                self._retired.append(replica)
                 threading.Thread(target=self._settle_then_regroup if overran else self._regroup,
-                                 args=(group,), daemon=True, name="rankguard-regroup").start()
+                                 args=(replica,), daemon=True, name="rankguard-regroup").start()
             elif fault.cause in ("frozen", "deadline"):
-                threading.Thread(target=self._stacks_then_kill, args=(group,), daemon=True,
+                threading.Thread(target=self._stacks_then_kill, args=(replica,), daemon=True,
                                  name="rankguard-stacks").start()
             else:
-                group.kill()
+                replica.kill()
             self._promote()
             self._cond.notify_all()
 
-    def _stacks_then_kill(self, group: WorkerGroup) -> None:
-        """After a hang verdict: where each rank was stuck goes to the journal, then the group
-        is killed (the call already failed; this does not delay it). The ranks get as long to
-        answer as a call gets to run (at least ``STACKS_S``): on a loaded machine a second was
-        not always enough; the wait ends as soon as every rank has answered."""
+    def _stacks_then_kill(self, replica: Replica) -> None:
+        """After a hang verdict: where each rank was stuck goes to the journal, then the
+        replica is killed (the call already failed; this does not delay it). The ranks get as
+        long to answer as a call gets to run (at least ``STACKS_S``): on a loaded machine a
+        second was not always enough; the wait ends as soon as every rank has answered."""
         try:
-            dumps = group.capture_stacks(budget=max(STACKS_S, self.timeout))
-            self._event("stacks", group=group.number,
-                        stacks={rank: group.stacks_path(rank) for rank in dumps})
+            dumps = replica.capture_stacks(Deadline.after(max(STACKS_S, self.timeout)))
+            self._event("stacks", group=replica.number,
+                        stacks={rank: replica.stacks_path(rank) for rank in dumps})
         finally:
-            group.kill()
+            replica.kill()
 
-    def _settle_then_regroup(self, group: WorkerGroup) -> None:
-        """A group whose call overran the call's own deadline, every rank still running it:
+    def _settle_then_regroup(self, replica: Replica) -> None:
+        """A replica whose call overran the call's own deadline, every rank still running it:
         once every rank has finished that call (within the pool's timeout) it regroups and
         serves again; a rank that does not finish by then gets the hang treatment."""
-        if not self._closed and group.settle(self.timeout):
-            self._regroup(group)
+        if not self._closed and replica.settle(Deadline.after(self.timeout)):
+            self._regroup(replica)
             return
         with self._cond:
-            self._retired.remove(group)
+            self._retired.remove(replica)
             self._cond.notify_all()
-        self._stacks_then_kill(group)
+        self._stacks_then_kill(replica)
 
-    def _regroup(self, group: WorkerGroup) -> None:
-        """A group whose ranks only raised forms a fresh generation and becomes a spare again."""
-        ok = group.regroup(REGROUP_S)
+    def _regroup(self, replica: Replica) -> None:
+        """A replica whose ranks only raised forms a fresh generation and becomes a spare
+        again."""
+        ok = replica.regroup(Deadline.after(REGROUP_S + REGROUP_MARGIN_S))
         with self._cond:
-            self._retired.remove(group)
+            self._retired.remove(replica)
             if ok and not self._closed:
-                self._ready.append(group)
-                self._event("group_ready", group=group.number, role="regrouped")
+                self._ready.append(replica)
+                self._event("group_ready", group=replica.number, role="regrouped")
                 self._promote()
             else:
-                group.kill()
+                replica.kill()
             self._cond.notify_all()
 
     def _promote(self) -> None:
-        """Under the lock: a ready spare becomes the serving group if there is none."""
+        """Under the lock: a ready spare becomes the serving replica if there is none."""
         if self._active is not None or not self._ready or self._closed:
             return
         self._active = self._ready.pop(0)
@@ -328,49 +336,53 @@ class Pool:
     # -- the supervisor: spares, start-ups, backoff ---------------------------------------------
 
     def _supervise(self) -> None:
-        while True:
-            with self._cond:
-                if self._closed:
-                    return
+        """Until the pool closes: take in what changed, start what is missing, and sleep until
+        the next change (``_changed``, or any ``notify_all``) or the end of a backoff."""
+        with self._cond:
+            while not self._closed:
                 self._check_starting()
                 self._check_spares()
-                self._start_more()
-                self._cond.wait(SUPERVISE_S)
+                self._cond.wait(self._start_more())
+
+    def _changed(self) -> None:
+        """A replica became ready, failed to start, or lost a rank (from its watcher)."""
+        with self._cond:
+            self._cond.notify_all()
 
     def _check_starting(self) -> None:
-        for group in list(self._starting):
-            state = group.poll_start(self.start_timeout)
+        for replica in list(self._starting):
+            state = replica.start_state()
             if state == "starting":
                 continue
-            self._starting.remove(group)
+            self._starting.remove(replica)
             if state == "ready":
-                took = (group.ready_at or time.monotonic()) - group.started_at
+                took = (replica.ready_at or time.monotonic()) - replica.started_at
                 self._start_estimate_s = took
                 self._start_failures = 0
                 self._last_start_failure = None
-                self._ready.append(group)
-                self._event("group_ready", group=group.number, role="spare",
+                self._ready.append(replica)
+                self._event("group_ready", group=replica.number, role="spare",
                             took_s=round(took, 3))
                 self._promote()
             else:
-                group.kill()
+                replica.kill()
                 self._start_failures += 1
-                self._last_start_failure = group.failure
+                self._last_start_failure = replica.failure
                 pause = min(self.max_backoff, BACKOFF_FIRST_S * 2 ** (self._start_failures - 1))
-                self._next_start_at = time.monotonic() + pause
+                self._next_start = Deadline.after(pause)
                 self.counts["start_failures"] += 1
-                failure = group.failure or StartFailure(None, "failed")
-                self._event("group_start_failed", group=group.number, rank=failure.rank,
+                failure = replica.failure or StartFailure(None, "failed")
+                self._event("group_start_failed", group=replica.number, rank=failure.rank,
                             detail=failure.detail, traceback=failure.remote_traceback,
                             consecutive=self._start_failures, backoff_s=pause)
             self._cond.notify_all()
 
     def _check_spares(self) -> None:
-        for group in list(self._ready):
-            if not group.alive():
-                self._ready.remove(group)
-                group.kill()
-                self._event("group_retire", group=group.number, action="kill",
+        for replica in list(self._ready):
+            if not replica.alive():
+                self._ready.remove(replica)
+                replica.kill()
+                self._event("group_retire", group=replica.number, action="kill",
                             reason="a spare's rank died")
         active = self._active
         if active is not None and not self._busy and not active.alive():
@@ -381,18 +393,24 @@ class Pool:
                         reason="a rank of the idle serving group died")
             self._promote()
 
-    def _start_more(self) -> None:
+    def _start_more(self) -> float | None:
+        """Start a replica if one is missing and no backoff holds it back; returns how long
+        the supervisor may sleep before it must look again (None: until something changes)."""
         wanted = self.spares + (1 if self._active is None else 0)
         have = len(self._ready) + len(self._starting) + len(self._retired)
-        if have >= wanted or time.monotonic() < self._next_start_at:
-            return
+        if have >= wanted:
+            return None
         if self._starting and self._start_failures:  # failing: one attempt at a time
-            return
+            return None
+        if not self._next_start.passed():
+            return self._next_start.wait_time()
         self._numbers += 1
-        group = WorkerGroup(self._numbers, self.world_size, self._setup,
-                            os.path.join(self.log_dir, f"group{self._numbers}"), self._env)
-        self._starting.append(group)
-        self._event("group_start", group=group.number, pids=group.pids)
+        replica = Replica(self._numbers, self.world_size, self._setup,
+                          os.path.join(self.log_dir, f"group{self._numbers}"), self._env,
+                          Deadline.after(self.start_timeout), self._changed)
+        self._starting.append(replica)
+        self._event("group_start", group=replica.number, pids=replica.pids)
+        return 0.0 if have + 1 < wanted else None
 
     # -- state ------------------------------------------------------------------------------------
 
@@ -414,13 +432,13 @@ class Pool:
                               failure.describe() if failure else None)
 
     def wait_ready(self, timeout: float) -> None:
-        """Wait until a group serves calls.
+        """Wait until a replica serves calls.
 
         Raises:
             PoolUnavailable: start-up failed (``failed``) or ``timeout`` passed.
             PoolClosed: the pool was closed.
         """
-        deadline_at = time.monotonic() + timeout
+        until = Deadline.after(timeout)
         with self._cond:
             while self._active is None:
                 if self._closed:
@@ -428,11 +446,10 @@ class Pool:
                 state = self._state()
                 if state == "failed":
                     raise self._unavailable(state)
-                remaining = deadline_at - time.monotonic()
-                if remaining <= 0:
+                if until.passed():
                     raise PoolUnavailable(state, self._start_estimate_s,
                                           f"no group was ready within {timeout:g} s")
-                self._cond.wait(remaining)
+                self._cond.wait(until.wait_time())
 
     def metrics(self) -> dict[str, float]:
         """Counters and gauges: requests by outcome, faults by cause, heals and their time,
@@ -452,27 +469,30 @@ class Pool:
     # -- the end ----------------------------------------------------------------------------------
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop the supervisor and shut every group down: the serving group and the spares get
-        a bounded barrier and exit; whatever is left after ``timeout`` is killed. The log folder
-        goes too when the pool made it (no ``log_dir`` was given). Idempotent."""
+        """Stop the supervisor and shut every replica down: the serving replica and the
+        spares get a bounded barrier and exit; whatever is left after ``timeout`` is killed.
+        The log folder goes too when the pool made it (no ``log_dir`` was given).
+        Idempotent."""
+        until = Deadline.after(timeout)
+        joined_by = Deadline.after(timeout + CLOSE_JOIN_S)
         with self._cond:
             if self._closed:
                 return
             self._closed = True
-            groups = [g for g in [self._active, *self._ready] if g is not None]
+            replicas = [r for r in [self._active, *self._ready] if r is not None]
             doomed = self._starting + self._retired
             self._active, self._ready, self._starting = None, [], []
             self._cond.notify_all()
-        self._supervisor.join(1.0)
-        for group in doomed:
-            group.kill()
-        closers = [threading.Thread(target=g.close, args=(timeout,), daemon=True)
-                   for g in groups]
+        self._supervisor.join(until.wait_time())
+        for replica in doomed:
+            replica.kill()
+        closers = [threading.Thread(target=r.close, args=(until,), daemon=True)
+                   for r in replicas]
         for closer in closers:
             closer.start()
         for closer in closers:
-            closer.join(timeout + 1.0)
-        self._event("pool_close", groups=len(groups) + len(doomed))
+            closer.join(joined_by.wait_time())
+        self._event("pool_close", groups=len(replicas) + len(doomed))
         # events of background threads that end later go nowhere, not to a closed file
         journal, self._journal = self._journal, None
         if journal is not None:
@@ -498,4 +518,3 @@ def _open_journal(path: str, pool_id: str) -> Journal:
 def _check_count(what: str, value: Any, least: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < least:
         raise UsageError(f"Pool({what})", f"expected a whole number >= {least}, got {value!r}")
-

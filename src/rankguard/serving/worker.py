@@ -1,7 +1,7 @@
-"""One rank of a pool's group: ``python -m rankguard.serving.worker``.
+"""One rank of a pool's replica: ``python -m rankguard.serving.worker``.
 
-Started by ``serving.group.WorkerGroup`` with the env:// variables of its rank and one end of a
-channel to the leader (``RANKGUARD_SERVE_FD``). It turns on the rank runtime (``rankguard.init``:
+Started by ``serving.replica.Replica`` with the env:// variables of its rank and one end of a
+channel to the leader (``RANKGUARD_SERVE_FD``). It turns on the rank runtime (``runtime.init``:
 SIGTERM teardown, stacks on demand, bounded collectives), dies with the leader
 (PR_SET_PDEATHSIG), makes the leader's modules importable, and then:
 
@@ -9,14 +9,19 @@ SIGTERM teardown, stacks on demand, bounded collectives), dies with the leader
    runs ``setup(rank, world_size)``; answers ``ready``, or ``setup_failed`` with the traceback;
 2. serves requests, one at a time:
 
-   - ``{"op": "run", "id", "fn", "args", "kwargs", "timeout", "all"}``: call
-     ``fn(state, *args, **kwargs)`` with every collective bounded by ``timeout`` seconds; answer
-     ``{"id", "ok": True, "result"}`` (the result from rank 0 only, unless ``all``) or
-     ``{"id", "ok": False, "error", "message", "traceback", "collective", "missing"}``. A rank
-     that fails by itself first retires the group and tells its peers, so none of them waits
-     for it.
-   - ``{"op": "regroup", "timeout"}``: a fresh generation of the same ranks after a failure.
-   - ``{"op": "exit"}``: a bounded shutdown, then exit 0.
+   - ``{"op": "run", "id", "fn", "args", "kwargs", "deadline", "all"}``: call
+     ``fn(state, *args, **kwargs)`` with every collective bounded by ``deadline`` (the
+     leader's :class:`~rankguard.deadline.Deadline`, the same instant on this machine's
+     monotonic clock); answer ``{"id", "ok": True, "result"}`` (the result from rank 0 only,
+     unless ``all``) or ``{"id", "ok": False, "error", "message", "traceback", "collective",
+     "missing", "at"}`` (``at``: when it failed, on the monotonic clock, comparable between
+     ranks). A rank that fails by itself first retires the group and tells its peers, so none
+     of them waits for it.
+   - ``{"op": "regroup", "deadline"}``: a fresh generation of the same ranks after a failure.
+   - ``{"op": "exit", "deadline"}``: a bounded shutdown, then exit 0.
+
+It imports the rank runtime's modules, not the package face ``rankguard`` (which imports the
+pool, and so this module's own leader side).
 
 The leader closing the channel makes the rank exit.
 """
@@ -33,13 +38,16 @@ import time
 import traceback
 from typing import Any
 
-import rankguard
-from rankguard import proctree
-from rankguard.pyfiles import import_file
-from rankguard.runtime import internal
-
+from .. import proctree
+from ..deadline import Deadline
+from ..errors import CollectiveError, GroupRetired, RankguardError
+from ..pyfiles import import_file
+from ..runtime import internal
+from ..runtime.init import init
+from .budgets import RANK_GRACE_S, SHUTDOWN_LEAST_S
 from .channel import ChannelClosed, RankEnd
 from .leader_env import FD, LEADER, MAIN, SYS_PATH
+
 
 def _adopt_leader_paths() -> None:
     for path in reversed(json.loads(os.environ.get(SYS_PATH, "[]"))):
@@ -78,15 +86,15 @@ def _loads(data: bytes) -> Any:
 
 
 def _failure(error: BaseException) -> dict[str, Any]:
-    collective = isinstance(error, (rankguard.CollectiveError, rankguard.GroupRetired))
+    collective = isinstance(error, (CollectiveError, GroupRetired))
     return {"ok": False, "error": type(error).__name__, "message": str(error),
             "traceback": traceback.format_exc(), "collective": collective,
-            "missing": list(getattr(error, "missing", []) or []), "at": time.time()}
+            "missing": list(getattr(error, "missing", []) or []), "at": time.monotonic()}
 
 
 def _run(command: dict[str, Any], state: Any, rank: int) -> dict[str, Any]:
     try:
-        with rankguard.deadline(command["timeout"]):
+        with internal.until(command["deadline"]):
             result = command["fn"](state, *command["args"], **command["kwargs"])
         answer = {"ok": True, "result": result if rank == 0 or command["all"] else None}
     except BaseException as error:  # noqa: BLE001 (reported to the leader, whatever it is)
@@ -97,7 +105,7 @@ def _run(command: dict[str, Any], state: Any, rank: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    rankguard.init(grace=float(os.environ.get("RANKGUARD_GRACE", "2")))
+    init(grace=float(os.environ.get("RANKGUARD_GRACE", f"{RANK_GRACE_S:g}")))
     proctree.die_with_parent(int(os.environ[LEADER]))
     end = RankEnd(int(os.environ[FD]))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -133,12 +141,14 @@ def main() -> None:
                           "message": f"its result cannot be pickled: {error}"})
         elif op == "regroup":
             try:
-                rankguard.regroup(exclude=[], timeout=command["timeout"])
+                internal.regroup(command["deadline"], exclude=[])
                 end.send({"op": "regrouped", "ok": True})
-            except rankguard.RankguardError as error:
+            except RankguardError as error:
                 end.send({"op": "regrouped", "ok": False, "message": str(error)})
         else:
-            rankguard.shutdown(timeout=command.get("timeout", 2.0))
+            limit: Deadline = command["deadline"]
+            internal.shutdown(limit if limit.remaining() >= SHUTDOWN_LEAST_S
+                              else Deadline.after(SHUTDOWN_LEAST_S))
             end.send({"op": "bye"})
             os._exit(0)
 

@@ -17,7 +17,7 @@ a warm pool that share an initialised gloo process group (``torch.distributed`` 
 to every rank. One outcome is reported: the rank that failed first, the ranks that were stuck
 (with their stacks) and the victims, apart (see ``report``). Every collective in the test is
 bounded by the test's remaining time. Pools are reused across tests; one that saw a fault forms
-a fresh group generation, or is replaced (see ``pool``).
+a fresh group generation, or is replaced (see ``warm_ranks``).
 
 **Suites run by every rank of a job** (``torchrun ... -m pytest``): the rank runtime is on,
 and the end of the session is a bounded barrier that names a missing rank (see ``session``).
@@ -41,14 +41,14 @@ from typing import Any
 
 import pytest
 
-from .. import margins, proctree
+from .. import proctree
 from ..deadline import Deadline, check_seconds
 from ..errors import UsageError
 from ..runtime import stacks as rank_stacks
 from . import abort, leaks, processes
 from . import session as rank_session
-from .pool import RankPool
 from .report import RanksFailed, compose
+from .warm_ranks import WarmRanks
 from .watchdog import DeadlineExceeded, Phase, Watchdog
 
 DEFAULT_DEADLINE_S = 600.0
@@ -116,7 +116,7 @@ class _Guard:
         self.watchdog.install()
         self.scope_tags: dict[int, str] = {}
         self.known: set[int] = set()
-        self.pools: dict[int, RankPool] = {}
+        self.pools: dict[int, WarmRanks] = {}
 
     def _answer_stack_requests(self) -> str | None:
         """Register faulthandler on SIGUSR1 in this process, so that children forked from it
@@ -244,9 +244,7 @@ class _Guard:
         offsets = {rank: pool.log_size(rank) for rank in range(world)}
         healthy = False
         try:
-            answers = pool.run(str(pyfuncitem.path), _qualname(pyfuncitem), args,
-                               margins.answers_by(deadline).at,
-                               margins.collectives_by(deadline).remaining())
+            answers = pool.run(str(pyfuncitem.path), _qualname(pyfuncitem), args, deadline)
             missing = sorted(set(range(world)) - set(answers))
             text = compose(world, answers, pool.stacks(missing) if missing else {},
                            {r: pool.log_since(r, offsets[r]) for r in range(world)})
@@ -259,13 +257,13 @@ class _Guard:
             raise RanksFailed(text)
         return True
 
-    def _pool(self, world: int) -> RankPool:
+    def _pool(self, world: int) -> WarmRanks:
         pool = self.pools.get(world)
         if pool is not None and pool.alive():
             return pool
         if pool is not None:
             pool.close()
-        pool = self.pools[world] = RankPool(world, f"{self.token}/pool{world}")
+        pool = self.pools[world] = WarmRanks(world, f"{self.token}/pool{world}")
         self.known.update(pool.pids)
         return pool
 

@@ -1,0 +1,133 @@
+"""The rank processes of one attempt: torchrun's environment for each rank, and a warm spare or
+a new bootstrap process to run it, on the supervisor of rank processes
+(``rankguard.supervisor``).
+
+Each rank runs ``python -m rankguard.runtime.bootstrap`` in its own session (so its process group
+can be signalled as a whole) with torchrun's environment plus rankguard's own variables. Its
+stdout and stderr are pipes that the supervisor reads into the rank's log and (``--tee``, the
+default) to the launcher's terminal, each line prefixed with ``[rankN]:`` (see
+``supervisor.output``); the terminal never blocks the launcher (see ``terminal``).
+
+Exits are events, not polls: each rank's pidfd is in the supervisor's selector, beside its
+output pipes and whatever the agent registers (its signal wakeup fd).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Callable
+
+from .. import sealed
+from ..proctree import MARKER
+from ..supervisor import RankFiles, RankProcesses, spawn
+from .config import RunConfig
+from .store import namespace
+from .terminal import Terminal
+
+
+def _activate(spare: subprocess.Popen[bytes], env: dict[str, str]) -> bool:
+    """Hand ``env`` to a waiting spare; False (and the spare discarded) when it is gone."""
+    assert spare.stdin is not None
+    try:
+        if spare.poll() is None:
+            spare.stdin.write(json.dumps(env).encode() + b"\n")
+            spare.stdin.close()
+            return True
+    except OSError:  # it died meanwhile
+        pass
+    discard(spare)
+    return False
+
+
+def discard(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a bootstrap process that never became a rank, reap it, close its pipes."""
+    proc.kill()
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+
+
+def base_env(config: RunConfig, token: str, master_port: int) -> dict[str, str]:
+    """The environment every rank of the run shares (a warm spare starts with this)."""
+    env = dict(os.environ)
+    world = config.nproc
+    env.update(
+        WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", GROUP_WORLD_SIZE="1",
+        ROLE_WORLD_SIZE=str(world), ROLE_NAME="default", MASTER_ADDR=config.master_addr,
+        MASTER_PORT=str(master_port), TORCHELASTIC_MAX_RESTARTS=str(config.max_restarts),
+        TORCHELASTIC_RUN_ID=config.run_id, TORCHELASTIC_USE_AGENT_STORE="True",
+        TORCH_NCCL_ASYNC_ERROR_HANDLING=env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
+        PYTHONUNBUFFERED=env.get("PYTHONUNBUFFERED", "1"),
+        RANKGUARD_LAUNCHER_PID=str(os.getpid()),
+        RANKGUARD_INJECT=";".join(spec.text for spec in config.injections),
+        RANKGUARD_GRACE=f"{config.rank_grace:g}",
+        RANKGUARD_HANG_TIMEOUT=f"{config.hang_timeout:g}",  # bounds a rank's wait for a store
+        RANKGUARD_LOG_DIR=config.log_dir,  # the run's private folder (0700), e.g. for checkpoints
+    )
+    env[sealed.ENV] = config.secret
+    if config.collective_timeout is not None:
+        env["RANKGUARD_COLLECTIVE_TIMEOUT"] = f"{config.collective_timeout:g}"
+    env[MARKER] = token
+    return env
+
+
+def rank_env(config: RunConfig, rank: int, attempt: int, token: str, master_port: int,
+             ledger_path: str, stacks_path: str) -> dict[str, str]:
+    """torchrun's environment for ``rank`` plus rankguard's variables."""
+    env = base_env(config, token, master_port)
+    env.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), ROLE_RANK=str(rank),
+        TORCHELASTIC_RESTART_COUNT=str(attempt), RANKGUARD_LEDGER=ledger_path,
+        RANKGUARD_STACKS=stacks_path, RANKGUARD_ATTEMPT=str(attempt),
+        RANKGUARD_NAMESPACE=namespace(config.run_id, attempt),
+    )
+    return env
+
+
+def start_bootstrap(config: RunConfig, env: dict[str, str],
+                    spare: bool = False) -> subprocess.Popen[bytes]:
+    """Start ``python -m rankguard.runtime.bootstrap`` for the run's command, in its own session,
+    its output into pipes. A spare gets a stdin pipe, for its activation line; a rank gets no
+    stdin."""
+    argv = [sys.executable, "-m", "rankguard.runtime.bootstrap", *(["--spare"] if spare else []),
+            *config.command]
+    return spawn(argv, env, stdin_pipe=spare)
+
+
+def start_attempt(config: RunConfig, attempt: int, token: str, master_port: int,
+                  ledger_dir: str,
+                  spares: Callable[[], subprocess.Popen[bytes] | None] = lambda: None,
+                  terminal: Terminal | None = None) -> RankProcesses:
+    """Create the ledgers and start every rank of attempt ``attempt`` (the set's ``number``);
+    returns at once (ranks import in parallel).
+
+    Each rank is a warm spare from ``spares()`` when it gives one, else a new process. Its log
+    and stacks go to ``LOG_DIR/attemptN/``, its ledger to ``ledger_dir`` (the run's private
+    ledger folder, ``ledger.make_dir``). Rank output is teed to ``terminal`` when given and
+    ``config.tee`` is set.
+    """
+    attempt_dir = os.path.join(config.log_dir, f"attempt{attempt}")
+    os.makedirs(attempt_dir, mode=0o700, exist_ok=True)
+    tee = (terminal.out.write, terminal.err.write) if terminal is not None and config.tee \
+        else None
+    ranks = RankProcesses(attempt, config.nproc, tee)
+    for rank in range(config.nproc):
+        files = RankFiles(log=os.path.join(attempt_dir, f"rank{rank}.log"),
+                          stacks=os.path.join(attempt_dir, f"stacks_rank{rank}.txt"),
+                          ledger=os.path.join(ledger_dir, f"attempt{attempt}-rank{rank}.ledger"))
+        env = rank_env(config, rank, attempt, token, master_port, files.ledger, files.stacks)
+        spare = spares()
+
+        def launch(env: dict[str, str], spare: subprocess.Popen[bytes] | None = spare
+                   ) -> subprocess.Popen[bytes]:
+            return spare if spare is not None and _activate(spare, env) else \
+                start_bootstrap(config, env)
+
+        member = ranks.start(rank, files, env, launch)
+        member.warm = member.proc is spare
+    return ranks

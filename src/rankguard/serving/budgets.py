@@ -1,0 +1,43 @@
+"""Every time budget and margin of serving, in one place.
+
+A call's budget is its :class:`~rankguard.deadline.Deadline`, made once by ``Pool.run`` from its
+timeout and handed as is to the replica and, across the process boundary, to each rank. The
+margins below are taken off that one instant where a step must end before it, so that the
+error it raises still reaches the leader in time; the other budgets bound the steps that have
+no deadline from the caller (start-up, regroup, shutdown, stacks, reaping).
+"""
+
+from __future__ import annotations
+
+# How long the ranks get to dump their stacks after a hang verdict (at least: the pool gives
+# them up to its call timeout): the launcher's figure.
+from ..margins import STACKS_S
+
+__all__ = ["STACKS_S"]  # and the names below
+
+# A request's collectives (in the ranks) give up this long before the request's deadline, so
+# that their errors reach the leader before it gives its verdict.
+COLLECTIVE_MARGIN_S = 0.1
+# How long a rank may take to accept a message before it counts as frozen.
+SEND_S = 2.0
+# How long a rank whose channel closed gets for its exit to be seen, before it counts as dead.
+EXIT_STATUS_S = 0.2
+# How long killed ranks get to be reaped.
+REAP_S = 5.0
+# The bound on the waits of a replica's store.
+STORE_S = 30.0
+# How long the ranks of a replica get to form a fresh generation after a fault they survived,
+# and how much longer the leader waits for their answers.
+REGROUP_S = 5.0
+REGROUP_MARGIN_S = 1.0
+# At close, the ranks' bounded shutdown ends this long before the leader kills what is left;
+# it gets at least SHUTDOWN_LEAST_S.
+SHUTDOWN_MARGIN_S = 0.5
+SHUTDOWN_LEAST_S = 0.1
+# The first pause after a failed start-up; it doubles with each failure in a row, up to the
+# pool's max_backoff.
+BACKOFF_FIRST_S = 0.5
+# Of the pool's timeout: the least time a call must have left to start on a replica.
+MIN_CALL_FRACTION = 0.1
+# The rank grace (SIGTERM teardown) a replica's ranks get unless the caller's env says.
+RANK_GRACE_S = 2.0

@@ -1,0 +1,429 @@
+"""One replica of a pool: N rank processes (``serving.worker``) that form one gloo process
+group, on a TCPStore of its own hosted in the leader (on loopback only:
+``rankguard.store_server``), and serve requests one at a time.
+
+A replica is started, becomes ready once every rank has run the user's setup, runs requests,
+and is retired after a fault: regrouped in place when every rank is alive and answered, killed
+(SIGKILL of each rank's process tree, and of what carries the replica's marker) otherwise.
+
+Its ranks are a set of the supervisor of rank processes (``rankguard.supervisor``), driven by a
+watcher thread of their own: every exit (pidfd), every message on the ranks' channels and every
+timer is an event that wakes it, and it records what happened under the replica's condition.
+Whoever waits (a request, a start-up, a regroup, a close) waits on that condition, bounded by
+its :class:`~rankguard.deadline.Deadline`: no polling tick anywhere. ``on_change`` tells the
+owner (the pool) when the replica became ready, failed to start, or lost a rank.
+
+The verdict on a request that did not succeed is ``serving.verdict``'s, over a snapshot of what
+the ranks answered, their ledgers and their process states.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any, Callable
+
+from .. import ledger as _ledger
+from .. import proctree, sealed, store_server
+from ..deadline import Deadline
+from ..errors import UsageError
+from ..ledger import LedgerReader
+from ..runtime import stacks
+from ..supervisor import RankFiles, RankProcess, RankProcesses, spawn
+from . import leader_env
+from .budgets import (COLLECTIVE_MARGIN_S, EXIT_STATUS_S, RANK_GRACE_S, REAP_S, REGROUP_MARGIN_S,
+                      SEND_S, SHUTDOWN_MARGIN_S, STORE_S)
+from .channel import ChannelClosed, LeaderEnd, dumps, pair
+from .verdict import Outcome, verdict
+
+_WORKER = [sys.executable, "-m", "rankguard.serving.worker"]
+
+
+@dataclass
+class StartFailure:
+    """Why a replica did not become ready."""
+
+    rank: int | None
+    detail: str
+    remote_traceback: str = ""  # the setup's, when it raised
+
+    def describe(self) -> str:
+        who = f"rank {self.rank}" if self.rank is not None else "the replica"
+        return f"{who} {self.detail}"
+
+
+class Replica:
+    """N rank processes of one gloo process group serving requests; see the module docstring.
+
+    Args:
+        number: the replica's number in its pool (names its folder and its journal events).
+        world: how many ranks.
+        setup: ``setup(rank, world_size) -> state``, run in each rank once the group formed.
+        folder: where each rank's output, ledger and stacks go (``rank<r>.log``...).
+        env: extra environment for the ranks.
+        start_by: when the replica must be ready; past it, it has failed to start.
+        on_change: called, from the watcher thread and under no lock of the replica's, when the
+            replica became ready, failed to start, or lost a rank. Must not wait for the
+            replica.
+    """
+
+    def __init__(self, number: int, world: int, setup: Callable[[int, int], Any] | None,
+                 folder: str, env: dict[str, str], start_by: Deadline,
+                 on_change: Callable[[], None] = lambda: None) -> None:
+        self.number = number
+        self.world = world
+        self.folder = folder
+        self.started_at = time.monotonic()
+        self.ready_at: float | None = None
+        self.failure: StartFailure | None = None
+        self.killed = False
+        self._start_by = start_by
+        self._on_change = on_change
+        self._cond = threading.Condition()
+        self._ready: set[int] = set()
+        self._dead: dict[int, str] = {}  # rank -> how it ended
+        self._requests = 0
+        self._current: Outcome | None = None  # the last request's outcome
+        self._unfinished = False  # the last request failed, and may still be running
+        self._regrouped: dict[int, bool] = {}  # rank -> whether it formed the new generation
+        self._finishing = False
+        os.makedirs(folder, exist_ok=True)
+        self._store: Any = store_server.host_on_loopback(STORE_S)
+        base = {**os.environ, **leader_env.leader_context(), **env,
+                "MASTER_ADDR": store_server.LOOPBACK, "MASTER_PORT": str(self._store.port),
+                "WORLD_SIZE": str(world), "TORCHELASTIC_USE_AGENT_STORE": "True",
+                **sealed.host_env(),  # this replica's own store seal
+                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        base.setdefault("RANKGUARD_GRACE", f"{RANK_GRACE_S:g}")
+        self._ranks = RankProcesses(number, world)
+        self.ends: list[LeaderEnd] = []
+        self._ledgers: list[LedgerReader] = []
+        for rank in range(world):
+            files = RankFiles(log=os.path.join(folder, f"rank{rank}.log"),
+                              stacks=os.path.join(folder, f"rank{rank}.stacks"),
+                              ledger=os.path.join(folder, f"rank{rank}.ledger"))
+            mine, theirs = pair()
+            rank_env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank),
+                        leader_env.FD: str(theirs.fileno()), _ledger.PATH_ENV: files.ledger,
+                        stacks.PATH_ENV: files.stacks}
+            self._ranks.start(rank, files, rank_env, partial(
+                spawn, _WORKER, log=files.log, pass_fds=(theirs.fileno(),)))
+            theirs.close()
+            end = LeaderEnd(mine)
+            self.ends.append(end)
+            self._ledgers.append(LedgerReader(files.ledger))
+            self._ranks.add_reader(end.fileno(), partial(self._on_readable, rank))
+        self._ranks.call_at(start_by, self._start_overdue)
+        self._ranks.watch(self._on_exit, f"rankguard-replica{number}")
+        for end in self.ends:
+            try:
+                end.send({"op": "start", "setup": setup}, Deadline.after(SEND_S))
+            except (ChannelClosed, TimeoutError):
+                pass  # that rank is gone already: its exit says so
+
+    # -- what it is -------------------------------------------------------------------------
+
+    @property
+    def pids(self) -> list[int]:
+        return self._ranks.pids
+
+    def log_path(self, rank: int) -> str:
+        return self._ranks[rank].log_path
+
+    def stacks_path(self, rank: int) -> str:
+        return self._ranks[rank].stacks_path
+
+    def log_size(self, rank: int) -> int:
+        try:
+            return os.path.getsize(self.log_path(rank))
+        except OSError:
+            return 0
+
+    def log_since(self, rank: int, offset: int = 0, limit: int = 4000) -> str:
+        """What rank ``rank`` wrote after byte ``offset`` of its log: the last ``limit``
+        characters of it, after ``...`` when cut."""
+        try:
+            with open(self.log_path(rank), errors="replace") as f:
+                f.seek(offset)
+                text = f.read()
+        except OSError:
+            return ""
+        return text if len(text) <= limit else "...\n" + text[-limit:]
+
+    def describe(self, rank: int) -> str:
+        """The rank's process in one line (state, wait channel, command line)."""
+        return proctree.describe(self._ranks[rank].pid)
+
+    def ending(self, rank: int) -> str:
+        """How the rank's process ended (``exited with code 0``); "" while it runs."""
+        code = self._ranks[rank].proc.poll()
+        return "" if code is None else proctree.exit_detail(code)
+
+    def alive(self) -> bool:
+        return not self.killed and not self._dead and all(
+            member.proc.poll() is None for member in self._ranks)
+
+    def capture_stacks(self, until: Deadline, ranks: list[int] | None = None) -> dict[int, str]:
+        """Ask ``ranks`` (default: all) that are alive for the stacks of all their threads
+        (SIGUSR1; a stopped rank is continued to answer); rank -> the dump, for those that
+        answered before ``until``. Each dump is also appended to ``stacks_path``."""
+        return self._ranks.stacks(until, ranks)
+
+    # -- start-up ---------------------------------------------------------------------------
+
+    def start_state(self) -> str:
+        """``starting``, ``ready`` or ``failed`` (then see ``failure``); never blocks."""
+        if self.ready_at is not None:
+            return "ready"
+        return "starting" if self.failure is None else "failed"
+
+    def wait_started(self, until: Deadline) -> str:
+        """Wait until the replica is ready or failed, at most until ``until`` (past the
+        replica's ``start_by``, it has failed); returns :meth:`start_state`."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.start_state() != "starting", until.wait_time())
+        if not self._start_by.passed():
+            return self.start_state()
+        self._start_overdue()
+        return self.start_state()
+
+    def _start_overdue(self) -> None:
+        with self._cond:
+            if self.ready_at is not None or self.failure is not None:
+                return
+            late = sorted(set(range(self.world)) - self._ready)
+            self.failure = StartFailure(late[0], f"was not ready within "
+                                        f"{self._start_by.seconds:g} s (ranks not ready: "
+                                        f"{', '.join(map(str, late))})")
+            self._cond.notify_all()
+        self._on_change()
+
+    # -- events (from the watcher thread) ---------------------------------------------------
+
+    def _on_readable(self, rank: int) -> None:
+        end = self.ends[rank]
+        try:
+            messages = end.receive()
+        except ChannelClosed:
+            self._ranks.remove_reader(end.fileno())
+            self._ranks.call_at(Deadline.after(EXIT_STATUS_S),
+                                partial(self._gone, rank, "closed its channel"))
+            return
+        self._take(rank, messages)
+
+    def _on_exit(self, member: RankProcess) -> None:
+        end = self.ends[member.rank]
+        self._take(member.rank, end.drain())  # what it said before it ended comes first
+        self._ranks.remove_reader(end.fileno())
+        self._gone(member.rank, member.ending())
+
+    def _take(self, rank: int, messages: list[Any]) -> None:
+        changed = False
+        with self._cond:
+            for message in messages:
+                op = message.get("op")
+                if op == "ready":
+                    self._ready.add(rank)
+                    if len(self._ready) == self.world and self.start_state() == "starting":
+                        self.ready_at = time.monotonic()
+                        changed = True
+                elif op == "setup_failed" and self.start_state() == "starting":
+                    self.failure = StartFailure(
+                        rank, f"failed its setup: {message['error']}: {message['message']}",
+                        message["traceback"])
+                    changed = True
+                elif op == "answer":
+                    outcome = self._current
+                    if outcome is None or message["id"] not in (self._requests, None):
+                        continue  # not an answer to the request in flight
+                    outcome.order.append(rank)
+                    if message["ok"]:
+                        outcome.results[rank] = message["result"]
+                    else:
+                        outcome.failures[rank] = message
+                elif op == "regrouped":
+                    self._regrouped[rank] = message["ok"]
+            self._cond.notify_all()
+        if changed:
+            self._on_change()
+
+    def _gone(self, rank: int, detail: str) -> None:
+        """Rank ``rank`` ended (``detail`` says how) or can no longer be reached."""
+        with self._cond:
+            if rank in self._dead:
+                return
+            self._dead[rank] = detail
+            if self.start_state() == "starting":
+                self.failure = StartFailure(rank, f"exited during start-up ({detail}):\n"
+                                            f"{self.log_since(rank, limit=2000)}")
+            outcome = self._current
+            if outcome is not None and rank not in outcome.dead:
+                outcome.dead[rank] = detail
+                outcome.order.append(rank)
+            self._cond.notify_all()
+        self._on_change()
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def run(self, command: dict[str, Any], started: float, until: Deadline) -> dict[int, Any]:
+        """Run ``command`` (``fn``, ``args``, ``kwargs``, ``all``) on every rank, its
+        collectives bounded by ``until`` less ``COLLECTIVE_MARGIN_S``; results by rank (only
+        rank 0's unless ``all``). ``started`` (monotonic) is when the call began.
+
+        Raises:
+            RequestFailed: a rank raised, exited, was killed, froze, or was still running at
+                ``until`` while a peer waited for it or had answered; ``rank`` None when every
+                rank answered with a collective error, or when every rank was still running at
+                ``until`` and none was behind (cause ``deadline``: see :meth:`settle`). Raised
+                by ``until`` plus the time to read the ranks' ledgers, and as soon as the root
+                cause is known or every rank has answered.
+            UsageError: the command cannot be pickled (no rank got it).
+        """
+        outcome = self.submit(command, until.before(COLLECTIVE_MARGIN_S), until)
+
+        def known(o: Outcome) -> bool:
+            return o.settled(self.world) or verdict(self.world, o, 0.0, final=False) is not None
+
+        seen = self.wait(outcome, until, known)
+        final = len(seen.results) < self.world
+        silent = set(range(self.world)) - seen.answered - set(seen.dead)
+        error = verdict(self.world, seen, time.monotonic() - started, final=final,
+                        positions=self._positions() if final else None,
+                        stopped={r for r in silent if final and
+                                 proctree.is_stopped(self._ranks[r].pid)})
+        if error is not None:
+            raise error
+        with self._cond:
+            self._unfinished = False
+        return seen.results
+
+    def submit(self, command: dict[str, Any], collectives: Deadline, until: Deadline
+               ) -> Outcome:
+        """Send ``command`` to every rank, its collectives bounded by ``collectives``, each
+        send by ``until`` (and ``SEND_S``); returns the request's outcome, which the watcher
+        fills in as answers and deaths arrive: read it through :meth:`wait`.
+
+        Raises:
+            UsageError: the command cannot be pickled (no rank got it).
+        """
+        with self._cond:
+            request = self._requests + 1
+        try:
+            data = dumps({"op": "run", "id": request, "deadline": collectives, **command})
+        except Exception as error:  # noqa: BLE001 (whatever pickling raises)
+            raise UsageError("Pool.run", f"the function or its arguments cannot be pickled: "
+                             f"{error}", "use a module-level function and picklable "
+                             "arguments") from None
+        outcome = Outcome()
+        with self._cond:
+            self._requests = request
+            self._current = outcome
+            self._unfinished = True
+            for rank, detail in self._dead.items():
+                outcome.dead[rank] = detail
+                outcome.order.append(rank)
+        for rank, end in enumerate(self.ends):
+            if rank in outcome.dead:
+                continue
+            try:
+                end.send_pickled(data, until.within(SEND_S))
+            except ChannelClosed:
+                continue  # it ended: the watcher records how
+            except TimeoutError:
+                break  # that rank stopped reading; the verdict at the deadline names it
+        return outcome
+
+    def wait(self, outcome: Outcome, until: Deadline, done: Callable[[Outcome], bool]
+             ) -> Outcome:
+        """Wait until ``done(outcome)`` or ``until``; returns a copy of ``outcome`` as it was
+        then (the watcher goes on filling the original)."""
+        with self._cond:
+            self._cond.wait_for(lambda: done(outcome), until.wait_time())
+            return replace(outcome, results=dict(outcome.results),
+                           failures=dict(outcome.failures), dead=dict(outcome.dead),
+                           order=list(outcome.order))
+
+    def settle(self, until: Deadline) -> bool:
+        """After a request that failed: wait until ``until`` for every rank to be done with
+        it. True if every rank answered it (alive, idle: it may regroup and serve again); False
+        if a rank died or is still running it."""
+        if self._unfinished and self._current is not None:
+            seen = self.wait(self._current, until, lambda o: o.settled(self.world))
+            if len(seen.answered) < self.world:
+                return False
+            with self._cond:
+                self._unfinished = False
+        return self.alive()
+
+    def _positions(self) -> dict[int, _ledger.GroupProgress]:
+        """Each rank's world group, from its ledger (ranks without one are left out)."""
+        positions = {}
+        for rank, reader in enumerate(self._ledgers):
+            slot = next((g for g in reader.read().groups if g.is_world), None)
+            if slot is not None:
+                positions[rank] = slot
+        return positions
+
+    # -- after a fault ----------------------------------------------------------------------
+
+    def regroup(self, until: Deadline) -> bool:
+        """A fresh generation of the same ranks (every rank alive and idle), which must form
+        by ``until`` less ``REGROUP_MARGIN_S``; False if it did not by ``until``."""
+        with self._cond:
+            self._regrouped = {}
+        try:
+            for end in self.ends:
+                end.send({"op": "regroup", "deadline": until.before(REGROUP_MARGIN_S)}, until)
+        except (ChannelClosed, TimeoutError):
+            return False
+
+        def over() -> bool:
+            return bool(self._dead) or len(self._regrouped) == self.world or \
+                not all(self._regrouped.values())
+
+        with self._cond:
+            self._cond.wait_for(over, until.wait_time())
+            return not self._dead and len(self._regrouped) == self.world and \
+                all(self._regrouped.values())
+
+    def kill(self, wait: bool = False) -> None:
+        """SIGKILL every rank's process tree and what carries the replica's marker, at once;
+        then reap them (within ``REAP_S``) and release everything, in the background or
+        (``wait``) here. Call it under no lock that ``on_change`` takes."""
+        self.killed = True
+        self._ranks.kill()
+        if wait:
+            self._finish()
+        else:
+            threading.Thread(target=self._finish, name="rankguard-reap", daemon=True).start()
+
+    def _finish(self) -> None:
+        with self._cond:
+            if self._finishing:
+                return
+            self._finishing = True
+        until = Deadline.after(REAP_S)
+        self._ranks.wait_exits(until)
+        self._ranks.close(until)
+        for end in self.ends:
+            end.close()
+        for reader in self._ledgers:
+            reader.close()
+        self._store = None
+
+    def close(self, until: Deadline) -> None:
+        """Ask the ranks to shut down (a bounded barrier, ending ``SHUTDOWN_MARGIN_S`` before
+        ``until``); kill what is left at ``until``, and reap them (``REAP_S`` more at most)."""
+        if self.alive():
+            for end in self.ends:
+                try:
+                    end.send({"op": "exit", "deadline": until.before(SHUTDOWN_MARGIN_S)}, until)
+                except (ChannelClosed, TimeoutError):
+                    break
+            self._ranks.wait_exits(until)
+        self.kill(wait=True)
+

@@ -1,0 +1,123 @@
+"""The verdict on a request that did not succeed: which rank failed first, why, and which ranks
+failed only as a consequence. A pure function of what the leader knows at one moment (the
+ranks' answers and deaths, their ledgers, which processes are stopped), so that it can be
+proven over plain snapshots, without processes.
+
+The rules, in order:
+
+1. the first rank, in the order its news arrived, that died (``exited`` / ``signalled``) or
+   raised an error of its own (``raised``; a collective error is a consequence, not a cause);
+2. at the deadline (``final``), among the ranks that never answered: the stopped ones
+   (``frozen``), else those behind the furthest collective any rank entered (``ledger.behind``),
+   else, when some peer did answer, all of them (``deadline``);
+3. every rank silent and none behind: the call's own deadline was too short, no rank is to
+   blame (``rank`` None, cause ``deadline``);
+4. every rank answered with a collective error and none is to blame: ``rank`` None, ``raised``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .. import ledger as _ledger
+from ..errors import RequestFailed
+
+
+@dataclass
+class Outcome:
+    """What the ranks answered to one request, so far."""
+
+    results: dict[int, Any] = field(default_factory=dict)
+    failures: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> its answer
+    dead: dict[int, str] = field(default_factory=dict)  # rank -> how it ended
+    order: list[int] = field(default_factory=list)  # ranks in the order their news arrived
+
+    @property
+    def answered(self) -> set[int]:
+        return set(self.results) | set(self.failures)
+
+    def settled(self, world: int) -> bool:
+        """Every rank answered or died."""
+        return len(self.answered | set(self.dead)) == world
+
+
+class Position(Protocol):
+    """Where a rank is in the world group (a ``ledger.GroupProgress``, or a test's fake)."""
+
+    entered: int
+    kind: str
+
+
+def verdict(world: int, outcome: Outcome, took: float, *, final: bool,
+            positions: Mapping[int, Position] | None = None,
+            stopped: Collection[int] = ()) -> RequestFailed | None:
+    """The error for a request that failed, once its root cause is known, or (``final``) at
+    its deadline; None while it may still succeed.
+
+    Args:
+        world: how many ranks run the request.
+        outcome: their answers and deaths so far.
+        took: seconds since the call started (for the error).
+        final: the deadline has passed (or every rank answered): judge the silent ranks too.
+        positions: each rank's world group in its ledger (ranks without one entered nothing).
+            Read only when ``final``.
+        stopped: the silent ranks whose process is stopped. Read only when ``final``.
+    """
+    victims = sorted(r for r, a in outcome.failures.items() if a["collective"])
+    for rank in outcome.order:
+        if rank in outcome.dead:
+            detail = outcome.dead[rank]
+            cause = "signalled" if detail.startswith("was killed") else "exited"
+            return RequestFailed(rank, cause, f"{detail} during the request", victims=victims,
+                                 took=took)
+        answer = outcome.failures.get(rank)
+        if answer is not None and not answer["collective"]:
+            return RequestFailed(rank, "raised", f"raised {answer['error']}: "
+                                 f"{answer['message']}", error_type=answer["error"],
+                                 remote_traceback=answer["traceback"], victims=victims,
+                                 took=took)
+    if not final:
+        return None
+    silent = sorted(set(range(world)) - outcome.answered - set(outcome.dead))
+    victims = sorted(outcome.failures)
+    absent, where = behind(world, positions or {})
+    frozen = [r for r in silent if r in stopped]
+    # silent ranks are to blame when stopped, behind the others, or slower than peers that
+    # answered; when every rank is silent and none is behind, the deadline was the call's
+    culprits = frozen or [r for r in silent if r in absent] or (silent if outcome.answered else [])
+    if not culprits and silent:
+        return RequestFailed(None, "deadline", "did not finish before the call's deadline: "
+                             "every rank was still running it and none was behind the others "
+                             "(the deadline was too short for the call, no rank is at fault)",
+                             took=took)
+    if not culprits:  # every rank answered with a collective error and none is to blame
+        first = next(r for r in outcome.order if r in outcome.failures)
+        answer = outcome.failures[first]
+        return RequestFailed(None, "raised", f"failed: rank {first} raised {answer['error']}: "
+                             f"{answer['message']}", error_type=answer["error"],
+                             victims=victims, took=took)
+    rank = culprits[0]
+    context = f"; it never reached {where}" if rank in absent and where else ""
+    if len(culprits) > 1:
+        context += f" (ranks {', '.join(map(str, culprits))} did not answer)"
+    victims = sorted(set(victims) | (set(range(world)) - set(absent) - set(culprits)))
+    if rank in frozen:
+        return RequestFailed(rank, "frozen", f"was frozen (its process is stopped) at the "
+                             f"request's deadline{context}", victims=victims, took=took)
+    return RequestFailed(rank, "deadline", f"was still running when the request's deadline "
+                         f"passed{context}", victims=victims, took=took)
+
+
+def behind(world: int, positions: Mapping[int, Position]) -> tuple[list[int], str]:
+    """The ranks behind the furthest collective any rank entered, and that collective
+    (``all_reduce #3``); ([], "") when no rank is behind or no rank has a position. The rule is
+    the ledger's (``ledger.behind``), shared with the launcher's hang monitor."""
+    if not positions:
+        return [], ""
+    absent, target = _ledger.behind(range(world), positions)  # type: ignore[arg-type]
+    if not absent:
+        return [], ""
+    kind = next(p.kind for p in positions.values() if p.entered == target)
+    return absent, f"{kind} #{_ledger.seq_of(target, True)}"

@@ -1,0 +1,394 @@
+"""One set of rank processes: start, watch, stacks, kill, reap, close.
+
+A set is the ranks of one launcher attempt, of one replica of a ``rankguard.Pool``, or of the
+pytest plugin's warm ranks. Each rank runs in a session of its own (its process group can be
+signalled as a whole) and carries this set's marker (``MARKER_VAR``) in its environment, which
+whatever it starts inherits: :meth:`RankProcesses.sweep` finds those by it.
+
+Everything that can happen is an event in one selector: a rank's exit (its pidfd), its output
+(pipes, when it has them), readers its user registers (the launcher's signal wakeup fd, a
+replica's channels), timers, and a wake pipe that any thread may poke (:meth:`wake`). The
+driver either pumps the events itself (:meth:`pump`, the launcher's loop) or lets a thread of
+the set do it (:meth:`watch`, a replica, whose requests wait on their own condition).
+Nothing waits without a :class:`~rankguard.deadline.Deadline`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import os
+import secrets
+import selectors
+import signal as _signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO
+
+from .. import ledger as _ledger
+from .. import private_files, proctree, stack_requests
+from ..deadline import Deadline
+from .output import OutputStream
+
+MARKER_VAR = "RANKGUARD_RANKS_TOKEN"  # this set's marker, inherited by whatever a rank starts
+Tee = tuple[Callable[[bytes], None], Callable[[bytes], None]]  # (stdout, stderr) writers
+
+
+@dataclass(frozen=True)
+class RankFiles:
+    """Where one rank's files are: its output log, its stacks dump, its progress ledger."""
+
+    log: str
+    stacks: str
+    ledger: str
+
+
+@dataclass(eq=False)
+class RankProcess:
+    """One rank process of a set."""
+
+    rank: int
+    proc: subprocess.Popen[bytes]
+    files: RankFiles
+    started_at: float  # monotonic
+    pidfd: int = -1
+    returncode: int | None = None  # Popen's: negative for a signal
+    exited_at: float | None = None  # monotonic, when its exit was seen
+    killed: bool = False  # its supervisor had to SIGKILL it
+    warm: bool = False  # a warm spare became this rank
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.returncode is None
+
+    @property
+    def ledger_path(self) -> str:
+        return self.files.ledger
+
+    @property
+    def stacks_path(self) -> str:
+        return self.files.stacks
+
+    @property
+    def log_path(self) -> str:
+        return self.files.log
+
+    def ending(self) -> str:
+        """How it ended (``exited with code 3``, ``was killed by SIGKILL``); "" while alive."""
+        return "" if self.returncode is None else proctree.exit_detail(self.returncode)
+
+
+def spawn(argv: Sequence[str], env: Mapping[str, str], *, log: str | None = None,
+          stdin_pipe: bool = False, pass_fds: Sequence[int] = ()) -> subprocess.Popen[bytes]:
+    """Start one process in a session of its own.
+
+    stdin is ``/dev/null``, or a pipe (``stdin_pipe``: a warm spare reads its rank's
+    environment from it). stdout and stderr go straight into the file ``log`` (appended, created
+    0600): right for a set whose driver does not read all the time; without ``log``, into pipes
+    that :class:`RankProcesses` reads into the log and its tee.
+    """
+    common = dict(env=dict(env), stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
+                  pass_fds=tuple(pass_fds), start_new_session=True)
+    if log is None:
+        return subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                **common)  # type: ignore[call-overload]
+    with open(log, "ab", opener=private_files.opener) as out:
+        return subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT,
+                                **common)  # type: ignore[call-overload]
+
+
+class RankProcesses:
+    """The rank processes of one set; see the module docstring.
+
+    Args:
+        number: which set this is for its owner (the launcher's attempt number, a pool's
+            replica number).
+        world: how many ranks the set will have (sizes each rank's ledger).
+        tee: where rank output read from pipes is also written, prefixed ``[rankN]:``
+            (stdout, stderr); None: only to each rank's log.
+    """
+
+    def __init__(self, number: int, world: int, tee: Tee | None = None) -> None:
+        self.number = number
+        self.world = world
+        self.token = secrets.token_hex(8)
+        self._tee = tee
+        self._members: list[RankProcess] = []
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        for fd in (self._wake_r, self._wake_w):
+            os.set_blocking(fd, False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
+        self._timers: list[tuple[float, int, Deadline, Callable[[], None]]] = []  # a heap
+        self._timer_ids = itertools.count()
+        self._lock = threading.Lock()  # the timers, and who releases the descriptors
+        self._exits = threading.Condition()  # notified when a rank's exit has been handled
+        self._watcher: threading.Thread | None = None
+        self._watching = False  # the watcher's loop runs
+        self._closing = False
+        self._released = False
+        self._watcher_releases = False  # close() found the watcher busy: it releases on exit
+
+    # -- the ranks --------------------------------------------------------------------------
+
+    def start(self, rank: int, files: RankFiles, env: Mapping[str, str],
+              launch: Callable[[dict[str, str]], subprocess.Popen[bytes]]) -> RankProcess:
+        """Start rank ``rank``: create its ledger at ``files.ledger``, add this set's marker to
+        ``env`` and have ``launch(env)`` start the process (with :func:`spawn`, or by handing
+        ``env`` to a warm spare). Its exit, and its output when it has pipes, are watched from
+        now on."""
+        _ledger.create(files.ledger, self.world)
+        proc = launch({**env, MARKER_VAR: self.token})
+        member = RankProcess(rank, proc, files, time.monotonic())
+        member.pidfd = os.pidfd_open(proc.pid)
+        self._selector.register(member.pidfd, selectors.EVENT_READ, ("exit", member))
+        if proc.stdout is not None and proc.stderr is not None:
+            log = open(files.log, "ab", opener=private_files.opener)  # noqa: SIM115 (at EOF)
+            tees = self._tee if self._tee is not None else (None, None)
+            for pipe, tee in zip((proc.stdout, proc.stderr), tees):
+                os.set_blocking(pipe.fileno(), False)
+                stream = OutputStream(f"[rank{rank}]:".encode(), tee, log)
+                self._selector.register(pipe, selectors.EVENT_READ, ("out", stream))
+        self._members.append(member)
+        return member
+
+    def __iter__(self) -> Iterator[RankProcess]:
+        return iter(list(self._members))
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def __getitem__(self, rank: int) -> RankProcess:
+        return self._members[rank]
+
+    @property
+    def pids(self) -> list[int]:
+        return [member.pid for member in self._members]
+
+    def live(self) -> list[RankProcess]:
+        return [member for member in self._members if member.alive]
+
+    # -- events -----------------------------------------------------------------------------
+
+    def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (from the driver's thread) whenever ``fd`` is readable."""
+        self._selector.register(fd, selectors.EVENT_READ, ("call", callback))
+
+    def remove_reader(self, fd: int) -> None:
+        try:
+            self._selector.unregister(fd)
+        except (KeyError, ValueError):
+            pass
+
+    def call_at(self, when: Deadline, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (from the driver's thread) once ``when`` has passed; any thread
+        may ask."""
+        with self._lock:
+            heapq.heappush(self._timers, (when.at, next(self._timer_ids), when, callback))
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake the driver's wait at once (from any thread)."""
+        with self._lock:
+            if self._released:
+                return
+            try:
+                os.write(self._wake_w, b"\0")
+            except BlockingIOError:
+                pass  # already poked: the pipe is full
+
+    def pump(self, until: Deadline) -> list[RankProcess]:
+        """Wait for events until the first comes or ``until`` passes, handle them (reap the
+        ranks that exited, read output, call readers and due timers); returns the ranks that
+        exited. Only the driver calls it: one thread at a time."""
+        wait = until.wait_time()
+        with self._lock:
+            if self._timers:
+                wait = min(wait, self._timers[0][2].wait_time())
+        exited = []
+        for key, _ in self._selector.select(select_timeout(wait)):
+            what, obj = key.data
+            if what == "exit":
+                self._reap(obj)
+                exited.append(obj)
+            elif what == "out":
+                self._read_output(key.fileobj, obj)  # type: ignore[arg-type]
+            elif what == "wake":
+                _drain(self._wake_r)
+            else:
+                obj()
+        for callback in self._due_timers():
+            callback()
+        return exited
+
+    def _due_timers(self) -> list[Callable[[], None]]:
+        with self._lock:
+            due = []
+            while self._timers and self._timers[0][2].passed():
+                due.append(heapq.heappop(self._timers)[3])
+            return due
+
+    def watch(self, on_exit: Callable[[RankProcess], None], name: str) -> None:
+        """Drive the events from a thread of the set's own until :meth:`close`: for a user
+        that waits on its own state rather than on the selector. ``on_exit`` is called (from
+        that thread) for each rank that exited, once it is reaped."""
+
+        def loop() -> None:
+            try:
+                while not self._closing:
+                    for member in self.pump(Deadline.never()):
+                        on_exit(member)
+            finally:
+                with self._lock:
+                    self._watching = False
+                    release = self._watcher_releases
+                if release:
+                    self._release()
+
+        self._watching = True
+        self._watcher = threading.Thread(target=loop, name=name, daemon=True)
+        self._watcher.start()
+
+    def _reap(self, member: RankProcess) -> None:
+        member.returncode = member.proc.wait()  # its pidfd is readable: a zombie, at once
+        member.exited_at = time.monotonic()
+        self.remove_reader(member.pidfd)
+        os.close(member.pidfd)
+        member.pidfd = -1
+        with self._exits:
+            self._exits.notify_all()
+
+    def _read_output(self, pipe: IO[bytes], stream: OutputStream) -> None:
+        try:
+            data = os.read(pipe.fileno(), 1 << 16)
+        except BlockingIOError:
+            return
+        if not data:
+            self._selector.unregister(pipe)
+            pipe.close()
+        stream.feed(data)
+
+    def _driven_here(self) -> bool:
+        return self._watcher is None or threading.current_thread() is self._watcher
+
+    def wait_exits(self, until: Deadline, ranks: set[int] | None = None) -> bool:
+        """Wait until every rank (of ``ranks``, default all) has exited and been reaped, or
+        ``until`` passes; returns whether they all have. From the driver's thread it pumps the
+        events; from another, it waits for the watcher to report the exits."""
+
+        def done() -> bool:
+            return not any(ranks is None or m.rank in ranks for m in self.live())
+
+        if not self._driven_here():
+            with self._exits:
+                return self._exits.wait_for(done, select_timeout(until.wait_time()))
+        while not done() and not until.passed():
+            self.pump(until)
+        return done()
+
+    def drain_output(self, until: Deadline) -> None:
+        """Read the rest of the ranks' output until the pipes close (when the last process
+        holding them exits) or ``until`` passes. Only the driver calls it."""
+        while any(key.data[0] == "out" for key in self._selector.get_map().values()):
+            if until.passed():
+                return
+            self.pump(until)
+
+    # -- stacks and signals -----------------------------------------------------------------
+
+    def stacks(self, until: Deadline, ranks: Sequence[int] | None = None) -> dict[int, str]:
+        """Ask the live ranks of ``ranks`` (default: all) for the Python stacks of all their
+        threads (SIGUSR1 to the main thread; a stopped rank is continued to answer); rank ->
+        the dump, for those that answered before ``until``. Each dump is also appended to
+        the rank's stacks file."""
+        wanted = [self._members[r] for r in (range(len(self)) if ranks is None else ranks)]
+        targets = {m.rank: (m.pid, [m.stacks_path]) for m in wanted if m.proc.poll() is None}
+        return stack_requests.ask(  # type: ignore[return-value]
+            targets, until.wait_time(), gone=lambda r: self._members[r].proc.poll() is not None)
+
+    def signal(self, sig: int, members: Sequence[RankProcess] | None = None) -> None:
+        """Send ``sig`` to the process tree and process group of each live rank of
+        ``members`` (default: all), then SIGCONT so that a stopped one acts on it at once."""
+        for member in self.live() if members is None else members:
+            if member.alive:
+                proctree.signal_tree(member.pid, sig)
+                proctree.signal_tree(member.pid, _signal.SIGCONT)
+
+    def sweep(self) -> None:
+        """SIGKILL every live process that carries this set's marker: what the ranks started
+        and left behind, even detached from their process trees (not this process)."""
+        proctree.kill_all(proctree.with_env(MARKER_VAR, self.token))
+
+    def kill(self, until: Deadline | None = None) -> bool:
+        """SIGKILL every rank's process tree and :meth:`sweep`; then, given ``until``, wait
+        until the ranks are reaped or it passes (see :meth:`wait_exits`). Returns whether they
+        all are."""
+        for member in self.live():
+            member.killed = True
+        self.signal(_signal.SIGKILL)
+        self.sweep()
+        return not self.live() if until is None else self.wait_exits(until)
+
+    # -- the end ----------------------------------------------------------------------------
+
+    def close(self, until: Deadline) -> None:
+        """Stop the watcher (waiting for it until ``until``), close every descriptor (pidfds,
+        pipes, logs, the wake pipe) and remove the ledgers. Call it once the ranks have ended
+        (:meth:`kill`, or the user's own escalation): processes still alive are left alone,
+        unwatched. A watcher still busy at ``until`` (or the caller itself) releases them when
+        it stops. Idempotent."""
+        self._closing = True
+        self.wake()
+        watcher = self._watcher
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join(select_timeout(until.wait_time()))
+        with self._lock:
+            if self._watching:
+                self._watcher_releases = True
+                return
+        self._release()
+
+    def _release(self) -> None:
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+        for key in list(self._selector.get_map().values()):
+            what, obj = key.data
+            if what == "out":
+                key.fileobj.close()  # type: ignore[union-attr]
+                obj.log.close()
+        for member in self._members:
+            if member.pidfd >= 0:
+                os.close(member.pidfd)
+                member.pidfd = -1
+        self._selector.close()
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
+        for member in self._members:
+            try:
+                os.unlink(member.ledger_path)
+            except OSError:
+                pass
+
+
+def select_timeout(seconds: float) -> float | None:
+    """``seconds`` as the timeout of a select, wait or join: None (no limit) for the infinite
+    wait of ``Deadline.never()``, which they refuse."""
+    return None if math.isinf(seconds) else seconds
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
