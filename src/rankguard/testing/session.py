@@ -48,9 +48,10 @@ def under_launcher() -> bool:
 
 
 def start() -> None:
-    import rankguard
+    """``rankguard.init()`` in this rank (imported here: the plugin loads in every pytest)."""
+    from ..runtime.init import init
 
-    rankguard.init()
+    init()
 
 
 class EveryRank:
