@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from rankguard import journal, proctree
+from rankguard.deadline import Deadline
 
 SCRIPTS = Path(__file__).parent / "scripts"
 ROOT = Path(__file__).parent.parent
@@ -26,12 +27,16 @@ TEST_ID_VAR = "RANKGUARD_TEST_ID"
 
 
 def wait_until_gone(test_id: str, timeout: float) -> list[int]:
-    """Processes tagged with ``test_id`` still alive after up to ``timeout`` s of waiting."""
-    deadline = time.monotonic() + timeout
+    """Processes tagged with ``test_id`` still alive after up to ``timeout`` s of waiting (on
+    their pidfds; a process that a tagged one starts meanwhile is found by the last look)."""
+    limit = Deadline.after(timeout)
     left = proctree.with_env(TEST_ID_VAR, test_id)
-    while left and time.monotonic() < deadline:
-        time.sleep(0.05)
-        left = proctree.with_env(TEST_ID_VAR, test_id)
+    while left and not limit.passed():
+        proctree.await_exits(left, limit)
+        again = proctree.with_env(TEST_ID_VAR, test_id)
+        if set(again) == set(left):  # ended, not yet reaped by their parent: look again soon
+            time.sleep(limit.wait_time(0.02))
+        left = again
     return left
 
 
