@@ -234,38 +234,42 @@ class Launcher:
     def _watch(self, group: RankGroup, monitor: HangMonitor,
                readers: dict[int, _ledger.LedgerReader], result: _Attempt,
                started: float) -> None:
-        """Handle events until every rank exited cleanly or the first fault."""
+        """Handle events until every rank exited cleanly or the first fault. The ledgers are
+        read once per tick and once when ranks exit; every check of that moment shares it."""
         next_tick = time.monotonic() + TICK_S
         while group.live() and result.fault is None:
             exited = group.pump(next_tick - time.monotonic())
             now = time.monotonic()
-            if result.first_step_at is None and self._all_stepped(readers, group):
+            ticked = now >= next_tick
+            if ticked:
+                next_tick = now + TICK_S
+            snaps = self._read_all(group, readers) if exited or ticked else {}
+            if snaps and result.first_step_at is None and self._all_stepped(snaps):
                 result.first_step_at = now
                 self._journal.write("first_step", attempt=group.attempt,
                                     since_start_s=round(now - started, 3))
                 self._prepare_spares(group.attempt)
             for member in exited:
                 monitor.unwatch(member.rank)
-                verdict = self._deadline_verdict(member.rank, readers[member.rank].read(), group)
+                verdict = self._deadline_verdict(member.rank, snaps[member.rank], group)
                 if verdict is not None:
                     self._on_verdict(verdict, result, now)
             if exited and result.fault is None:
-                self._decide(group, readers, result, now)
+                self._decide(group, snaps, result, now)
             if self._signal is not None and result.fault is None:
                 name = proctree.signal_name(self._signal)
                 self._say(f"rankguard: received {name}; stopping all ranks")
                 result.fault = Fault("launcher_signal", now, None,
                                      f"the launcher received {name}")
-            if result.fault is not None or now < next_tick:
+            if result.fault is not None or not ticked:
                 continue
-            next_tick = now + TICK_S
-            self._check_raised(group, readers, result, now)
+            self._check_raised(group, snaps, result, now)
             if result.fault is None:
-                self._decide(group, readers, result, now)
-            for verdict in monitor.check(now):
+                self._decide(group, snaps, result, now)
+            for verdict in monitor.check(now, {m.rank: snaps[m.rank] for m in group.live()}):
                 self._on_verdict(verdict, result, now)
         if result.fault is None:  # every rank has exited: nothing more will show
-            self._decide(group, readers, result, math.inf)
+            self._decide(group, self._read_all(group, readers), result, math.inf)
 
     @staticmethod
     def _tell_why(group: RankGroup, culprits: set[int], hung: bool) -> None:
@@ -286,12 +290,17 @@ class Launcher:
             self._journal.write("spares", attempt=attempt, started=started,
                                 pids=self._spares.pids())
 
-    def _check_raised(self, group: RankGroup, readers: dict[int, _ledger.LedgerReader],
+    @staticmethod
+    def _read_all(group: RankGroup,
+                  readers: dict[int, _ledger.LedgerReader]) -> dict[int, _ledger.RankProgress]:
+        return {member.rank: readers[member.rank].read() for member in group.ranks}
+
+    def _check_raised(self, group: RankGroup, snaps: dict[int, _ledger.RankProgress],
                       result: _Attempt, now: float) -> None:
         """A live rank that raised ``CollectiveError`` naming ranks that never arrived reports
         a hang (once the cascade window has passed: a peer's death may explain it)."""
         for member in group.live():
-            progress = readers[member.rank].read()
+            progress = snaps[member.rank]
             if progress.fault != _ledger.FAULT_RAISED or result.fault is not None:
                 continue
             if now - progress.t_fault < CASCADE_WINDOW_S:
@@ -300,11 +309,11 @@ class Launcher:
             if verdict is not None:
                 self._on_verdict(verdict, result, now)
 
-    def _decide(self, group: RankGroup, readers: dict[int, _ledger.LedgerReader],
+    def _decide(self, group: RankGroup, snaps: dict[int, _ledger.RankProgress],
                 result: _Attempt, now: float) -> None:
-        """Take the root cause among the faults the ranks show at ``now``, if any (a rank's
-        exception or exit is acted on before its slow exit, from its ledger)."""
-        states = [RankState.of(m, readers[m.rank].read()) for m in group.ranks]
+        """Take the root cause among the faults the ranks show at ``now`` in their ledgers
+        ``snaps``, if any (a rank's exception or exit is acted on before its slow exit)."""
+        states = [RankState.of(m, snaps[m.rank]) for m in group.ranks]
         fault = first_fault(states, now, CASCADE_WINDOW_S, self.config.hang_timeout)
         if fault is not None:
             result.fault = fault
@@ -331,12 +340,8 @@ class Launcher:
             self._say(f"rankguard: hang: {verdict.describe()}")
 
     @staticmethod
-    def _all_stepped(readers: dict[int, _ledger.LedgerReader], group: RankGroup) -> bool:
-        for member in group.ranks:
-            world = readers[member.rank].read().groups[0]
-            if world.done < 2:  # init + one collective
-                return False
-        return True
+    def _all_stepped(snaps: dict[int, _ledger.RankProgress]) -> bool:
+        return all(snap.groups[0].done >= 2 for snap in snaps.values())  # init + a collective
 
     # -- signals and the guardian ------------------------------------------------------------
 

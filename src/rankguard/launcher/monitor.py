@@ -151,11 +151,11 @@ class HangMonitor:
     def snapshot(self) -> dict[int, RankProgress]:
         return {rank: reader.read() for rank, reader in self._readers.items()}
 
-    def check(self, now: float) -> list[Verdict]:
-        """Sample progress, compare ledgers; stragglers are returned once, hangs every time,
-        hangs first."""
-        self.progress.sample(now)
-        snaps = self.snapshot()
+    def check(self, now: float, snaps: dict[int, RankProgress] | None = None) -> list[Verdict]:
+        """Sample progress, compare ledgers (``snaps``: the watched ranks' ledgers as just read,
+        by default read here); stragglers are returned once, hangs every time, hangs first."""
+        snaps = self.snapshot() if snaps is None else snaps
+        self.progress.sample(now, snaps)
         by_group: dict[int, dict[int, GroupProgress]] = {}
         for rank, snap in snaps.items():
             for group in snap.groups:
