@@ -5,10 +5,11 @@
     python bench/collective_overhead.py --rankguard-arg=--collective-timeout=60   # bounded mode
 
 One script, bench/collective_worker.py (plain torch.distributed, no rankguard import), times N
-all_reduces of each size after a warm-up. It is run ALTERNATELY under ``python -m rankguard.cli
-run`` and ``python -m torch.distributed.run --standalone`` (``--repeats`` times each, the order
-swapped every round), all sizes in each run; the figures are medians over the runs, printed side
-by side with torchrun's as microseconds per all_reduce and as a ratio.
+all_reduces of each size after a warm-up (N: as many as fill ``--loop-seconds`` on the machine at
+hand, from rank 0's warm-up, or ``--iters``). It is run ALTERNATELY under ``python -m
+rankguard.cli run`` and ``python -m torch.distributed.run --standalone`` (``--repeats`` times
+each, the order swapped every round), all sizes in each run; the figures are medians over the
+runs, printed side by side with torchrun's as microseconds per all_reduce and as a ratio.
 
 Then the CPU, the figure that shows where the time goes even on a loaded machine (wall-clock
 figures on a shared 2-core machine are noise; CPU time is far less sensitive): during the timed
@@ -18,7 +19,8 @@ each rank's threads, read by the rank itself at both ends of each loop and named
 microseconds of CPU per all_reduce), ``native`` (gloo's and torch's own threads) and rankguard's
 (``rankguard-completions``, ``rankguard-sigterm``, ``rankguard-responder``).
 
-At the defaults it starts 20 jobs and takes about 2 to 3 minutes on an idle 2-core machine.
+At the defaults it starts 20 jobs, each with two timed loops of about a second: about 3 minutes
+on an idle 2-core machine (most of it is starting Python and torch).
 """
 from __future__ import annotations
 
@@ -40,8 +42,6 @@ import psutil
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "collective_worker.py")
 LAUNCHERS = ("torchrun", "rankguard")
-# All-reduces per timed loop by size (bytes): about half a second each on an idle machine.
-DEFAULT_ITERS = {4: 2000, 1048576: 300}
 _RESULT = "RGBENCH {"
 _MARK = re.compile(r"RGBENCH-(BEGIN|END) (\d+)")
 
@@ -93,9 +93,9 @@ def guardian_of(pid: int) -> int | None:
     return None
 
 
-def run_once(launcher: str, nproc: int, iters: dict[int, int], extra: list[str]) -> Run:
+def run_once(launcher: str, nproc: int, loops: list[str], extra: list[str]) -> Run:
+    """Run the worker once under ``launcher``; ``loops``: its arguments."""
     log_dir = tempfile.mkdtemp(prefix="rankguard-bench-")
-    loops = [f"{size}:{n}" for size, n in iters.items()]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(command(launcher, nproc, os.path.join(log_dir, "logs"), extra, loops),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -130,7 +130,7 @@ def run_once(launcher: str, nproc: int, iters: dict[int, int], extra: list[str])
             proc.kill()
             proc.wait()
         shutil.rmtree(log_dir, ignore_errors=True)
-    if code != 0 or len(run.supervisor) != len(iters):
+    if code != 0 or len(run.supervisor) != len(loops) - 1:
         sys.exit(f"{launcher} exited {code}; its output:\n" + "".join(lines[-40:]))
     return run
 
@@ -182,26 +182,28 @@ def cpu_report(runs: list[Run], nproc: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_ITERS),
+    parser.add_argument("--sizes", type=int, nargs="+", default=[4, 1048576],
                         help="all_reduce sizes in bytes (multiples of 4)")
+    parser.add_argument("--loop-seconds", type=float, default=1.0,
+                        help="how long each timed loop lasts (N is derived from the warm-up)")
     parser.add_argument("--iters", type=int, default=None,
-                        help="all_reduces per timed loop (default: 2000 for 4 B, 300 for 1 MB, "
-                             "about 300 MB worth for other sizes)")
+                        help="all_reduces per timed loop, instead of --loop-seconds")
     parser.add_argument("--repeats", type=int, default=5, help="runs under each launcher")
     parser.add_argument("--rankguard-arg", action="append", default=[],
                         help="an extra option for rankguard run (repeatable)")
     args = parser.parse_args()
-    iters = {size: args.iters or DEFAULT_ITERS.get(size, max(10, 300 * 1048576 // size))
-             for size in args.sizes}
+    loops = [str(args.loop_seconds),
+             *(f"{size}:{args.iters}" if args.iters else str(size) for size in args.sizes)]
     load = os.getloadavg()[0]
     started = time.monotonic()
     runs = []
     for nproc in args.ranks:
         for round_ in range(args.repeats):
             for launcher in (LAUNCHERS if round_ % 2 else LAUNCHERS[::-1]):
-                runs.append(run_once(launcher, nproc, iters, args.rankguard_arg))
+                runs.append(run_once(launcher, nproc, loops, args.rankguard_arg))
+    counts = sorted({x["iters"] for r in runs for res in r.results.values() for x in res})
     print(f"all_reduce, {args.repeats} runs under each launcher alternated, medians; "
-          f"iterations {', '.join(f'{size_label(s)}: {n}' for s, n in iters.items())}")
+          f"{counts[0]} to {counts[-1]} all_reduces per timed loop")
     print(f"{'ranks':>5} {'size':>6} {'torchrun':>14} {'rankguard':>14} {'difference':>12} "
           f"{'ratio':>7}   | per rank (CPU, robust to load)")
     for nproc in args.ranks:

@@ -1,16 +1,18 @@
 """The rank script of bench/collective_overhead.py: plain torch.distributed, no rankguard import.
 
-    python collective_worker.py SIZE:ITERS [SIZE:ITERS ...]
+    python collective_worker.py SECONDS SIZE[:N] [SIZE[:N] ...]
 
-For each SIZE (bytes of float32): a warm-up of ITERS // 10 all_reduces (at least 10), a barrier,
-then ITERS all_reduces timed. Around each timed loop rank 0 prints ``RGBENCH-BEGIN SIZE`` and
-``RGBENCH-END SIZE`` (the bench samples its launcher's CPU between them), and every rank prints
-``RGBENCH {json}``: its time per all_reduce and the CPU each of its threads used during the loop
-(``/proc/self/task/*/schedstat``, nanoseconds), threads named by Python's ``threading`` where
-Python started them (rankguard's are ``rankguard-...``), ``main`` for the main thread and
-``native`` for the others (gloo's, torch's).
+For each SIZE (bytes of float32): 10 all_reduces, a warm-up of N / 5 (at least 10), a barrier,
+then N all_reduces timed (without N: as many as fill SECONDS by rank 0's first 10, the same on
+every rank). Around each timed loop rank 0 prints ``RGBENCH-BEGIN SIZE``
+and ``RGBENCH-END SIZE`` (the bench samples its launcher's CPU between them), and every rank
+prints ``RGBENCH {json}``: its time per all_reduce and the CPU each of its threads used during
+the loop (``/proc/self/task/*/schedstat``, nanoseconds), threads named by Python's
+``threading`` where Python started them (rankguard's are ``rankguard-...``), ``main`` for the
+main thread and ``native`` for the others (gloo's, torch's).
 """
 import json
+import math
 import os
 import sys
 import threading
@@ -44,10 +46,24 @@ def thread_names() -> dict[int, str]:
     return names
 
 
-def timed_loop(numel: int, iters: int) -> dict:
-    t = torch.ones(numel)
-    for _ in range(max(10, iters // 10)):
+def time_per_op(t: torch.Tensor, n: int) -> float:
+    start = time.perf_counter()
+    for _ in range(n):
         dist.all_reduce(t)
+    return (time.perf_counter() - start) / n
+
+
+def iterations(per_op: float, seconds: float) -> int:
+    """How many all_reduces fill ``seconds``, rank 0's figure on every rank."""
+    n = torch.tensor([max(10, math.ceil(seconds / per_op)) if dist.get_rank() == 0 else 0])
+    dist.all_reduce(n, op=dist.ReduceOp.MAX)
+    return int(n.item())
+
+
+def timed_loop(numel: int, iters: int | None, seconds: float) -> dict:
+    t = torch.ones(numel)
+    iters = iters or iterations(time_per_op(t, 10), seconds)
+    time_per_op(t, max(10, iters // 5))  # the warm-up proper
     dist.barrier()
     if dist.get_rank() == 0:
         say(f"RGBENCH-BEGIN {numel * 4}")
@@ -70,10 +86,12 @@ def timed_loop(numel: int, iters: int) -> dict:
 
 
 def main() -> None:
-    loops = [tuple(int(x) for x in arg.split(":")) for arg in sys.argv[1:]]
+    seconds = float(sys.argv[1])
+    loops = [(int(size), int(n) if n else None) for size, _, n in
+             (arg.partition(":") for arg in sys.argv[2:])]
     dist.init_process_group("gloo")
     for size, iters in loops:
-        result = timed_loop(max(1, size // 4), iters)
+        result = timed_loop(max(1, size // 4), iters, seconds)
         say("RGBENCH " + json.dumps(result))
         dist.barrier()
     dist.destroy_process_group()

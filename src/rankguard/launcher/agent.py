@@ -29,6 +29,7 @@ from typing import Any
 
 from .. import ledger as _ledger
 from .. import proctree
+from ..deadline import Deadline
 from ..journal import Journal
 from ..proctree import MARKER
 from . import store as _store
@@ -236,13 +237,13 @@ class Launcher:
                started: float) -> None:
         """Handle events until every rank exited cleanly or the first fault. The ledgers are
         read once per tick and once when ranks exit; every check of that moment shares it."""
-        next_tick = time.monotonic() + TICK_S
+        tick = Deadline.after(TICK_S)
         while group.live() and result.fault is None:
-            exited = group.pump(next_tick - time.monotonic())
+            exited = group.pump(tick.wait_time())
             now = time.monotonic()
-            ticked = now >= next_tick
+            ticked = tick.passed()
             if ticked:
-                next_tick = now + TICK_S
+                tick = Deadline.after(TICK_S)
             snaps = self._read_all(group, readers) if exited or ticked else {}
             if snaps and result.first_step_at is None and self._all_stepped(snaps):
                 result.first_step_at = now
