@@ -73,7 +73,8 @@ class Run:
     supervisor: dict[int, tuple[float, float, float]] = field(default_factory=dict)
 
 
-def command(launcher: str, nproc: int, log_dir: str, extra: list[str], loops: list[str]) -> list[str]:
+def command(launcher: str, nproc: int, log_dir: str, extra: list[str],
+            loops: list[str]) -> list[str]:
     if launcher == "torchrun":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={nproc}"]
@@ -142,14 +143,15 @@ def size_label(size: int) -> str:
 def report(runs: list[Run], nproc: int, sizes: list[int]) -> None:
     by = {name: [r for r in runs if r.launcher == name and r.nproc == nproc] for name in LAUNCHERS}
     for size in sizes:
-        us = {name: statistics.median(next(x["us_per_op"] for x in r.results[size] if x["rank"] == 0)
-                                      for r in by[name]) for name in LAUNCHERS}
+        us = {name: statistics.median(
+            next(x["us_per_op"] for x in r.results[size] if x["rank"] == 0) for r in by[name])
+            for name in LAUNCHERS}
         main = {name: statistics.median(
-            statistics.mean(x["threads"].get("main", 0.0) / x["iters"] * 1e6 for x in r.results[size])
-            for r in by[name]) for name in LAUNCHERS}
-        diff = us["rankguard"] - us["torchrun"]
-        print(f"{nproc:>5} {size_label(size):>6} {us['torchrun']:>11.1f} us {us['rankguard']:>11.1f} us"
-              f" {diff:>+9.1f} us {us['rankguard'] / us['torchrun']:>7.3f}"
+            statistics.mean(x["threads"].get("main", 0.0) / x["iters"] * 1e6
+                            for x in r.results[size]) for r in by[name]) for name in LAUNCHERS}
+        diff, ratio = us["rankguard"] - us["torchrun"], us["rankguard"] / us["torchrun"]
+        print(f"{nproc:>5} {size_label(size):>6} {us['torchrun']:>11.1f} us "
+              f"{us['rankguard']:>11.1f} us {diff:>+9.1f} us {ratio:>7.3f}"
               f"   | main thread CPU/op {main['torchrun']:>6.1f} us {main['rankguard']:>6.1f} us"
               f" ({main['rankguard'] - main['torchrun']:+.1f} us)")
 
@@ -163,7 +165,8 @@ def cpu_report(runs: list[Run], nproc: int) -> None:
         rows["launcher (torchrun: its agent)"][name] = sum(
             s[1] for r in mine for s in r.supervisor.values()) / wall * 60
         if name == "rankguard":
-            rows["guardian"][name] = sum(s[2] for r in mine for s in r.supervisor.values()) / wall * 60
+            rows["guardian"][name] = sum(
+                s[2] for r in mine for s in r.supervisor.values()) / wall * 60
         loop_wall = sum(x["wall_s"] for r in mine for res in r.results.values() for x in res)
         threads: dict[str, float] = defaultdict(float)
         for r in mine:
@@ -173,7 +176,8 @@ def cpu_report(runs: list[Run], nproc: int) -> None:
                         threads[thread] += cpu
         for thread, cpu in sorted(threads.items()):
             rows[f"each rank: {thread}"][name] = cpu / loop_wall * 60  # per rank: walls add up
-    print(f"{nproc:>5} ranks, CPU s per minute of loop (60 = one core) {'torchrun':>10} {'rankguard':>10}")
+    print(f"{nproc:>5} ranks, CPU s per minute of loop (60 = one core) "
+          f"{'torchrun':>10} {'rankguard':>10}")
     for label, values in rows.items():
         cells = [f"{values[n]:>10.3f}" if n in values else f"{'-':>10}" for n in LAUNCHERS]
         print(f"      {label:<47} {' '.join(cells)}")

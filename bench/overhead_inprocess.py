@@ -66,8 +66,9 @@ def rank_main(rank: int, world: int, store_path: str, sizes: list[int], rounds: 
                 ("plain_us", lambda p, o: p[0]), ("ours_us", lambda p, o: o[0]),
                 ("diff_us", lambda p, o: o[0] - p[0]), ("plain_cpu_us", lambda p, o: p[1]),
                 ("ours_cpu_us", lambda p, o: o[1]), ("diff_cpu_us", lambda p, o: o[1] - p[1]))}
-            print(f"{world:>5} {size:>8} B {n:>6}  wall {med['plain_us']:>9.1f} {med['ours_us']:>9.1f}"
-                  f" {med['diff_us']:>+7.1f} us ({med['diff_us'] / med['plain_us'] * 100:+.1f}%)"
+            print(f"{world:>5} {size:>8} B {n:>6}  wall {med['plain_us']:>9.1f} "
+                  f"{med['ours_us']:>9.1f} {med['diff_us']:>+7.1f} us "
+                  f"({med['diff_us'] / med['plain_us'] * 100:+.1f}%)"
                   f"   main-thread CPU {med['plain_cpu_us']:>7.1f} {med['ours_cpu_us']:>7.1f}"
                   f" {med['diff_cpu_us']:>+6.1f} us", flush=True)
     work = gloo.allreduce([torch.ones(1)])  # a completed work, for the steps' timing

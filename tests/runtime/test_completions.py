@@ -1,5 +1,6 @@
 """Completions reach the ledger, for real gloo works: from the next operation at once, from the
-tracker's thread at most its lag late, and that thread costs one wake-up per lag."""
+tracker's thread at most its lag late (soon after, for an operation that lasts), and that
+thread sweeps once per lag while operations are short."""
 
 import datetime
 import threading
@@ -105,25 +106,40 @@ def test_a_completion_after_the_rank_stops_issuing_reaches_the_ledger_within_the
     tracker.close()
 
 
-def _thread_runs(native_id):
-    """How many times the kernel has run the thread so far (schedstat: timeslices)."""
-    with open(f"/proc/self/task/{native_id}/schedstat") as f:
-        return int(f.read().split()[2])
-
-
-def test_the_thread_wakes_once_per_lag_while_work_is_outstanding(world, pair):
-    slot, _, _ = world
+def test_a_stream_of_short_operations_costs_one_sweep_per_lag(world):
+    slot, gloo, reader = world
     lag = 0.1
     tracker = CompletionTracker(lag=lag)
-    tracker.add(slot, pair[0].recv([torch.zeros(1)], 1, 7))  # outstanding for the whole test
-    native = tracker._thread.native_id
-    start, runs_before = time.monotonic(), _thread_runs(native)
+    start = Deadline.after(1.0)
+    issued = 0
+    while not start.passed():  # short operations, one after the other, for a second
+        slot.enter(ledger.OP_CODES["all_reduce"])
+        work = gloo.allreduce([torch.ones(4)])
+        tracker.add(slot, work)
+        work.wait()
+        issued += 1
+    periods = (time.monotonic() - (start.at - 1.0)) / lag
+    # one per lag; twice that leaves room for an operation that a loaded machine kept
+    # outstanding across two sweeps (it is then checked every MIN_LAG_S until it completes)
+    assert 1 <= tracker.sweeps <= 2 * periods + 2, (tracker.sweeps, periods, issued)
+    assert issued > 10 * periods  # far fewer sweeps than operations: the point
+    tracker.close()
+
+
+def test_an_operation_outstanding_for_a_whole_lag_is_checked_often(world, pair):
+    slot, _, reader = world
+    lag = 0.25
+    tracker = CompletionTracker(lag=lag)
+    work = pair[0].recv([torch.zeros(1)], 1, 7)
+    tracker.add(slot, work)
     time.sleep(1.0)
-    runs = _thread_runs(native) - runs_before
-    periods = (time.monotonic() - start) / lag
-    # at most one run per period (plus a few to take the GIL); fewer on a loaded machine
-    assert 1 <= runs <= 2 * periods + 2, (runs, periods)
+    # checked every MIN_LAG_S once it outlived a lag: more sweeps than one per lag could give
+    assert tracker.sweeps > 1.0 / lag + 2, tracker.sweeps
     pair[1].send([torch.ones(1)], 0, 7).wait()
+    work.wait()
+    completed = time.monotonic()
+    got = wait_done(reader, 1, Deadline.after(LOAD_SLACK_S))
+    assert got.done == 1 and got.t_done - completed < lag  # not a whole lag late
     tracker.close()
 
 

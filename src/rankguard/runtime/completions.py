@@ -10,14 +10,19 @@ ledger current by itself.
 What is left is the rank that stops issuing: it computes, or waits in its last collective. For
 it, one daemon thread marks done the outstanding works that completed, every ``lag`` seconds
 while any is outstanding, and waits on an event, at no cost, while none is. Its cost is
-therefore one wake-up per ``lag`` during a job's collectives, whatever their rate.
+therefore one wake-up per ``lag`` during a job's collectives, whatever their rate. A work still
+outstanding a whole ``lag`` after a sweep first saw it (a long collective, or one that hangs) is
+checked every ``MIN_LAG_S`` until it completes.
 
-The ledger shows a completion at most ``lag`` late (plus scheduling delays). The reader that
-judges by it, the launcher's hang monitor, calls a rank waiting only after ``--hang-timeout``
-without an event, so the bootstrap sets ``lag`` to a fraction of that (:func:`lag_for`); where
-nobody judges ``done`` against a limit (pools, the pytest plugin, stock torchrun) it is
-``MAX_LAG_S``. The rank's own decisions (is it inside a collective? at exit, on SIGTERM, when
-regrouping) call :meth:`CompletionTracker.flush` first, so they are exact.
+So an operation that completed is shown waiting until ``2 * lag`` after it was entered at the
+latest, or ``MIN_LAG_S`` after it completed if that is later (plus scheduling delays). The
+reader that judges by it, the launcher's hang monitor, calls a rank waiting only after
+``--hang-timeout`` without an event, and the bootstrap sets ``lag`` to a fraction of that
+(:func:`lag_for`): only an operation that itself took about the whole hang timeout can be seen
+waiting after it completed, for ``MIN_LAG_S``. Where nobody judges ``done`` against a limit
+(pools, the pytest plugin, stock torchrun) ``lag`` is ``MAX_LAG_S``. The rank's own decisions
+(is it inside a collective? at exit, on SIGTERM, when regrouping) call
+:meth:`CompletionTracker.flush` first, so they are exact.
 
 At interpreter exit the thread is stopped and the works it holds are released before modules
 are torn down (left to finalization, gloo could abort the process).
@@ -58,6 +63,7 @@ class CompletionTracker:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # held by whoever consumes the queue
         self._start_lock = threading.Lock()
+        self.sweeps = 0  # how many times the thread has swept, for tests and benchmarks
 
     def add(self, slot: Any, work: Any) -> None:
         """Watch ``work``; call ``slot.done()`` when it completes.
@@ -100,19 +106,31 @@ class CompletionTracker:
         pending = self._pending
         with self._lock:
             for _ in range(len(pending)):
-                slot, work = pending.popleft()
-                if work.is_completed():
-                    slot.done()
+                item = pending.popleft()
+                if item[1].is_completed():
+                    item[0].done()
                 else:
-                    pending.append((slot, work))
+                    pending.append(item)  # the same item: the thread knows it by identity
+
+    def _oldest(self) -> tuple[Any, Any] | None:
+        try:
+            return self._pending[0]
+        except IndexError:
+            return None
 
     def _run(self) -> None:
         pending = self._pending
+        seen = None  # the oldest outstanding work after the previous sweep
+        period = self.lag
         while True:
             self._wake.wait()
-            if self._closing.wait(self.lag):
+            if self._closing.wait(period):
                 return
             self.flush()
+            self.sweeps += 1
             self._wake.clear()
             if pending:  # re-check after clearing: add() may have seen the event still set
                 self._wake.set()
+            oldest = self._oldest()
+            period = MIN_LAG_S if oldest is not None and oldest is seen else self.lag
+            seen = oldest

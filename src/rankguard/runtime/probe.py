@@ -10,10 +10,10 @@ a rank whose main thread is frozen answers that it is behind, and a stopped, dea
 rank does not answer at all.
 
 The asking rank pushes a request to each peer's queue and waits in the store for the answers
-for at most ``ANSWER_WINDOW_S``; no call here waits longer than that. A request may carry a **notice** that
-the group failed: the responder then retires the group locally, which wakes a main thread
-waiting in a collective that will never complete because the failure was elsewhere (in a ring,
-only the neighbours of a dead rank see its connection close).
+for at most ``ANSWER_WINDOW_S``; no call here waits longer than that. A request may carry a
+**notice** that the group failed: the responder then retires the group locally, which wakes a
+main thread waiting in a collective that will never complete because the failure was elsewhere
+(in a ring, only the neighbours of a dead rank see its connection close).
 
 Every request and answer is sealed with the run's secret (``rankguard.sealed``) for the queue
 or key it is written to: a request, notice or answer that another process wrote into the store
