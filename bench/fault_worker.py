@@ -6,7 +6,6 @@ number FAULT_AT, writing the time first (fault.ATTEMPT).
 """
 import os
 import signal
-import sys
 import time
 
 import torch

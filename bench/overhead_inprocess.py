@@ -1,53 +1,113 @@
-"""Instrumentation cost per collective, in one process (run by bench/overhead_bench.py).
+"""Instrumentation cost per collective, in the same processes: rankguard's group beside plain gloo.
 
-1. Paired, interleaved rounds of a 1-rank all_reduce on a plain gloo process group (built as
-   torch builds one) and on rankguard's group in the same process: the median difference (scheduling noise on a 2-core machine is several
-   microseconds per op either way, hence pairs and a median).
-2. The deterministic part: what the instrumented op does beyond forwarding to gloo (ledger enter,
-   completion tracking including marking the previous op done), timed on its own.
+    python bench/overhead_inprocess.py [--ranks 2] [--sizes 4 1048576] [--rounds 31]
+
+Each of ``--ranks`` processes (started here, on one FileStore) forms rankguard's instrumented
+default group and a plain gloo process group built as torch builds one for "gloo", then runs
+paired, interleaved rounds of ``dist.all_reduce`` on each (the order swapped every round).
+Rank 0 prints, per size, the median over rounds of the time per all_reduce on each group and of
+their difference, in wall-clock microseconds and in microseconds of the main thread's CPU (the
+second holds on a loaded machine: the dispatch path costs CPU, waiting does not). Then the
+deterministic part, what the instrumented op does beyond forwarding to gloo (ledger enter,
+completion tracking including marking the previous op done), timed on its own.
+
+Run by bench/collective_overhead.py's readers to find where a difference comes from; the
+completion sweeper runs as under ``rankguard run`` with its default lag.
 """
+from __future__ import annotations
+
+import argparse
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import timeit
 
-import torch
-import torch.distributed as dist
-
-from plain_group import side_by_side
-from rankguard import ledger
-from rankguard.runtime import instrument, state
-
-path = tempfile.mktemp(prefix="rankguard-bench-")
-ledger.create(path, 1)
-state.current().ledger = ledger.LedgerWriter(path)
-instrument.install()
-ours, plain, gloo = side_by_side()
-t = torch.ones(1)
-opts = dist.AllreduceOptions()
-opts.asyncOp = False  # as dist.all_reduce issues it
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def per_op_us(pg, n=3000):
-    start = time.perf_counter()
-    for _ in range(n):
-        pg.allreduce([t], opts).wait()
-    return (time.perf_counter() - start) / n * 1e6
+def rank_main(rank: int, world: int, store_path: str, sizes: list[int], rounds: int) -> None:
+    import torch
+    import torch.distributed as dist
+    from plain_group import plain_gloo_group
+
+    from rankguard import ledger
+    from rankguard.runtime import instrument, state
+
+    state.current().ledger = ledger.LedgerWriter.private(world)
+    instrument.install()
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group("gloo", store=dist.PrefixStore("ours", store), rank=rank,
+                            world_size=world)
+    ours = dist.group.WORLD
+    plain, gloo = plain_gloo_group(store, rank, world)
+    assert type(ours).__name__ == "InstrumentedGroup"
+
+    def per_op(group: object, t: torch.Tensor, n: int) -> tuple[float, float]:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        for _ in range(n):
+            dist.all_reduce(t, group=group)
+        return ((time.perf_counter() - wall) / n * 1e6, (time.thread_time() - cpu) / n * 1e6)
+
+    for size in sizes:
+        t = torch.ones(max(1, size // 4))
+        n = max(20, min(500, (1 << 24) // max(size, 1)))  # a round: about 0.1 s idle
+        for group in (plain, ours):
+            per_op(group, t, n // 4)
+        pairs = []
+        for i in range(rounds):
+            first, second = (plain, ours) if i % 2 else (ours, plain)
+            a, b = per_op(first, t, n), per_op(second, t, n)
+            pairs.append((a, b) if first is plain else (b, a))
+        if rank == 0:
+            med = {key: statistics.median(f(p, o) for p, o in pairs) for key, f in (
+                ("plain_us", lambda p, o: p[0]), ("ours_us", lambda p, o: o[0]),
+                ("diff_us", lambda p, o: o[0] - p[0]), ("plain_cpu_us", lambda p, o: p[1]),
+                ("ours_cpu_us", lambda p, o: o[1]), ("diff_cpu_us", lambda p, o: o[1] - p[1]))}
+            print(f"{world:>5} {size:>8} B {n:>6}  wall {med['plain_us']:>9.1f} "
+                  f"{med['ours_us']:>9.1f} {med['diff_us']:>+7.1f} us "
+                  f"({med['diff_us'] / med['plain_us'] * 100:+.1f}%)"
+                  f"   main-thread CPU {med['plain_cpu_us']:>7.1f} {med['ours_cpu_us']:>7.1f}"
+                  f" {med['diff_cpu_us']:>+6.1f} us", flush=True)
+    work = gloo.allreduce([torch.ones(1)])  # a completed work, for the steps' timing
+    work.wait()
+    if rank == 0:
+        slot = state.current().ledger.world()
+        n = 200_000
+        enter = timeit.timeit(lambda: slot.enter(2), number=n) / n * 1e6
+        track = timeit.timeit(lambda: state.current().completions.add(slot, work), number=n) / n * 1e6
+        print(f"instrumentation steps alone: ledger enter {enter:.3f} us, completion tracking "
+              f"{track:.3f} us", flush=True)
+    state.current().completions.close()
+    os._exit(0)  # no destroy: the groups' teardown is not what is measured
 
 
-for pg in (plain, ours):
-    per_op_us(pg, 500)
-pairs = [(per_op_us(plain), per_op_us(ours)) for _ in range(31)]
-print(f"paired_plain_us={statistics.median(p for p, _ in pairs):.2f}")
-print(f"paired_ours_us={statistics.median(o for _, o in pairs):.2f}")
-print(f"paired_diff_us={statistics.median(o - p for p, o in pairs):.2f}")
-slot = state.current().ledger.world()
-work = gloo.allreduce([t], opts)
-work.wait()
-n = 200_000
-enter = timeit.timeit(lambda: slot.enter(2), number=n) / n * 1e6
-track = timeit.timeit(lambda: state.current().completions.add(slot, work), number=n) / n * 1e6
-print(f"ledger_enter_us={enter:.3f}")
-print(f"completion_add_us={track:.3f}")
-state.current().completions.close()
-dist.destroy_process_group()
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[4, 1048576])
+    parser.add_argument("--rounds", type=int, default=31)
+    parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--store", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rank is not None:
+        rank_main(args.rank, args.ranks, args.store, args.sizes, args.rounds)
+        return
+    print(f"{'ranks':>5} {'size':>10} {'iters':>6}  {'':4} {'plain':>9} {'rankguard':>9} "
+          f"{'diff':>7}   (medians of {args.rounds} paired rounds)")
+    with tempfile.TemporaryDirectory() as folder:
+        store = os.path.join(folder, "store")
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        procs = [subprocess.Popen([sys.executable, __file__, "--ranks", str(args.ranks),
+                                   "--rounds", str(args.rounds), "--sizes",
+                                   *map(str, args.sizes), "--rank", str(rank), "--store", store],
+                                  env=env) for rank in range(args.ranks)]
+        codes = [proc.wait(timeout=600) for proc in procs]
+    if any(codes):
+        sys.exit(f"a rank failed: exit codes {codes}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,5 +1,5 @@
-"""A plain 1-rank gloo process group built as torch builds one for "gloo" (the C++ group over a
-gloo backend), to compare rankguard's group against in the same process."""
+"""A plain gloo process group built as torch builds one for "gloo" (the C++ group over a gloo
+backend), to compare rankguard's group against in the same process."""
 import datetime
 
 import torch
@@ -14,11 +14,12 @@ def side_by_side() -> tuple[dist.ProcessGroup, dist.ProcessGroup, dist.ProcessGr
     return (dist.group.WORLD, *plain_gloo_group(store))
 
 
-def plain_gloo_group(store: dist.Store) -> tuple[dist.ProcessGroup, dist.ProcessGroupGloo]:
+def plain_gloo_group(store: dist.Store, rank: int = 0,
+                     world: int = 1) -> tuple[dist.ProcessGroup, dist.ProcessGroupGloo]:
     """The group and its gloo backend, on ``store`` under the prefix ``plain``."""
-    gloo = dist.ProcessGroupGloo(dist.PrefixStore("plain", store), 0, 1,
-                                 datetime.timedelta(seconds=30))
-    plain = dist.ProcessGroup(dist.PrefixStore("plain", store), 0, 1)
+    gloo = dist.ProcessGroupGloo(dist.PrefixStore("plain", store), rank, world,
+                                 datetime.timedelta(seconds=60))
+    plain = dist.ProcessGroup(dist.PrefixStore("plain", store), rank, world)
     plain._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
     plain._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
     return plain, gloo

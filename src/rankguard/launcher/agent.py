@@ -218,38 +218,42 @@ class Launcher:
     def _watch(self, ranks: RankProcesses, monitor: HangMonitor,
                readers: dict[int, _ledger.LedgerReader], result: _Attempt,
                started: float) -> None:
-        """Handle events until every rank exited cleanly or the first fault."""
+        """Handle events until every rank exited cleanly or the first fault. The ledgers are
+        read once per tick and once when ranks exit; every check of that moment shares it."""
         tick = Deadline.after(TICK_S)
         while ranks.live() and result.fault is None:
             exited = ranks.pump(tick)
             now = time.monotonic()
-            if result.first_step_at is None and self._all_stepped(readers, ranks):
+            ticked = tick.passed()
+            if ticked:
+                tick = Deadline.after(TICK_S)
+            snaps = self._read_all(ranks, readers) if exited or ticked else {}
+            if snaps and result.first_step_at is None and self._all_stepped(snaps):
                 result.first_step_at = now
                 self._journal.write("first_step", attempt=ranks.number,
                                     since_start_s=round(now - started, 3))
                 self._prepare_spares(ranks.number)
             for member in exited:
                 monitor.unwatch(member.rank)
-                verdict = self._deadline_verdict(member.rank, readers[member.rank].read(), ranks)
+                verdict = self._deadline_verdict(member.rank, snaps[member.rank], ranks)
                 if verdict is not None:
                     self._on_verdict(verdict, result, now)
             if exited and result.fault is None:
-                self._decide(ranks, readers, result, now)
+                self._decide(ranks, snaps, result, now)
             if self._signal is not None and result.fault is None:
                 name = proctree.signal_name(self._signal)
                 self._say(f"rankguard: received {name}; stopping all ranks")
                 result.fault = Fault("launcher_signal", now, None,
                                      f"the launcher received {name}")
-            if result.fault is not None or now < tick.at:
+            if result.fault is not None or not ticked:
                 continue
-            tick = Deadline.after(TICK_S)
-            self._check_raised(ranks, readers, result, now)
+            self._check_raised(ranks, snaps, result, now)
             if result.fault is None:
-                self._decide(ranks, readers, result, now)
-            for verdict in monitor.check(now):
+                self._decide(ranks, snaps, result, now)
+            for verdict in monitor.check(now, {m.rank: snaps[m.rank] for m in ranks.live()}):
                 self._on_verdict(verdict, result, now)
         if result.fault is None:  # every rank has exited: nothing more will show
-            self._decide(ranks, readers, result, math.inf)
+            self._decide(ranks, self._read_all(ranks, readers), result, math.inf)
 
     @staticmethod
     def _tell_why(ranks: RankProcesses, culprits: set[int], hung: bool) -> None:
@@ -270,12 +274,17 @@ class Launcher:
             self._journal.write("spares", attempt=attempt, started=started,
                                 pids=self._spares.pids())
 
-    def _check_raised(self, ranks: RankProcesses, readers: dict[int, _ledger.LedgerReader],
+    @staticmethod
+    def _read_all(ranks: RankProcesses,
+                  readers: dict[int, _ledger.LedgerReader]) -> dict[int, _ledger.RankProgress]:
+        return {member.rank: readers[member.rank].read() for member in ranks}
+
+    def _check_raised(self, ranks: RankProcesses, snaps: dict[int, _ledger.RankProgress],
                       result: _Attempt, now: float) -> None:
         """A live rank that raised ``CollectiveError`` naming ranks that never arrived reports
         a hang (once the cascade window has passed: a peer's death may explain it)."""
         for member in ranks.live():
-            progress = readers[member.rank].read()
+            progress = snaps[member.rank]
             if progress.fault != _ledger.FAULT_RAISED or result.fault is not None:
                 continue
             if now - progress.t_fault < margins.CASCADE_WINDOW_S:
@@ -284,11 +293,11 @@ class Launcher:
             if verdict is not None:
                 self._on_verdict(verdict, result, now)
 
-    def _decide(self, ranks: RankProcesses, readers: dict[int, _ledger.LedgerReader],
+    def _decide(self, ranks: RankProcesses, snaps: dict[int, _ledger.RankProgress],
                 result: _Attempt, now: float) -> None:
-        """Take the root cause among the faults the ranks show at ``now``, if any (a rank's
-        exception or exit is acted on before its slow exit, from its ledger)."""
-        states = [RankState.of(m, readers[m.rank].read()) for m in ranks]
+        """Take the root cause among the faults the ranks show at ``now`` in their ledgers
+        ``snaps``, if any (a rank's exception or exit is acted on before its slow exit)."""
+        states = [RankState.of(m, snaps[m.rank]) for m in ranks]
         fault = first_fault(states, now, margins.CASCADE_WINDOW_S, self.config.hang_timeout)
         if fault is not None:
             result.fault = fault
@@ -315,12 +324,8 @@ class Launcher:
             self._say(f"rankguard: hang: {verdict.describe()}")
 
     @staticmethod
-    def _all_stepped(readers: dict[int, _ledger.LedgerReader], ranks: RankProcesses) -> bool:
-        for member in ranks:
-            world = readers[member.rank].read().groups[0]
-            if world.done < 2:  # init + one collective
-                return False
-        return True
+    def _all_stepped(snaps: dict[int, _ledger.RankProgress]) -> bool:
+        return all(snap.groups[0].done >= 2 for snap in snaps.values())  # init + a collective
 
     # -- signals and the guardian ------------------------------------------------------------
 

@@ -6,8 +6,11 @@ it died), it kills every process of the run (its marker, its cgroup: see
 ``proctree.with_marker``), sweeping a few times over ``SWEEP_S`` seconds to catch processes that
 were starting, then removes the run's FOLDERs (its private ledger folder in /dev/shm). A
 launcher that finished its own teardown writes ``CLEAN_EXIT`` first: then one sweep is enough.
-Without it, SIGKILL to a launcher leaves orphaned ranks (measured with torchrun). Ranks also ask for SIGKILL on the launcher's death (PR_SET_PDEATHSIG);
-the guardian catches what that misses: their children, and anything that left their tree.
+Without it, SIGKILL to a launcher leaves orphaned ranks (measured with torchrun). Ranks also ask
+for SIGKILL on the launcher's death (PR_SET_PDEATHSIG); the guardian catches what that misses:
+their children, and anything that left their tree.
+
+While the job runs it costs nothing: it is blocked reading the pipe.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ import signal
 import sys
 import time
 
+from ..deadline import Deadline
 from ..proctree import forget, kill_all, with_marker
 
 SWEEP_S = 1.0
+SWEEP_EVERY_S = 0.1
 CLEAN_EXIT = b"done"
 
 
@@ -30,13 +35,13 @@ def main() -> None:
     received = b""
     while chunk := os.read(0, 4096):
         received += chunk
-    end = time.monotonic() + (0.0 if received.endswith(CLEAN_EXIT) else SWEEP_S)
+    end = Deadline.after(0.0 if received.endswith(CLEAN_EXIT) else SWEEP_S)
     while True:
         kill_all(with_marker(token))
-        if time.monotonic() >= end:
+        if end.passed():
             forget(token)  # the run's cgroup, empty now (a launcher that ended removed it)
             break
-        time.sleep(0.1)
+        time.sleep(SWEEP_EVERY_S)  # not a wait for anything: the pace of the sweeps
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
 

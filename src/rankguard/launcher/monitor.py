@@ -287,11 +287,11 @@ class HangMonitor:
     def snapshot(self) -> dict[int, RankProgress]:
         return {rank: reader.read() for rank, reader in self._readers.items()}
 
-    def check(self, now: float) -> list[Verdict]:
-        """Sample progress, compare ledgers; stragglers are returned once, hangs every time,
-        hangs first."""
-        self.progress.sample(now)
-        snaps = self.snapshot()
+    def check(self, now: float, snaps: dict[int, RankProgress] | None = None) -> list[Verdict]:
+        """Sample progress, compare ledgers (``snaps``: the watched ranks' ledgers as just read,
+        by default read here); stragglers are returned once, hangs every time, hangs first."""
+        snaps = self.snapshot() if snaps is None else snaps
+        self.progress.sample(now, snaps)
         activity = {rank: Activity(self.progress.idle_for(rank, now),
                                    self.progress.stopped(rank)) for rank in snaps}
         return self._reported.new(self.rules.judge(snaps, activity, self._gone, now))

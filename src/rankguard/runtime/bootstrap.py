@@ -42,7 +42,7 @@ from ..errors import CollectiveError, UsageError
 from ..inject import perform as _perform
 from ..inject import spec as _spec
 from . import deadline as _deadline
-from . import eviction, init, instrument, stacks
+from . import completions, eviction, init, instrument, rendezvous, stacks
 from .state import current
 
 
@@ -102,6 +102,9 @@ def _prepare(rank: int, attempt: int) -> None:
             _deadline.set_default(_deadline.check_seconds(
                 init.COLLECTIVE_TIMEOUT_ENV, os.environ[init.COLLECTIVE_TIMEOUT_ENV]))
             state.enable_bounded()
+        # the launcher judges a rank by its ledger after --hang-timeout: completions must
+        # reach the ledger well within it
+        current().completions.lag = completions.lag_for(rendezvous.wait_limit(None))
     except UsageError as error:
         print(f"rankguard: {error}", file=sys.stderr)
         sys.exit(2)
@@ -190,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     except BaseException as error:
         ledger = current().ledger
         if ledger is not None:
-            current().completions.flush()  # so "inside a collective" is exact, not 20 ms stale
+            current().completions.flush()  # so "inside a collective" is exact, not stale
             failure = _collective_error(error)
             if failure is not None:
                 ledger.record_blame(failure.missing)  # the launcher blames them, not this rank

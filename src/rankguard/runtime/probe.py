@@ -9,11 +9,11 @@ the rank's counters, which only its main thread advances, so it reports progress
 a rank whose main thread is frozen answers that it is behind, and a stopped, dead or GIL-holding
 rank does not answer at all.
 
-The asking rank pushes a request to each peer's queue and polls for the answers for at most
-``ANSWER_WINDOW_S``; no call here waits longer than that. A request may carry a **notice** that
-the group failed: the responder then retires the group locally, which wakes a main thread
-waiting in a collective that will never complete because the failure was elsewhere (in a ring,
-only the neighbours of a dead rank see its connection close).
+The asking rank pushes a request to each peer's queue and waits in the store for the answers
+for at most ``ANSWER_WINDOW_S``; no call here waits longer than that. A request may carry a
+**notice** that the group failed: the responder then retires the group locally, which wakes a
+main thread waiting in a collective that will never complete because the failure was elsewhere
+(in a ring, only the neighbours of a dead rank see its connection close).
 
 Every request and answer is sealed with the run's secret (``rankguard.sealed``) for the queue
 or key it is written to: a request, notice or answer that another process wrote into the store
@@ -26,14 +26,13 @@ import itertools
 import json
 import os
 import threading
-import time
 from datetime import timedelta
 from typing import Any, Callable
 
 from .. import sealed
+from ..deadline import Deadline
 
 ANSWER_WINDOW_S = 0.5
-_POLL_S = 0.01
 _IDLE_WAIT = timedelta(hours=1)  # a responder's wait for the next request; then it waits again
 _ASK_TIMEOUT = timedelta(seconds=2)
 
@@ -178,20 +177,26 @@ class Asker:
         except Exception:  # noqa: BLE001 (the store's server is dead or frozen)
             return {}
         answers: dict[int, dict[str, Any] | None] = {peer: None for peer in peers}
-        waiting = set(peers)
-        end = time.monotonic() + window
+        waiting = {peer: _answer_key(request, peer) for peer in peers}
+        deadline = Deadline.after(window)
+        client = self._client
         try:
             while waiting:
-                for peer in list(waiting):
-                    key = _answer_key(request, peer)
-                    if self._client.check([key]):
-                        text = sealed.unseal(key, self._client.get(key))
-                        if text is not None:  # else forged: the peer's own answer replaces it
-                            answers[peer] = json.loads(text)
-                            waiting.discard(peer)
-                if not waiting or time.monotonic() >= end:
+                try:  # returns once every awaited answer is in, or raises at the deadline
+                    client.wait(list(waiting.values()), timedelta(seconds=deadline.left(0.001)))
+                except Exception:  # noqa: BLE001 (timed out: take the answers that came)
+                    pass
+                for peer, key in list(waiting.items()):
+                    if not client.check([key]):
+                        continue
+                    text = sealed.unseal(key, client.get(key))
+                    if text is None:  # forged: make room for the peer's own answer
+                        client.delete_key(key)
+                        continue
+                    answers[peer] = json.loads(text)
+                    del waiting[peer]
+                if deadline.passed():
                     break
-                time.sleep(_POLL_S)
         except Exception:  # noqa: BLE001 (the store went away while waiting)
             pass
         return answers

@@ -1,0 +1,226 @@
+"""Per-collective cost of running a plain script under ``rankguard run`` instead of torchrun.
+
+    python bench/collective_overhead.py                       # 2 and 4 ranks, 4 B and 1 MB, 5 runs
+    python bench/collective_overhead.py --ranks 2 --sizes 1048576 --repeats 9
+    python bench/collective_overhead.py --rankguard-arg=--collective-timeout=60   # bounded mode
+
+One script, bench/collective_worker.py (plain torch.distributed, no rankguard import), times N
+all_reduces of each size after a warm-up (N: as many as fill ``--loop-seconds`` on the machine at
+hand, from rank 0's warm-up, or ``--iters``). It is run ALTERNATELY under ``python -m
+rankguard.cli run`` and ``python -m torch.distributed.run --standalone`` (``--repeats`` times
+each, the order swapped every round), all sizes in each run; the figures are medians over the
+runs, printed side by side with torchrun's as microseconds per all_reduce and as a ratio.
+
+Then the CPU, the figure that shows where the time goes even on a loaded machine (wall-clock
+figures on a shared 2-core machine are noise; CPU time is far less sensitive): during the timed
+loops, the launcher's own CPU (every thread, ``/proc/PID/task/*/schedstat``) and the guardian's,
+beside torchrun's agent, as CPU seconds per minute of loop (0.6 s/min is 1% of one core); and
+each rank's threads, read by the rank itself at both ends of each loop and named: ``main`` (as
+microseconds of CPU per all_reduce), ``native`` (gloo's and torch's own threads) and rankguard's
+(``rankguard-completions``, ``rankguard-sigterm``, ``rankguard-responder``).
+
+At the defaults it starts 20 jobs, each with two timed loops of about a second: about 3 minutes
+on an idle 2-core machine (most of it is starting Python and torch).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import json
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import psutil
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "collective_worker.py")
+LAUNCHERS = ("torchrun", "rankguard")
+_RESULT = "RGBENCH {"
+_MARK = re.compile(r"RGBENCH-(BEGIN|END) (\d+)")
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds used so far by every live thread of ``pid`` (0.0 when it is gone)."""
+    total = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError):
+            continue
+    return total / 1e9
+
+
+@dataclass
+class Run:
+    """One job under one launcher: the ranks' results and the supervisors' CPU per loop."""
+
+    launcher: str
+    nproc: int
+    results: dict[int, list[dict]] = field(default_factory=lambda: defaultdict(list))
+    # per size: (loop seconds seen by the bench, launcher CPU s, guardian CPU s)
+    supervisor: dict[int, tuple[float, float, float]] = field(default_factory=dict)
+
+
+def command(launcher: str, nproc: int, log_dir: str, extra: list[str],
+            loops: list[str]) -> list[str]:
+    if launcher == "torchrun":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={nproc}"]
+    else:
+        cmd = [sys.executable, "-m", "rankguard.cli", "run", "--master-port", "0",
+               "--nproc-per-node", str(nproc), "--log-dir", log_dir, *extra]
+    return [*cmd, WORKER, *loops]
+
+
+def guardian_of(pid: int) -> int | None:
+    try:
+        for child in psutil.Process(pid).children():
+            if "rankguard.launcher.guardian" in " ".join(child.cmdline()):
+                return child.pid
+    except psutil.Error:
+        pass
+    return None
+
+
+def run_once(launcher: str, nproc: int, loops: list[str], extra: list[str]) -> Run:
+    """Run the worker once under ``launcher``; ``loops``: its arguments."""
+    log_dir = tempfile.mkdtemp(prefix="rankguard-bench-")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(command(launcher, nproc, os.path.join(log_dir, "logs"), extra, loops),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    run = Run(launcher, nproc)
+    lines: list[str] = []
+    guardian: int | None = None
+    began: tuple[float, float, float] | None = None
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            mark = _MARK.search(line)
+            if mark:
+                if launcher == "rankguard" and guardian is None:
+                    guardian = guardian_of(proc.pid)
+                now = (time.monotonic(), process_cpu_s(proc.pid),
+                       process_cpu_s(guardian) if guardian else 0.0)
+                if mark.group(1) == "BEGIN":
+                    began = now
+                elif began is not None:
+                    run.supervisor[int(mark.group(2))] = tuple(b - a for a, b in zip(began, now))
+                continue
+            found = line.find(_RESULT)
+            if found >= 0:
+                result = json.JSONDecoder().raw_decode(line, found + len(_RESULT) - 1)[0]
+                expected = "InstrumentedGroup" if launcher == "rankguard" else "ProcessGroup"
+                assert result["group"] == expected, (launcher, result["group"])
+                run.results[result["size"]].append(result)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(log_dir, ignore_errors=True)
+    if code != 0 or len(run.supervisor) != len(loops) - 1:
+        sys.exit(f"{launcher} exited {code}; its output:\n" + "".join(lines[-40:]))
+    return run
+
+
+def size_label(size: int) -> str:
+    return f"{size // 1048576} MB" if size >= 1048576 else f"{size} B"
+
+
+def report(runs: list[Run], nproc: int, sizes: list[int]) -> None:
+    by = {name: [r for r in runs if r.launcher == name and r.nproc == nproc] for name in LAUNCHERS}
+    for size in sizes:
+        us = {name: statistics.median(
+            next(x["us_per_op"] for x in r.results[size] if x["rank"] == 0) for r in by[name])
+            for name in LAUNCHERS}
+        main = {name: statistics.median(
+            statistics.mean(x["threads"].get("main", 0.0) / x["iters"] * 1e6
+                            for x in r.results[size]) for r in by[name]) for name in LAUNCHERS}
+        diff, ratio = us["rankguard"] - us["torchrun"], us["rankguard"] / us["torchrun"]
+        print(f"{nproc:>5} {size_label(size):>6} {us['torchrun']:>11.1f} us "
+              f"{us['rankguard']:>11.1f} us {diff:>+9.1f} us {ratio:>7.3f}"
+              f"   | main thread CPU/op {main['torchrun']:>6.1f} us {main['rankguard']:>6.1f} us"
+              f" ({main['rankguard'] - main['torchrun']:+.1f} us)")
+
+
+def cpu_report(runs: list[Run], nproc: int) -> None:
+    """Seconds of CPU per minute of timed loop: the supervisors', and each rank's threads'."""
+    rows: dict[str, dict[str, float]] = defaultdict(dict)
+    for name in LAUNCHERS:
+        mine = [r for r in runs if r.launcher == name and r.nproc == nproc]
+        wall = sum(s[0] for r in mine for s in r.supervisor.values())
+        rows["launcher (torchrun: its agent)"][name] = sum(
+            s[1] for r in mine for s in r.supervisor.values()) / wall * 60
+        if name == "rankguard":
+            rows["guardian"][name] = sum(
+                s[2] for r in mine for s in r.supervisor.values()) / wall * 60
+        loop_wall = sum(x["wall_s"] for r in mine for res in r.results.values() for x in res)
+        threads: dict[str, float] = defaultdict(float)
+        for r in mine:
+            for res in r.results.values():
+                for x in res:
+                    for thread, cpu in x["threads"].items():
+                        threads[thread] += cpu
+        for thread, cpu in sorted(threads.items()):
+            rows[f"each rank: {thread}"][name] = cpu / loop_wall * 60  # per rank: walls add up
+    print(f"{nproc:>5} ranks, CPU s per minute of loop (60 = one core) "
+          f"{'torchrun':>10} {'rankguard':>10}")
+    for label, values in rows.items():
+        cells = [f"{values[n]:>10.3f}" if n in values else f"{'-':>10}" for n in LAUNCHERS]
+        print(f"      {label:<47} {' '.join(cells)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[4, 1048576],
+                        help="all_reduce sizes in bytes (multiples of 4)")
+    parser.add_argument("--loop-seconds", type=float, default=1.0,
+                        help="how long each timed loop lasts (N is derived from the warm-up)")
+    parser.add_argument("--iters", type=int, default=None,
+                        help="all_reduces per timed loop, instead of --loop-seconds")
+    parser.add_argument("--repeats", type=int, default=5, help="runs under each launcher")
+    parser.add_argument("--rankguard-arg", action="append", default=[],
+                        help="an extra option for rankguard run (repeatable)")
+    args = parser.parse_args()
+    loops = [str(args.loop_seconds),
+             *(f"{size}:{args.iters}" if args.iters else str(size) for size in args.sizes)]
+    load = os.getloadavg()[0]
+    started = time.monotonic()
+    runs = []
+    for nproc in args.ranks:
+        for round_ in range(args.repeats):
+            for launcher in (LAUNCHERS if round_ % 2 else LAUNCHERS[::-1]):
+                runs.append(run_once(launcher, nproc, loops, args.rankguard_arg))
+    counts = sorted({x["iters"] for r in runs for res in r.results.values() for x in res})
+    print(f"all_reduce, {args.repeats} runs under each launcher alternated, medians; "
+          f"{counts[0]} to {counts[-1]} all_reduces per timed loop")
+    print(f"{'ranks':>5} {'size':>6} {'torchrun':>14} {'rankguard':>14} {'difference':>12} "
+          f"{'ratio':>7}   | per rank (CPU, robust to load)")
+    for nproc in args.ranks:
+        report(runs, nproc, args.sizes)
+    print()
+    for nproc in args.ranks:
+        cpu_report(runs, nproc)
+    end_load = os.getloadavg()[0]
+    print(f"\ntook {time.monotonic() - started:.0f} s; load average {load:.2f} at the start, "
+          f"{end_load:.2f} at the end" + (" (a loaded machine: wall-clock figures are noise, "
+                                          "CPU figures still hold)" if max(load, end_load) > 0.7
+                                          else ""))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""The rank script of bench/collective_overhead.py: plain torch.distributed, no rankguard import.
+
+    python collective_worker.py SECONDS SIZE[:N] [SIZE[:N] ...]
+
+For each SIZE (bytes of float32): 10 all_reduces, a warm-up of N / 5 (at least 10), a barrier,
+then N all_reduces timed (without N: as many as fill SECONDS by rank 0's first 10, the same on
+every rank). Around each timed loop rank 0 prints ``RGBENCH-BEGIN SIZE``
+and ``RGBENCH-END SIZE`` (the bench samples its launcher's CPU between them), and every rank
+prints ``RGBENCH {json}``: its time per all_reduce and the CPU each of its threads used during
+the loop (``/proc/self/task/*/schedstat``, nanoseconds), threads named by Python's
+``threading`` where Python started them (rankguard's are ``rankguard-...``), ``main`` for the
+main thread and ``native`` for the others (gloo's, torch's).
+"""
+import json
+import math
+import os
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def say(line: str) -> None:
+    """One write per line: the ranks' lines share a pipe under torchrun, and must not mix."""
+    sys.stdout.flush()
+    os.write(1, (line + "\n").encode())
+
+
+def thread_cpu() -> dict[int, int]:
+    """CPU nanoseconds used so far by each thread of this process, by thread id."""
+    used = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                used[int(tid)] = int(f.read().split()[0])
+        except (OSError, ValueError):
+            continue  # the thread ended meanwhile
+    return used
+
+
+def thread_names() -> dict[int, str]:
+    names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+    names[threading.main_thread().native_id] = "main"
+    return names
+
+
+def time_per_op(t: torch.Tensor, n: int) -> float:
+    start = time.perf_counter()
+    for _ in range(n):
+        dist.all_reduce(t)
+    return (time.perf_counter() - start) / n
+
+
+def iterations(per_op: float, seconds: float) -> int:
+    """How many all_reduces fill ``seconds``, rank 0's figure on every rank."""
+    n = torch.tensor([max(10, math.ceil(seconds / per_op)) if dist.get_rank() == 0 else 0])
+    dist.all_reduce(n, op=dist.ReduceOp.MAX)
+    return int(n.item())
+
+
+def timed_loop(numel: int, iters: int | None, seconds: float) -> dict:
+    t = torch.ones(numel)
+    iters = iters or iterations(time_per_op(t, 10), seconds)
+    time_per_op(t, max(10, iters // 5))  # the warm-up proper
+    dist.barrier()
+    if dist.get_rank() == 0:
+        say(f"RGBENCH-BEGIN {numel * 4}")
+    before = thread_cpu()
+    start = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(t)
+    wall = time.perf_counter() - start
+    after = thread_cpu()
+    if dist.get_rank() == 0:
+        say(f"RGBENCH-END {numel * 4}")
+    names = thread_names()
+    threads: dict[str, float] = {}
+    for tid, used in after.items():
+        name = names.get(tid, "native")
+        threads[name] = threads.get(name, 0.0) + (used - before.get(tid, 0)) / 1e9
+    return {"rank": dist.get_rank(), "size": numel * 4, "iters": iters, "wall_s": wall,
+            "us_per_op": wall / iters * 1e6, "threads": threads,
+            "group": type(dist.group.WORLD).__name__}
+
+
+def main() -> None:
+    seconds = float(sys.argv[1])
+    loops = [(int(size), int(n) if n else None) for size, _, n in
+             (arg.partition(":") for arg in sys.argv[2:])]
+    dist.init_process_group("gloo")
+    for size, iters in loops:
+        result = timed_loop(max(1, size // 4), iters, seconds)
+        say("RGBENCH " + json.dumps(result))
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
