@@ -36,6 +36,7 @@ import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Callable
 
 import psutil
 
@@ -140,24 +141,39 @@ def size_label(size: int) -> str:
     return f"{size // 1048576} MB" if size >= 1048576 else f"{size} B"
 
 
+def _median_over_runs(runs: list[Run], size: int, value: Callable[[dict], float],
+                      rank0: bool = False) -> float:
+    """The median over ``runs`` of ``value`` of a rank's result for ``size`` (rank 0's, or the
+    mean over the ranks)."""
+    return statistics.median(
+        statistics.mean(value(x) for x in r.results[size] if x["rank"] == 0 or not rank0)
+        for r in runs)
+
+
 def report(runs: list[Run], nproc: int, sizes: list[int]) -> None:
+    """Per size: wall-clock time per all_reduce under each launcher, and the CPU per all_reduce
+    of each rank's main thread and of its native (gloo, torch) threads."""
     by = {name: [r for r in runs if r.launcher == name and r.nproc == nproc] for name in LAUNCHERS}
+
+    def per_op(thread: str) -> Callable[[dict], float]:
+        return lambda x: x["threads"].get(thread, 0.0) / x["iters"] * 1e6
+
     for size in sizes:
-        us = {name: statistics.median(
-            next(x["us_per_op"] for x in r.results[size] if x["rank"] == 0) for r in by[name])
-            for name in LAUNCHERS}
-        main = {name: statistics.median(
-            statistics.mean(x["threads"].get("main", 0.0) / x["iters"] * 1e6
-                            for x in r.results[size]) for r in by[name]) for name in LAUNCHERS}
+        us = {name: _median_over_runs(by[name], size, lambda x: x["us_per_op"], rank0=True)
+              for name in LAUNCHERS}
+        main = {name: _median_over_runs(by[name], size, per_op("main")) for name in LAUNCHERS}
+        native = {name: _median_over_runs(by[name], size, per_op("native")) for name in LAUNCHERS}
         diff, ratio = us["rankguard"] - us["torchrun"], us["rankguard"] / us["torchrun"]
+        extra = main["rankguard"] - main["torchrun"]
         print(f"{nproc:>5} {size_label(size):>6} {us['torchrun']:>11.1f} us "
-              f"{us['rankguard']:>11.1f} us {diff:>+9.1f} us {ratio:>7.3f}"
-              f"   | main thread CPU/op {main['torchrun']:>6.1f} us {main['rankguard']:>6.1f} us"
-              f" ({main['rankguard'] - main['torchrun']:+.1f} us)")
+              f"{us['rankguard']:>11.1f} us {diff:>+9.1f} us {ratio:>7.3f}   | "
+              f"{main['torchrun']:>17.1f} {main['rankguard']:>9.1f} ({extra:+.1f})"
+              f" {native['torchrun']:>9.1f} {native['rankguard']:>9.1f}")
 
 
 def cpu_report(runs: list[Run], nproc: int) -> None:
-    """Seconds of CPU per minute of timed loop: the supervisors', and each rank's threads'."""
+    """Seconds of CPU per minute of timed loop: the supervisors', and each of rankguard's threads
+    in a rank."""
     rows: dict[str, dict[str, float]] = defaultdict(dict)
     for name in LAUNCHERS:
         mine = [r for r in runs if r.launcher == name and r.nproc == nproc]
@@ -175,8 +191,9 @@ def cpu_report(runs: list[Run], nproc: int) -> None:
                     for thread, cpu in x["threads"].items():
                         threads[thread] += cpu
         for thread, cpu in sorted(threads.items()):
-            rows[f"each rank: {thread}"][name] = cpu / loop_wall * 60  # per rank: walls add up
-    print(f"{nproc:>5} ranks, CPU s per minute of loop (60 = one core) "
+            if thread not in ("main", "native"):  # those are per all_reduce, above
+                rows[f"each rank: {thread}"][name] = cpu / loop_wall * 60  # walls add up
+    print(f"{nproc:>5} ranks, CPU s per minute of loop (0.6 = 1% of a core) "
           f"{'torchrun':>10} {'rankguard':>10}")
     for label, values in rows.items():
         cells = [f"{values[n]:>10.3f}" if n in values else f"{'-':>10}" for n in LAUNCHERS]
@@ -208,8 +225,9 @@ def main() -> None:
     counts = sorted({x["iters"] for r in runs for res in r.results.values() for x in res})
     print(f"all_reduce, {args.repeats} runs under each launcher alternated, medians; "
           f"{counts[0]} to {counts[-1]} all_reduces per timed loop")
+    print(f"{'':>55}   | CPU us per all_reduce and rank (robust to load)")
     print(f"{'ranks':>5} {'size':>6} {'torchrun':>14} {'rankguard':>14} {'difference':>12} "
-          f"{'ratio':>7}   | per rank (CPU, robust to load)")
+          f"{'ratio':>7}   | main thread: torchrun rankguard (diff)  gloo+torch threads")
     for nproc in args.ranks:
         report(runs, nproc, args.sizes)
     print()

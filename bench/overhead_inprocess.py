@@ -3,13 +3,16 @@
     python bench/overhead_inprocess.py [--ranks 2] [--sizes 4 1048576] [--rounds 31]
 
 Each of ``--ranks`` processes (started here, on one FileStore) forms rankguard's instrumented
-default group and a plain gloo process group built as torch builds one for "gloo", then runs
-paired, interleaved rounds of ``dist.all_reduce`` on each (the order swapped every round).
+default group, and the C++ process group torch builds for "gloo" over the same gloo backend (so
+the two differ only in the path from ``dist.all_reduce`` to gloo), then runs paired, interleaved
+rounds of ``dist.all_reduce`` on each (the order swapped every round).
 Rank 0 prints, per size, the median over rounds of the time per all_reduce on each group and of
 their difference, in wall-clock microseconds and in microseconds of the main thread's CPU (the
 second holds on a loaded machine: the dispatch path costs CPU, waiting does not). Then the
 deterministic part, what the instrumented op does beyond forwarding to gloo (ledger enter,
-completion tracking including marking the previous op done), timed on its own.
+completion tracking including marking the previous op done), timed on its own, in a hot loop
+and right after a short sleep: code that runs after a collective's wait runs with cold caches,
+and on a busy machine costs many times its hot figure.
 
 Run by bench/collective_overhead.py's readers to find where a difference comes from; the
 completion sweeper runs as under ``rankguard run`` with its default lag.
@@ -24,14 +27,27 @@ import sys
 import tempfile
 import time
 import timeit
+from typing import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def after_sleep_us(step: Callable[[], object], n: int = 2000) -> float:
+    """Median time of ``step`` right after the thread slept (caches and TLB as a collective's
+    wait leaves them on a busy machine)."""
+    times = []
+    for _ in range(n):
+        time.sleep(0.0005)
+        start = time.perf_counter_ns()
+        step()
+        times.append(time.perf_counter_ns() - start)
+    return statistics.median(times) / 1000
 
 
 def rank_main(rank: int, world: int, store_path: str, sizes: list[int], rounds: int) -> None:
     import torch
     import torch.distributed as dist
-    from plain_group import plain_gloo_group
+    from plain_group import plain_group_over
 
     from rankguard import ledger
     from rankguard.runtime import instrument, state
@@ -42,8 +58,9 @@ def rank_main(rank: int, world: int, store_path: str, sizes: list[int], rounds: 
     dist.init_process_group("gloo", store=dist.PrefixStore("ours", store), rank=rank,
                             world_size=world)
     ours = dist.group.WORLD
-    plain, gloo = plain_gloo_group(store, rank, world)
     assert type(ours).__name__ == "InstrumentedGroup"
+    gloo = ours._get_backend(torch.device("cpu"))  # one backend: only the path to it differs
+    plain = plain_group_over(gloo, store, rank, world)
 
     def per_op(group: object, t: torch.Tensor, n: int) -> tuple[float, float]:
         wall, cpu = time.perf_counter(), time.thread_time()
@@ -75,11 +92,16 @@ def rank_main(rank: int, world: int, store_path: str, sizes: list[int], rounds: 
     work.wait()
     if rank == 0:
         slot = state.current().ledger.world()
-        n = 200_000
-        enter = timeit.timeit(lambda: slot.enter(2), number=n) / n * 1e6
-        track = timeit.timeit(lambda: state.current().completions.add(slot, work), number=n) / n * 1e6
-        print(f"instrumentation steps alone: ledger enter {enter:.3f} us, completion tracking "
-              f"{track:.3f} us", flush=True)
+        steps = {"ledger enter": lambda: slot.enter(2),
+                 "completion tracking": lambda: state.current().completions.add(slot, work),
+                 "an empty call": lambda: None}
+        print("instrumentation steps alone, hot (in a loop) and right after a 0.5 ms sleep (as "
+              "after a collective's wait):", flush=True)
+        for name, step in steps.items():
+            n = 200_000
+            hot = timeit.timeit(step, number=n) / n * 1e6
+            print(f"  {name:20} hot {hot:6.3f} us   after a sleep {after_sleep_us(step):6.2f} us",
+                  flush=True)
     state.current().completions.close()
     os._exit(0)  # no destroy: the groups' teardown is not what is measured
 

@@ -14,12 +14,18 @@ def side_by_side() -> tuple[dist.ProcessGroup, dist.ProcessGroup, dist.ProcessGr
     return (dist.group.WORLD, *plain_gloo_group(store))
 
 
-def plain_gloo_group(store: dist.Store, rank: int = 0,
-                     world: int = 1) -> tuple[dist.ProcessGroup, dist.ProcessGroupGloo]:
+def plain_gloo_group(store: dist.Store) -> tuple[dist.ProcessGroup, dist.ProcessGroupGloo]:
     """The group and its gloo backend, on ``store`` under the prefix ``plain``."""
-    gloo = dist.ProcessGroupGloo(dist.PrefixStore("plain", store), rank, world,
-                                 datetime.timedelta(seconds=60))
+    gloo = dist.ProcessGroupGloo(dist.PrefixStore("plain", store), 0, 1,
+                                 datetime.timedelta(seconds=30))
+    return plain_group_over(gloo, store, 0, 1), gloo
+
+
+def plain_group_over(gloo: dist.ProcessGroupGloo, store: dist.Store, rank: int,
+                     world: int) -> dist.ProcessGroup:
+    """The C++ process group torch makes for "gloo", over the backend ``gloo`` (which may be
+    the one under rankguard's group: then the two differ only in the path to it)."""
     plain = dist.ProcessGroup(dist.PrefixStore("plain", store), rank, world)
     plain._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
     plain._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
-    return plain, gloo
+    return plain
