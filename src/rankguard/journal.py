@@ -46,8 +46,9 @@ class Journal:
         self.path = path
         self.run_id = run_id
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        # 0600 like the ranks' output; a symbolic link planted at the path is not followed
         self._file = open(path, "a", buffering=1,  # noqa: SIM115 (closed by close())
-                          opener=lambda p, flags: os.open(p, flags, 0o600))  # rank output
+                          opener=lambda p, flags: os.open(p, flags | os.O_NOFOLLOW, 0o600))
         self._lock = threading.Lock()  # a pool writes from its supervisor and callers' threads
 
     def write(self, event: str, **fields: Any) -> dict[str, Any]:

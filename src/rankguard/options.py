@@ -97,7 +97,8 @@ def writable_file(option: str, path: str) -> str:
     reported now.
 
     Raises:
-        UsageError: ``path`` is a folder, a FIFO nobody reads, or cannot be opened or created.
+        UsageError: ``path`` is a folder, a symbolic link, a FIFO nobody reads, or cannot be
+            opened or created.
     """
     path = os.path.abspath(path)
     if os.path.isdir(path):
@@ -105,11 +106,14 @@ def writable_file(option: str, path: str) -> str:
                          f"give a file path, e.g. {os.path.join(path, 'journal.jsonl')}")
     writable_dir(option, os.path.dirname(path))
     existed = os.path.lexists(path)
-    flags = os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | (0 if existed else os.O_CREAT | os.O_EXCL)
+    flags = (os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | os.O_NOFOLLOW
+             | (0 if existed else os.O_CREAT | os.O_EXCL))
     try:
         fd = os.open(path, flags, 0o600)
     except OSError as exc:
         problem = ("is a FIFO that nobody reads" if exc.errno == errno.ENXIO
+                   else "is a symbolic link (not followed: give the file's own path)"
+                   if exc.errno == errno.ELOOP
                    else f"cannot be opened for writing: {exc.strerror}")
         raise UsageError(option, f"{path!r} {problem}", "give a file you can write to") from None
     try:

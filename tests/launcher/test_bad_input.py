@@ -102,6 +102,14 @@ def test_journal_that_is_not_a_file_one_can_append_to_is_refused(tmp_path, journ
     _journal_refused(tmp_path, journal, fragment)
 
 
+def test_journal_that_is_a_symbolic_link_is_refused_and_its_target_left_alone(tmp_path):
+    target = tmp_path / "someone_elses_file"
+    target.write_text("keep\n")
+    (tmp_path / "link.jsonl").symlink_to(target)
+    _journal_refused(tmp_path, tmp_path / "link.jsonl", "is a symbolic link (not followed")
+    assert target.read_text() == "keep\n"
+
+
 def test_journal_that_cannot_be_created_is_refused_and_leaves_nothing(tmp_path):
     _journal_refused(tmp_path, tmp_path / ("j" * 300), "File name too long")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["logs"]
