@@ -137,6 +137,18 @@ def run_once(launcher: str, nproc: int, loops: list[str], extra: list[str]) -> R
     return run
 
 
+def machine_busy(seconds: float = 1.0) -> float:
+    """The share of the machine's CPU time that was not idle over the next ``seconds``."""
+    def times() -> list[int]:
+        with open("/proc/stat") as f:
+            return [int(x) for x in f.readline().split()[1:]]
+    before = times()
+    time.sleep(seconds)  # a measurement window, not a wait for anything
+    spent = [b - a for a, b in zip(before, times())]
+    idle = spent[3] + spent[4]  # idle, iowait
+    return 1.0 - idle / max(sum(spent), 1)
+
+
 def size_label(size: int) -> str:
     return f"{size // 1048576} MB" if size >= 1048576 else f"{size} B"
 
@@ -215,7 +227,7 @@ def main() -> None:
     args = parser.parse_args()
     loops = [str(args.loop_seconds),
              *(f"{size}:{args.iters}" if args.iters else str(size) for size in args.sizes)]
-    load = os.getloadavg()[0]
+    busy = machine_busy()
     started = time.monotonic()
     runs = []
     for nproc in args.ranks:
@@ -233,12 +245,9 @@ def main() -> None:
     print()
     for nproc in args.ranks:
         cpu_report(runs, nproc)
-    end_load = os.getloadavg()[0]
-    print(f"\ntook {time.monotonic() - started:.0f} s; load average {load:.2f} at the start, "
-          f"{end_load:.2f} at the end" + (" (a loaded machine: wall-clock figures are noise, "
-                                          "CPU figures still hold)" if max(load, end_load) > 0.7
-                                          else ""))
-
+    print(f"\ntook {time.monotonic() - started:.0f} s; the machine was {busy:.0%} busy before "
+          "the first job" + (" (others are using it: wall-clock figures are noise, CPU figures "
+                             "still hold)" if busy > 0.1 else ""))
 
 if __name__ == "__main__":
     main()
