@@ -113,3 +113,9 @@ def test_the_instant_means_the_same_in_another_process() -> None:
     out = subprocess.run([sys.executable, "-c", code, pickle.dumps(limit).hex()],
                          capture_output=True, text=True, timeout=60, check=True)
     assert 0 < float(out.stdout) <= 30
+
+
+def test_timeout_is_none_only_for_a_deadline_that_never_passes() -> None:
+    assert Deadline.never().timeout() is None
+    assert 0 < Deadline.after(5).timeout() <= 5
+    assert Deadline(time.monotonic() - 1, 1).timeout() == 0.0

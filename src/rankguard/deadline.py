@@ -146,3 +146,9 @@ class Deadline:
         most ``cap``."""
         left = max(self.at - time.monotonic(), 0.0)
         return left if cap is None else min(left, cap)
+
+    def timeout(self) -> float | None:
+        """:meth:`wait_time` as ``select``, ``Condition.wait`` and ``Thread.join`` take it: None
+        (no limit) for :meth:`never`, whose infinite time left they refuse."""
+        left = self.wait_time()
+        return None if math.isinf(left) else left

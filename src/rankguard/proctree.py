@@ -12,7 +12,6 @@ orphans are re-parented to.
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 import platform
 import select
@@ -148,8 +147,7 @@ def await_exits(pids: list[int], deadline: Deadline, *, reap: bool = False) -> l
             continue  # gone (and reaped) already
     try:
         while waiting and not deadline.passed():
-            left = deadline.wait_time()
-            ready, _, _ = select.select(list(waiting), [], [], None if math.isinf(left) else left)
+            ready, _, _ = select.select(list(waiting), [], [], deadline.timeout())
             for fd in ready:
                 pid = waiting.pop(fd)
                 os.close(fd)

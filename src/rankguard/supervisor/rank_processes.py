@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 import os
 import secrets
 import selectors
@@ -209,12 +208,10 @@ class RankProcesses:
         """Wait for events until the first comes or ``until`` passes, handle them (reap the
         ranks that exited, read output, call readers and due timers); returns the ranks that
         exited. Only the driver calls it: one thread at a time."""
-        wait = until.wait_time()
         with self._lock:
-            if self._timers:
-                wait = min(wait, self._timers[0][2].wait_time())
+            wake = until.sooner(self._timers[0][2]) if self._timers else until
         exited = []
-        for key, _ in self._selector.select(select_timeout(wait)):
+        for key, _ in self._selector.select(wake.timeout()):
             what, obj = key.data
             if what == "exit":
                 self._reap(obj)
@@ -289,7 +286,7 @@ class RankProcesses:
 
         if not self._driven_here():
             with self._exits:
-                return self._exits.wait_for(done, select_timeout(until.wait_time()))
+                return self._exits.wait_for(done, until.timeout())
         while not done() and not until.passed():
             self.pump(until)
         return done()
@@ -349,7 +346,7 @@ class RankProcesses:
         self.wake()
         watcher = self._watcher
         if watcher is not None and watcher is not threading.current_thread():
-            watcher.join(select_timeout(until.wait_time()))
+            watcher.join(until.timeout())
         with self._lock:
             if self._watching:
                 self._watcher_releases = True
@@ -378,12 +375,6 @@ class RankProcesses:
                 os.unlink(member.ledger_path)
             except OSError:
                 pass
-
-
-def select_timeout(seconds: float) -> float | None:
-    """``seconds`` as the timeout of a select, wait or join: None (no limit) for the infinite
-    wait of ``Deadline.never()``, which they refuse."""
-    return None if math.isinf(seconds) else seconds
 
 
 def _drain(fd: int) -> None:

@@ -176,8 +176,7 @@ class Watchdog:
             with self._cond:
                 while self._phase is None or not self._phase.deadline.passed():
                     deadline = None if self._phase is None else self._phase.deadline
-                    self._cond.wait(None if deadline is None or math.isinf(deadline.at)
-                                    else deadline.wait_time())
+                    self._cond.wait(None if deadline is None else deadline.timeout())
                 phase, self._phase = self._phase, None
                 self._firing = threading.Event()
                 self._set_backstop(Deadline.after(_EXPIRY_S))  # this thread runs: push it
