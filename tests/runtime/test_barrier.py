@@ -21,7 +21,8 @@ from rankguard.runtime import barrier
 SECRET = "5a" * 32
 NAME = "rankguard/test/barrier"
 LONG_S = 60.0  # a deadline no test here should reach: waiting for it would fail the test
-SHORT_S = 0.3  # a deadline a test waits out, to see who is named missing
+SHORT_S = 1.5  # a deadline a test waits out, to see who is named missing (the ranks that
+# come must have arrived by then: threads took over 0.3 s to arrive on a loaded CI machine)
 # what a rank may take past its deadline: the store operations that name the missing ranks
 AFTER_DEADLINE_S = 4 * barrier.STORE_OP_MIN_S
 
