@@ -126,8 +126,10 @@ class TeardownTimeout(RankguardError):
     def __init__(self, missing: Sequence[int], waited: float, detail: str = "") -> None:
         self.missing = list(missing)
         self.waited = waited
-        text = (f"shutdown: ranks {_ranks(self.missing)} did not arrive within {waited:.2f} s; "
-                "the process group was aborted, not destroyed")
+        who = (f"ranks {_ranks(self.missing)} did not arrive" if self.missing
+               else "the ranks could not meet")
+        text = (f"shutdown: {who} within {waited:.2f} s; the process group was aborted, "
+                "not destroyed")
         if detail:
             text += f" ({detail})"
         super().__init__(text)

@@ -99,6 +99,40 @@ def test_shutdown_names_the_missing_rank_on_every_rank_within_timeout_plus_1s(
         assert result["initialized"] is False  # aborted: free to exit or start over
 
 
+STORE_TIMEOUT = 2.0
+
+
+@pytest.mark.parametrize(("fault", "call"), [
+    ("frozen", "deadline"), ("frozen", "shutdown"), ("dead", "shutdown"),
+    *(pytest.param(fault, call, marks=pytest.mark.slow)
+      for fault, call in [("frozen", "regroup"), ("dead", "regroup"), ("dead", "deadline")])])
+def test_a_store_host_that_froze_or_died_bounds_every_runtime_call_and_the_exit(
+        tmp_path: Path, fault: str, call: str) -> None:
+    """Under mp.spawn rank 0 hosts the store: its freeze or death used to leave shutdown(),
+    regroup() and a failed collective's explanation blocked in store calls for 30 minutes."""
+    with Ranks(f"store_host_{fault}_{call}", 3, tmp_path,
+               env={"SCENARIO_TIMEOUT": str(STORE_TIMEOUT)}) as ranks:
+        results = [ranks.result(rank) for rank in (1, 2)]
+        codes = [ranks.wait(rank, 10) for rank in (1, 2)]  # no exit blocks on the store
+        output = ranks.output() if codes != [0, 0] else ""
+    assert codes == [0, 0], output
+    # the runtime's own bound: the timeout, plus asking the peers (a collective) or the last
+    # reads of who arrived (shutdown, regroup), 1 s at most, plus this machine's load
+    for result in results:
+        assert result["elapsed"] < STORE_TIMEOUT + 1.0 + 1.5, result
+        if call == "shutdown":
+            assert result["clean"] is False and result["initialized"] is False, result
+            assert "store" in result["detail"], result
+        elif call == "regroup":
+            assert result["type"] in ("CollectiveTimeout", "PeerFailed"), result
+            assert "store is unreachable" in result["message"], result
+        else:
+            assert result["type"] in ("CollectiveTimeout", "PeerFailed"), result
+            assert result["missing"] in ([], [0]), result  # never the peer that arrived
+    if call == "deadline" and fault == "frozen":  # nobody could be asked: it says so
+        assert all("could not be asked" in r["message"] for r in results), results
+
+
 def test_shutdown_is_clean_and_destroys_the_group_when_every_rank_arrives(tmp_path: Path
                                                                           ) -> None:
     with Ranks("shutdown_all", 3, tmp_path) as ranks:

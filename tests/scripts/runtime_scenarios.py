@@ -248,6 +248,33 @@ def outsider_shutdown() -> None:
            dropped=values_dropped())
 
 
+def store_host_fault(fault: str, call: str) -> None:
+    """Rank 0 hosts the store (as under mp.spawn); it freezes or exits, and the other ranks make
+    ``call`` with a 2 s budget: each must return, and the process then exit, in bounded time."""
+    torch, dist = group()
+    if RANK == 0:
+        if fault == "frozen":
+            freeze()
+        os._exit(3)
+    time.sleep(0.3)  # rank 0 is gone or stopped by now
+    timeout = float(os.environ.get("SCENARIO_TIMEOUT", "2"))
+    started = time.monotonic()
+    try:
+        if call == "deadline":
+            with rankguard.deadline(timeout):
+                dist.all_reduce(torch.ones(4))
+            report(type=None, elapsed=time.monotonic() - started)
+        elif call == "shutdown":
+            result = rankguard.shutdown(timeout=timeout)
+            report(type=None, clean=result.clean, missing=result.missing, detail=result.detail,
+                   elapsed=time.monotonic() - started, initialized=dist.is_initialized())
+        else:
+            rankguard.regroup(timeout=timeout)
+            report(type=None, elapsed=time.monotonic() - started)
+    except rankguard.RankguardError as error:
+        report(**error_fields(error, started))
+
+
 SCENARIOS = {
     "sigterm_idle": sigterm_idle,
     "sigterm_cpu": sigterm_cpu,
@@ -261,6 +288,8 @@ SCENARIOS = {
     "outsider_writes": outsider_writes,
     "outsider_regroup": outsider_regroup,
     "outsider_shutdown": outsider_shutdown,
+    **{f"store_host_{fault}_{call}": (lambda fault=fault, call=call: store_host_fault(fault, call))
+       for fault in ("frozen", "dead") for call in ("deadline", "shutdown", "regroup")},
 }
 
 if __name__ == "__main__":

@@ -47,20 +47,23 @@ def retire_and_explain(record: GroupRecord, entry: int, op: str, started: float,
     seq = _ledger.seq_of(entry, record.is_world)
     groups.retire(record, f"{op} #{seq} failed")
     answers = groups.tell_peers(record, {"by": record.rank, "op": op, "seq": seq})
-    failure = explain(record, entry, op, waited, limit, error, answers, reported)
+    asker = current().asker
+    unasked = asker.last_problem if asker is not None and not answers else ""
+    failure = explain(record, entry, op, waited, limit, error, answers, reported, unasked)
     current().last_failure = failure
     return failure
 
 
 def explain(record: GroupRecord, entry: int, op: str, waited: float, limit: Deadline | None,
             error: BaseException | None, answers: dict[int, dict[str, Any] | None],
-            reported: dict[str, Any] | None = None) -> CollectiveError:
+            reported: dict[str, Any] | None = None, unasked: str = "") -> CollectiveError:
     """The error for the group's failed operation number ``entry`` (``op``), which waited
     ``waited`` seconds: a :class:`CollectiveTimeout` when it passed ``limit`` (or gloo says it
     timed out), else a :class:`PeerFailed`. It names the peers that had not arrived, from their
     ``answers`` to this rank's probe (peer -> its progress, None: no answer; empty: the peers
     could not be asked). ``error``: gloo's; ``reported``: the notice that told this rank of the
-    failure (a peer's, or the supervisor's)."""
+    failure (a peer's, or the supervisor's); ``unasked``: why the peers could not be asked,
+    said in the error ("": they could, or there was no one to ask)."""
     seq = _ledger.seq_of(entry, record.is_world)
     missing, states = [], {}
     for peer in record.peers if answers else []:
@@ -89,6 +92,8 @@ def explain(record: GroupRecord, entry: int, op: str, waited: float, limit: Dead
     else:
         first = text.splitlines()[0] if text else "the supervisor reported a failed peer"
         kind, cause = PeerFailed, f"failed because a peer failed ({_short(first)})"
+    if unasked:
+        cause += f" (the peers could not be asked where they were: {unasked})"
     return kind(cause, op=op, seq=seq, group=record.name, rank=record.rank,
                 missing=missing, waited=waited, peers=states)
 

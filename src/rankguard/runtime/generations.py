@@ -27,16 +27,19 @@ import os
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
 from .. import sealed
 from ..deadline import Deadline, check_seconds
-from ..errors import CollectiveTimeout, GroupRetired, UsageError
+from ..errors import CollectiveTimeout, GroupRetired, PeerFailed, UsageError
 from . import barrier, groups
 from .probe import clone_client
 from .state import WORLD, current
+from .store_calls import StoreStalled, within
 
 DEFAULT_TIMEOUT_S = 10.0
+_STORE_ALLOWANCE_S = 0.5  # a barrier's last reads, after the deadline, of who arrived
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,24 @@ def store_client(limit: Deadline) -> Any:
     return state.lineage_client
 
 
+def with_store_client(limit: Deadline, what: str, calls: Callable[[Any], T]) -> T:
+    """``calls(client)`` on this process's :func:`store_client`, bounded by ``limit`` plus
+    ``_STORE_ALLOWANCE_S`` (for reads of who arrived once ``limit`` passed) whatever state the
+    store is in (see ``runtime.store_calls``).
+
+    Raises:
+        StoreStalled: the store did not answer in time; the connection is dropped (the next
+            call makes a new one).
+        RuntimeError: torch's, when the store failed (its server is gone).
+    """
+    try:
+        return within(limit.later(_STORE_ALLOWANCE_S), what,
+                      lambda: calls(store_client(limit)))
+    except StoreStalled:
+        current().lineage_client = None  # stuck in a call: never used again
+        raise
+
+
 def next_number() -> int:
     """The number the next ``regroup()`` will give its generation."""
     return current().generation + 1
@@ -92,7 +113,8 @@ def regroup(*, timeout: float = DEFAULT_TIMEOUT_S, exclude: Iterable[int] | None
     """Form the next generation of the default process group from the surviving ranks.
 
     Every surviving rank calls it (typically after catching a ``rankguard.CollectiveError``).
-    Returns within ``timeout`` plus the time gloo takes to connect the members.
+    Returns within ``timeout`` (plus half a second for the last reads of who joined) plus the
+    time gloo takes to connect the members.
 
     Args:
         timeout: seconds to wait for every member to join.
@@ -103,9 +125,11 @@ def regroup(*, timeout: float = DEFAULT_TIMEOUT_S, exclude: Iterable[int] | None
     Raises:
         UsageError: no process group exists, or ``timeout`` is not a positive number.
         GroupRetired: this rank was left out of the new generation by its peers.
-        CollectiveTimeout: a member did not join within ``timeout``, or no authentic
+        CollectiveTimeout: a member did not join within ``timeout``, no authentic
             membership could be agreed in the store within it (another process kept writing a
-            forged one).
+            forged one), or the store's server did not answer (stopped or frozen: under
+            ``mp.spawn`` it lives in rank 0).
+        PeerFailed: the store's server is gone (under ``mp.spawn``, rank 0 exited).
     """
     limit = Deadline.after(check_seconds("rankguard.regroup(timeout)", timeout))
     return form_next(limit, exclude)
@@ -126,19 +150,28 @@ def form_next(limit: Deadline, exclude: Iterable[int] | None = None) -> Generati
     pg_timeout = state.pg_timeout or c10d.default_pg_timeout
     failed = set(exclude) if exclude is not None else _known_failed() | _silent(rank, size)
     prefix = f"rankguard/gen{number}/"
-    client = store_client(limit)
-    members = _agree(client, f"{prefix}members", sorted(set(range(size)) - failed), limit)
+    proposal = sorted(set(range(size)) - failed)
+    try:
+        members, joined = with_store_client(
+            limit, "regroup's store calls",
+            lambda client: _agree_and_join(client, prefix, proposal, rank, limit))
+    except RuntimeError as error:  # the store died (torch's error) or stalled (StoreStalled)
+        groups.retire_all(f"generation {number} did not form")
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        kind = CollectiveTimeout if isinstance(error, StoreStalled) else PeerFailed
+        raise kind(f"did not form: the job's store is unreachable ({first})", op="regroup",
+                   seq=number, group=WORLD, rank=rank, missing=[],
+                   waited=time.monotonic() - started) from error
     if members is None:
         groups.retire_all(f"generation {number} did not form")
         raise CollectiveTimeout("did not form: no authentic membership could be agreed in the "
                                 "store (another process keeps writing to it)", op="regroup",
                                 seq=number, group=WORLD, rank=rank, missing=[],
                                 waited=time.monotonic() - started)
-    if rank not in members:
+    if joined is None:
         groups.retire_all(f"left out of generation {number}")
         raise GroupRetired(WORLD, f"this rank was left out of generation {number} "
                                   f"(members: {members})")
-    joined = barrier.meet(client, f"{prefix}joined", members.index(rank), len(members), limit)
     if not joined.complete:
         groups.retire_all(f"generation {number} did not form")
         raise CollectiveTimeout("did not form: members failed to join", op="regroup",
@@ -174,6 +207,17 @@ def _silent(rank: int, size: int) -> set[int]:
         return set()
     answers = asker.ask(WORLD, [r for r in range(size) if r != rank])
     return {peer for peer, answer in answers.items() if answer is None}
+
+
+def _agree_and_join(client: Any, prefix: str, proposal: list[int], rank: int, limit: Deadline
+                    ) -> tuple[list[int] | None, barrier.Meeting | None]:
+    """The agreed members of the generation under ``prefix`` (None: none agreed by ``limit``)
+    and, if this rank is one of them, who joined by ``limit`` (None: left out)."""
+    members = _agree(client, f"{prefix}members", proposal, limit)
+    if members is None or rank not in members:
+        return members, None
+    return members, barrier.meet(client, f"{prefix}joined", members.index(rank), len(members),
+                                 limit)
 
 
 def _agree(client: Any, key: str, proposal: list[int], limit: Deadline) -> list[int] | None:

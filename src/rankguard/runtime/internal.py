@@ -83,10 +83,15 @@ def meet(name: str, limit: Deadline, payload: str = "arrived") -> barrier.Meetin
     meeting), bringing ``payload``; see ``runtime.barrier``. The default group must exist; it
     may be retired (the barrier lives in the store, not in the group).
 
+    Returns by ``limit`` plus half a second, whatever state the store is in.
+
     Raises:
-        RuntimeError: torch's, when the store fails.
+        RuntimeError: torch's, when the store fails; ``StoreStalled`` (a RuntimeError) when
+            it does not answer in time.
     """
     import torch.distributed as dist
 
-    client = generations.store_client(limit)
-    return barrier.meet(client, name, dist.get_rank(), dist.get_world_size(), limit, payload)
+    rank, size = dist.get_rank(), dist.get_world_size()
+    return generations.with_store_client(
+        limit, f"the barrier {name}",
+        lambda client: barrier.meet(client, name, rank, size, limit, payload))

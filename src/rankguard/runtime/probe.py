@@ -10,7 +10,9 @@ a rank whose main thread is frozen answers that it is behind, and a stopped, dea
 rank does not answer at all.
 
 The asking rank pushes a request to each peer's queue and waits in the store for the answers
-for at most ``ANSWER_WINDOW_S``; no call here waits longer than that. A request may carry a
+for at most ``ANSWER_WINDOW_S``. The whole ask runs through ``runtime.store_calls``: it returns
+within the window plus ``PUSH_ALLOWANCE_S`` even when the store's server is stopped or frozen
+(the stalled connection is then dropped, and the next ask makes a new one). A request may carry a
 **notice** that the group failed: the responder then retires the group locally, which wakes a
 main thread waiting in a collective that will never complete because the failure was elsewhere
 (in a ring, only the neighbours of a dead rank see its connection close).
@@ -31,8 +33,10 @@ from typing import Any, Callable
 
 from .. import sealed
 from ..deadline import Deadline
+from .store_calls import StoreStalled, within
 
 ANSWER_WINDOW_S = 0.5
+PUSH_ALLOWANCE_S = 0.5  # an ask's store calls besides its wait for answers: pushes, reads
 _IDLE_WAIT = timedelta(hours=1)  # a responder's wait for the next request; then it waits again
 _ASK_TIMEOUT = timedelta(seconds=2)
 
@@ -151,52 +155,84 @@ class Asker:
     ``generation``: the one whose peers it asks."""
 
     def __init__(self, store: Any) -> None:
+        self._store = store
         self._client = clone_client(store, _ASK_TIMEOUT)
+        self._cloneable = self._client is not None
         self.generation = 0
+        self.last_problem = ""  # why the last ask could not reach the peers ("": it could)
 
     @property
     def available(self) -> bool:
-        return self._client is not None
+        return self._cloneable
 
     def ask(self, group: str, peers: list[int], notice: dict[str, Any] | None = None,
             window: float = ANSWER_WINDOW_S) -> dict[int, dict[str, Any] | None]:
         """Each peer's answer about ``group`` (None: no answer within ``window`` seconds);
-        with ``notice``, also tell them that the group failed.
+        with ``notice``, also tell them that the group failed. Returns within ``window`` +
+        ``PUSH_ALLOWANCE_S``, whatever state the store is in.
 
         Returns an empty dict when the peers cannot be asked (no cloneable store, or its server
-        is unreachable).
+        is unreachable or stalled: ``last_problem`` then says which).
         """
-        if self._client is None or not peers:
-            return {}
-        request = f"{os.getpid()}-{next(_request_ids)}"
-        body = json.dumps({"id": request, "group": group, "notice": notice})
-        try:
-            for peer in peers:
-                queue = _queue(peer, self.generation)
-                self._client.queue_push(queue, sealed.seal(queue, body))
-        except Exception:  # noqa: BLE001 (the store's server is dead or frozen)
+        self.last_problem = ""
+        if not self._cloneable or not peers:
             return {}
         answers: dict[int, dict[str, Any] | None] = {peer: None for peer in peers}
+        client = self._client
+        pushed = threading.Event()
+
+        def ask() -> None:
+            nonlocal client
+            if client is None:  # the last one stalled: a new connection
+                client = clone_client(self._store, _ASK_TIMEOUT)
+            if client is not None:
+                self._ask(client, group, peers, notice, window, answers, pushed)
+
+        try:
+            within(Deadline.after(window + PUSH_ALLOWANCE_S), "asking the peers", ask)
+        except StoreStalled:
+            self._client = None  # stuck in a call: never used again
+            self.last_problem = ("the job's store did not answer (its server, often in rank 0's "
+                                 "process, is stopped, frozen or overloaded)")
+            return {}
+        except Exception as error:  # noqa: BLE001 (the store's server is dead)
+            if not pushed.is_set():
+                self.last_problem = f"the job's store failed ({_first_line(error)})"
+                return {}
+        self._client = client
+        return answers
+
+    def _ask(self, client: Any, group: str, peers: list[int], notice: dict[str, Any] | None,
+             window: float, answers: dict[int, dict[str, Any] | None],
+             pushed: threading.Event) -> None:
+        """Push the request to every peer, then fill ``answers`` as they come, until every peer
+        answered or ``window`` seconds passed. ``pushed`` is set once every request is out."""
+        request = f"{os.getpid()}-{next(_request_ids)}"
+        body = json.dumps({"id": request, "group": group, "notice": notice})
+        for peer in peers:
+            queue = _queue(peer, self.generation)
+            client.queue_push(queue, sealed.seal(queue, body))
+        pushed.set()
         waiting = {peer: _answer_key(request, peer) for peer in peers}
         deadline = Deadline.after(window)
-        client = self._client
-        try:
-            while waiting:
-                try:  # returns once every awaited answer is in, or raises at the deadline
-                    client.wait(list(waiting.values()), timedelta(seconds=deadline.left(0.001)))
-                except Exception:  # noqa: BLE001 (timed out: take the answers that came)
-                    pass
-                for peer, key in list(waiting.items()):
-                    if not client.check([key]):
-                        continue
-                    text = sealed.unseal(key, client.get(key))
-                    if text is None:  # forged: make room for the peer's own answer
-                        client.delete_key(key)
-                        continue
-                    answers[peer] = json.loads(text)
-                    del waiting[peer]
-                if deadline.passed():
-                    break
-        except Exception:  # noqa: BLE001 (the store went away while waiting)
-            pass
-        return answers
+        while waiting:
+            try:  # returns once every awaited answer is in, or raises at the deadline
+                client.wait(list(waiting.values()), timedelta(seconds=deadline.left(0.001)))
+            except Exception:  # noqa: BLE001 (timed out: take the answers that came)
+                pass
+            for peer, key in list(waiting.items()):
+                if not client.check([key]):
+                    continue
+                text = sealed.unseal(key, client.get(key))
+                if text is None:  # forged: make room for the peer's own answer
+                    client.delete_key(key)
+                    continue
+                answers[peer] = json.loads(text)
+                del waiting[peer]
+            if deadline.passed():
+                break
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error)
+    return text.splitlines()[0] if text else type(error).__name__

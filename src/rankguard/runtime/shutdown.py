@@ -12,8 +12,10 @@ the run's secret), which names the ranks that never arrived, on every rank that 
   exit or start over. A line names the missing ranks; ``strict=True`` raises instead of
   returning.
 
-Bound: the deadline, plus at most ``_DESTROY_ALLOWANCE_S`` for the destroy or abort itself (a
-store that froze costs one more store operation, ``barrier.STORE_OP_MIN_S``).
+Bound: the deadline, plus half a second for the barrier's last reads of who arrived
+(``generations.with_store_client``), plus ``_DESTROY_ALLOWANCE_S`` for the destroy or abort
+itself. The barrier's store calls run through ``runtime.store_calls``, so a store whose server is stopped or frozen (rank 0's, under
+``mp.spawn``) is abandoned at that bound instead of blocking for its own timeout.
 """
 
 from __future__ import annotations
@@ -22,18 +24,15 @@ import itertools
 import os
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import Any
 
 from .. import ledger as _ledger
 from ..deadline import Deadline, check_seconds
 from ..errors import TeardownTimeout
-from . import barrier, eviction, groups
-from .probe import clone_client
+from . import barrier, eviction, generations, groups
 from .state import current
 
 DEFAULT_TIMEOUT_S = 10.0
-_DESTROY_ALLOWANCE_S = 1.0
+_DESTROY_ALLOWANCE_S = 0.5
 _calls = itertools.count()
 
 
@@ -79,7 +78,6 @@ def shut_down(limit: Deadline, *, strict: bool = False) -> ShutdownReport:
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return ShutdownReport(True)
-    from torch.distributed import distributed_c10d as c10d
 
     started = time.monotonic()
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -87,7 +85,7 @@ def shut_down(limit: Deadline, *, strict: bool = False) -> ShutdownReport:
     world = ledger.world() if ledger is not None else None
     if world is not None:
         world.enter(_ledger.OP_CODES["shutdown"])  # the barrier is a wait the supervisor sees
-    missing, detail = _barrier(c10d._get_default_store(), rank, size, limit)
+    missing, detail = _barrier(rank, size, limit)
     if world is not None and not missing and not detail:
         world.done()
     waited = time.monotonic() - started
@@ -104,13 +102,14 @@ def shut_down(limit: Deadline, *, strict: bool = False) -> ShutdownReport:
     return report
 
 
-def _barrier(store: Any, rank: int, size: int, limit: Deadline) -> tuple[list[int], str]:
-    """Missing ranks, and a reason when they cannot be known (the store is gone)."""
+def _barrier(rank: int, size: int, limit: Deadline) -> tuple[list[int], str]:
+    """Missing ranks, and a reason when they cannot be known (the store is gone or stalled).
+    Returns by ``limit`` + half a second, whatever state the store is in."""
     name = f"rankguard/shutdown/g{current().generation}/{next(_calls)}"
     try:
-        timeout = timedelta(seconds=limit.left(at_least=barrier.STORE_OP_MIN_S))
-        client = clone_client(store, timeout) or store
-        return barrier.meet(client, name, rank, size, limit).missing, ""
+        return generations.with_store_client(
+            limit, "the shutdown barrier",
+            lambda client: barrier.meet(client, name, rank, size, limit).missing), ""
     except Exception as error:  # noqa: BLE001 (the store's server died or froze)
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         return [], f"the store is unreachable: {first}"

@@ -1,0 +1,68 @@
+"""Store calls bounded by a deadline, against a real TCPStore whose server is stopped by SIGSTOP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from typing import Iterator
+
+import pytest
+from torch.distributed import TCPStore
+
+from rankguard.deadline import Deadline
+from rankguard.runtime import store_calls
+from rankguard.runtime.store_calls import StoreStalled, within
+
+from .ranks import free_port
+
+SERVER = ("import sys, time; from torch.distributed import TCPStore; "
+          "s = TCPStore('127.0.0.1', int(sys.argv[1]), is_master=True, wait_for_workers=False); "
+          "print('up', flush=True); time.sleep(120)")
+
+
+@pytest.fixture
+def stopped_store() -> Iterator[TCPStore]:
+    """A client of a store whose server process is stopped (SIGSTOP) once the client is in."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-c", SERVER, str(port)], stdout=subprocess.PIPE,
+                              text=True, start_new_session=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline() == "up\n"
+        client = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
+        client.set("key", "value")
+        os.kill(server.pid, signal.SIGSTOP)
+        yield client
+    finally:
+        server.kill()
+        server.wait(10)
+
+
+def test_a_call_that_returns_in_time_gives_its_value_and_its_errors_as_they_are() -> None:
+    assert within(Deadline.after(5), "adding", lambda: 1 + 1) == 2
+    with pytest.raises(KeyError):
+        within(Deadline.after(5), "reading", lambda: {}["missing"])
+
+
+def test_a_call_on_a_stopped_server_is_abandoned_at_the_deadline(stopped_store: TCPStore
+                                                                 ) -> None:
+    started = time.monotonic()
+    with pytest.raises(StoreStalled, match="checking: the store did not answer"):
+        within(Deadline.after(0.5), "checking", lambda: stopped_store.check(["key"]))
+    took = time.monotonic() - started
+    assert 0.5 <= took < 0.5 + 1.0, took  # the deadline, plus a thread's start under load
+    assert store_calls.abandoned() >= 1
+
+
+def test_past_the_cap_of_abandoned_calls_a_call_is_refused_at_once(
+        stopped_store: TCPStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_calls, "MAX_ABANDONED", store_calls.abandoned() + 1)
+    with pytest.raises(StoreStalled):
+        within(Deadline.after(0.2), "checking", lambda: stopped_store.check(["key"]))
+    started = time.monotonic()
+    with pytest.raises(StoreStalled, match="not tried"):
+        within(Deadline.after(5), "checking", lambda: stopped_store.check(["key"]))
+    assert time.monotonic() - started < 0.5
