@@ -151,6 +151,16 @@ def departure(state: RankState) -> float | None:
     return None
 
 
+def ended_at(state: RankState) -> float | None:
+    """When the rank ended by itself: the time its script ended or its exception reached the
+    top (from its ledger: its process may take longer to exit), else the time its exit was
+    seen; None while it runs."""
+    progress = state.progress
+    if progress is not None and progress.fault in (_ledger.FAULT_EXITING, _ledger.FAULT_RAISED):
+        return progress.t_fault
+    return state.exited_at
+
+
 def early_exit(state: RankState, states: list[RankState], now: float,
                hang_timeout: float) -> Fault | None:
     """The fault of a rank that left with code 0 before an operation its peers went on to:
@@ -221,9 +231,10 @@ def classify(states: list[RankState], root: Fault | None, hang: Verdict | None,
     """The outcome of every rank of a finished attempt, from each rank's last state.
 
     Blamed for the hang: ``hung``; the root cause: its kind; SIGKILLed after the grace:
-    ``teardown_timeout``; exited once the teardown began (at ``teardown_at``), or failed
-    inside a collective after the root cause: ``victim``; otherwise its own fault's kind, or
-    ``ok``. A rank that was leaving with an exit code when it was stopped reports that code
+    ``teardown_timeout``; ended once the teardown began (at ``teardown_at``; see
+    ``ended_at``), or failed inside a collective after the root cause: ``victim``; otherwise
+    its own fault's kind, or ``ok`` (a rank whose script ended with code 0 before the teardown
+    is ``ok``, though its process was still exiting when the teardown began). A rank that was leaving with an exit code when it was stopped reports that code
     (its script's), whatever the teardown did. Pure: reads nothing but its arguments.
     """
     blamed = set(hang.blamed) if hang and hang.hung else set()
@@ -241,7 +252,7 @@ def classify(states: list[RankState], root: Fault | None, hang: Verdict | None,
             outcome = root.kind
         elif state.killed_by_launcher:
             outcome = "teardown_timeout"
-        elif teardown_at is not None and (state.exited_at or 0) >= teardown_at:
+        elif teardown_at is not None and (ended_at(state) or 0) >= teardown_at:
             outcome = "victim"
         elif own is None:
             outcome = "ok"
