@@ -151,16 +151,6 @@ def departure(state: RankState) -> float | None:
     return None
 
 
-def ended_at(state: RankState) -> float | None:
-    """When the rank ended by itself: the time its script ended or its exception reached the
-    top (from its ledger: its process may take longer to exit), else the time its exit was
-    seen; None while it runs."""
-    progress = state.progress
-    if progress is not None and progress.fault in (_ledger.FAULT_EXITING, _ledger.FAULT_RAISED):
-        return progress.t_fault
-    return state.exited_at
-
-
 def early_exit(state: RankState, states: list[RankState], now: float,
                hang_timeout: float) -> Fault | None:
     """The fault of a rank that left with code 0 before an operation its peers went on to:
@@ -231,11 +221,14 @@ def classify(states: list[RankState], root: Fault | None, hang: Verdict | None,
     """The outcome of every rank of a finished attempt, from each rank's last state.
 
     Blamed for the hang: ``hung``; the root cause: its kind; SIGKILLed after the grace:
-    ``teardown_timeout``; ended once the teardown began (at ``teardown_at``; see
-    ``ended_at``), or failed inside a collective after the root cause: ``victim``; otherwise
-    its own fault's kind, or ``ok`` (a rank whose script ended with code 0 before the teardown
-    is ``ok``, though its process was still exiting when the teardown began). A rank that was leaving with an exit code when it was stopped reports that code
-    (its script's), whatever the teardown did. Pure: reads nothing but its arguments.
+    ``teardown_timeout``; exited once the teardown began (at ``teardown_at``), or failed
+    inside a collective after the root cause: ``victim``; otherwise its own fault's kind, or
+    ``ok``. A rank whose script ended with code 0 before the teardown is ``ok``, though its
+    process was still exiting when the teardown began (its ``departure``); one that failed
+    by itself after the root cause (the launcher's notice to the survivors may be the cause)
+    and exited once the teardown began is a ``victim``. A rank that was leaving with an exit
+    code when it was stopped reports that code (its script's), whatever the teardown did.
+    Pure: reads nothing but its arguments.
     """
     blamed = set(hang.blamed) if hang and hang.hung else set()
     results = []
@@ -252,7 +245,7 @@ def classify(states: list[RankState], root: Fault | None, hang: Verdict | None,
             outcome = root.kind
         elif state.killed_by_launcher:
             outcome = "teardown_timeout"
-        elif teardown_at is not None and (ended_at(state) or 0) >= teardown_at:
+        elif teardown_at is not None and _left_at(state) >= teardown_at:
             outcome = "victim"
         elif own is None:
             outcome = "ok"
@@ -263,6 +256,13 @@ def classify(states: list[RankState], root: Fault | None, hang: Verdict | None,
         detail = exit_detail(code) if code is not None else "still running"
         results.append(RankOutcome(state.rank, state.pid, outcome, exit_code, sig, detail))
     return results
+
+
+def _left_at(state: RankState) -> float:
+    """When the rank left: its clean ``departure`` (the end of its script, from its ledger),
+    else when its exit was seen; 0 while it runs."""
+    left = departure(state)
+    return left if left is not None else state.exited_at or 0.0
 
 
 def run_status(fault: Fault | None, launcher_signal: int | None) -> tuple[str, int]:
