@@ -6,6 +6,8 @@ table-tested in test_monitor_rules.py and test_outcome_rules.py; these runs prov
 ranks, signals, /proc and ledgers.
 """
 
+import os
+
 import pytest
 
 from rankguard.launcher.config import DEFAULT_GRACE
@@ -148,3 +150,14 @@ def test_bounded_ranks_get_the_launchers_notice_and_raise_peer_failed_before_any
     assert ("term", [1]) in steps  # only the hung rank needed a signal
     assert "PeerFailed: rank 0: all_reduce #5" in run.stderr
     assert "the supervisor reported that rank 1 hung" in run.stderr
+
+
+def test_a_rank_that_finished_before_a_peer_failed_is_ok_though_it_exits_after_the_teardown(
+        run_rankguard, tmp_path):
+    fifo = tmp_path / "done.fifo"
+    os.mkfifo(fifo)
+    run = run_rankguard(["--nproc-per-node", "2", script("done_then_peer_fails.py"), str(fifo)])
+    assert run.code == 1, run.stderr[-3000:]
+    assert run.event("run_end")["root_cause"] == "rank 1 exited with code 3"
+    assert run.outcomes() == {0: "ok", 1: "exited"}  # rank 0 was labelled victim
+    assert "[rank1]:rank 0 said 'done'" in run.stdout

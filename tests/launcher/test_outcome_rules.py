@@ -208,6 +208,29 @@ CLASSIFY = {
     "a rank that finished cleanly before the fault is ok": OutcomeCase(
         [_clean(0, 0.5), RankState(1, ledger(world(5)), 3, 1.0)], ROOT_1, None, TEARDOWN,
         {0: OK0, 1: ("exited", 3, None, "exited with code 3")}),
+    # it printed "done" and its script returned; its process was still exiting (flushing,
+    # atexit) when a peer's crash made the launcher stop the ranks
+    "a rank whose script ended with 0 before the teardown is ok, though it exited later":
+        OutcomeCase([RankState(0, leaving(5, 1.5, 0), 0, TEARDOWN + 0.2),
+                     RankState(1, ledger(world(5)), 3, 1.0)], ROOT_1, None, TEARDOWN,
+                    {0: OK0, 1: ("exited", 3, None, "exited with code 3")}),
+    "a rank whose script ended with 0 only once the teardown began is a victim": OutcomeCase(
+        [RankState(0, leaving(5, TEARDOWN + 0.1, 0), 0, TEARDOWN + 0.2),
+         RankState(1, ledger(world(5)), 3, 1.0)], ROOT_1, None, TEARDOWN,
+        {0: VICTIM0, 1: ("exited", 3, None, "exited with code 3")}),
+    # the launcher's notice to the survivors comes before the teardown: a failure after the
+    # root cause may be its effect (PeerFailed caught, then sys.exit(2))
+    "a rank that failed by itself after the root cause and exited after the teardown is a "
+    "victim": OutcomeCase(
+        [RankState(0, leaving(5, 1.5, 2), 2, TEARDOWN + 0.2),
+         RankState(1, ledger(world(5)), 3, 1.0)], ROOT_1, None, TEARDOWN,
+        {0: ("victim", 2, None, "exited with code 2"), 1: ("exited", 3, None,
+                                                           "exited with code 3")}),
+    "a rank that tore itself down on the teardown's SIGTERM after its script ended is a victim":
+        OutcomeCase([RankState(0, ledger(world(5), fault=L.FAULT_TERMINATED,
+                                         t_fault=TEARDOWN + 0.1), 0, TEARDOWN + 0.2),
+                     RankState(1, ledger(world(5)), 3, 1.0)], ROOT_1, None, TEARDOWN,
+                    {0: VICTIM0, 1: ("exited", 3, None, "exited with code 3")}),
     "the launcher was signalled: every rank it stopped is a victim": OutcomeCase(
         [_torn_down(0), _torn_down(1)], Fault("launcher_signal", TEARDOWN, None, "..."), None,
         TEARDOWN, {0: VICTIM0, 1: VICTIM0}),

@@ -7,6 +7,7 @@ the rank logs keep every byte.
 
 from __future__ import annotations
 
+import collections
 import os
 import select
 import signal
@@ -17,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from rankguard import proctree
+from rankguard.deadline import Deadline
+from rankguard.launcher.terminal import LIMIT, Output
 from tests.conftest import Run, launch, script
 from tests.launcher.budgets import hang_waited_s
 
@@ -122,6 +125,35 @@ def test_launcher_messages_to_a_closed_stderr_neither_crash_nor_change_the_outco
     end = run.event("run_end")
     assert end["root_cause"] == "rank 1 exited with code 3"
     assert end["dropped_output"]["stderr"] > 0
+
+
+def test_output_to_a_file_keeps_every_byte_however_fast_it_comes(tmp_path):
+    # a file has no reader to fall behind: a buffer only dropped what the writer thread lagged
+    path, line, lines = tmp_path / "out.txt", b"y" * 999 + b"\n", 64 * LIMIT // 1000
+    with open(path, "wb") as file:
+        output = Output(file.fileno(), "stdout")
+        for _ in range(lines):  # as fast as a loop appends: 64 times the buffer
+            output.write(line)
+        assert output.flush(Deadline.after(60))
+    assert (output.dropped, output.undelivered) == (0, 0)
+    assert path.stat().st_size == lines * len(line)
+
+
+@pytest.mark.slow
+def test_a_flood_of_rank_output_redirected_to_a_file_is_all_there(tmp_path):
+    # `rankguard run ... > out.txt`: 2 ranks x 100 MB, as fast as they can print
+    log_dir, out, err = tmp_path / "logs", tmp_path / "out.txt", tmp_path / "err.txt"
+    megabytes = 100
+    with open(out, "w") as out_file, open(err, "w") as err_file:
+        proc = launch(["--nproc-per-node", "2", script("flood.py"), str(megabytes)], log_dir,
+                      stdout=out_file, stderr=err_file)
+        run = _wait(proc, log_dir, 120, err)
+    assert run.code == 0, run.stderr[-3000:]
+    assert run.event("run_end")["dropped_output"] == {"stdout": 0, "stderr": 0}
+    assert "dropped" not in run.stderr
+    with open(out, "rb") as text:
+        counts = collections.Counter(line.partition(b":")[0] for line in text)
+    assert counts == {b"[rank0]": megabytes * 1000 + 1, b"[rank1]": megabytes * 1000 + 1}
 
 
 def _cpu_seconds(args: list[str], log_dir: Path, timeout: float) -> float:

@@ -232,17 +232,67 @@ def test_short():
     assert session.result("test_good_after") == "passed"
 
 
-def test_bad_deadline_values_are_refused_with_a_clear_message(tmp_path: Path) -> None:
-    session = run_suite(tmp_path, {"test_x.py": GOOD}, ["--rankguard-deadline", "soon"],
-                        timeout=60)
-    assert session.code == 4  # pytest's usage error
-    assert "--rankguard-deadline: expected a number of seconds, got 'soon'" in session.output
+BAD_MARKERS = {  # test name: (marker, what the one-line error says)
+    "test_text": ('deadline("1")', "@pytest.mark.deadline: expected a number of seconds, "
+                  "got '1'"),
+    "test_negative": ("deadline(-1)", "@pytest.mark.deadline: -1 is below 0"),
+    "test_bool": ("deadline(True)", "@pytest.mark.deadline: expected a number of seconds, "
+                  "got True"),
+    "test_nan": ('deadline(float("nan"))', "@pytest.mark.deadline: nan is not a number"),
+    "test_infinite": ('deadline(float("inf"))', "@pytest.mark.deadline: inf is not a finite"),
+    "test_two_values": ("deadline(1, 2)", "@pytest.mark.deadline: takes one value, got (1, 2)"),
+    "test_misspelt": ("deadline(second=5)", "@pytest.mark.deadline: takes one value, "
+                      "got (second=5)"),
+    "test_ranks_text": ('ranks("2")', "@pytest.mark.ranks: needs a number of ranks from 1 to "
+                        "64, got '2'"),
+}
 
+
+def test_a_bad_marker_is_one_error_of_its_test_naming_the_marker_and_the_fix(
+        tmp_path: Path) -> None:
+    body = "import pytest\n" + "".join(
+        f"\n@pytest.mark.{marker}\ndef {name}():\n    pass\n"
+        for name, (marker, _) in BAD_MARKERS.items()) + '''
+@pytest.mark.deadline(seconds=30)
+def test_keyword():
+    pass
+''' + GOOD
+    session = run_suite(tmp_path, {"test_markers.py": body}, [], timeout=60)
+    for name, (_, problem) in BAD_MARKERS.items():
+        assert session.result(name) == "error", (name, session.output)  # once, in the setup
+        text = session.text(name)
+        assert f"test_markers.py::{name}: {problem}" in text
+        assert ("e.g. @pytest.mark.ranks(2)" if "ranks" in name else
+                "e.g. @pytest.mark.deadline(30); 0 turns it off") in text
+        assert "Traceback" not in text and "plugin.py" not in text, text  # one line, no stack
+    assert f"{len(BAD_MARKERS)} errors" in session.output
+    assert session.result("test_keyword") == session.result("test_good_after") == "passed"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--rankguard-deadline", "soon"], "--rankguard-deadline: 'soon' is not a number"),
     # the rule of every seconds value: a timer cannot wait past 1e9 s (the watchdog's overflowed)
-    session = run_suite(tmp_path, {"test_x.py": GOOD}, ["--rankguard-deadline", "1e10"],
-                        timeout=60)
-    assert session.code == 4
-    assert "--rankguard-deadline: '1e10' is above 1000000000" in session.output
+    (["--rankguard-deadline", "1e10"], "--rankguard-deadline: '1e10' is above 1000000000"),
+    # plain decimal text, as every flag of rankguard takes (0 turns it off, not infinity)
+    (["--rankguard-deadline", "inf"], "--rankguard-deadline: 'inf' is not a finite number"),
+    (["--rankguard-deadline", "\u0661\u0662"],
+     "--rankguard-deadline: '\u0661\u0662' is not a number"),
+    (["-o", "rankguard_deadline=-5"], "rankguard_deadline (ini): '-5' is below 0"),
+    # the end-of-session barrier must wait, and not forever
+    (["-o", "rankguard_shutdown_timeout=0"], "rankguard_shutdown_timeout (ini): '0' is not "
+     "above 0 (give a positive number of seconds, e.g. 60)"),
+    (["-o", "rankguard_shutdown_timeout=inf"], "rankguard_shutdown_timeout (ini): 'inf' is not "
+     "a finite number"),
+    (["-o", "rankguard_leaks=never"], "rankguard_leaks (ini): 'never' is not one of fail, warn, "
+     "ignore"),
+])
+def test_bad_settings_are_refused_with_a_clear_message(tmp_path: Path, args: list[str],
+                                                        message: str) -> None:
+    launched = {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    session = run_suite(tmp_path, {"test_x.py": GOOD}, args, timeout=60,
+                        env=launched if "shutdown" in message else None)  # read under one only
+    assert session.code == 4, session.output  # pytest's usage error, before any test ran
+    assert message in session.output
 
 
 def test_multiprocessing_helpers_shared_by_the_whole_session_are_not_leaks(

@@ -223,8 +223,12 @@ def classify(states: list[RankState], root: Fault | None, hang: Verdict | None,
     Blamed for the hang: ``hung``; the root cause: its kind; SIGKILLed after the grace:
     ``teardown_timeout``; exited once the teardown began (at ``teardown_at``), or failed
     inside a collective after the root cause: ``victim``; otherwise its own fault's kind, or
-    ``ok``. A rank that was leaving with an exit code when it was stopped reports that code
-    (its script's), whatever the teardown did. Pure: reads nothing but its arguments.
+    ``ok``. A rank whose script ended with code 0 before the teardown is ``ok``, though its
+    process was still exiting when the teardown began (its ``departure``); one that failed
+    by itself after the root cause (the launcher's notice to the survivors may be the cause)
+    and exited once the teardown began is a ``victim``. A rank that was leaving with an exit
+    code when it was stopped reports that code (its script's), whatever the teardown did.
+    Pure: reads nothing but its arguments.
     """
     blamed = set(hang.blamed) if hang and hang.hung else set()
     results = []
@@ -241,7 +245,7 @@ def classify(states: list[RankState], root: Fault | None, hang: Verdict | None,
             outcome = root.kind
         elif state.killed_by_launcher:
             outcome = "teardown_timeout"
-        elif teardown_at is not None and (state.exited_at or 0) >= teardown_at:
+        elif teardown_at is not None and _left_at(state) >= teardown_at:
             outcome = "victim"
         elif own is None:
             outcome = "ok"
@@ -252,6 +256,13 @@ def classify(states: list[RankState], root: Fault | None, hang: Verdict | None,
         detail = exit_detail(code) if code is not None else "still running"
         results.append(RankOutcome(state.rank, state.pid, outcome, exit_code, sig, detail))
     return results
+
+
+def _left_at(state: RankState) -> float:
+    """When the rank left: its clean ``departure`` (the end of its script, from its ledger),
+    else when its exit was seen; 0 while it runs."""
+    left = departure(state)
+    return left if left is not None else state.exited_at or 0.0
 
 
 def run_status(fault: Fault | None, launcher_signal: int | None) -> tuple[str, int]:

@@ -16,12 +16,18 @@ bounded buffer:
 The rank logs in the log dir keep everything; the terminal is only a view of them. The writer
 thread may stay blocked in ``write(2)`` on a reader that never reads; it is a daemon thread and
 holds no lock while blocked, so the launcher still exits on time.
+
+A stream redirected to a regular file (``rankguard run ... > out.txt``) or to ``/dev/null`` has
+no reader to wait for: it is written at once, in ``write``, as the rank logs are, and nothing is
+dropped unless a write fails (a full disk: then the stream is closed as above). A buffer there
+would only drop output when the writer thread lagged the ranks, not because of any reader.
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import stat
 import threading
 
 from ..deadline import Deadline
@@ -42,17 +48,25 @@ class Output:
         self._queued = 0  # bytes in _chunks plus the chunk being written
         self._cond = threading.Condition(threading.Lock())
         self._thread: threading.Thread | None = None
+        self.direct = _never_blocks(fd)  # written in ``write``, no buffer, no thread
 
     def write(self, data: bytes) -> None:
-        """Queue ``data`` for the reader, or drop it (counted) if the reader is behind or gone.
+        """Queue ``data`` for the reader, or drop it (counted) if the reader is behind or gone;
+        to a file, write it now (dropped only if the write fails).
 
-        Never blocks on the reader; safe from any thread, not from a signal handler.
+        Never blocks on a reader; safe from any thread, not from a signal handler.
         """
         if not data:
             return
         with self._cond:
-            if self.closed or self._queued + len(data) > self.limit:
+            if self.closed or (not self.direct and self._queued + len(data) > self.limit):
                 self.dropped += len(data)
+                return
+            if self.direct:  # under the lock: lines of several threads do not interleave
+                unwritten = _write_all(self.fd, data)
+                if unwritten:
+                    self.closed = True
+                    self.dropped += unwritten
                 return
             self._chunks.append(data)
             self._queued += len(data)
@@ -84,14 +98,11 @@ class Output:
                 while not self._chunks:
                     self._cond.wait()
                 chunk = self._chunks.popleft()
-            view = memoryview(chunk)
-            try:
-                while view:
-                    view = view[os.write(self.fd, view):]
-            except OSError:  # EPIPE: the reader closed its end; EBADF: no such output
+            unwritten = _write_all(self.fd, chunk)
+            if unwritten:
                 with self._cond:
                     self.closed = True
-                    self.dropped += len(view) + sum(map(len, self._chunks))
+                    self.dropped += unwritten + sum(map(len, self._chunks))
                     self._chunks.clear()
                     self._queued = 0
                     self._cond.notify_all()
@@ -99,6 +110,27 @@ class Output:
             with self._cond:
                 self._queued -= len(chunk)
                 self._cond.notify_all()
+
+
+def _write_all(fd: int, data: bytes) -> int:
+    """Write all of ``data`` to ``fd``; the number of bytes left unwritten (0 unless a write
+    failed: EPIPE, the reader closed its end; EBADF, no such output; ENOSPC...)."""
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError:
+        return len(view)
+    return 0
+
+
+def _never_blocks(fd: int) -> bool:
+    """Whether ``fd`` is a regular file or ``/dev/null``: writes there wait for no reader."""
+    try:
+        st = os.fstat(fd)
+        return stat.S_ISREG(st.st_mode) or os.path.samestat(st, os.stat(os.devnull))
+    except OSError:
+        return False
 
 
 class Terminal:
@@ -127,6 +159,11 @@ class Terminal:
         lost = [(o, o.undelivered) for o in (self.out, self.err) if o.undelivered]
         if not lost:
             return None
-        parts = ", ".join(f"{n} bytes of {o.name} (its reader "
-                          f"{'closed it' if o.closed else 'fell behind'})" for o, n in lost)
+        parts = ", ".join(f"{n} bytes of {o.name} ({_why(o)})" for o, n in lost)
         return f"terminal: dropped {parts}; the rank logs have everything"
+
+
+def _why(output: Output) -> str:
+    if output.direct:
+        return "a write to the file it goes to failed"
+    return "its reader closed it" if output.closed else "its reader fell behind"

@@ -44,6 +44,7 @@ import pytest
 from .. import proctree
 from ..deadline import Deadline, check_seconds
 from ..errors import UsageError
+from ..options import number
 from ..runtime import stacks as rank_stacks
 from . import abort, leaks, processes
 from . import session as rank_session
@@ -80,12 +81,64 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_Guard(config), "rankguard-guard")
 
 
-def _seconds(where: str, value: Any, hint: str = "0 turns it off") -> float:
-    """``value`` as seconds by ``check_seconds``'s rule: 0 (off) and infinity allowed."""
+def _setting(where: str, value: Any, hint: str, *, off: bool) -> float:
+    """A number of seconds from the command line or the ini file, by the rule of every flag
+    (``options.number``: plain decimal text, at most ``MAX_SECONDS``; a TOML number is taken as
+    is); 0 only when ``off`` (it turns the thing off)."""
     try:
-        return check_seconds(where, value, zero=True, infinite=True, hint=hint)
+        if isinstance(value, str):
+            seconds = number(where, value.strip(), float, 0, hint)
+        else:
+            seconds = check_seconds(where, value, zero=True, text=False, hint=hint)
+        if seconds == 0 and not off:
+            raise UsageError(where, f"{value!r} is not above 0", hint)
     except UsageError as error:
         raise pytest.UsageError(str(error)) from None
+    return seconds
+
+
+def _marker_value(item: pytest.Item, marker: pytest.Mark, keyword: str, hint: str) -> Any:
+    """The one value a marker takes, positional or as ``keyword``; UsageError otherwise."""
+    given = [*marker.args, *marker.kwargs.values()]
+    if len(given) != 1 or set(marker.kwargs) - {keyword}:
+        spelled = ", ".join([*map(repr, marker.args),
+                             *(f"{k}={v!r}" for k, v in marker.kwargs.items())])
+        raise UsageError(f"{item.nodeid}: @pytest.mark.{marker.name}",
+                         f"takes one value, got ({spelled})", hint)
+    return given[0]
+
+
+def _test_deadline(item: pytest.Item, default: float) -> float:
+    """The test's budget: its ``deadline`` marker's seconds (the rule of ``rankguard.deadline``
+    and ``Pool``: an int or a float, no text; 0 turns it off), else ``default``.
+
+    Raises:
+        UsageError: the marker's value is not such a number.
+    """
+    marker = item.get_closest_marker("deadline")
+    if marker is None:
+        return default
+    hint = "give an int or a float of seconds, e.g. @pytest.mark.deadline(30); 0 turns it off"
+    return check_seconds(f"{item.nodeid}: @pytest.mark.deadline",
+                         _marker_value(item, marker, "seconds", hint),
+                         zero=True, text=False, hint=hint)
+
+
+def _world_size(item: pytest.Item) -> int | None:
+    """The number of ranks of a ``ranks`` test (None: not one).
+
+    Raises:
+        UsageError: the marker's value is not an int from 1 to 64.
+    """
+    marker = item.get_closest_marker("ranks")
+    if marker is None:
+        return None
+    hint = "give an int from 1 to 64, e.g. @pytest.mark.ranks(2)"
+    value = _marker_value(item, marker, "n", hint)
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 64:
+        raise UsageError(f"{item.nodeid}: @pytest.mark.ranks",
+                         f"needs a number of ranks from 1 to 64, got {value!r}", hint)
+    return value
 
 
 class _Guard:
@@ -93,9 +146,10 @@ class _Guard:
 
     def __init__(self, config: pytest.Config) -> None:
         option = config.getoption("rankguard_deadline")
-        self.deadline = (_seconds("--rankguard-deadline", option) if option is not None
-                         else _seconds("rankguard_deadline (ini)", config.getini(
-                             "rankguard_deadline")))
+        self.deadline = (_setting("--rankguard-deadline", option, _OFF, off=True)
+                         if option is not None else
+                         _setting("rankguard_deadline (ini)", config.getini("rankguard_deadline"),
+                                  _OFF, off=True))
         self.leaks = config.getoption("rankguard_leaks") or config.getini("rankguard_leaks")
         if self.leaks not in leaks.MODES:
             raise pytest.UsageError(f"rankguard_leaks (ini): {self.leaks!r} is not one of "
@@ -103,11 +157,12 @@ class _Guard:
         self.token = uuid.uuid4().hex[:12]
         self._stacks: Any = None  # the file this process's faulthandler dumps into, if ours
         if rank_session.under_launcher():
+            shutdown_timeout = _setting("rankguard_shutdown_timeout (ini)",
+                                        config.getini("rankguard_shutdown_timeout"),
+                                        "give a positive number of seconds, e.g. 60", off=False)
             rank_session.start()
-            config.pluginmanager.register(rank_session.EveryRank(
-                _seconds("rankguard_shutdown_timeout (ini)",
-                         config.getini("rankguard_shutdown_timeout"), "e.g. 60"), item_deadline),
-                "rankguard-every-rank")
+            config.pluginmanager.register(rank_session.EveryRank(shutdown_timeout, item_deadline),
+                                          "rankguard-every-rank")
         self.tracking = proctree.Tracking(f"pytest-{self.token}")  # see processes
         self.stacks_file = self._answer_stack_requests()
         self._item: pytest.Item | None = None  # the running test
@@ -137,19 +192,18 @@ class _Guard:
 
     # -- one test ----------------------------------------------------------------------------
 
-    def _budget(self, item: pytest.Item) -> float:
-        marker = item.get_closest_marker("deadline")
-        if marker is None:
-            return self.deadline
-        value = marker.args[0] if marker.args else marker.kwargs.get("seconds")
-        return _seconds(f"{item.nodeid}: @pytest.mark.deadline", value)
-
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: Any) -> Generator[None]:
         tag = f"{self.token}/{uuid.uuid4().hex[:8]}"
         item.stash[_TAG] = tag
         item.stash[_KNOWN] = set(self.tracking.processes()) | self.known
         item.stash[_DEADLINE] = None
+        try:  # checked once: a bad marker is one error (see ..._refuses_a_bad_marker)
+            item.stash[_BUDGET] = _test_deadline(item, self.deadline)
+            item.stash[_WORLD] = _world_size(item)
+        except UsageError as error:
+            item.stash[_BUDGET], item.stash[_WORLD] = self.deadline, None
+            item.stash[_BAD_MARKER] = error
         previous = os.environ.get(processes.TAG)
         os.environ[processes.TAG] = tag
         self._item = item
@@ -175,7 +229,7 @@ class _Guard:
         return told
 
     def _phase(self, item: pytest.Item, when: str) -> Phase | None:
-        budget = self._budget(item)
+        budget = item.stash[_BUDGET]
         if budget <= 0:
             return None
         deadline = Deadline.after(budget)
@@ -202,6 +256,14 @@ class _Guard:
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None]:
         return (yield from self._guarded(item, "setup"))
 
+    @pytest.hookimpl(tryfirst=True, specname="pytest_runtest_setup")
+    def pytest_runtest_setup_refuses_a_bad_marker(self, item: pytest.Item) -> None:
+        """A bad marker is the test's one error, in its setup, before its fixtures (inside
+        the other plugins' setup wrappers, whose teardowns expect their setup to have run)."""
+        bad = item.stash.get(_BAD_MARKER, None)
+        if bad is not None:
+            raise bad
+
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None]:
         return (yield from self._guarded(item, "call"))
@@ -223,10 +285,9 @@ class _Guard:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> bool | None:
-        marker = pyfuncitem.get_closest_marker("ranks")
-        if marker is None:
+        world = pyfuncitem.stash[_WORLD]
+        if world is None:
             return None
-        world = _world_size(pyfuncitem, marker)
         names = pyfuncitem._fixtureinfo.argnames
         try:
             args = pickle.dumps({name: pyfuncitem.funcargs[name] for name in names})
@@ -270,8 +331,10 @@ class _Guard:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: Any) -> Generator[None]:
         report = yield
-        if call.excinfo is not None and isinstance(call.excinfo.value, RanksFailed):
-            report.longrepr = str(call.excinfo.value)
+        if call.excinfo is not None and (
+                isinstance(call.excinfo.value, RanksFailed)
+                or call.excinfo.value is item.stash.get(_BAD_MARKER, None)):
+            report.longrepr = str(call.excinfo.value)  # says it all: no traceback of ours
         return report
 
     @pytest.hookimpl(trylast=True)
@@ -321,6 +384,10 @@ class _Guard:
 _TAG = pytest.StashKey[str]()
 _KNOWN = pytest.StashKey[set]()
 _DEADLINE = pytest.StashKey["Deadline | None"]()
+_BUDGET = pytest.StashKey[float]()  # the test's seconds (0: off)
+_WORLD = pytest.StashKey["int | None"]()  # ranks of a ranks test
+_BAD_MARKER = pytest.StashKey[UsageError]()
+_OFF = "give a number of seconds, e.g. 30; 0 turns it off"
 
 
 def item_deadline(item: pytest.Item) -> Deadline | None:
@@ -334,14 +401,6 @@ def _faulthandler_timeout(config: pytest.Config) -> float:
         return float(config.getini("faulthandler_timeout") or 0)
     except (ValueError, TypeError):
         return 0.0
-
-
-def _world_size(item: pytest.Item, marker: pytest.Mark) -> int:
-    value = marker.args[0] if marker.args else marker.kwargs.get("n")
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 64:
-        raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.ranks needs a number of ranks "
-                                f"from 1 to 64, got {value!r}")
-    return value
 
 
 def _qualname(item: pytest.Function) -> str:

@@ -96,7 +96,7 @@ class Watchdog:
         self._cond = threading.Condition()
         self._phase: Phase | None = None
         self._pending: str | None = None  # a report for the main thread's interrupt handler
-        self._ended = threading.Event()
+        self._disarms = 0  # phases ended so far: the expiry of one waits for its own end
         self._previous: Any = None
         self._firing: threading.Event | None = None  # set while an expiry is being handled
         self._thread: threading.Thread | None = None
@@ -113,7 +113,6 @@ class Watchdog:
     def arm(self, phase: Phase) -> None:
         with self._cond:
             self._phase = phase
-            self._ended.clear()
             self._set_backstop(phase.deadline.later(BACKSTOP_S))
             self._cond.notify()
 
@@ -142,14 +141,15 @@ class Watchdog:
     def disarm(self) -> str | None:
         """End the phase; returns the report of an expiry the main thread has not raised yet
         (it returned on its own, e.g. because the release killed the child it waited for)."""
-        firing = self._firing
+        with self._cond:  # read with the phase's hand-over: an expiry taken is seen here
+            firing = self._firing
         if firing is not None:  # the main thread got free while the expiry was under way
             firing.wait(RELEASE_GRACE_S + _DUMPS_BUDGET_S)
         with self._cond:
             self._phase = None
             self._set_backstop(Deadline.never())
             report, self._pending = self._pending, None
-            self._ended.set()
+            self._disarms += 1
             self._cond.notify()
         return report
 
@@ -178,6 +178,7 @@ class Watchdog:
                     deadline = None if self._phase is None else self._phase.deadline
                     self._cond.wait(None if deadline is None else deadline.timeout())
                 phase, self._phase = self._phase, None
+                taken = self._disarms  # the phase ends with the next disarm
                 self._firing = threading.Event()
                 self._set_backstop(Deadline.after(_EXPIRY_S))  # this thread runs: push it
             report = self._expire(phase)
@@ -186,7 +187,9 @@ class Watchdog:
             self._firing.set()
             self._firing = None
             signal.pthread_kill(threading.main_thread().ident, INTERRUPT_SIGNAL)
-            if not self._ended.wait(LAST_RESORT_S):
+            with self._cond:  # not any later phase's end: that one may run long, healthy
+                ended = self._cond.wait_for(lambda: self._disarms != taken, LAST_RESORT_S)
+            if not ended:
                 self._abort(phase, report)
 
     def _expire(self, phase: Phase) -> str:
