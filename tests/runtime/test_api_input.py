@@ -15,7 +15,8 @@ from rankguard.runtime import deadline as deadline_module
 
 
 # 1e10: past ~9.2e9 s gloo's timeout overflowed and a collective failed at once or hung for good
-@pytest.mark.parametrize("seconds", [0, -1, float("nan"), float("inf"), "soon", None, 1e10])
+@pytest.mark.parametrize("seconds", [0, -1, float("nan"), float("inf"), "soon", "1", None, 1e10,
+                                     True])
 def test_deadline_refuses_anything_but_a_positive_number_of_seconds(seconds: object) -> None:
     with pytest.raises(rankguard.UsageError, match=r"rankguard.deadline\(seconds\)"):
         with rankguard.deadline(seconds):  # type: ignore[arg-type]
@@ -67,7 +68,8 @@ import rankguard
 report = rankguard.shutdown(timeout=1)
 print("shutdown", report.clean, report.missing)
 for call in (lambda: rankguard.shutdown(timeout=0), lambda: rankguard.regroup(),
-             lambda: rankguard.init(grace=-2), lambda: rankguard.init(collective_timeout="x")):
+             lambda: rankguard.init(grace=-2), lambda: rankguard.init(collective_timeout="x"),
+             lambda: rankguard.shutdown(timeout="3"), lambda: rankguard.init(grace="2")):
     try:
         call()
     except rankguard.UsageError as error:
@@ -84,3 +86,6 @@ def test_shutdown_without_a_group_is_clean_and_bad_calls_name_their_argument() -
     assert "rankguard.shutdown(timeout)" in lines[1]
     assert "rankguard.regroup(): there is no process group" in lines[2]
     assert lines[3].startswith("usage grace:") and lines[4].startswith("usage collective_timeout:")
+    # seconds given in Python are numbers: text is refused (as Pool and the plugin refuse it)
+    assert lines[5].startswith("usage rankguard.shutdown(timeout):") and "'3'" in lines[5]
+    assert lines[6].startswith("usage grace:") and "'2'" in lines[6]

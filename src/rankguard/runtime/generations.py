@@ -131,7 +131,7 @@ def regroup(*, timeout: float = DEFAULT_TIMEOUT_S, exclude: Iterable[int] | None
             ``mp.spawn`` it lives in rank 0).
         PeerFailed: the store's server is gone (under ``mp.spawn``, rank 0 exited).
     """
-    limit = Deadline.after(check_seconds("rankguard.regroup(timeout)", timeout))
+    limit = Deadline.after(check_seconds("rankguard.regroup(timeout)", timeout, text=False))
     return form_next(limit, exclude)
 
 

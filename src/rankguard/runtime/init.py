@@ -54,7 +54,8 @@ def init(*, grace: float | None = None, collective_timeout: float | None = None,
             from another thread than the main thread, or a default process group that already exists and was not created
             through rankguard (create it after ``init()``).
     """
-    grace = _deadline.check_seconds("grace", grace) if grace is not None else grace_from_env()
+    grace = (_deadline.check_seconds("grace", grace, text=False) if grace is not None
+             else grace_from_env())
     if collective_timeout is None and os.environ.get(COLLECTIVE_TIMEOUT_ENV):
         collective_timeout = _deadline.check_seconds(COLLECTIVE_TIMEOUT_ENV,
                                                      os.environ[COLLECTIVE_TIMEOUT_ENV])

@@ -67,7 +67,7 @@ def shutdown(timeout: float = DEFAULT_TIMEOUT_S, *, strict: bool = False) -> Shu
         UsageError: ``timeout`` is not a positive number.
         TeardownTimeout: with ``strict=True``, when a rank did not arrive.
     """
-    limit = Deadline.after(check_seconds("rankguard.shutdown(timeout)", timeout))
+    limit = Deadline.after(check_seconds("rankguard.shutdown(timeout)", timeout, text=False))
     return shut_down(limit, strict=strict)
 
 
