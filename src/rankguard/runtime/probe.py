@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 from .. import sealed
 from ..deadline import Deadline
+from . import store_calls
 from .store_calls import StoreStalled, within
 
 ANSWER_WINDOW_S = 0.5
@@ -141,14 +142,16 @@ class Responder:
         """Stop answering and wait up to ``timeout`` s for the thread to end.
 
         Called at interpreter exit too: a daemon thread still inside a torch call when the
-        interpreter finalizes is ended by a forced unwind that aborts the process.
+        interpreter finalizes is ended by a forced unwind that aborts the process. Does not
+        wait when a store call was already abandoned (``runtime.store_calls``): the stop
+        cannot reach a thread blocked on a stalled store, and it stays blocked there.
         """
         if self._closed:
             return
         self._closed = True
         if self._thread is not None:
             self._tell_thread({"stop": True})
-            self._thread.join(timeout)
+            self._thread.join(0 if store_calls.abandoned() else timeout)
 
 
 class Asker:
