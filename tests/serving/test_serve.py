@@ -4,6 +4,7 @@ bounded load test with injected faults, and a graceful SIGTERM under load."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import signal
@@ -17,11 +18,14 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from rankguard import journal
+from rankguard.serving.budgets import CUT_CLOSE_S, HTTP_ANSWER_S
+from rankguard.serving.pool import CLOSE_JOIN_S
 
 from ..conftest import ROOT
 
@@ -30,6 +34,8 @@ import serve_tp  # noqa: E402 (the example, for its reference output)
 
 X = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
 START_S = 90.0
+EXIT_S = 5.0  # a loaded machine's time for the server to end once its pool is closed
+SLEEPER = f"{Path(__file__).with_name('serve_apps.py')}:sleeper"
 
 
 @dataclass
@@ -42,10 +48,11 @@ class Reply:
 class Server:
     """A ``rankguard serve`` process; ``stop()`` SIGTERMs it and returns its exit code."""
 
-    def __init__(self, tmp_path: Path, *args: str) -> None:
+    def __init__(self, tmp_path: Path, *args: str, app: str = "examples/serve_tp.py:app"
+                 ) -> None:
         self.journal = tmp_path / "journal.jsonl"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rankguard.cli", "serve", "examples/serve_tp.py:app",
+            [sys.executable, "-m", "rankguard.cli", "serve", app,
              "--port", "0", "--journal", str(self.journal), "--log-dir", str(tmp_path / "logs"),
              *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert self.proc.stdout is not None
@@ -289,3 +296,49 @@ def test_sigterm_under_load_finishes_or_fails_in_flight_requests_and_exits_0(
     assert "rankguard serve: stopped" in server.output
     assert replies and set(replies) <= {200, 500, 503}, replies
     assert 500 in replies  # the hung request got its error, not a hang
+
+
+@contextlib.contextmanager
+def running_signal(path: Path) -> Iterator[Callable[[], None]]:
+    """A Unix socket at ``path`` that ``serve_apps.sleeper``'s rank 0 connects to once a
+    request runs on the ranks; yields a function that waits (bounded) for that."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(path))
+        listener.listen(8)
+        listener.settimeout(START_S)
+        yield lambda: listener.accept()[0].close()
+
+
+@pytest.mark.deadline(180)
+def test_sigterm_with_a_grace_shorter_than_a_request_answers_it_503_json_and_exits_0(
+        tmp_path: Path) -> None:
+    grace = 1.0
+    server = Server(tmp_path, "--grace", str(grace), app=SLEEPER)
+    replies: list[tuple[Reply, float]] = []
+
+    def client() -> None:
+        reply = server.run({"sleep": 60, "notify": str(tmp_path / "running.sock")}, timeout=60)
+        replies.append((reply, time.monotonic()))
+
+    with running_signal(tmp_path / "running.sock") as wait_running:
+        caller = threading.Thread(target=client)
+        caller.start()
+        try:
+            wait_running()
+            started = time.monotonic()
+            code = server.stop(timeout=60)
+            took = time.monotonic() - started
+        finally:
+            server.stop()
+            caller.join(60)
+    assert code == 0, server.output
+    assert "Traceback" not in server.output and "Cancel" not in server.output, server.output
+    assert "rankguard serve: stopped" in server.output
+    (reply, answered), = replies
+    assert reply.status == 503, reply
+    error = reply.body["error"]
+    assert error["type"] == "PoolClosed" and "shutting down" in error["detail"], error
+    assert str(grace) in error["detail"] or f"{grace:g}" in error["detail"], error
+    assert grace <= answered - started < grace + HTTP_ANSWER_S, answered - started
+    # the ranks still running the request are killed, not waited for through a barrier
+    assert took < grace + HTTP_ANSWER_S + CUT_CLOSE_S + CLOSE_JOIN_S + EXIT_S, took

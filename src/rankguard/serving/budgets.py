@@ -41,3 +41,10 @@ BACKOFF_FIRST_S = 0.5
 MIN_CALL_FRACTION = 0.1
 # The rank grace (SIGTERM teardown) a replica's ranks get unless the caller's env says.
 RANK_GRACE_S = 2.0
+# rankguard serve, on SIGTERM: the requests still running when --grace ends are answered 503
+# then, from the event loop (ms); uvicorn's own cut, which would cancel them with a bare 500,
+# comes this much later, so that it never has to.
+HTTP_ANSWER_S = 1.0
+# The pool's close after such a cut: the ranks still running a cut request cannot join the
+# shutdown barrier, so they are killed this soon (an idle replica's barrier takes ms).
+CUT_CLOSE_S = 1.0
