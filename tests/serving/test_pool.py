@@ -317,3 +317,4 @@ def test_closing_the_pool_during_a_call_fails_it_as_pool_closed_and_blames_no_ra
     assert time.monotonic() - started < close_s + 10  # killed at the close's timeout, not at 60 s
     assert events(log, "request_fault") == []  # the close is no rank's fault
     assert pool.metrics().get("faults_signalled", 0) == 0
+    assert pool.metrics()["requests_closed"] == 1

@@ -19,6 +19,10 @@ Routes:
 - ``GET /healthz``: 200 ``{"state": "ready", ...}``; 503 while ``starting``, ``healing``,
   ``failed`` or ``closed``.
 - ``GET /metrics``: Prometheus text format (see ``serving.metrics``).
+
+Every response is counted by route and status code, as the client gets it (a middleware sees
+each one the application sends). A client that closes its connection before it sent the whole
+body is counted apart (``client_disconnects``) and not logged: it gets no response.
 """
 
 from __future__ import annotations
@@ -34,9 +38,11 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import PoolClosed, PoolUnavailable, RequestFailed, UsageError
 from ..options import number
@@ -46,6 +52,8 @@ from .pool import Pool
 from .service import Service
 
 TIMEOUT_HEADER = "x-request-timeout"
+ROUTES = ("/run", "/healthz", "/metrics")  # other paths are counted as "other"
+_DROPPED = "rankguard.dropped"  # in a request's scope: its client left mid-body
 
 
 class _TooLarge(Exception):
@@ -79,7 +87,8 @@ class _Server:
         self.max_body = max_body
         self.pool_options = pool_options
         self.pool: Pool | None = None
-        self.codes: Counter[int] = Counter()
+        self.codes: Counter[tuple[str, int]] = Counter()  # (route, status) -> responses
+        self.client_disconnects = 0
         self._ended = asyncio.Event()  # the grace after SIGTERM is over: requests end now
         self._end_reason = ""
 
@@ -106,9 +115,7 @@ class _Server:
 
     def answer(self, status: int, body: Any, headers: dict[str, str] | None = None
                ) -> JSONResponse:
-        response = JSONResponse(body, status_code=status, headers=headers)
-        self.codes[status] += 1
-        return response
+        return JSONResponse(body, status_code=status, headers=headers)
 
     def error(self, status: int, kind: str, detail: str, **fields: Any) -> JSONResponse:
         headers = {}
@@ -159,6 +166,10 @@ class _Server:
             body = json.loads(raw, parse_float=_finite, parse_constant=_not_finite)
         except _ShuttingDown:
             return self.error(503, "PoolClosed", self._end_reason)
+        except ClientDisconnect:  # nobody to answer, nothing to log
+            self.client_disconnects += 1
+            request.scope[_DROPPED] = True
+            return Response(status_code=400)
         except _TooLarge:
             response = self.error(413, "PayloadTooLarge", f"the body is over the limit of "
                                   f"{self.max_body} bytes (rankguard serve --max-body)")
@@ -226,7 +237,8 @@ class _Server:
 
     async def metrics(self, request: Request) -> Response:
         assert self.pool is not None
-        text = metrics.exposition(self.pool.metrics(), self.pool.status(), self.codes)
+        text = metrics.exposition(self.pool.metrics(), self.pool.status(), self.codes,
+                                  self.client_disconnects)
         return Response(text, media_type=metrics.CONTENT_TYPE)
 
     @contextlib.asynccontextmanager
@@ -254,6 +266,30 @@ def build(service: Service, *, max_body: int, **pool_options: Any) -> Starlette:
     routes = [Route("/run", server.run, methods=["POST"]),
               Route("/healthz", server.healthz, methods=["GET"]),
               Route("/metrics", server.metrics, methods=["GET"])]
-    app = Starlette(routes=routes, lifespan=server.lifespan)
+    app = Starlette(routes=routes, lifespan=server.lifespan,
+                    middleware=[Middleware(_Counted, codes=server.codes)])
     app.state.end_requests = server.end_requests
     return app
+
+
+class _Counted:
+    """ASGI middleware: counts each HTTP response the application sends in ``codes``, by
+    route (``ROUTES``, else ``other``) and status code; not the responses to clients that left
+    mid-body (they never get them)."""
+
+    def __init__(self, app: ASGIApp, codes: Counter[tuple[str, int]]) -> None:
+        self.app = app
+        self.codes = codes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        route = scope["path"] if scope["path"] in ROUTES else "other"
+
+        async def counted(message: Message) -> None:
+            if message["type"] == "http.response.start" and not scope.get(_DROPPED):
+                self.codes[route, message["status"]] += 1
+            await send(message)
+
+        await self.app(scope, receive, counted)
