@@ -305,7 +305,8 @@ def test_closing_the_pool_during_a_call_fails_it_as_pool_closed_and_blames_no_ra
         caller = threading.Thread(target=call)
         caller.start()
         try:
-            listener.accept()[0].close()  # rank 0 is in the call
+            with listener.accept()[0] as running:  # rank 0 is in the call
+                assert running.recv(16) == b"running"  # read before closing: no EPIPE
             close_s = 1.0
             started = time.monotonic()
             pool.close(timeout=close_s)  # from this thread, while the caller's call runs

@@ -307,6 +307,11 @@ def test_sigterm_under_load_finishes_or_fails_in_flight_requests_and_exits_0(
     assert 500 in replies  # the hung request got its error, not a hang
 
 
+def _take_word(listener: socket.socket) -> None:
+    with listener.accept()[0] as running:
+        assert running.recv(16) == b"running"  # read before closing: the rank gets no EPIPE
+
+
 @contextlib.contextmanager
 def running_signal(path: Path) -> Iterator[Callable[[], None]]:
     """A Unix socket at ``path`` that ``serve_apps.sleeper``'s rank 0 connects to once a
@@ -315,7 +320,7 @@ def running_signal(path: Path) -> Iterator[Callable[[], None]]:
         listener.bind(str(path))
         listener.listen(8)
         listener.settimeout(START_S)
-        yield lambda: listener.accept()[0].close()
+        yield lambda: _take_word(listener)
 
 
 @pytest.mark.deadline(180)
@@ -372,6 +377,7 @@ def test_clients_that_drop_mid_body_cost_no_traceback_and_the_server_keeps_servi
                 "/metrics").body:
             assert time.monotonic() < deadline, server.get("/metrics").body
             time.sleep(0.1)
+        assert 'code="400"' not in server.get("/metrics").body  # no response they never got
         reply = server.run({"sleep": 0})
         assert reply.status == 200 and reply.body["result"] == "slept", reply
     finally:
