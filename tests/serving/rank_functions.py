@@ -115,3 +115,17 @@ def start_children(state: Any) -> list[int]:
     shell = subprocess.run(["sh", "-c", "sleep 1000 >/dev/null 2>&1 & echo $!"],
                            capture_output=True, text=True, timeout=10)
     return [child.pid, int(shell.stdout)]
+
+
+def report_then_sleep(state: Any, address: str, seconds: float) -> None:
+    """Rank 0 tells the test at the Unix socket ``address`` that the call is running; every
+    rank then sleeps ``seconds`` (a call still in flight when the test acts)."""
+    import socket
+
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(address)
+            sock.sendall(b"running")
+    time.sleep(seconds)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -281,3 +282,40 @@ def test_processes_the_ranks_started_do_not_outlive_the_pool() -> None:
     while any(proctree.alive(pid) for pid in started) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not [proctree.describe(pid) for pid in started if proctree.alive(pid)]
+
+
+@pytest.mark.deadline(120)
+def test_closing_the_pool_during_a_call_fails_it_as_pool_closed_and_blames_no_rank(
+        tmp_path: Path) -> None:
+    log = tmp_path / "journal.jsonl"
+    pool = rankguard.Pool(2, rf.load, spares=1, timeout=60.0, journal=str(log))
+    caught: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            pool.run(rf.report_then_sleep, str(address), 60.0)
+        except BaseException as error:  # noqa: BLE001 (the test reads it)
+            caught.append(error)
+
+    address = tmp_path / "running.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(address))
+        listener.listen(1)
+        listener.settimeout(30)
+        caller = threading.Thread(target=call)
+        caller.start()
+        try:
+            with listener.accept()[0] as running:  # rank 0 is in the call
+                assert running.recv(16) == b"running"  # read before closing: no EPIPE
+            close_s = 1.0
+            started = time.monotonic()
+            pool.close(timeout=close_s)  # from this thread, while the caller's call runs
+        finally:
+            pool.close()
+            caller.join(30)
+    assert len(caught) == 1 and isinstance(caught[0], rankguard.PoolClosed), caught
+    assert "closed during the call" in str(caught[0])
+    assert time.monotonic() - started < close_s + 10  # killed at the close's timeout, not at 60 s
+    assert events(log, "request_fault") == []  # the close is no rank's fault
+    assert pool.metrics().get("faults_signalled", 0) == 0
+    assert pool.metrics()["requests_closed"] == 1

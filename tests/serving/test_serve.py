@@ -4,6 +4,7 @@ bounded load test with injected faults, and a graceful SIGTERM under load."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import signal
@@ -14,14 +15,18 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from rankguard import journal
+from rankguard.serving.budgets import CUT_CLOSE_S, HTTP_ANSWER_S
+from rankguard.serving.pool import CLOSE_JOIN_S
 
 from ..conftest import ROOT
 
@@ -30,6 +35,8 @@ import serve_tp  # noqa: E402 (the example, for its reference output)
 
 X = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
 START_S = 90.0
+EXIT_S = 5.0  # a loaded machine's time for the server to end once its pool is closed
+SLEEPER = f"{Path(__file__).with_name('serve_apps.py')}:sleeper"
 
 
 @dataclass
@@ -42,16 +49,23 @@ class Reply:
 class Server:
     """A ``rankguard serve`` process; ``stop()`` SIGTERMs it and returns its exit code."""
 
-    def __init__(self, tmp_path: Path, *args: str) -> None:
+    def __init__(self, tmp_path: Path, *args: str, app: str = "examples/serve_tp.py:app"
+                 ) -> None:
         self.journal = tmp_path / "journal.jsonl"
+        self.seen: Counter[tuple[str, int]] = Counter()  # (path, status) -> responses
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rankguard.cli", "serve", "examples/serve_tp.py:app",
+            [sys.executable, "-m", "rankguard.cli", "serve", app,
              "--port", "0", "--journal", str(self.journal), "--log-dir", str(tmp_path / "logs"),
              *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()  # the server prints it before anything can block
         assert "listening on http://" in line, line + self.proc.stdout.read()
         self.url = line.split("listening on ")[1].split()[0]
+        # read the server's output as it comes: a full pipe would block its event loop
+        self._lines = [line]
+        self._reader = threading.Thread(target=self._lines.extend, args=(self.proc.stdout,),
+                                        daemon=True)
+        self._reader.start()
         deadline = time.monotonic() + START_S
         while self.get("/healthz").status != 200:
             assert time.monotonic() < deadline, "the pool was not ready in time"
@@ -66,6 +80,7 @@ class Server:
                 status, raw, head = response.status, response.read(), dict(response.headers)
         except urllib.error.HTTPError as error:
             status, raw, head = error.code, error.read(), dict(error.headers)
+        self.seen[path, status] += 1
         text = raw.decode()
         is_json = head.get("content-type", "").startswith("application/json")
         return Reply(status, json.loads(text) if is_json else text, head)
@@ -92,7 +107,8 @@ class Server:
                 self.proc.kill()
                 self.proc.wait(5)
             assert self.proc.stdout is not None
-            self.output = self.proc.stdout.read()
+            self._reader.join(30)  # the pipe ends with the process
+            self.output = "".join(self._lines)
             self.proc.stdout.close()
 
 
@@ -134,7 +150,7 @@ def test_each_fault_kind_answers_500_naming_the_rank_and_the_next_request_is_ser
     metrics = server.get("/metrics").body
     assert 'rankguard_pool_faults_total{cause="deadline"} 2' in metrics
     assert 'rankguard_pool_faults_total{cause="frozen"} 1' in metrics
-    assert 'rankguard_http_responses_total{code="500"} 6' in metrics
+    assert 'rankguard_http_responses_total{route="/run",code="500"} 6' in metrics
     assert "rankguard_pool_heals_total 6" in metrics
     assert [e["cause"] for e in server.events("request_fault")] == [c for _, _, c in cases]
 
@@ -193,7 +209,7 @@ def test_bad_requests_are_answered_400_413_or_422_and_never_reach_the_ranks(
     metrics = server.get("/metrics").body
     assert 'rankguard_pool_requests_total{outcome="ok"} 2' in metrics
     assert 'rankguard_pool_requests_total{outcome="failed"} 0' in metrics
-    assert 'rankguard_http_responses_total{code="413"} 2' in metrics
+    assert 'rankguard_http_responses_total{route="/run",code="413"} 2' in metrics
     assert server.events("request_fault") == [] and server.events("group_retire") == []
 
 
@@ -289,3 +305,111 @@ def test_sigterm_under_load_finishes_or_fails_in_flight_requests_and_exits_0(
     assert "rankguard serve: stopped" in server.output
     assert replies and set(replies) <= {200, 500, 503}, replies
     assert 500 in replies  # the hung request got its error, not a hang
+
+
+def _take_word(listener: socket.socket) -> None:
+    with listener.accept()[0] as running:
+        assert running.recv(16) == b"running"  # read before closing: the rank gets no EPIPE
+
+
+@contextlib.contextmanager
+def running_signal(path: Path) -> Iterator[Callable[[], None]]:
+    """A Unix socket at ``path`` that ``serve_apps.sleeper``'s rank 0 connects to once a
+    request runs on the ranks; yields a function that waits (bounded) for that."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(path))
+        listener.listen(8)
+        listener.settimeout(START_S)
+        yield lambda: _take_word(listener)
+
+
+@pytest.mark.deadline(180)
+def test_sigterm_with_a_grace_shorter_than_a_request_answers_it_503_json_and_exits_0(
+        tmp_path: Path) -> None:
+    grace = 1.0
+    server = Server(tmp_path, "--grace", str(grace), app=SLEEPER)
+    replies: list[tuple[Reply, float]] = []
+
+    def client() -> None:
+        reply = server.run({"sleep": 60, "notify": str(tmp_path / "running.sock")}, timeout=60)
+        replies.append((reply, time.monotonic()))
+
+    with running_signal(tmp_path / "running.sock") as wait_running:
+        caller = threading.Thread(target=client)
+        caller.start()
+        try:
+            wait_running()
+            started = time.monotonic()
+            code = server.stop(timeout=60)
+            took = time.monotonic() - started
+        finally:
+            server.stop()
+            caller.join(60)
+    assert code == 0, server.output
+    assert "Traceback" not in server.output and "Cancel" not in server.output, server.output
+    assert "rankguard serve: stopped" in server.output
+    (reply, answered), = replies
+    assert reply.status == 503, reply
+    error = reply.body["error"]
+    assert error["type"] == "PoolClosed" and "shutting down" in error["detail"], error
+    assert str(grace) in error["detail"] or f"{grace:g}" in error["detail"], error
+    assert grace <= answered - started < grace + HTTP_ANSWER_S, answered - started
+    # the ranks still running the request are killed, not waited for through a barrier
+    assert took < grace + HTTP_ANSWER_S + CUT_CLOSE_S + CLOSE_JOIN_S + EXIT_S, took
+
+
+@pytest.mark.deadline(180)
+def test_clients_that_drop_mid_body_cost_no_traceback_and_the_server_keeps_serving(
+        tmp_path: Path) -> None:
+    server = Server(tmp_path, app=SLEEPER)
+    try:
+        host, port = server.url.split("//")[1].split(":")
+        dropped = 50
+        sockets = [socket.create_connection((host, int(port)), timeout=30)
+                   for _ in range(dropped)]
+        for sock in sockets:  # 1000 bytes announced, 100 sent, then gone
+            sock.sendall(b"POST /run HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" +
+                         b'{"sleep": 0, "pad": "' + b" " * 79)
+        for sock in sockets:
+            sock.close()
+        deadline = time.monotonic() + START_S
+        while f"rankguard_http_client_disconnects_total {dropped}" not in server.get(
+                "/metrics").body:
+            assert time.monotonic() < deadline, server.get("/metrics").body
+            time.sleep(0.1)
+        assert 'code="400"' not in server.get("/metrics").body  # no response they never got
+        reply = server.run({"sleep": 0})
+        assert reply.status == 200 and reply.body["result"] == "slept", reply
+    finally:
+        assert server.stop() == 0
+    lines = server.output.splitlines()
+    assert "Traceback" not in server.output and "ClientDisconnect" not in server.output, \
+        server.output[:3000]
+    assert len(lines) <= 2 + dropped, server.output[:3000]  # start, stop, a line a client
+
+
+@pytest.mark.deadline(180)
+@pytest.mark.serve_args("--spares", "0", "--on-healing", "fail", "--timeout", "2")
+def test_metrics_count_every_response_a_client_saw_by_route_and_code(server: Server) -> None:
+    assert_served(server.run({"x": X}))
+    assert server.run({"x": X, "fault": "kill:rank=1"}).status == 500
+    deadline = time.monotonic() + START_S
+    while server.get("/healthz").status != 200:  # healing from a cold start: 503s
+        assert time.monotonic() < deadline, "the pool did not heal"
+        assert server.run({"x": X}).status in (200, 503)
+        time.sleep(0.05)
+    assert server.request("POST", "/nowhere", b"{}").status == 404
+    assert server.get("/run").status == 405
+    seen = dict(server.seen)
+    assert seen.get(("/run", 503), 0) >= 1 and seen.get(("/healthz", 503), 0) >= 1, seen
+    metrics = server.get("/metrics").body
+    for (path, code), count in seen.items():
+        route = path if path in ("/run", "/healthz", "/metrics") else "other"
+        line = f'rankguard_http_responses_total{{route="{route}",code="{code}"}} {count}'
+        assert line in metrics, (line, metrics)
+    assert metrics.count("rankguard_http_responses_total{") == len(seen), metrics
+    outcomes = {"ok": seen[("/run", 200)], "failed": seen[("/run", 500)],
+                "unavailable": seen[("/run", 503)], "closed": 0}
+    for outcome, count in outcomes.items():
+        assert f'rankguard_pool_requests_total{{outcome="{outcome}"}} {count}' in metrics, \
+            (outcome, count, metrics)

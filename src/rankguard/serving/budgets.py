@@ -9,11 +9,17 @@ no deadline from the caller (start-up, regroup, shutdown, stacks, reaping).
 
 from __future__ import annotations
 
-# How long the ranks get to dump their stacks after a hang verdict (at least: the pool gives
-# them up to its call timeout): the launcher's figure.
-from ..margins import STACKS_S
+# Figures serving shares with the rest of rankguard (see margins.py for each one's reason):
+# STACKS_S: how long the ranks get to dump their stacks after a hang verdict (at least: the
+#   pool gives them up to its call timeout);
+# REAP_S: how long killed ranks get to be reaped;
+# REGROUP_S: how long the ranks of a replica get to form a fresh generation after a fault they
+#   survived (it runs in the background: a longer bound delays no call);
+# POOL_RANK_GRACE_S: the SIGTERM teardown of a rank (RANKGUARD_GRACE) unless the caller's env
+#   says, inside the pytest plugin's SIGTERM-to-SIGKILL release of a test's processes.
+from ..margins import POOL_RANK_GRACE_S, REAP_S, REGROUP_S, STACKS_S
 
-__all__ = ["STACKS_S"]  # and the names below
+__all__ = ["POOL_RANK_GRACE_S", "REAP_S", "REGROUP_S", "STACKS_S"]  # and the names below
 
 # A request's collectives (in the ranks) give up this long before the request's deadline, so
 # that their errors reach the leader before it gives its verdict.
@@ -22,13 +28,9 @@ COLLECTIVE_MARGIN_S = 0.1
 SEND_S = 2.0
 # How long a rank whose channel closed gets for its exit to be seen, before it counts as dead.
 EXIT_STATUS_S = 0.2
-# How long killed ranks get to be reaped.
-REAP_S = 5.0
 # The bound on the waits of a replica's store.
 STORE_S = 30.0
-# How long the ranks of a replica get to form a fresh generation after a fault they survived,
-# and how much longer the leader waits for their answers.
-REGROUP_S = 5.0
+# After REGROUP_S, how much longer the leader waits for the ranks' answers to a regroup.
 REGROUP_MARGIN_S = 1.0
 # At close, the ranks' bounded shutdown ends this long before the leader kills what is left;
 # it gets at least SHUTDOWN_LEAST_S.
@@ -39,5 +41,10 @@ SHUTDOWN_LEAST_S = 0.1
 BACKOFF_FIRST_S = 0.5
 # Of the pool's timeout: the least time a call must have left to start on a replica.
 MIN_CALL_FRACTION = 0.1
-# The rank grace (SIGTERM teardown) a replica's ranks get unless the caller's env says.
-RANK_GRACE_S = 2.0
+# rankguard serve, on SIGTERM: the requests still running when --grace ends are answered 503
+# then, from the event loop (ms); uvicorn's own cut, which would cancel them with a bare 500,
+# comes this much later, so that it never has to.
+HTTP_ANSWER_S = 1.0
+# The pool's close after such a cut: the ranks still running a cut request cannot join the
+# shutdown barrier, so they are killed this soon (an idle replica's barrier takes ms).
+CUT_CLOSE_S = 1.0

@@ -7,15 +7,17 @@ within ``--grace``, close the pool (every rank process ends), exit 0.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import UsageError
 from ..options import Parser, number, writable_dir, writable_file
+from ..serving.budgets import HTTP_ANSWER_S
 from ..serving.pool import HEALING_MODES
 
 PROG = "rankguard serve"
@@ -88,9 +90,12 @@ def main(argv: list[str]) -> int:
     host, bound = listener.getsockname()[:2]
     print(f"{PROG}: listening on http://{host}:{bound} ({served.world_size} ranks per group, "
           f"{served.spares} spare(s))", flush=True)
-    config = uvicorn.Config(http.build(served, **options), log_level="warning",
-                            timeout_graceful_shutdown=grace, lifespan="on")
-    server = _graceful_server(uvicorn)(config)
+    app = http.build(served, **options)
+    # at the end of --grace the app answers what still runs (503); uvicorn's own cut, which
+    # would cancel it unanswered, comes later
+    config = uvicorn.Config(app, log_level="warning", lifespan="on",
+                            timeout_graceful_shutdown=grace + HTTP_ANSWER_S)
+    server = _graceful_server(uvicorn, grace, app.state.end_requests)(config)
     server.run(sockets=[listener])
     if not server.started:
         print(f"{PROG}: error: the server did not start (see above)", file=sys.stderr)
@@ -99,11 +104,21 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _graceful_server(uvicorn: Any) -> type:
-    """uvicorn's Server, except that SIGTERM and SIGINT end it with exit status 0: uvicorn
-    re-raises the signal once it has shut down, which would end the process as killed by it."""
+def _graceful_server(uvicorn: Any, grace: float, end_requests: Callable[[float], None]
+                     ) -> type:
+    """uvicorn's Server, except that SIGTERM and SIGINT end it with exit status 0 (uvicorn
+    re-raises the signal once it has shut down, which would end the process as killed by it),
+    and that ``grace`` after the shutdown began, ``end_requests(grace)`` answers the requests
+    still running."""
 
     class GracefulServer(uvicorn.Server):  # type: ignore[misc,name-defined]
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            timer = asyncio.get_running_loop().call_later(grace, end_requests, grace)
+            try:
+                await super().shutdown(sockets)
+            finally:
+                timer.cancel()
+
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
             previous = {sig: signal.signal(sig, self.handle_exit) for sig in _STOP_SIGNALS}

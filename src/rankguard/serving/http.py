@@ -14,14 +14,20 @@ Routes:
   422 a body that is not an object, holds NaN or an infinity, cannot be sent to the ranks, or that
   ``validate`` refused; 500 a rank failed the request (``{"error": {"type", "rank", "cause",
   "detail", "victims"}}``); 503 the pool is healing, starting, busy or failing to start (with
-  ``Retry-After``), or closed.
+  ``Retry-After``), or closed (``PoolClosed``: also every request still running when the
+  server's ``--grace`` after SIGTERM ends, answered then, with a reason saying so).
 - ``GET /healthz``: 200 ``{"state": "ready", ...}``; 503 while ``starting``, ``healing``,
   ``failed`` or ``closed``.
 - ``GET /metrics``: Prometheus text format (see ``serving.metrics``).
+
+Every response is counted by route and status code, as the client gets it (a middleware sees
+each one the application sends). A client that closes its connection before it sent the whole
+body is counted apart (``client_disconnects``) and not logged: it gets no response.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import math
@@ -32,21 +38,30 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import PoolClosed, PoolUnavailable, RequestFailed, UsageError
 from ..options import number
 from . import metrics
+from .budgets import CUT_CLOSE_S
 from .pool import Pool
 from .service import Service
 
 TIMEOUT_HEADER = "x-request-timeout"
+ROUTES = ("/run", "/healthz", "/metrics")  # other paths are counted as "other"
+_DROPPED = "rankguard.dropped"  # in a request's scope: its client left mid-body
 
 
 class _TooLarge(Exception):
     """The request's body passed the limit."""
+
+
+class _ShuttingDown(Exception):
+    """The server's grace after SIGTERM ended before the request did."""
 
 
 class _NotFinite(ValueError):
@@ -72,13 +87,35 @@ class _Server:
         self.max_body = max_body
         self.pool_options = pool_options
         self.pool: Pool | None = None
-        self.codes: Counter[int] = Counter()
+        self.codes: Counter[tuple[str, int]] = Counter()  # (route, status) -> responses
+        self.client_disconnects = 0
+        self._ended = asyncio.Event()  # the grace after SIGTERM is over: requests end now
+        self._end_reason = ""
+
+    def end_requests(self, grace: float) -> None:
+        """From the event loop, when the server's ``grace`` after SIGTERM is over: every
+        request still reading its body or running on the ranks is answered 503 now (the ranks
+        are stopped by the pool's close that follows), so that none is cancelled unanswered."""
+        self._end_reason = (f"the server is shutting down: the request was still running when "
+                            f"its grace of {grace:g} s after SIGTERM ended")
+        self._ended.set()
+
+    async def _unless_ended(self, task: asyncio.Future[Any]) -> Any:
+        """``task``'s result, unless the requests are ended first (``end_requests``): then
+        ``task`` is cancelled and _ShuttingDown raised."""
+        ended = asyncio.ensure_future(self._ended.wait())
+        try:
+            await asyncio.wait({task, ended}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ended.cancel()
+        if not task.done():
+            task.cancel()
+            raise _ShuttingDown
+        return task.result()
 
     def answer(self, status: int, body: Any, headers: dict[str, str] | None = None
                ) -> JSONResponse:
-        response = JSONResponse(body, status_code=status, headers=headers)
-        self.codes[status] += 1
-        return response
+        return JSONResponse(body, status_code=status, headers=headers)
 
     def error(self, status: int, kind: str, detail: str, **fields: Any) -> JSONResponse:
         headers = {}
@@ -105,11 +142,34 @@ class _Server:
             chunks.append(chunk)
         return b"".join(chunks)
 
+    async def _outcome(self, body: dict[str, Any], timeout: float
+                       ) -> tuple[Any, BaseException | None]:
+        """``(result, None)`` or ``(None, error)`` of the pool's call, run in a worker thread;
+        raises _ShuttingDown when the requests are ended first. The call then goes on until
+        the pool's close ends it, and its error must not escape the abandoned task (it would
+        be logged as never retrieved): hence the pair."""
+        assert self.pool is not None
+        pool = self.pool
+
+        def call() -> tuple[Any, BaseException | None]:
+            try:
+                return pool.run(self.service.handle, body, timeout=timeout), None
+            except Exception as error:  # noqa: BLE001 (answered by the caller)
+                return None, error
+
+        return await self._unless_ended(asyncio.ensure_future(run_in_threadpool(call)))
+
     async def run(self, request: Request) -> Response:
         assert self.pool is not None
         try:
-            body = json.loads(await self._body(request), parse_float=_finite,
-                              parse_constant=_not_finite)
+            raw = await self._unless_ended(asyncio.ensure_future(self._body(request)))
+            body = json.loads(raw, parse_float=_finite, parse_constant=_not_finite)
+        except _ShuttingDown:
+            return self.error(503, "PoolClosed", self._end_reason)
+        except ClientDisconnect:  # nobody to answer, nothing to log
+            self.client_disconnects += 1
+            request.scope[_DROPPED] = True
+            return Response(status_code=400)
         except _TooLarge:
             response = self.error(413, "PayloadTooLarge", f"the body is over the limit of "
                                   f"{self.max_body} bytes (rankguard serve --max-body)")
@@ -143,8 +203,11 @@ class _Server:
                 return self.error(422, "InvalidRequest", str(error))
         started = time.monotonic()
         try:
-            result = await run_in_threadpool(self.pool.run, self.service.handle, body,
-                                             timeout=timeout)
+            result, failure = await self._outcome(body, timeout)
+            if failure is not None:
+                raise failure
+        except _ShuttingDown:
+            return self.error(503, "PoolClosed", self._end_reason)
         except UsageError as error:  # the body cannot be pickled (too deeply nested)
             return self.error(422, "InvalidRequest", f"the body cannot be sent to the ranks: "
                               f"{error.problem}")
@@ -174,7 +237,8 @@ class _Server:
 
     async def metrics(self, request: Request) -> Response:
         assert self.pool is not None
-        text = metrics.exposition(self.pool.metrics(), self.pool.status(), self.codes)
+        text = metrics.exposition(self.pool.metrics(), self.pool.status(), self.codes,
+                                  self.client_disconnects)
         return Response(text, media_type=metrics.CONTENT_TYPE)
 
     @contextlib.asynccontextmanager
@@ -185,16 +249,47 @@ class _Server:
         try:
             yield
         finally:
-            await run_in_threadpool(self.pool.close)
+            # after requests were ended, their ranks cannot join the shutdown barrier
+            if self._ended.is_set():
+                await run_in_threadpool(self.pool.close, CUT_CLOSE_S)
+            else:
+                await run_in_threadpool(self.pool.close)
 
 
 def build(service: Service, *, max_body: int, **pool_options: Any) -> Starlette:
     """The ASGI application serving ``service``; the pool starts with the application (its
     lifespan) and is closed when the application shuts down. ``max_body``: the largest request
     body, in bytes. ``pool_options``: further keyword arguments of :class:`rankguard.Pool`
-    (``journal``, ``log_dir``, ``on_healing``)."""
+    (``journal``, ``log_dir``, ``on_healing``). ``app.state.end_requests(grace)`` answers
+    every request still running 503 (see ``_Server.end_requests``)."""
     server = _Server(service, max_body, pool_options)
     routes = [Route("/run", server.run, methods=["POST"]),
               Route("/healthz", server.healthz, methods=["GET"]),
               Route("/metrics", server.metrics, methods=["GET"])]
-    return Starlette(routes=routes, lifespan=server.lifespan)
+    app = Starlette(routes=routes, lifespan=server.lifespan,
+                    middleware=[Middleware(_Counted, codes=server.codes)])
+    app.state.end_requests = server.end_requests
+    return app
+
+
+class _Counted:
+    """ASGI middleware: counts each HTTP response the application sends in ``codes``, by
+    route (``ROUTES``, else ``other``) and status code; not the responses to clients that left
+    mid-body (they never get them)."""
+
+    def __init__(self, app: ASGIApp, codes: Counter[tuple[str, int]]) -> None:
+        self.app = app
+        self.codes = codes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        route = scope["path"] if scope["path"] in ROUTES else "other"
+
+        async def counted(message: Message) -> None:
+            if message["type"] == "http.response.start" and not scope.get(_DROPPED):
+                self.codes[route, message["status"]] += 1
+            await send(message)
+
+        await self.app(scope, receive, counted)

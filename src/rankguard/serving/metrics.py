@@ -9,12 +9,16 @@ from .pool import PoolStatus
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 CAUSES = ("raised", "exited", "signalled", "frozen", "deadline")
 STATES = ("starting", "ready", "healing", "failed", "closed")
+# a call's outcome: its result; RequestFailed; PoolUnavailable; PoolClosed (before it started,
+# or cut by the pool's close)
+OUTCOMES = ("ok", "failed", "unavailable", "closed")
 
 
 def exposition(values: Mapping[str, float], status: PoolStatus,
-               http_codes: Mapping[int, int]) -> str:
+               http_codes: Mapping[tuple[str, int], int], client_disconnects: int = 0) -> str:
     """The text a Prometheus scrape of ``/metrics`` gets: ``values`` from ``Pool.metrics()``,
-    the pool's ``status``, and the count of HTTP responses by status code."""
+    the pool's ``status``, the count of HTTP responses by route and status code, and of the
+    clients that left before they sent the whole body."""
     lines: list[str] = []
 
     def family(name: str, kind: str, text: str, samples: list[tuple[str, float]]) -> None:
@@ -24,7 +28,7 @@ def exposition(values: Mapping[str, float], status: PoolStatus,
 
     family("rankguard_pool_requests_total", "counter", "Pool calls by outcome.",
            [(f'{{outcome="{o}"}}', values.get(f"requests_{o}", 0))
-            for o in ("ok", "failed", "unavailable")])
+            for o in OUTCOMES])
     family("rankguard_pool_faults_total", "counter", "Failed calls by the cause of the fault.",
            [(f'{{cause="{c}"}}', values.get(f"faults_{c}", 0)) for c in CAUSES])
     family("rankguard_pool_heals_total", "counter",
@@ -42,8 +46,12 @@ def exposition(values: Mapping[str, float], status: PoolStatus,
            [("", status.spares_starting)])
     family("rankguard_pool_state", "gauge", "The pool's state (1 for the current one).",
            [(f'{{state="{s}"}}', int(status.state == s)) for s in STATES])
-    family("rankguard_http_responses_total", "counter", "HTTP responses by status code.",
-           [(f'{{code="{code}"}}', count) for code, count in sorted(http_codes.items())])
+    family("rankguard_http_responses_total", "counter", "HTTP responses by route and status "
+           "code.", [(f'{{route="{route}",code="{code}"}}', count)
+                     for (route, code), count in sorted(http_codes.items())])
+    family("rankguard_http_client_disconnects_total", "counter", "Requests whose client "
+           "closed the connection before it sent the whole body (not answered).",
+           [("", client_disconnects)])
     return "\n".join(lines) + "\n"
 
 

@@ -127,6 +127,9 @@ class Pool:
         self._retired: list[Replica] = []  # regrouping in the background
         self._numbers = 0
         self._closed = False
+        self._closed_until = Deadline.never()  # set by close(): when what is left is killed,
+        self._closed_join_by = Deadline.never()  # and how long the shutdown may take
+        self._closed_groups = 0
         self._fault_at: float | None = None  # when the serving replica was lost, until healed
         self._start_failures = 0  # consecutive
         self._last_start_failure: StartFailure | None = None
@@ -181,6 +184,11 @@ class Pool:
             results = replica.run(command, started, deadline)
             succeeded = True
         except RequestFailed as fault:
+            if self._closed and replica.killed:  # the close ended the ranks: no rank's fault
+                with self._cond:
+                    self.counts["requests_closed"] += 1
+                raise PoolClosed(f"the pool was closed during the call, after {fault.took:.2f} "
+                                 "s: its ranks were stopped before they finished it") from fault
             self._on_fault(replica, fault)
             raise
         except UsageError:
@@ -221,6 +229,7 @@ class Pool:
         with self._cond:
             while True:
                 if self._closed:
+                    self.counts["requests_closed"] += 1
                     raise PoolClosed("the pool was closed")
                 if self._active is not None and not self._busy and (
                         first or not latest.passed()):
@@ -337,12 +346,16 @@ class Pool:
 
     def _supervise(self) -> None:
         """Until the pool closes: take in what changed, start what is missing, and sleep until
-        the next change (``_changed``, or any ``notify_all``) or the end of a backoff."""
+        the next change (``_changed``, or any ``notify_all``) or the end of a backoff. Then
+        shut the replicas down, here: the ranks die with the thread that started them
+        (PR_SET_PDEATHSIG follows the thread, not the process), so this thread must outlive
+        them, or a close would SIGKILL them at once, mid-call and without their shutdown."""
         with self._cond:
             while not self._closed:
                 self._check_starting()
                 self._check_spares()
                 self._cond.wait(self._start_more())
+        self._shut_down()
 
     def _changed(self) -> None:
         """A replica became ready, failed to start, or lost a rank (from its watcher)."""
@@ -470,20 +483,40 @@ class Pool:
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the supervisor and shut every replica down: the serving replica and the
-        spares get a bounded barrier and exit; whatever is left after ``timeout`` is killed.
-        The log folder goes too when the pool made it (no ``log_dir`` was given).
-        Idempotent."""
-        until = Deadline.after(timeout)
+        spares get a bounded barrier and exit; whatever is left after ``timeout`` is killed. A
+        call still running then raises :class:`PoolClosed`. The log folder goes too when the
+        pool made it (no ``log_dir`` was given). Returns within ``timeout`` plus about
+        ``CLOSE_JOIN_S``. Idempotent: a second call waits for the first one's shutdown (bounded
+        by its own ``timeout``)."""
         joined_by = Deadline.after(timeout + CLOSE_JOIN_S)
         with self._cond:
-            if self._closed:
-                return
-            self._closed = True
+            first = not self._closed
+            if first:
+                self._closed = True
+                self._closed_until = Deadline.after(timeout)
+                self._closed_join_by = joined_by
+                self._cond.notify_all()
+        self._supervisor.join(joined_by.timeout())
+        if not first:
+            return
+        self._event("pool_close", groups=self._closed_groups)
+        # events of background threads that end later go nowhere, not to a closed file
+        journal, self._journal = self._journal, None
+        if journal is not None:
+            journal.close()
+        if self._own_log_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    def _shut_down(self) -> None:
+        """The supervisor's last act, once the pool is closed: kill the replicas that were
+        starting or regrouping, and close the others (a bounded barrier, then a kill at the
+        close's deadline), all at once."""
+        with self._cond:
+            until, joined_by = self._closed_until, self._closed_join_by
             replicas = [r for r in [self._active, *self._ready] if r is not None]
             doomed = self._starting + self._retired
             self._active, self._ready, self._starting = None, [], []
-            self._cond.notify_all()
-        self._supervisor.join(until.wait_time())
+            self._closed_groups = len(replicas) + len(doomed)
         for replica in doomed:
             replica.kill()
         closers = [threading.Thread(target=r.close, args=(until,), daemon=True)
@@ -491,14 +524,7 @@ class Pool:
         for closer in closers:
             closer.start()
         for closer in closers:
-            closer.join(joined_by.wait_time())
-        self._event("pool_close", groups=len(replicas) + len(doomed))
-        # events of background threads that end later go nowhere, not to a closed file
-        journal, self._journal = self._journal, None
-        if journal is not None:
-            journal.close()
-        if self._own_log_dir:
-            shutil.rmtree(self.log_dir, ignore_errors=True)
+            closer.join(joined_by.timeout())
 
     def __enter__(self) -> Pool:
         return self

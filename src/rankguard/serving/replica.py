@@ -35,8 +35,9 @@ from ..ledger import LedgerReader
 from ..runtime import stacks
 from ..supervisor import RankFiles, RankProcess, RankProcesses, spawn
 from . import leader_env
-from .budgets import (COLLECTIVE_MARGIN_S, EXIT_STATUS_S, RANK_GRACE_S, REAP_S, REGROUP_MARGIN_S,
-                      SEND_S, SHUTDOWN_MARGIN_S, STORE_S)
+from ..runtime.init import GRACE_ENV
+from .budgets import (COLLECTIVE_MARGIN_S, EXIT_STATUS_S, POOL_RANK_GRACE_S, REAP_S,
+                      REGROUP_MARGIN_S, SEND_S, SHUTDOWN_MARGIN_S, STORE_S)
 from .channel import ChannelClosed, LeaderEnd, dumps, pair
 from .verdict import Outcome, verdict
 
@@ -98,7 +99,7 @@ class Replica:
                 "WORLD_SIZE": str(world), "TORCHELASTIC_USE_AGENT_STORE": "True",
                 **sealed.host_env(),  # this replica's own store seal
                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        base.setdefault("RANKGUARD_GRACE", f"{RANK_GRACE_S:g}")
+        base.setdefault(GRACE_ENV, f"{POOL_RANK_GRACE_S:g}")
         self._ranks = RankProcesses(number, world)
         self.ends: list[LeaderEnd] = []
         self._ledgers: list[LedgerReader] = []

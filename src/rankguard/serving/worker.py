@@ -44,7 +44,7 @@ from ..errors import CollectiveError, GroupRetired, RankguardError
 from ..pyfiles import import_file
 from ..runtime import internal
 from ..runtime.init import init
-from .budgets import RANK_GRACE_S, SHUTDOWN_LEAST_S
+from .budgets import SHUTDOWN_LEAST_S
 from .channel import ChannelClosed, RankEnd
 from .leader_env import FD, LEADER, MAIN, SYS_PATH
 
@@ -105,7 +105,7 @@ def _run(command: dict[str, Any], state: Any, rank: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    init(grace=float(os.environ.get("RANKGUARD_GRACE", f"{RANK_GRACE_S:g}")))
+    init()  # its SIGTERM teardown budget: the RANKGUARD_GRACE the replica set
     proctree.die_with_parent(int(os.environ[LEADER]))
     end = RankEnd(int(os.environ[FD]))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
