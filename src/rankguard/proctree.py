@@ -191,7 +191,11 @@ _PR_SET_PDEATHSIG = 1
 
 def die_with_parent(parent: int) -> None:
     """Have the kernel SIGKILL this process when its parent (pid ``parent``) dies; exit at once
-    if it already has. No-op where prctl is unavailable."""
+    if it already has. No-op where prctl is unavailable.
+
+    The kernel ties this to the **thread** of the parent that started the process, not to the
+    whole parent: start such processes from a thread that outlives them (the launcher's main
+    thread, a pool's supervisor thread), or they are killed when that thread ends."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
