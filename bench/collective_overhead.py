@@ -17,7 +17,11 @@ loops, the launcher's own CPU (every thread, ``/proc/PID/task/*/schedstat``) and
 beside torchrun's agent, as CPU seconds per minute of loop (0.6 s/min is 1% of one core); and
 each rank's threads, read by the rank itself at both ends of each loop and named: ``main`` (as
 microseconds of CPU per all_reduce), ``native`` (gloo's and torch's own threads) and rankguard's
-(``rankguard-completions``, ``rankguard-sigterm``, ``rankguard-responder``).
+(``rankguard-completions``, ``rankguard-sigterm``, ``rankguard-responder``). The native
+threads' CPU per all_reduce varies from run to run by far more than from launcher to launcher
+(gloo's TCP loop thread alone: 330 to 1100 us per 1 MB all_reduce, under either launcher, as
+the two ranks' threads happen to share or not share cores), so its difference is printed with
+a 95% interval over the runs: a difference inside it is not rankguard's.
 
 At the defaults it starts 20 jobs, each with two timed loops of about a second: about 3 minutes
 on an idle 2-core machine (most of it is starting Python and torch).
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import json
+import random
 import re
 import shutil
 import statistics
@@ -153,13 +158,28 @@ def size_label(size: int) -> str:
     return f"{size // 1048576} MB" if size >= 1048576 else f"{size} B"
 
 
+def _per_run(runs: list[Run], size: int, value: Callable[[dict], float],
+             rank0: bool = False) -> list[float]:
+    """For each of ``runs``, ``value`` of a rank's result for ``size`` (rank 0's, or the mean
+    over the ranks)."""
+    return [statistics.mean(value(x) for x in r.results[size] if x["rank"] == 0 or not rank0)
+            for r in runs]
+
+
 def _median_over_runs(runs: list[Run], size: int, value: Callable[[dict], float],
                       rank0: bool = False) -> float:
-    """The median over ``runs`` of ``value`` of a rank's result for ``size`` (rank 0's, or the
-    mean over the ranks)."""
-    return statistics.median(
-        statistics.mean(value(x) for x in r.results[size] if x["rank"] == 0 or not rank0)
-        for r in runs)
+    """The median over ``runs`` of :func:`_per_run`."""
+    return statistics.median(_per_run(runs, size, value, rank0))
+
+
+def median_difference_interval(a: list[float], b: list[float],
+                               resamples: int = 2000) -> tuple[float, float]:
+    """A 95% interval of median(b) - median(a), by resampling the runs (seeded, so the same
+    runs give the same interval): a difference inside it is run-to-run noise."""
+    rng = random.Random(0)
+    diffs = sorted(statistics.median(rng.choices(b, k=len(b)))
+                   - statistics.median(rng.choices(a, k=len(a))) for _ in range(resamples))
+    return diffs[int(resamples * 0.025)], diffs[int(resamples * 0.975) - 1]
 
 
 def report(runs: list[Run], nproc: int, sizes: list[int]) -> None:
@@ -174,13 +194,16 @@ def report(runs: list[Run], nproc: int, sizes: list[int]) -> None:
         us = {name: _median_over_runs(by[name], size, lambda x: x["us_per_op"], rank0=True)
               for name in LAUNCHERS}
         main = {name: _median_over_runs(by[name], size, per_op("main")) for name in LAUNCHERS}
-        native = {name: _median_over_runs(by[name], size, per_op("native")) for name in LAUNCHERS}
+        native = {name: _per_run(by[name], size, per_op("native")) for name in LAUNCHERS}
         diff, ratio = us["rankguard"] - us["torchrun"], us["rankguard"] / us["torchrun"]
         extra = main["rankguard"] - main["torchrun"]
+        low, high = median_difference_interval(native["torchrun"], native["rankguard"])
         print(f"{nproc:>5} {size_label(size):>6} {us['torchrun']:>11.1f} us "
               f"{us['rankguard']:>11.1f} us {diff:>+9.1f} us {ratio:>7.3f}   | "
               f"{main['torchrun']:>17.1f} {main['rankguard']:>9.1f} ({extra:+.1f})"
-              f" {native['torchrun']:>9.1f} {native['rankguard']:>9.1f}")
+              f" {statistics.median(native['torchrun']):>9.1f}"
+              f" {statistics.median(native['rankguard']):>9.1f}"
+              f" (95%: {low:+.0f} to {high:+.0f})")
 
 
 def cpu_report(runs: list[Run], nproc: int) -> None:
@@ -239,7 +262,8 @@ def main() -> None:
           f"{counts[0]} to {counts[-1]} all_reduces per timed loop")
     print(f"{'':>55}   | CPU us per all_reduce and rank (robust to load)")
     print(f"{'ranks':>5} {'size':>6} {'torchrun':>14} {'rankguard':>14} {'difference':>12} "
-          f"{'ratio':>7}   | main thread: torchrun rankguard (diff)  gloo+torch threads")
+          f"{'ratio':>7}   | main thread: torchrun rankguard (diff)  gloo+torch threads "
+          "(the difference's run-to-run noise)")
     for nproc in args.ranks:
         report(runs, nproc, args.sizes)
     print()

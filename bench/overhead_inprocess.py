@@ -7,12 +7,14 @@ default group, and the C++ process group torch builds for "gloo" over the same g
 the two differ only in the path from ``dist.all_reduce`` to gloo), then runs paired, interleaved
 rounds of ``dist.all_reduce`` on each (the order swapped every round).
 Rank 0 prints, per size, the median over rounds of the time per all_reduce on each group and of
-their difference, in wall-clock microseconds and in microseconds of the main thread's CPU (the
-second holds on a loaded machine: the dispatch path costs CPU, waiting does not). Then the
-deterministic part, what the instrumented op does beyond forwarding to gloo (ledger enter,
-completion tracking including marking the previous op done), timed on its own, in a hot loop
-and right after a short sleep: code that runs after a collective's wait runs with cold caches,
-and on a busy machine costs many times its hot figure.
+their difference, in wall-clock microseconds, in microseconds of the main thread's CPU (it
+holds on a loaded machine: the dispatch path costs CPU, waiting does not) and of the other
+threads' CPU (gloo's, torch's and the completion sweeper: were the instrumented path to copy or
+touch the tensor, or make gloo work harder, it would show here). Then the deterministic part,
+what the instrumented op does beyond forwarding to gloo (the ledger entry, which records the
+previous op's completion in the same write, and handing the work to the completion tracker),
+timed on its own, in a hot loop and right after a short sleep: code that runs after a
+collective's wait runs with cold caches, and on a busy machine costs many times its hot figure.
 
 Run by bench/collective_overhead.py's readers to find where a difference comes from; the
 completion sweeper runs as under ``rankguard run`` with its default lag.
@@ -25,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import timeit
 from typing import Callable
@@ -42,6 +45,21 @@ def after_sleep_us(step: Callable[[], object], n: int = 2000) -> float:
         step()
         times.append(time.perf_counter_ns() - start)
     return statistics.median(times) / 1000
+
+
+def other_threads_cpu_ns(main_tid: int) -> int:
+    """CPU nanoseconds used so far by this process's threads other than ``main_tid`` (gloo's,
+    torch's, rankguard's completion sweeper)."""
+    total = 0
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) == main_tid:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError):
+            continue  # the thread ended meanwhile
+    return total
 
 
 def rank_main(rank: int, world: int, store_path: str, sizes: list[int], rounds: int) -> None:
@@ -62,11 +80,16 @@ def rank_main(rank: int, world: int, store_path: str, sizes: list[int], rounds: 
     gloo = ours._get_backend(torch.device("cpu"))  # one backend: only the path to it differs
     plain = plain_group_over(gloo, store, rank, world)
 
-    def per_op(group: object, t: torch.Tensor, n: int) -> tuple[float, float]:
+    main_tid = threading.get_native_id()
+
+    def per_op(group: object, t: torch.Tensor, n: int) -> tuple[float, float, float]:
+        others = other_threads_cpu_ns(main_tid)
         wall, cpu = time.perf_counter(), time.thread_time()
         for _ in range(n):
             dist.all_reduce(t, group=group)
-        return ((time.perf_counter() - wall) / n * 1e6, (time.thread_time() - cpu) / n * 1e6)
+        wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+        others = other_threads_cpu_ns(main_tid) - others
+        return wall / n * 1e6, cpu / n * 1e6, others / n / 1e3
 
     for size in sizes:
         t = torch.ones(max(1, size // 4))
@@ -82,18 +105,29 @@ def rank_main(rank: int, world: int, store_path: str, sizes: list[int], rounds: 
             med = {key: statistics.median(f(p, o) for p, o in pairs) for key, f in (
                 ("plain_us", lambda p, o: p[0]), ("ours_us", lambda p, o: o[0]),
                 ("diff_us", lambda p, o: o[0] - p[0]), ("plain_cpu_us", lambda p, o: p[1]),
-                ("ours_cpu_us", lambda p, o: o[1]), ("diff_cpu_us", lambda p, o: o[1] - p[1]))}
+                ("ours_cpu_us", lambda p, o: o[1]), ("diff_cpu_us", lambda p, o: o[1] - p[1]),
+                ("plain_other_us", lambda p, o: p[2]), ("ours_other_us", lambda p, o: o[2]),
+                ("diff_other_us", lambda p, o: o[2] - p[2]))}
             print(f"{world:>5} {size:>8} B {n:>6}  wall {med['plain_us']:>9.1f} "
                   f"{med['ours_us']:>9.1f} {med['diff_us']:>+7.1f} us "
                   f"({med['diff_us'] / med['plain_us'] * 100:+.1f}%)"
                   f"   main-thread CPU {med['plain_cpu_us']:>7.1f} {med['ours_cpu_us']:>7.1f}"
-                  f" {med['diff_cpu_us']:>+6.1f} us", flush=True)
+                  f" {med['diff_cpu_us']:>+6.1f} us   other threads' CPU "
+                  f"{med['plain_other_us']:>7.1f} {med['ours_other_us']:>7.1f}"
+                  f" {med['diff_other_us']:>+6.1f} us", flush=True)
     work = gloo.allreduce([torch.ones(1)])  # a completed work, for the steps' timing
     work.wait()
     if rank == 0:
         slot = state.current().ledger.world()
-        steps = {"ledger enter": lambda: slot.enter(2),
-                 "completion tracking": lambda: state.current().completions.add(slot, work),
+        tracker = state.current().completions
+
+        def enter_and_track() -> None:  # the previous op's completion folded into the entry
+            tracker.enter(slot, 2)
+            tracker.add(slot, work)
+
+        tracker.add(slot, work)
+        steps = {"ledger entry alone": lambda: slot.enter(2),
+                 "entry + tracking": enter_and_track,
                  "an empty call": lambda: None}
         print("instrumentation steps alone, hot (in a loop) and right after a 0.5 ms sleep (as "
               "after a collective's wait):", flush=True)

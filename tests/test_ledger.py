@@ -1,5 +1,8 @@
 """The shared-memory ledger: what a rank writes is what the supervisor reads."""
 
+import sys
+import threading
+
 import pytest
 
 from rankguard import ledger
@@ -61,3 +64,41 @@ def test_behind_names_members_short_of_the_furthest_entry(entries: dict, target:
                                                            expected: tuple) -> None:
     slots = {rank: _slot(entered) for rank, entered in entries.items()}
     assert ledger.behind(range(3), slots, target) == expected
+
+
+def test_a_step_records_the_entry_and_earlier_completions_in_one_write(tmp_path):
+    path = str(tmp_path / "r0.ledger")
+    ledger.create(path, world_size=2)
+    world = ledger.LedgerWriter(path).world()
+    reader = ledger.LedgerReader(path)
+    assert world.step(ledger.OP_CODES["init_process_group"], 0) == 1
+    first = reader.read().groups[0]
+    assert (first.entered, first.done, first.t_done) == (1, 0, 0.0)
+    assert world.step(ledger.OP_CODES["all_reduce"], 1) == 2
+    got = reader.read().groups[0]
+    assert (got.entered, got.done, got.kind, got.waiting) == (2, 1, "all_reduce", True)
+    assert got.t_done == got.t_enter > first.t_enter  # one clock read for both
+
+
+def test_completions_marked_by_another_thread_are_never_lost(tmp_path):
+    """The completion sweeper's ``done`` races the issuing thread's ``step``: every count
+    reaches the ledger (thread switches forced as often as the interpreter allows)."""
+    path = str(tmp_path / "r0.ledger")
+    ledger.create(path, world_size=1)
+    world = ledger.LedgerWriter(path).world()
+    n = 20000
+    for _ in range(n):
+        world.step(ledger.OP_CODES["all_reduce"], 0)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        sweeper = threading.Thread(target=lambda: [world.done() for _ in range(n)])
+        sweeper.start()
+        for _ in range(n):
+            world.step(ledger.OP_CODES["all_reduce"], 1)
+        sweeper.join(60)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not sweeper.is_alive()
+    got = ledger.LedgerReader(path).read().groups[0]
+    assert (got.entered, got.done) == (2 * n, 2 * n)

@@ -8,7 +8,8 @@ completed, the kind of the last one and when. Comparing the ledgers of all ranks
 rank never reached the collective the others wait in (see ``launcher.monitor``).
 
 Writes are plain stores into the mapping, a few hundred nanoseconds each. Readers may see a
-record that is one update old; nothing depends on a consistent snapshot across fields.
+record that is one update old; nothing depends on a consistent snapshot across fields but the
+order within a slot's write (below).
 
 Layout (little-endian):
 
@@ -17,8 +18,11 @@ Layout (little-endian):
   blames (a bitmask of the ranks a
   ``rankguard.CollectiveError`` named as not arrived), and a notice from the supervisor that a
   peer failed (the only field the supervisor writes).
-- ``MAX_GROUPS`` group slots of 64 bytes: group key, member bitmask, is-world, size, entered,
-  done, kind of the last op entered, time of the last enter, time of the last completion.
+- ``MAX_GROUPS`` group slots of 64 bytes: group key, member bitmask, is-world, size, kind of
+  the last op entered, time of the last enter, time of the last completion, entered, done. The
+  rank writes the last five in one store sequence, times before counts (``_SlotWriter``), so a
+  reader that sees a new count also sees the time that came with it (on a machine that keeps
+  stores in order, as x86 does).
 
 Sequence numbers: in the world group, entry 1 is ``init_process_group`` and entry ``k + 1`` is
 the ``k``-th collective, so ``seq`` as shown to people (``all_reduce #k``) is ``entered - 1``.
@@ -27,12 +31,12 @@ the ``k``-th collective, so ``seq`` as shown to people (``all_reduce #k``) is ``
 from __future__ import annotations
 
 import fcntl
-import itertools
 import mmap
 import os
 import shutil
 import struct
 import tempfile
+import threading
 import time
 import zlib
 from dataclasses import dataclass
@@ -41,13 +45,13 @@ from typing import Iterable, Mapping
 from .errors import LedgerError
 
 MAGIC = 0x52474C31  # "RGL1"
-VERSION = 1
+VERSION = 2  # 2: the slot's times come before its counts
 MAX_GROUPS = 16
 # magic version pid flags fault in_coll exit_code t_fault t_start blamed
 HEADER = struct.Struct("<IIqIIIiddQ8x")
 _OFF_PID, _OFF_FLAGS, _OFF_FAULT, _OFF_T_FAULT, _OFF_T_START, _OFF_BLAMED = 8, 16, 20, 32, 40, 48
 _OFF_EXIT_CODE = 28
-SLOT = struct.Struct("<QQIIQQI4xdd")
+SLOT = struct.Struct("<QQIII4xddQQ")
 SLOT_SIZE = 64
 SIZE = HEADER.size + MAX_GROUPS * SLOT_SIZE
 WORLD_SLOT = 0
@@ -170,7 +174,7 @@ def _initial(world_size: int) -> bytearray:
     buf = bytearray(SIZE)
     HEADER.pack_into(buf, 0, MAGIC, VERSION, 0, 0, FAULT_NONE, 0, 0, 0.0, 0.0, 0)
     members = (1 << world_size) - 1 if world_size <= 64 else 0
-    SLOT.pack_into(buf, HEADER.size, group_key("world"), members, 1, world_size, 0, 0, 0, 0.0, 0.0)
+    SLOT.pack_into(buf, HEADER.size, group_key("world"), members, 1, world_size, 0, 0.0, 0.0, 0, 0)
     return buf
 
 
@@ -224,29 +228,48 @@ def _map(path: str, writable: bool) -> mmap.mmap:
 
 
 class _SlotWriter:
-    """Writes the entries of one group slot. Used from the rank's threads."""
+    """Writes one group slot. Its state lives here; every change is written to the mapping at
+    once, all five fields in one store sequence (:data:`_STATE`: kind and times, then counts).
 
-    __slots__ = ("_buf", "_offset", "_entered", "_done")
+    ``step`` and ``enter`` are called by the thread that issues the group's operations; ``done``
+    by any thread (the completion sweeper). A lock orders them, so no count is lost nor written
+    back older than it was; it is held only while one write is made.
+    """
+
+    __slots__ = ("_buf", "_offset", "_lock", "_kind", "_t_enter", "_t_done", "_entered", "_done")
 
     def __init__(self, buf: mmap.mmap, offset: int) -> None:
         self._buf = buf
-        self._offset = offset
-        self._entered = SLOT.unpack_from(buf, offset)[4]
-        self._done = itertools.count(SLOT.unpack_from(buf, offset)[5] + 1)
+        self._offset = offset + _OFF_STATE
+        self._lock = threading.Lock()
+        (self._kind, self._t_enter, self._t_done, self._entered,
+         self._done) = _STATE.unpack_from(buf, self._offset)
+
+    def step(self, kind: int, finished: int) -> int:
+        """Record that the rank entered an operation of ``kind`` and, in the same write, that
+        ``finished`` more of the group's operations completed (the ones seen completed as this
+        one began; their completion time is this one's entry). Returns the entry number."""
+        with self._lock:
+            now = time.monotonic()
+            self._entered += 1
+            self._done += finished
+            if finished:
+                self._t_done = now
+            self._kind, self._t_enter = kind, now
+            _STATE.pack_into(self._buf, self._offset, kind, now, self._t_done, self._entered,
+                             self._done)
+            return self._entered
 
     def enter(self, kind: int) -> int:
         """Record that the rank entered an operation of ``kind``; returns the entry number."""
-        self._entered += 1
-        buf, off = self._buf, self._offset
-        _KIND_TIME.pack_into(buf, off + 40, kind, 0, time.monotonic())
-        _COUNT.pack_into(buf, off + 24, self._entered)
-        return self._entered
+        return self.step(kind, 0)
 
     def done(self) -> None:
         """Record that one more operation of this group completed (any thread)."""
-        n = next(self._done)  # itertools.count is atomic under the GIL
-        _DONE.pack_into(self._buf, self._offset + 56, time.monotonic())
-        _COUNT.pack_into(self._buf, self._offset + 32, n)
+        with self._lock:
+            self._done += 1
+            self._t_done = time.monotonic()
+            self._write()
 
     @property
     def entered(self) -> int:
@@ -254,20 +277,24 @@ class _SlotWriter:
 
     def reset(self) -> None:
         """Start counting again (a new generation of the group): no operation entered or done."""
-        self._entered = 0
-        self._done = itertools.count(1)
-        _COUNT.pack_into(self._buf, self._offset + 24, 0)
-        _COUNT.pack_into(self._buf, self._offset + 32, 0)
+        with self._lock:
+            self._entered = self._done = 0
+            self._write()
 
     def progress(self) -> tuple[int, int, str]:
         """(entered, done, name of the last operation entered), as written so far."""
-        _, _, _, _, entered, done, kind, _, _ = SLOT.unpack_from(self._buf, self._offset)
+        kind, _, _, entered, done = _STATE.unpack_from(self._buf, self._offset)
         return entered, done, OP_NAMES[kind] if kind < len(OP_NAMES) else f"op{kind}"
 
+    def _write(self) -> None:
+        _STATE.pack_into(self._buf, self._offset, self._kind, self._t_enter, self._t_done,
+                         self._entered, self._done)
 
-_KIND_TIME = struct.Struct("<IId")  # kind, padding, t_enter at slot offset 40
-_DONE = struct.Struct("<d")  # t_done at slot offset 56
-_COUNT = struct.Struct("<Q")  # entered at 24, done at 32
+
+# The part of a slot the rank writes, at slot offset 24: kind, padding, t_enter, t_done,
+# entered, done (the tail of ``SLOT``).
+_STATE = struct.Struct("<I4xddQQ")
+_OFF_STATE = SLOT.size - _STATE.size
 
 
 class LedgerWriter:
@@ -356,13 +383,12 @@ class LedgerWriter:
             if rank < 64:
                 members |= 1 << rank
         SLOT.pack_into(self._buf, HEADER.size + index * SLOT_SIZE, group_key(name), members, 0,
-                       len(global_ranks), 0, 0, 0, 0.0, 0.0)
+                       len(global_ranks), 0, 0.0, 0.0, 0, 0)
         return self.slot(index)
 
     def in_collective(self) -> bool:
         """Whether any operation this rank entered has not completed yet."""
-        return any(s.entered > SLOT.unpack_from(self._buf, s._offset)[5]
-                   for s in self._slots.values())
+        return any(s.entered > s.progress()[1] for s in self._slots.values())
 
 
 @dataclass(frozen=True)
@@ -450,7 +476,7 @@ class LedgerReader:
             HEADER.unpack_from(self._buf, 0)
         groups = []
         for index in range(MAX_GROUPS):
-            key, members, is_world, size, entered, done, kind, t_enter, t_done = SLOT.unpack_from(
+            key, members, is_world, size, kind, t_enter, t_done, entered, done = SLOT.unpack_from(
                 self._buf, HEADER.size + index * SLOT_SIZE)
             if not key:
                 continue

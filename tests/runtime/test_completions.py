@@ -1,6 +1,6 @@
-"""Completions reach the ledger, for real gloo works: from the next operation at once, from the
-tracker's thread at most its lag late (soon after, for an operation that lasts), and that
-thread sweeps once per lag while operations are short."""
+"""Completions reach the ledger, for real gloo works: from the next operation at once (in the
+same write as its entry), from the tracker's thread at most its lag late (soon after, for an
+operation that lasts), and that thread sweeps once per lag while operations are short."""
 
 import datetime
 import threading
@@ -60,7 +60,7 @@ def test_completed_works_are_marked_done_in_their_slot_and_released(world):
     slot, gloo, reader = world
     tracker = CompletionTracker(lag=MIN_LAG_S)
     for _ in range(50):
-        slot.enter(ledger.OP_CODES["all_reduce"])
+        tracker.enter(slot, ledger.OP_CODES["all_reduce"])
         tracker.add(slot, gloo.allreduce([torch.ones(4)]))
     got = wait_done(reader, 50, Deadline.after(MIN_LAG_S + LOAD_SLACK_S))
     assert (got.entered, got.done, got.waiting) == (50, 50, False)
@@ -73,11 +73,14 @@ def test_the_next_operation_marks_the_previous_one_done_without_the_thread(world
     slot, gloo, reader = world
     tracker = CompletionTracker(lag=3600.0)  # the thread would not sweep within the test
     for n in range(1, 21):
-        slot.enter(ledger.OP_CODES["all_reduce"])
+        assert tracker.enter(slot, ledger.OP_CODES["all_reduce"]) == n
+        got = reader.read().groups[0]
+        # the previous op, at once, in the write of this one's entry (one clock read for both)
+        assert (got.entered, got.done) == (n, n - 1)
+        assert n == 1 or got.t_done == got.t_enter
         work = gloo.allreduce([torch.ones(4)])
         tracker.add(slot, work)
         work.wait()
-        assert reader.read().groups[0].done == n - 1  # every op but the last, at once
     tracker.flush()
     assert reader.read().groups[0].done == 20
     tracker.close()
@@ -92,7 +95,7 @@ def test_a_completion_after_the_rank_stops_issuing_reaches_the_ledger_within_the
     lag = 0.3
     tracker = CompletionTracker(lag=lag)
     received = torch.zeros(1)
-    slot.enter(ledger.OP_CODES["recv"])
+    tracker.enter(slot, ledger.OP_CODES["recv"])
     work = pair[0].recv([received], 1, 0)
     tracker.add(slot, work)
     time.sleep(lag * 2)  # the thread has swept at least once with the work still outstanding
@@ -113,7 +116,7 @@ def test_a_stream_of_short_operations_costs_one_sweep_per_lag(world):
     start = Deadline.after(1.0)
     issued = 0
     while not start.passed():  # short operations, one after the other, for a second
-        slot.enter(ledger.OP_CODES["all_reduce"])
+        tracker.enter(slot, ledger.OP_CODES["all_reduce"])
         work = gloo.allreduce([torch.ones(4)])
         tracker.add(slot, work)
         work.wait()
@@ -173,3 +176,21 @@ def test_ranks_under_the_launcher_get_the_lag_of_its_hang_timeout(run_rankguard)
                          "tests.scripts.report_lag"])
     assert run.code == 0, run.stderr
     assert f"lag={lag_for(2.0)!r}" in run.stdout
+
+
+def test_a_completion_of_another_group_is_recorded_in_its_own_slot(tmp_path):
+    path = str(tmp_path / "r0.ledger")
+    ledger.create(path, world_size=1)
+    writer = ledger.LedgerWriter(path)
+    world, sub = writer.world(), writer.add_group("sub", [0])
+    reader = ledger.LedgerReader(path)
+    gloo = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, datetime.timedelta(seconds=10))
+    tracker = CompletionTracker(lag=3600.0)  # the thread would not sweep within the test
+    tracker.enter(sub, ledger.OP_CODES["broadcast"])
+    work = gloo.broadcast([torch.ones(4)])
+    tracker.add(sub, work)
+    work.wait()
+    tracker.enter(world, ledger.OP_CODES["all_reduce"])
+    w, s = reader.read().groups
+    assert (w.entered, w.done, s.entered, s.done) == (1, 0, 1, 1)
+    tracker.close()

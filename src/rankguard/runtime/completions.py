@@ -5,7 +5,9 @@ thread must take the GIL from the main thread) and makes gloo abort the process 
 script never destroys its group. Instead, an operation only appends its work to a deque, and
 the next operation marks done, in the calling thread, the works at the head that completed (for
 synchronous collectives, the previous one): a rank that keeps issuing operations keeps its
-ledger current by itself.
+ledger current by itself. Those of the entering operation's group are recorded in the same
+ledger write as its entry (:meth:`CompletionTracker.enter`): one write and one clock read per
+operation.
 
 What is left is the rank that stops issuing: it computes, or waits in its last collective. For
 it, one daemon thread marks done the outstanding works that completed, every ``lag`` seconds
@@ -65,21 +67,34 @@ class CompletionTracker:
         self._start_lock = threading.Lock()
         self.sweeps = 0  # how many times the thread has swept, for tests and benchmarks
 
-    def add(self, slot: Any, work: Any) -> None:
-        """Watch ``work``; call ``slot.done()`` when it completes.
+    def enter(self, slot: Any, kind: int) -> int:
+        """Record in ``slot`` that the calling thread enters an operation of ``kind``; returns
+        its entry number. First takes off the head of the queue the works that completed (for
+        synchronous collectives, the previous one): those of ``slot`` are recorded done in the
+        same ledger write as the entry (``slot.step``), those of other groups each on its own.
+        So the ledger is current even for a rank that dies before the next sweep.
 
-        First marks done the works at the head of the queue that already completed (for
-        synchronous collectives, the previous one), so the ledger is current even for a rank
-        that dies before the next sweep. Never waits: if the sweeper holds the queue, it skips.
+        Never waits for the sweeper: if it holds the queue, only the entry is recorded (the
+        sweeper marks what it finds completed).
         """
+        finished = 0
         pending = self._pending
         if pending and self._lock.acquire(blocking=False):
             try:
                 while pending and pending[0][1].is_completed():
-                    pending.popleft()[0].done()
+                    owner = pending.popleft()[0]
+                    if owner is slot:
+                        finished += 1
+                    else:
+                        owner.done()
             finally:
                 self._lock.release()
-        pending.append((slot, work))
+        return slot.step(kind, finished)
+
+    def add(self, slot: Any, work: Any) -> None:
+        """Watch ``work``, the operation just entered with :meth:`enter`; call ``slot.done()``
+        when it completes."""
+        self._pending.append((slot, work))
         if not self._wake.is_set():
             self._wake.set()
             if self._thread is None:

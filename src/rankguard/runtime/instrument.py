@@ -93,7 +93,7 @@ def _make_op(name: str, backend_method: str, op_name: str) -> Callable[..., Any]
             if group.is_world and state.injector is not None:
                 # entered - 1 collectives so far, +1 for init
                 state.injector.before_op(slot.entered)
-            entry = slot.enter(code)
+            entry = state.completions.enter(slot, code)
         work = getattr(group.backend, backend_method)(*args, **kwargs)
         if slot is not None:
             state.completions.add(slot, work)
