@@ -31,6 +31,7 @@ from ..deadline import Deadline
 from ..errors import RendezvousError, UsageError
 from .agent import Launcher, _Attempt
 from .config import RunConfig
+from .monitor import Verdict
 from .outcome import Fault
 from .ranks import Layout
 from .rendezvous import Rendezvous, agents_namespace, connect, round_namespace
@@ -57,6 +58,7 @@ class NodeAgent(Launcher):
         self._channel: RoundChannel | None = None
         self._group_rank = -1
         self._group_world = 0
+        self._local_ranks: set[int] = set()
         self._in_rendezvous = False
         self._outside: Fault | None = None  # the fault another node ended this round with
         self._cascade_window = margins.NODE_CASCADE_WINDOW_S
@@ -96,6 +98,7 @@ class NodeAgent(Launcher):
         finally:
             self._in_rendezvous = False
         self._group_rank, self._group_world = joined.group_rank, joined.group_world
+        self._local_ranks = set(range(joined.base, joined.base + self.config.nproc))
         self._journal.context(round=joined.number)
         self._journal.write("rendezvous", attempt=attempt, group_rank=joined.group_rank,
                             group_world_size=joined.group_world, base_rank=joined.base,
@@ -116,6 +119,22 @@ class NodeAgent(Launcher):
             return None
         self._outside = end.fault(now)
         return self._outside
+
+    def _on_verdict(self, verdict: Verdict, result: _Attempt, now: float) -> None:
+        """This node sees only its own ranks: when they all entered a collective of a group
+        spanning nodes that never completed, the rank that did not arrive is most likely on
+        another node, whose agent blames it (``--hang-timeout`` after its peers began to
+        wait). So such a verdict here stands only once it has waited twice as long."""
+        if verdict.hung and verdict.reason == "stuck_in_collective" and \
+                self._spans_nodes(verdict.group) and \
+                verdict.waited_s < 2 * self.config.hang_timeout:
+            return
+        super()._on_verdict(verdict, result, now)
+
+    def _spans_nodes(self, group: str) -> bool:
+        if group == "world":
+            return self._group_world > 1
+        return not {int(r) for r in group.split(" ", 1)[1].split(",")} <= self._local_ranks
 
     def _settle(self, result: _Attempt) -> None:
         channel = self._channel

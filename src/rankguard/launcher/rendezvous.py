@@ -166,11 +166,15 @@ class Rendezvous:
             RendezvousError: the round did not form in time, the rendezvous was closed, or
                 the job's store failed; naming the endpoint and the timeout.
         """
+        from torch.distributed.elastic.rendezvous import RendezvousClosedError
         from torch.distributed.elastic.rendezvous import RendezvousError as TorchRdzvError
 
         cfg = self._cfg
         try:
             info = self._handler.next_rendezvous()
+        except RendezvousClosedError:
+            raise RendezvousError(cfg.endpoint, f"the rendezvous at {cfg.endpoint} was closed: "
+                                  "another node ended the job") from None
         except (TorchRdzvError, RuntimeError) as exc:
             raise RendezvousError(cfg.endpoint, f"no rendezvous round formed at {cfg.endpoint} "
                                   f"within join_timeout {cfg.join_timeout} s "

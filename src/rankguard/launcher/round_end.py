@@ -45,8 +45,10 @@ class RoundEnd:
     @classmethod
     def of(cls, fault: Fault, node: int) -> RoundEnd:
         """The record of this node's ``fault``; a stop of this agent is ``node_left``."""
-        kind = "node_left" if fault.kind == "launcher_signal" else fault.kind
-        return cls(False, node, kind, fault.rank, fault.detail, fault.cascade)
+        if fault.kind == "launcher_signal":  # "the launcher received SIGTERM"
+            return cls(False, node, "node_left", None,
+                       fault.detail.replace("the launcher", "the agent"))
+        return cls(False, node, fault.kind, fault.rank, fault.detail, fault.cascade)
 
     def encode(self) -> str:
         return json.dumps(asdict(self))
