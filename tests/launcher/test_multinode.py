@@ -13,9 +13,10 @@ import time
 
 import pytest
 
-from rankguard import proctree
+from rankguard import margins, proctree
 from tests.conftest import ROOT, Run, finish, launch, script
 
+GRACE_S = 2
 JOIN_S = 60  # join_timeout: generous on a loaded machine; a healthy join takes seconds
 
 
@@ -178,3 +179,92 @@ def test_an_unreachable_endpoint_is_a_bounded_join_failure_naming_it(tmp_path):
     assert len(lines) == 1, proc.stderr
     assert f"nothing answered at 127.0.0.1:{port} within join_timeout {join} s" in lines[0]
     assert join <= took < join + 30  # + starting and ending Python on a loaded machine
+
+
+def _start_agents(tmp_path, args, nodes=2):
+    """Start ``nodes`` agents of one job (node_env.py looping); returns [(proc, log_dir)]."""
+    port = _free_port()
+    common = ["--nnodes", str(nodes), "--rdzv-backend", "c10d", "--rdzv-endpoint",
+              f"127.0.0.1:{port}", "--rdzv-id", f"mn{port}", "--rdzv-conf",
+              f"join_timeout={JOIN_S},close_timeout=10", "--local-addr", "127.0.0.1",
+              "--nproc-per-node", "2", "--grace", str(GRACE_S)]
+    return [(launch([*common, *args, script("node_env.py"), "100000", "0.02"],
+                    tmp_path / f"node{i}"), tmp_path / f"node{i}") for i in range(nodes)]
+
+
+def _await_output(procs, text: str, until: float) -> None:
+    """Read every agent's stdout (raw, on a selector) until each has printed ``text``."""
+    import os
+    import selectors
+
+    seen = {proc.pid: b"" for proc, _ in procs}
+    selector = selectors.DefaultSelector()
+    for proc, _ in procs:
+        selector.register(proc.stdout.fileno(), selectors.EVENT_READ, proc)
+    try:
+        while not all(text.encode() in data for data in seen.values()):
+            left = until - time.monotonic()
+            assert left > 0, f"no {text!r} from every agent in time: {seen}"
+            for key, _ in selector.select(left):
+                chunk = os.read(key.fd, 65536)
+                assert chunk, f"an agent ended before {text!r}: {seen}"
+                seen[key.data.pid] += chunk
+    finally:
+        selector.close()
+
+
+def _finish_all(procs, timeout):
+    started = time.monotonic()
+    try:
+        return [finish(proc, log_dir, timeout, started) for proc, log_dir in procs]
+    finally:
+        for proc, _ in procs:
+            if proc.poll() is None:
+                proctree.signal_tree(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+
+def _store_host(procs) -> int:
+    hosts = [i for i, (_, log_dir) in enumerate(procs)
+             if Run(0, "", "", 0.0, log_dir).event("run_start")["store_host"]]
+    assert len(hosts) == 1
+    return hosts[0]
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(240)
+def test_sigterm_to_one_agent_ends_its_node_with_143_and_the_job_on_the_other(tmp_path):
+    procs = _start_agents(tmp_path, ["--max-restarts", "1"])
+    try:
+        _await_output(procs, "]:STEPPED", time.monotonic() + 120)
+        target = 1 - _store_host(procs)  # the store's host must outlive the others
+        procs[target][0].send_signal(signal.SIGTERM)
+    finally:
+        runs = _finish_all(procs, 90)
+    other = runs[1 - target]
+    assert runs[target].code == 143, _error(runs)
+    # the other node stopped its ranks, tried the next round, found the rendezvous closed
+    assert other.code == 1, _error(runs)
+    assert other.event("restart")["root_cause"].startswith("the agent received SIGTERM (node ")
+    assert "was closed" in other.stdout + other.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(240)
+def test_the_loss_of_the_store_host_ends_every_other_node_naming_the_store(tmp_path):
+    procs = _start_agents(tmp_path, [])
+    try:
+        _await_output(procs, "]:STEPPED", time.monotonic() + 120)
+        host = _store_host(procs)
+        proctree.signal_tree(procs[host][0].pid, signal.SIGKILL)
+    finally:
+        runs = _finish_all(procs, 90)
+    other = runs[1 - host]
+    assert other.code == 1, _error(runs)
+    # seen at once (the store's connection closes), then this node's teardown: stacks, SIGTERM,
+    # --grace, SIGKILL; plus starting to wait and Python's exit on a loaded machine
+    budget = GRACE_S + margins.STACKS_S + margins.REAP_S + margins.DRAIN_S + 15
+    assert other.wall_s < budget, other.wall_s  # measured from the kill on (_finish_all)
+    root = other.event("run_end")["root_cause"]
+    assert root.startswith("lost the job's store at 127.0.0.1:"), root
+    assert set(other.outcomes().values()) == {"victim"}
