@@ -5,6 +5,8 @@ import pytest
 
 from rankguard.errors import UsageError
 from rankguard.launcher import cli
+from rankguard.launcher.monitor import Verdict
+from rankguard.launcher.node_agent import left_to_another_node
 from rankguard.launcher.outcome import Fault, run_status
 from rankguard.launcher.rendezvous import agents_namespace, assign, round_namespace
 from rankguard.launcher.round_end import RoundEnd, replaces
@@ -97,3 +99,21 @@ def test_a_rank_of_another_node_may_be_injected(tmp_path):
     with pytest.raises(UsageError, match="has ranks 0 to 3"):
         _parse(tmp_path, "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1",
                "--rdzv-id", "job", "--nproc-per-node", "2", "--inject", "crash:rank=4,at=op1")
+
+
+def _stuck(group="world", waited=3.0, reason="stuck_in_collective", hung=True):
+    return Verdict(hung, (0, 1), (0, 1), "all_reduce", 5, waited, reason, group=group)
+
+
+@pytest.mark.parametrize("verdict, nodes, left", [
+    (_stuck(), 2, True),  # the other node's agent names the rank that did not arrive
+    (_stuck(waited=6.0), 2, False),  # twice --hang-timeout: blamed here, bounded
+    (_stuck(), 1, False),  # one node: every member is here
+    (_stuck(group="ranks 0,1"), 2, False),  # a sub-group of this node's ranks
+    (_stuck(group="ranks 1,2"), 2, True),  # rank 2 is on the other node
+    (_stuck(reason="no_progress"), 2, False),  # an absent rank of this node: blamed here
+    (_stuck(reason="busy", hung=False), 2, False),  # straggler reports are not held back
+])
+def test_a_stuck_collective_spanning_nodes_is_left_to_the_other_node_for_a_while(
+        verdict, nodes, left):
+    assert left_to_another_node(verdict, {0, 1}, nodes, hang_timeout=3.0) is left

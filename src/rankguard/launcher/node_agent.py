@@ -40,6 +40,22 @@ from .summary import AttemptReport
 from .. import margins
 
 
+def left_to_another_node(verdict: Verdict, local: set[int], nodes: int,
+                         hang_timeout: float) -> bool:
+    """Whether this node leaves ``verdict`` to another node's agent for now. An agent sees only
+    its own ranks (``local``): when they all entered a collective of a group spanning nodes
+    that never completed, the rank that did not arrive is most likely on another node, whose
+    agent blames it ``hang_timeout`` after its peers began to wait. So such a verdict
+    (``stuck_in_collective``) stands here only once it has waited twice as long. Pure."""
+    if not verdict.hung or verdict.reason != "stuck_in_collective":
+        return False
+    if verdict.group == "world":
+        spans = nodes > 1
+    else:  # "ranks 0,2"
+        spans = not {int(r) for r in verdict.group.split(" ", 1)[1].split(",")} <= local
+    return spans and verdict.waited_s < 2 * hang_timeout
+
+
 class _Interrupted(Exception):
     """The agent received SIGINT or SIGTERM while it waited in the rendezvous."""
 
@@ -121,20 +137,9 @@ class NodeAgent(Launcher):
         return self._outside
 
     def _on_verdict(self, verdict: Verdict, result: _Attempt, now: float) -> None:
-        """This node sees only its own ranks: when they all entered a collective of a group
-        spanning nodes that never completed, the rank that did not arrive is most likely on
-        another node, whose agent blames it (``--hang-timeout`` after its peers began to
-        wait). So such a verdict here stands only once it has waited twice as long."""
-        if verdict.hung and verdict.reason == "stuck_in_collective" and \
-                self._spans_nodes(verdict.group) and \
-                verdict.waited_s < 2 * self.config.hang_timeout:
-            return
-        super()._on_verdict(verdict, result, now)
-
-    def _spans_nodes(self, group: str) -> bool:
-        if group == "world":
-            return self._group_world > 1
-        return not {int(r) for r in group.split(" ", 1)[1].split(",")} <= self._local_ranks
+        if not left_to_another_node(verdict, self._local_ranks, self._group_world,
+                                    self.config.hang_timeout):
+            super()._on_verdict(verdict, result, now)
 
     def _settle(self, result: _Attempt) -> None:
         channel = self._channel
