@@ -268,3 +268,19 @@ def test_the_loss_of_the_store_host_ends_every_other_node_naming_the_store(tmp_p
     root = other.event("run_end")["root_cause"]
     assert root.startswith("lost the job's store at 127.0.0.1:"), root
     assert set(other.outcomes().values()) == {"victim"}
+
+
+def test_a_round_that_never_fills_is_a_bounded_join_failure(tmp_path):
+    port = _free_port()
+    join = 3
+    started = time.monotonic()
+    proc = _run([*NODES, "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-conf",
+                 f"join_timeout={join}", "--local-addr", "127.0.0.1", script("node_env.py")],
+                tmp_path)
+    took = time.monotonic() - started
+    assert proc.returncode == 1, proc.stderr
+    expected = (f"no rendezvous round of 2 nodes formed at 127.0.0.1:{port} within "
+                f"join_timeout {join} s (RendezvousTimeoutError)")
+    assert expected in proc.stderr + proc.stdout
+    # torch's join deadline, plus its rollback period (5 s) and starting Python and torch
+    assert join <= took < join + 5 + 30, took

@@ -176,11 +176,14 @@ class Rendezvous:
             raise RendezvousError(cfg.endpoint, f"the rendezvous at {cfg.endpoint} was closed: "
                                   "another node ended the job") from None
         except (TorchRdzvError, RuntimeError) as exc:
-            raise RendezvousError(cfg.endpoint, f"no rendezvous round formed at {cfg.endpoint} "
-                                  f"within join_timeout {cfg.join_timeout} s "
-                                  f"({cfg.min_nodes} to {cfg.max_nodes} nodes wanted): "
-                                  f"{type(exc).__name__}: {_first_line(exc)}",
-                                  cfg.join_timeout) from None
+            wanted = f"{cfg.min_nodes}" if cfg.min_nodes == cfg.max_nodes else \
+                f"{cfg.min_nodes} to {cfg.max_nodes}"
+            why = _first_line(exc)
+            why = type(exc).__name__ if why == type(exc).__name__ else \
+                f"{type(exc).__name__}: {why}"
+            raise RendezvousError(cfg.endpoint, f"no rendezvous round of {wanted} nodes formed "
+                                  f"at {cfg.endpoint} within join_timeout {cfg.join_timeout} s "
+                                  f"({why})", cfg.join_timeout) from None
         try:
             return self._agree(info.store, info.rank, info.world_size, nproc)
         except RuntimeError as exc:  # torch's DistStoreError / DistNetworkError
