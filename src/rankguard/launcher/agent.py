@@ -39,8 +39,8 @@ from .config import RunConfig
 from .ranks import Layout, start_attempt
 from .monitor import HangMonitor, Verdict
 from .spares import Spares
-from .outcome import (EXIT_INTERNAL, FINAL_KINDS, Fault, RankOutcome, RankState, classify, deadline_verdict,
-                      first_fault, run_status)
+from .outcome import (EXIT_INTERNAL, FINAL_KINDS, Fault, RankOutcome, RankState, classify,
+                      deadline_verdict, first_fault, run_status)
 from .summary import AttemptReport, render
 from .terminal import Terminal
 
