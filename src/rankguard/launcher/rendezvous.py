@@ -26,6 +26,7 @@ agreement), a store request by ``read_timeout``.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from ..deadline import Deadline
 from ..errors import RendezvousError, UsageError
 from .config import RendezvousConfig
 
+_NO_SECOND_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 _CONNECT_S = 1.0  # the most one connection attempt to the endpoint may take
 _RETRY_S = 0.05  # between attempts: an endpoint whose agent is starting is found this soon
 
@@ -151,6 +153,10 @@ class Rendezvous:
         self._cfg = cfg
         self._run_id = run_id
         self._store = store
+        # torch's handler would otherwise start a second TCPStore on node 0 for the ranks,
+        # listening on every interface; the ranks use the job's store (MASTER_ADDR/PORT are the
+        # endpoint), so it would serve no one. Read by the handler at each round.
+        os.environ[_NO_SECOND_STORE] = "1"
         params = RendezvousParameters(
             "c10d", cfg.endpoint, run_id, cfg.min_nodes, cfg.max_nodes, cfg.local_addr,
             join_timeout=str(cfg.join_timeout), last_call_timeout=str(cfg.last_call_timeout),
