@@ -194,9 +194,11 @@ class NodeAgent(Launcher):
             self._channel.close()
         cfg = self._rdzv_cfg
         self._rdzv.shutdown()
+        if not self._group_world:  # never in a round: no node counts on this one
+            return
         key = f"/rankguard/{self.config.run_id}/left"
         try:
-            if self._store.add(key, 1) >= max(self._group_world, 1):
+            if self._store.add(key, 1) >= self._group_world:
                 self._store.set(key + ".all", "1")
             if self._hosting:
                 self._store.wait([key + ".all"], timedelta(seconds=cfg.close_timeout))

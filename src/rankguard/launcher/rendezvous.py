@@ -172,12 +172,16 @@ class Rendezvous:
             RendezvousError: the round did not form in time, the rendezvous was closed, or
                 the job's store failed; naming the endpoint and the timeout.
         """
-        from torch.distributed.elastic.rendezvous import RendezvousClosedError
+        from torch.distributed.elastic.rendezvous import (RendezvousClosedError,
+                                                          RendezvousConnectionError)
         from torch.distributed.elastic.rendezvous import RendezvousError as TorchRdzvError
 
         cfg = self._cfg
         try:
             info = self._handler.next_rendezvous()
+        except RendezvousConnectionError:
+            raise RendezvousError(cfg.endpoint, f"lost the job's store at {cfg.endpoint} while "
+                                  "joining a round (its node's agent is gone?)") from None
         except RendezvousClosedError:
             raise RendezvousError(cfg.endpoint, f"the rendezvous at {cfg.endpoint} was closed: "
                                   "another node ended the job") from None
