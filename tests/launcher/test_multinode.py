@@ -284,3 +284,17 @@ def test_a_round_that_never_fills_is_a_bounded_join_failure(tmp_path):
     assert expected in proc.stderr + proc.stdout
     # torch's join deadline, plus its rollback period (5 s) and starting Python and torch
     assert join <= took < join + 5 + 30, took
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(240)
+def test_a_frozen_rank_is_blamed_by_its_own_node_and_named_on_every_node(tmp_path):
+    runs, _ = _agents(tmp_path, ["--hang-timeout", "3", "--inject", "stop:rank=3,at=op5",
+                                 script("node_env.py"), "100000", "0.02"], timeout=180)
+    assert [run.code for run in runs] == [3, 3], _error(runs)
+    for run in runs:
+        root = run.event("run_end")["root_cause"]
+        assert root.startswith("hang: rank 3 never reached all_reduce #5 (stopped"), root
+    blaming = [run for run in runs if 3 in run.outcomes()]
+    assert len(blaming) == 1 and blaming[0].outcomes() == {2: "victim", 3: "hung"}
+    assert blaming[0].event("hang_detected")["blamed"] == [3]
