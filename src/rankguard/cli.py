@@ -53,6 +53,10 @@ def _run(argv: list[str]) -> int:
 
     try:
         config = run_cli.parse(argv)
+        if config.rendezvous is not None:  # several nodes: the store is at --rdzv-endpoint
+            from .launcher import node_agent
+
+            return node_agent.main(config)
         sock = store.reserve_port(config.master_addr, config.master_port)
     except UsageError as exc:
         print(f"rankguard run: error: {exc}", file=sys.stderr)

@@ -12,6 +12,8 @@ person understands.
     │   └── PeerFailed          a peer died, closed its connection, or was reported failed
     ├── GroupRetired        an operation on a process group retired by an earlier fault
     ├── TeardownTimeout     a guarded teardown could not finish within its budget
+    ├── RendezvousError     the nodes of a run did not meet (a round not formed in time, the
+    │                       job's store lost)
     └── PoolError           a call on a ``rankguard.Pool`` that did not run to completion
         ├── RequestFailed       a rank failed it: raised, exited, was killed, froze, overran
         ├── PoolUnavailable     no healthy group to run it: healing, start-up failing, busy
@@ -98,6 +100,20 @@ class CollectiveTimeout(CollectiveError):
 
 class PeerFailed(CollectiveError):
     """A peer died, closed its connection, or was reported failed by the supervisor."""
+
+
+class RendezvousError(RankguardError):
+    """The agents of a multi-node run could not form a rendezvous round.
+
+    Attributes:
+        endpoint: ``HOST:PORT`` of the job's store.
+        timeout: the bound that passed, in seconds (``join_timeout``), or None.
+    """
+
+    def __init__(self, endpoint: str, problem: str, timeout: float | None = None) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        super().__init__(problem)
 
 
 class GroupRetired(RankguardError):

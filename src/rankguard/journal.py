@@ -27,6 +27,8 @@ EVENTS = (
     "escalate",
     "restart",
     "leftover",
+    "rendezvous",
+    "round_end",
     "run_end",
     "pool_start",
     "group_start",
@@ -50,12 +52,19 @@ class Journal:
         self._file = open(path, "a", buffering=1,  # noqa: SIM115 (closed by close())
                           opener=lambda p, flags: os.open(p, flags | os.O_NOFOLLOW, 0o600))
         self._lock = threading.Lock()  # a pool writes from its supervisor and callers' threads
+        self._context: dict[str, Any] = {}
+
+    def context(self, **fields: Any) -> None:
+        """Write ``fields`` into every later event (a multi-node agent's ``round``), unless the
+        event gives them itself."""
+        self._context = {**self._context, **fields}
 
     def write(self, event: str, **fields: Any) -> dict[str, Any]:
         """Append one event and return it. ``event`` must be one of :data:`EVENTS`."""
         if event not in EVENTS:
             raise ValueError(f"unknown journal event {event!r}")
-        record = {"event": event, "ts": round(time.time(), 6), "run_id": self.run_id, **fields}
+        record = {"event": event, "ts": round(time.time(), 6), "run_id": self.run_id,
+                  **self._context, **fields}
         line = json.dumps(record, default=str) + "\n"
         with self._lock:
             self._file.write(line)

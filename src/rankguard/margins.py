@@ -55,6 +55,12 @@ CASCADE_WINDOW_S = 0.3
 a peer that caused it shows first (a dead peer's connection resets in ~20 ms; the launcher sees
 its exit through a pidfd at once)."""
 
+NODE_CASCADE_WINDOW_S = 2.0
+"""With several nodes, a rank's error inside a collective is judged only this long after it
+happened: a peer's fault on another node reaches this agent through the job's store (its own
+agent sees it at once and publishes it within ms, under a second on a loaded machine), and the
+first fault published ends the round on every node."""
+
 FLUSH_S = 1.0
 """At the end of a run, how long the readers of the launcher's stdout and stderr get to take
 what is still queued for them (``launcher.terminal``; the rank logs keep everything anyway)."""

@@ -28,7 +28,7 @@ def _run(args, tmp_path):
     (["--collective-timeout", "0", "x.py"], "--collective-timeout: '0' is below 0.001"),
     (["--master-port", "70000", "x.py"], "above 65535"),
     (["--max-restarts", "1.5", "x.py"], "--max-restarts: '1.5' is not an integer"),
-    (["--nnodes", "2", "x.py"], "only single-node runs"),
+    (["--nnodes", "2", "x.py"], "--rdzv-backend: 'static' is not supported yet"),
     (["--inject", "boom:rank=0,at=op1", "x.py"], "unknown kind 'boom'"),
     (["--bogus-flag", "x.py"], "unrecognized arguments: --bogus-flag"),
     (["missing_script.py"], "'missing_script.py' does not exist"),

@@ -36,11 +36,11 @@ from ..supervisor import RankProcesses
 from . import store as _store
 from . import guardian, teardown
 from .config import RunConfig
-from .ranks import start_attempt
+from .ranks import Layout, start_attempt
 from .monitor import HangMonitor, Verdict
 from .spares import Spares
-from .outcome import (EXIT_INTERNAL, Fault, RankOutcome, RankState, classify, deadline_verdict,
-                      first_fault, run_status)
+from .outcome import (EXIT_INTERNAL, FINAL_KINDS, Fault, RankOutcome, RankState, classify,
+                      deadline_verdict, first_fault, run_status)
 from .summary import AttemptReport, render
 from .terminal import Terminal
 
@@ -61,10 +61,15 @@ class _Attempt:
 class Launcher:
     """Runs ``config`` to the end; ``run()`` returns the process exit code."""
 
-    def __init__(self, config: RunConfig, listen_socket: socket.socket) -> None:
+    def __init__(self, config: RunConfig, listen_socket: socket.socket | None) -> None:
+        """``listen_socket``: the job's store port, bound (``store.reserve_port``); None when
+        the store is another's (several nodes: ``node_agent``)."""
         self.config = config
         self._socket = listen_socket
-        self._port = listen_socket.getsockname()[1]
+        self._port = listen_socket.getsockname()[1] if listen_socket is not None else \
+            config.rendezvous.port if config.rendezvous is not None else 0
+        # how long a rank's error inside a collective waits for the fault that caused it
+        self._cascade_window = margins.CASCADE_WINDOW_S
         self._token = uuid.uuid4().hex
         self._journal = Journal(config.journal_path, config.run_id)
         self._terminal = Terminal()
@@ -109,7 +114,7 @@ class Launcher:
                             max_restarts=cfg.max_restarts, hang_timeout=cfg.hang_timeout,
                             straggler_timeout=cfg.straggler_timeout, grace=cfg.grace,
                             master_port=self._port, log_dir=cfg.log_dir,
-                            injections=[s.text for s in cfg.injections])
+                            injections=[s.text for s in cfg.injections], **self._run_fields())
         reports: list[AttemptReport] = []
         restart_s: list[float] = []
         last_fault: Fault | None = None
@@ -126,13 +131,14 @@ class Launcher:
                 if last_fault is not None and attempt_result.first_step_at is not None:
                     restart_s.append(attempt_result.first_step_at - last_fault.at)
                 last_fault = attempt_result.fault
-                if last_fault is None or last_fault.kind == "launcher_signal":
+                if last_fault is None or last_fault.kind in FINAL_KINDS:
                     break
         finally:
             if self._spares is not None:
                 self._spares.close()
             tracking.close(kill=True)
             self._stop_guardian()
+            self._leave()
         status, code = run_status(attempt_result.fault, self._signal)
         root = next((r.root_cause for r in reports if r.root_cause), None)
         # rank output first, then count what was lost
@@ -151,7 +157,8 @@ class Launcher:
         cfg = self.config
         result = _Attempt()
         spares = self._spares
-        ranks = start_attempt(cfg, attempt, self._token, self._port, self._ledger_dir,
+        layout = self._join(attempt)
+        ranks = start_attempt(cfg, attempt, self._token, layout, self._ledger_dir,
                               spares.take if spares is not None else lambda: None,
                               self._terminal)
         started = time.monotonic()
@@ -162,12 +169,13 @@ class Launcher:
         if self._store is None:
             self._store = _store.host(self._socket, cfg.master_addr)
         ranks.add_reader(self._wakeup_r, self._drain_wakeup)
-        monitor = HangMonitor(cfg.nproc, cfg.hang_timeout, cfg.straggler_timeout)
+        monitor = HangMonitor(layout.world, cfg.hang_timeout, cfg.straggler_timeout)
         readers = {m.rank: _ledger.LedgerReader(m.ledger_path) for m in ranks}
         for member in ranks:
             monitor.watch(member.rank, member.pid, readers[member.rank], member.started_at)
         try:
             self._watch(ranks, monitor, readers, result, started)
+            self._settle(result)
             report = AttemptReport(attempt, [], None)
             teardown_at = None
             if result.fault is not None:
@@ -224,6 +232,11 @@ class Launcher:
         while ranks.live() and result.fault is None:
             exited = ranks.pump(tick)
             now = time.monotonic()
+            outside = self._outside_fault(now)
+            if outside is not None:
+                result.fault = outside
+                self._say(f"rankguard: {outside.describe()}; stopping this node's ranks")
+                break
             ticked = tick.passed()
             if ticked:
                 tick = Deadline.after(TICK_S)
@@ -298,7 +311,7 @@ class Launcher:
         """Take the root cause among the faults the ranks show at ``now`` in their ledgers
         ``snaps``, if any (a rank's exception or exit is acted on before its slow exit)."""
         states = [RankState.of(m, snaps[m.rank]) for m in ranks]
-        fault = first_fault(states, now, margins.CASCADE_WINDOW_S, self.config.hang_timeout)
+        fault = first_fault(states, now, self._cascade_window, self.config.hang_timeout)
         if fault is not None:
             result.fault = fault
             stopping = "; stopping the other ranks" if ranks.live() else ""
@@ -323,6 +336,27 @@ class Launcher:
             result.fault = Fault("hung", now - verdict.waited_s, None, "hang: " + verdict.describe())
             self._say(f"rankguard: hang: {verdict.describe()}")
 
+    # -- what a run of several nodes adds (node_agent); here, on one node, nothing ------------
+
+    def _run_fields(self) -> dict[str, Any]:
+        """Fields of the ``run_start`` event beyond one node's."""
+        return {}
+
+    def _join(self, attempt: int) -> Layout:
+        """Where this attempt's ranks sit in the job: on one node, all of it."""
+        return Layout.one_node(self.config, attempt, self._port)
+
+    def _outside_fault(self, now: float) -> Fault | None:
+        """A fault that ended the attempt elsewhere (another node), seen at ``now``."""
+        return None
+
+    def _settle(self, result: _Attempt) -> None:
+        """Once this node's ranks have all ended or one faulted: tell the other nodes, and
+        learn how the attempt ended for the job."""
+
+    def _leave(self) -> None:
+        """After the last attempt: leave the job (bounded, never raises)."""
+
     @staticmethod
     def _all_stepped(snaps: dict[int, _ledger.RankProgress]) -> bool:
         return all(snap.groups[0].done >= 2 for snap in snaps.values())  # init + a collective
@@ -334,11 +368,14 @@ class Launcher:
         signal.set_wakeup_fd(self._wakeup_w)
 
         def on_signal(signum: int, _frame: Any) -> None:
-            if self._signal is None:
-                self._signal = signum  # the attempt's loop says so and acts
+            self._on_signal(signum)
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, on_signal)
+
+    def _on_signal(self, signum: int) -> None:
+        if self._signal is None:
+            self._signal = signum  # the attempt's loop says so and acts
 
     def _drain_wakeup(self) -> None:
         try:

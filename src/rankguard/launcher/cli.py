@@ -11,6 +11,7 @@ import importlib.machinery
 import importlib.util
 import os
 import re
+import socket
 import sys
 import uuid
 
@@ -31,9 +32,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc", default="1",
                    help="ranks to start on this node: a number, 'cpu' (one per core) or 'auto'")
-    p.add_argument("--nnodes", default="1", help="only 1 is supported for now")
+    p.add_argument("--nnodes", default="1",
+                   help="nodes of the job: N, or MIN:MAX (default 1: this node alone; more "
+                   "needs --rdzv-backend c10d and --rdzv-endpoint)")
     p.add_argument("--node-rank", "--node_rank", dest="node_rank", default="0",
-                   help="only 0 is supported for now")
+                   help="only 0 is supported for now (c10d assigns node ranks itself)")
+    p.add_argument("--rdzv-backend", "--rdzv_backend", dest="rdzv_backend", default="static",
+                   help="how the nodes meet: c10d (torch's dynamic rendezvous on a TCPStore "
+                   "hosted by the agent at --rdzv-endpoint); static and etcd-v2 are not "
+                   "supported yet")
+    p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv_endpoint", default="",
+                   help="HOST:PORT of the job's store (several nodes)")
+    p.add_argument("--rdzv-conf", "--rdzv_conf", dest="rdzv_conf", default="",
+                   help="k=v,... for torch's rendezvous: join_timeout (default 600), "
+                   "last_call_timeout (30), close_timeout (30), read_timeout (60), is_host, "
+                   "keep_alive_interval, keep_alive_max_attempt")
+    p.add_argument("--local-addr", "--local_addr", dest="local_addr", default=None,
+                   help="this node's address in the rendezvous (default: its FQDN)")
     p.add_argument("--max-restarts", "--max_restarts", dest="max_restarts", default="0",
                    help="restart the whole group up to this many times after a fault (default 0)")
     p.add_argument("--master-addr", "--master_addr", dest="master_addr", default="127.0.0.1",
@@ -163,12 +178,12 @@ def parse(argv: list[str]) -> _config.RunConfig:
         UsageError: any bad flag, value or path; the message names it and says how to fix it.
     """
     ns = build_parser().parse_args(argv)
-    if ns.nnodes not in ("1", "1:1"):
-        raise UsageError("--nnodes", f"{ns.nnodes!r}: only single-node runs are supported yet",
-                         "use --nnodes 1")
+    min_nodes, max_nodes = _nnodes(ns.nnodes)
     if ns.node_rank != "0":
         raise UsageError("--node-rank", f"{ns.node_rank!r}: only node 0 exists in a "
-                         "single-node run", "use --node-rank 0")
+                         "single-node run, and c10d numbers the nodes itself",
+                         "leave --node-rank out")
+    rendezvous = None if max_nodes == 1 else _rendezvous(ns, min_nodes, max_nodes)
     nproc = _nproc(ns.nproc)
     max_restarts = int(number("--max-restarts", ns.max_restarts, int, 0, "e.g. --max-restarts 3"))
     port = int(number("--master-port", ns.master_port, int, 0, "use a port from 1 to 65535"))
@@ -190,9 +205,9 @@ def parse(argv: list[str]) -> _config.RunConfig:
                                      "e.g. --collective-timeout 60")
     injections = tuple(inject_spec.parse(text) for text in ns.inject)
     for fault in injections:
-        if fault.rank >= nproc:
+        if fault.rank >= nproc * max_nodes:
             raise UsageError("--inject", f"{fault.text!r} targets rank {fault.rank}, but the run "
-                             f"has ranks 0 to {nproc - 1}", "pick an existing rank")
+                             f"has ranks 0 to {nproc * max_nodes - 1}", "pick an existing rank")
         if fault.attempt is not None and fault.attempt > max_restarts:
             raise UsageError("--inject", f"{fault.text!r} targets attempt {fault.attempt}, but "
                              f"the run has attempts 0 to {max_restarts}",
@@ -200,9 +215,14 @@ def parse(argv: list[str]) -> _config.RunConfig:
     _check_script(ns.module, ns.script)
     if not ns.master_addr.strip():
         raise UsageError("--master-addr", "is empty", "e.g. --master-addr 127.0.0.1")
+    if rendezvous is not None and ns.run_id is None:
+        raise UsageError("--rdzv-id", "is needed with several nodes: every agent of the job "
+                         "gives the same one", "e.g. --rdzv-id job42")
     run_id = _check_run_id(ns.run_id) if ns.run_id is not None else f"rg-{uuid.uuid4().hex[:8]}"
-    log_dir = writable_dir("--log-dir", ns.log_dir or os.path.join(
-        private_files.user_dir("--log-dir"), run_id))
+    default_dir = os.path.join(private_files.user_dir("--log-dir"), run_id)
+    if rendezvous is not None:  # several agents of one run may share a machine
+        default_dir = os.path.join(default_dir, f"{socket.gethostname()}-{os.getpid()}")
+    log_dir = writable_dir("--log-dir", ns.log_dir or default_dir)
     journal = writable_file("--journal", ns.journal or os.path.join(log_dir, "journal.jsonl"))
     command = ("-m", ns.script, *ns.script_args) if ns.module else (ns.script, *ns.script_args)
     return _config.RunConfig(
@@ -210,4 +230,92 @@ def parse(argv: list[str]) -> _config.RunConfig:
         master_port=port, run_id=run_id, log_dir=log_dir, journal_path=journal,
         hang_timeout=hang, straggler_timeout=straggler, grace=grace, injections=injections,
         tee=ns.tee, spares=ns.spares, collective_timeout=collective_timeout,
+        rendezvous=rendezvous,
     )
+
+
+def _nnodes(text: str) -> tuple[int, int]:
+    """``--nnodes N`` or ``MIN:MAX``, as (min, max)."""
+    hint = "give a number of nodes, e.g. --nnodes 2, or a range, e.g. --nnodes 2:4"
+    parts = text.split(":")
+    if len(parts) > 2:
+        raise UsageError("--nnodes", f"{text!r} is neither N nor MIN:MAX", hint)
+    low, high = (int(number("--nnodes", part, int, 1, hint, 1 << 20)) for part in
+                 (parts[0], parts[-1]))
+    if low > high:
+        raise UsageError("--nnodes", f"{text!r}: the minimum {low} is above the maximum {high}",
+                         hint)
+    return low, high
+
+
+# Keys of --rdzv-conf this launcher reads (whole seconds, as torch takes them), and those it
+# passes on to torch's dynamic rendezvous as they are.
+_TIMEOUTS = ("join_timeout", "last_call_timeout", "close_timeout", "read_timeout")
+_PASSED_ON = ("keep_alive_interval", "keep_alive_max_attempt")
+
+
+def _rendezvous(ns: argparse.Namespace, min_nodes: int,
+                max_nodes: int) -> _config.RendezvousConfig:
+    """The rendezvous settings of a run of several nodes.
+
+    Raises:
+        UsageError: an unknown or unsupported backend, a missing or malformed endpoint, a bad
+            ``--rdzv-conf`` key or value.
+    """
+    backend = ns.rdzv_backend
+    if backend in ("static", "etcd", "etcd-v2"):
+        raise UsageError("--rdzv-backend", f"{backend!r} is not supported yet with several "
+                         "nodes", "use --rdzv-backend c10d --rdzv-endpoint HOST:PORT")
+    if backend != "c10d":
+        raise UsageError("--rdzv-backend", f"unknown backend {backend!r}",
+                         "use --rdzv-backend c10d")
+    host, port = _endpoint(ns.rdzv_endpoint)
+    values: dict[str, object] = {}
+    extra = []
+    for item in filter(None, ns.rdzv_conf.split(",")):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise UsageError("--rdzv-conf", f"{item!r} is not KEY=VALUE",
+                             "e.g. --rdzv-conf join_timeout=60,last_call_timeout=5")
+        if key in _TIMEOUTS:
+            values[key] = int(number(f"--rdzv-conf {key}", value, int, 1,
+                                     f"whole seconds, e.g. {key}=60", 1 << 30))
+        elif key == "is_host":
+            if value.lower() not in ("1", "0", "true", "false"):
+                raise UsageError("--rdzv-conf is_host", f"{value!r} is not a boolean",
+                                 "use is_host=1 or is_host=0")
+            values[key] = value.lower() in ("1", "true")
+        elif key in _PASSED_ON:
+            number(f"--rdzv-conf {key}", value, int, 1, f"a whole number, e.g. {key}=5")
+            extra.append((key, value))
+        else:
+            raise UsageError("--rdzv-conf", f"unknown key {key!r}", "known keys: "
+                             + ", ".join(_TIMEOUTS + ("is_host",) + _PASSED_ON))
+    if ns.local_addr is not None and not ns.local_addr.strip():
+        raise UsageError("--local-addr", "is empty", "give this node's address, or leave it out")
+    return _config.RendezvousConfig(min_nodes=min_nodes, max_nodes=max_nodes, host=host,
+                                    port=port, backend=backend, local_addr=ns.local_addr,
+                                    extra=tuple(extra), **values)  # type: ignore[arg-type]
+
+
+_DEFAULT_RDZV_PORT = 29400  # torch's, for an endpoint without one
+
+
+def _endpoint(text: str) -> tuple[str, int]:
+    """``--rdzv-endpoint HOST[:PORT]`` (``[IPv6]:PORT`` too), as (host, port)."""
+    hint = "give HOST:PORT of the job's store, e.g. --rdzv-endpoint 10.0.0.1:29400"
+    if not text:
+        raise UsageError("--rdzv-endpoint", "is needed with several nodes", hint)
+    match = _ENDPOINT.fullmatch(text)
+    if match is None:
+        raise UsageError("--rdzv-endpoint", f"{text!r} is not HOST:PORT", hint)
+    host = match.group("v6") or match.group("host")
+    port = int(match.group("port")) if match.group("port") else _DEFAULT_RDZV_PORT
+    if not 1 <= port <= 65535:
+        raise UsageError("--rdzv-endpoint", f"{text!r}: port {port} is not from 1 to 65535", hint)
+    return host, port
+
+
+_ENDPOINT = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]+))"
+                       r"(?::(?P<port>[0-9]{1,5}))?", re.ASCII)

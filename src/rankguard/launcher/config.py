@@ -11,6 +11,37 @@ DEFAULT_HANG_TIMEOUT = 10.0
 DEFAULT_STRAGGLER_TIMEOUT = 300.0
 DEFAULT_GRACE = 5.0
 DEFAULT_MASTER_PORT = 29500
+# torch's own defaults for the dynamic rendezvous (torch.distributed.elastic.rendezvous)
+DEFAULT_JOIN_TIMEOUT = 600
+DEFAULT_LAST_CALL_TIMEOUT = 30
+DEFAULT_CLOSE_TIMEOUT = 30
+DEFAULT_READ_TIMEOUT = 60
+
+
+@dataclass(frozen=True)
+class RendezvousConfig:
+    """How the agents of a multi-node run meet: torch's dynamic rendezvous on the c10d backend.
+
+    Times are whole seconds, as torch's rendezvous takes them (``--rdzv-conf``).
+    """
+
+    min_nodes: int
+    max_nodes: int
+    host: str  # of --rdzv-endpoint: where the job's store is (hosted by the agent there)
+    port: int
+    backend: str = "c10d"
+    join_timeout: int = DEFAULT_JOIN_TIMEOUT  # bounds joining a round, and every wait on peers
+    last_call_timeout: int = DEFAULT_LAST_CALL_TIMEOUT
+    close_timeout: int = DEFAULT_CLOSE_TIMEOUT  # bounds the end: closing, the last agents leaving
+    read_timeout: int = DEFAULT_READ_TIMEOUT  # bounds one store request
+    is_host: bool | None = None  # host the store here (None: when the endpoint can be bound here)
+    local_addr: str | None = None  # this node's address in the rendezvous (torch: its FQDN)
+    extra: tuple[tuple[str, str], ...] = ()  # other --rdzv-conf keys, passed on to torch
+
+    @property
+    def endpoint(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
 
 
 @dataclass(frozen=True)
@@ -36,6 +67,7 @@ class RunConfig:
     spares: bool = True  # keep warm spares for restarts (only when --max-restarts > 0)
     collective_timeout: float | None = None  # job-wide deadline of every collective
     secret: str = field(default_factory=sealed.new_secret, repr=False)  # the ranks' store seal
+    rendezvous: RendezvousConfig | None = None  # several nodes; None: this node alone
 
     @property
     def rank_grace(self) -> float:

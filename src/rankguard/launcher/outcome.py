@@ -38,16 +38,22 @@ EXIT_USAGE = 2
 EXIT_HUNG = 3
 EXIT_INTERNAL = 4
 _SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+# Faults after which no restart is tried: the launcher was told to stop; with several nodes,
+# the job's store is gone, a round could not be formed, or the other nodes never finished.
+FINAL_KINDS = frozenset({"launcher_signal", "store_lost", "rendezvous", "gave_up"})
 
 
 @dataclass(frozen=True)
 class Fault:
     """The first thing that went wrong in an attempt."""
 
-    kind: str  # raised | exited | signalled | hung | launcher_signal
+    # raised | exited | signalled | hung | launcher_signal; with several nodes also
+    # node_left | gave_up | store_lost | rendezvous (see FINAL_KINDS)
+    kind: str
     at: float  # monotonic
     rank: int | None = None
     detail: str = ""
+    cascade: bool = False  # an error inside a collective: maybe a peer's fault's effect
 
     def describe(self) -> str:
         if self.rank is None:
@@ -90,7 +96,8 @@ class RankState:
 def raised_fault(rank: int, progress: _ledger.RankProgress) -> Fault:
     """The fault of a rank whose ledger says an exception reached the top of its script."""
     where = " inside a collective" if progress.fault_in_collective else ""
-    return Fault("raised", progress.t_fault, rank, f"raised an exception{where}")
+    return Fault("raised", progress.t_fault, rank, f"raised an exception{where}",
+                 bool(progress.fault_in_collective))
 
 
 def deadline_verdict(rank: int, progress: _ledger.RankProgress,

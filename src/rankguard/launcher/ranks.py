@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from typing import Callable
 
 from .. import sealed
@@ -51,8 +52,33 @@ def discard(proc: subprocess.Popen[bytes]) -> None:
             pipe.close()
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Where this node's ranks sit in the job for one attempt: what torchrun's environment
+    tells each rank about the job (its store, the world, this node's place in it)."""
+
+    master_addr: str
+    master_port: int
+    namespace: str  # the attempt's (or round's) store prefix, RANKGUARD_NAMESPACE
+    world: int  # WORLD_SIZE: ranks of every node
+    base: int = 0  # the global rank of this node's local rank 0
+    group_rank: int = 0  # GROUP_RANK: this node's rank among the nodes of the round
+    group_world: int = 1  # GROUP_WORLD_SIZE: nodes in the round
+    round: int | None = None  # the rendezvous round (several nodes only)
+
+    @classmethod
+    def one_node(cls, config: RunConfig, attempt: int, master_port: int) -> "Layout":
+        """This node alone: every rank of the job is local, the store is the launcher's."""
+        return cls(config.master_addr, master_port, namespace(config.run_id, attempt),
+                   config.nproc)
+
+
 def base_env(config: RunConfig, token: str, master_port: int) -> dict[str, str]:
-    """The environment every rank of the run shares (a warm spare starts with this)."""
+    """The environment every rank of the run shares (a warm spare starts with this).
+
+    With several nodes the ranks get no secret from the agent (each agent would draw its own):
+    unless ``RANKGUARD_SECRET`` is set alike on every node, rank 0 draws one when the default
+    group forms and sends it to the others over gloo (``sealed.agree``)."""
     env = dict(os.environ)
     world = config.nproc
     env.update(
@@ -69,23 +95,32 @@ def base_env(config: RunConfig, token: str, master_port: int) -> dict[str, str]:
         RANKGUARD_HANG_TIMEOUT=f"{config.hang_timeout:g}",  # bounds a rank's wait for a store
         RANKGUARD_LOG_DIR=config.log_dir,  # the run's private folder (0700), e.g. for checkpoints
     )
-    env[sealed.ENV] = config.secret
+    if config.rendezvous is None:
+        env[sealed.ENV] = config.secret
     if config.collective_timeout is not None:
         env["RANKGUARD_COLLECTIVE_TIMEOUT"] = f"{config.collective_timeout:g}"
     env[MARKER] = token
     return env
 
 
-def rank_env(config: RunConfig, rank: int, attempt: int, token: str, master_port: int,
+def rank_env(config: RunConfig, local_rank: int, attempt: int, token: str, layout: Layout,
              ledger_path: str, stacks_path: str) -> dict[str, str]:
-    """torchrun's environment for ``rank`` plus rankguard's variables."""
-    env = base_env(config, token, master_port)
+    """torchrun's environment for local rank ``local_rank`` of ``layout`` plus rankguard's
+    variables."""
+    env = base_env(config, token, layout.master_port)
+    rank = layout.base + local_rank
     env.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), ROLE_RANK=str(rank),
+        RANK=str(rank), LOCAL_RANK=str(local_rank), ROLE_RANK=str(rank),
+        WORLD_SIZE=str(layout.world), LOCAL_WORLD_SIZE=str(config.nproc),
+        GROUP_RANK=str(layout.group_rank), GROUP_WORLD_SIZE=str(layout.group_world),
+        ROLE_WORLD_SIZE=str(layout.world), MASTER_ADDR=layout.master_addr,
+        MASTER_PORT=str(layout.master_port),
         TORCHELASTIC_RESTART_COUNT=str(attempt), RANKGUARD_LEDGER=ledger_path,
         RANKGUARD_STACKS=stacks_path, RANKGUARD_ATTEMPT=str(attempt),
-        RANKGUARD_NAMESPACE=namespace(config.run_id, attempt),
+        RANKGUARD_NAMESPACE=layout.namespace,
     )
+    if layout.round is not None:
+        env["RANKGUARD_ROUND"] = str(layout.round)
     return env
 
 
@@ -99,12 +134,13 @@ def start_bootstrap(config: RunConfig, env: dict[str, str],
     return spawn(argv, env, stdin_pipe=spare)
 
 
-def start_attempt(config: RunConfig, attempt: int, token: str, master_port: int,
+def start_attempt(config: RunConfig, attempt: int, token: str, layout: Layout,
                   ledger_dir: str,
                   spares: Callable[[], subprocess.Popen[bytes] | None] = lambda: None,
                   terminal: Terminal | None = None) -> RankProcesses:
-    """Create the ledgers and start every rank of attempt ``attempt`` (the set's ``number``);
-    returns at once (ranks import in parallel).
+    """Create the ledgers and start every local rank of attempt ``attempt`` (the set's
+    ``number``) where ``layout`` puts them; returns at once (ranks import in parallel). The
+    set's members are numbered by global rank.
 
     Each rank is a warm spare from ``spares()`` when it gives one, else a new process. Its log
     and stacks go to ``LOG_DIR/attemptN/``, its ledger to ``ledger_dir`` (the run's private
@@ -115,12 +151,13 @@ def start_attempt(config: RunConfig, attempt: int, token: str, master_port: int,
     os.makedirs(attempt_dir, mode=0o700, exist_ok=True)
     tee = (terminal.out.write, terminal.err.write) if terminal is not None and config.tee \
         else None
-    ranks = RankProcesses(attempt, config.nproc, tee)
-    for rank in range(config.nproc):
+    ranks = RankProcesses(attempt, layout.world, tee)
+    for local_rank in range(config.nproc):
+        rank = layout.base + local_rank
         files = RankFiles(log=os.path.join(attempt_dir, f"rank{rank}.log"),
                           stacks=os.path.join(attempt_dir, f"stacks_rank{rank}.txt"),
                           ledger=os.path.join(ledger_dir, f"attempt{attempt}-rank{rank}.ledger"))
-        env = rank_env(config, rank, attempt, token, master_port, files.ledger, files.stacks)
+        env = rank_env(config, local_rank, attempt, token, layout, files.ledger, files.stacks)
         spare = spares()
 
         def launch(env: dict[str, str], spare: subprocess.Popen[bytes] | None = spare

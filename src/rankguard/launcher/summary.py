@@ -30,7 +30,7 @@ def render(run_id: str, status: str, exit_code: int, reports: list[AttemptReport
         lines.append(f"  root cause: {first_fault.root_cause} (attempt {first_fault.attempt})")
     for report in reports:
         ranks = "  ".join(f"{o.rank}:{o.outcome}" for o in report.outcomes)
-        lines.append(f"  attempt {report.attempt}: {ranks}")
+        lines.append(f"  attempt {report.attempt}: {ranks or 'no rank started'}")
         if report.verdict:
             lines.append(f"    verdict: {report.verdict}")
         if report.stacks:

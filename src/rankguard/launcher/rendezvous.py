@@ -1,0 +1,227 @@
+"""Meeting the other nodes of a run: torch's own dynamic rendezvous on the c10d backend.
+
+Each node runs one agent (``rankguard run --nnodes ...``). The agents meet in rounds of torch's
+``DynamicRendezvousHandler`` (``torch.distributed.elastic.rendezvous``), whose state lives in
+the job's store through torch's ``C10dRendezvousBackend``: the same handler, backend and round
+rules as torchrun (min/max nodes, last call, keep-alive heartbeats), not a protocol of ours.
+
+**The job's store** is one TCPStore at ``--rdzv-endpoint``, hosted by the agent that can bind
+that address (the first one on the endpoint's machine, or the one given ``--rdzv-conf
+is_host=1``), bound on that address only (``store_server``); the other agents, and every rank
+of every node, are its clients. It holds torch's rendezvous state, the agents' round keys
+(``round_end``) and the ranks' keys, each round under its own prefix (:func:`round_namespace`).
+It is the job's single point of failure: when its agent is gone, the others end (bounded), see
+``round_end``.
+
+**A round** (:meth:`Rendezvous.next_round`): torch's handler admits this node and gives it
+its node rank; then the agents agree, through the round's own prefix of the store, on each
+node's first global rank (a sum of the ``--nproc-per-node`` of the nodes before it, as torchrun
+assigns them) and on the round's number, drawn by node 0 from a job-wide counter: every agent
+and every rank of the round sees the same number, and no two rounds have the same one.
+
+Every wait is bounded: joining by ``join_timeout`` (torch's own deadline, then ours for the
+agreement), a store request by ``read_timeout``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Sequence
+
+from .. import store_server
+from ..deadline import Deadline
+from ..errors import RendezvousError, UsageError
+from .config import RendezvousConfig
+
+_NO_SECOND_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+_CONNECT_S = 1.0  # the most one connection attempt to the endpoint may take
+_RETRY_S = 0.05  # between attempts: an endpoint whose agent is starting is found this soon
+
+
+def round_namespace(run_id: str, number: int) -> str:
+    """The ranks' store prefix in round ``number`` of a multi-node run."""
+    return f"/rankguard/{run_id}/round{number}/"
+
+
+def agents_namespace(run_id: str, number: int) -> str:
+    """The agents' store prefix in round ``number`` (its end, the nodes done)."""
+    return f"/rankguard/{run_id}/round{number}.agents/"
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round of the rendezvous, as this node takes part in it."""
+
+    number: int  # job-wide, from 0; the same on every node
+    group_rank: int  # this node's rank among the round's nodes (torch's, sorted node ids)
+    group_world: int  # nodes in the round
+    base: int  # the global rank of this node's local rank 0
+    world: int  # ranks of every node
+
+
+def assign(nprocs: Sequence[int]) -> list[tuple[int, int]]:
+    """For the ranks per node of a round, by node rank: (first global rank, world size) of
+    each node, as torchrun assigns them (node after node). Pure."""
+    world = sum(nprocs)
+    bases, first = [], 0
+    for count in nprocs:
+        bases.append((first, world))
+        first += count
+    return bases
+
+
+def connect(cfg: RendezvousConfig) -> tuple[Any, bool]:
+    """The job's store: hosted here when the endpoint can be bound here (or ``is_host=1``),
+    else a client of the agent that hosts it; returns ``(store, hosting)``. A client waits up
+    to ``join_timeout`` for the endpoint to accept connections (its agent may start later).
+
+    Raises:
+        UsageError: ``is_host=1`` and the endpoint cannot be bound here; nothing accepted a
+            connection at the endpoint within ``join_timeout``, or no store answered there
+            (naming the endpoint and the timeout).
+    """
+    if cfg.is_host is not False:
+        sock = _bind(cfg)
+        if sock is not None:
+            return store_server.host(sock, cfg.host, cfg.read_timeout), True
+    until = Deadline.after(cfg.join_timeout)
+    _await_listener(cfg, until)
+    from torch.distributed import TCPStore
+
+    try:
+        store = TCPStore(cfg.host, cfg.port, is_master=False,
+                         timeout=timedelta(seconds=max(until.remaining(), _CONNECT_S)))
+    except RuntimeError as exc:
+        raise UsageError("--rdzv-endpoint", f"no store answered at {cfg.endpoint} within "
+                         f"join_timeout {cfg.join_timeout} s ({_first_line(exc)})",
+                         "is something else listening there?") from None
+    store.set_timeout(timedelta(seconds=cfg.read_timeout))
+    return store, False
+
+
+def _bind(cfg: RendezvousConfig) -> socket.socket | None:
+    """The endpoint bound and listening here, or None where it is not this machine's address
+    or another process (another agent on this machine) has it."""
+    try:
+        return store_server.reserve_port(cfg.host, cfg.port, addr_option="--rdzv-endpoint",
+                                         port_option="--rdzv-endpoint")
+    except UsageError:
+        if cfg.is_host:
+            raise
+        return None
+
+
+def _await_listener(cfg: RendezvousConfig, until: Deadline) -> None:
+    """Return once something accepts a TCP connection at the endpoint; raise UsageError if
+    nothing did before ``until``. Plain sockets, so that an endpoint that is not up yet costs
+    no torch retries (and no C++ warnings)."""
+    last = "no attempt"
+    while True:
+        try:
+            with socket.create_connection((cfg.host, cfg.port),
+                                          timeout=min(_CONNECT_S, until.left(0.001))):
+                return
+        except OSError as exc:
+            last = exc.strerror or type(exc).__name__
+        if until.passed():
+            raise UsageError("--rdzv-endpoint", f"nothing answered at {cfg.endpoint} within "
+                             f"join_timeout {cfg.join_timeout} s (last: {last})",
+                             "start the agent of the endpoint's node, check the address, or "
+                             "raise --rdzv-conf join_timeout")
+        # the pace of connection attempts: nothing signals that a remote port opened
+        time.sleep(until.wait_time(_RETRY_S))
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+class Rendezvous:
+    """This node's side of the job's rendezvous (one per agent, for every round)."""
+
+    def __init__(self, cfg: RendezvousConfig, run_id: str, store: Any) -> None:
+        from torch.distributed.elastic.rendezvous import RendezvousParameters
+        from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
+            C10dRendezvousBackend)
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+        self._cfg = cfg
+        self._run_id = run_id
+        self._store = store
+        # torch's handler would otherwise start a second TCPStore on node 0 for the ranks,
+        # listening on every interface; the ranks use the job's store (MASTER_ADDR/PORT are the
+        # endpoint), so it would serve no one. Read by the handler at each round.
+        os.environ[_NO_SECOND_STORE] = "1"
+        params = RendezvousParameters(
+            "c10d", cfg.endpoint, run_id, cfg.min_nodes, cfg.max_nodes, cfg.local_addr,
+            join_timeout=str(cfg.join_timeout), last_call_timeout=str(cfg.last_call_timeout),
+            close_timeout=str(cfg.close_timeout), **dict(cfg.extra))
+        self._handler = create_handler(store, C10dRendezvousBackend(store, run_id), params)
+
+    def next_round(self, nproc: int) -> Round:
+        """Join the next round with ``nproc`` local ranks; returns it once every node of it
+        has agreed on the ranks. Bounded by ``join_timeout`` for torch's join, and as long
+        again for the agreement.
+
+        Raises:
+            RendezvousError: the round did not form in time, the rendezvous was closed, or
+                the job's store failed; naming the endpoint and the timeout.
+        """
+        from torch.distributed.elastic.rendezvous import (RendezvousClosedError,
+                                                          RendezvousConnectionError)
+        from torch.distributed.elastic.rendezvous import RendezvousError as TorchRdzvError
+
+        cfg = self._cfg
+        try:
+            info = self._handler.next_rendezvous()
+        except RendezvousConnectionError:
+            raise RendezvousError(cfg.endpoint, f"lost the job's store at {cfg.endpoint} while "
+                                  "joining a round (its node's agent is gone?)") from None
+        except RendezvousClosedError:
+            raise RendezvousError(cfg.endpoint, f"the rendezvous at {cfg.endpoint} was closed: "
+                                  "another node ended the job") from None
+        except (TorchRdzvError, RuntimeError) as exc:
+            wanted = f"{cfg.min_nodes}" if cfg.min_nodes == cfg.max_nodes else \
+                f"{cfg.min_nodes} to {cfg.max_nodes}"
+            why = _first_line(exc)
+            why = type(exc).__name__ if why == type(exc).__name__ else \
+                f"{type(exc).__name__}: {why}"
+            raise RendezvousError(cfg.endpoint, f"no rendezvous round of {wanted} nodes formed "
+                                  f"at {cfg.endpoint} within join_timeout {cfg.join_timeout} s "
+                                  f"({why})", cfg.join_timeout) from None
+        try:
+            return self._agree(info.store, info.rank, info.world_size, nproc)
+        except RuntimeError as exc:  # torch's DistStoreError / DistNetworkError
+            raise RendezvousError(cfg.endpoint, f"the nodes of the round did not agree on "
+                                  f"their ranks at {cfg.endpoint} within join_timeout "
+                                  f"{cfg.join_timeout} s: {_first_line(exc)}",
+                                  cfg.join_timeout) from None
+
+    def _agree(self, store: Any, group_rank: int, group_world: int, nproc: int) -> Round:
+        """Through the round's own prefix of the store (``store``, torch's): every node's
+        ``nproc`` in, node 0 writes the plan (round number, bases), every node reads it."""
+        limit = timedelta(seconds=self._cfg.join_timeout)
+        store.set(f"rankguard/nproc/{group_rank}", str(nproc))
+        if group_rank == 0:
+            keys = [f"rankguard/nproc/{node}" for node in range(group_world)]
+            store.wait(keys, limit)
+            counts = [int(value) for value in store.multi_get(keys)]
+            number = self._store.add(f"/rankguard/{self._run_id}/rounds", 1) - 1
+            store.set("rankguard/plan", json.dumps({"round": number, "nproc": counts}))
+        store.wait(["rankguard/plan"], limit)
+        plan = json.loads(store.get("rankguard/plan"))
+        base, world = assign(plan["nproc"])[group_rank]
+        return Round(plan["round"], group_rank, group_world, base, world)
+
+    def shutdown(self) -> None:
+        """Close the rendezvous (torch's ``shutdown``: no later round forms; bounded by
+        ``close_timeout``); stop this node's keep-alive heartbeats. Never raises."""
+        try:
+            self._handler.shutdown()
+        except Exception:  # noqa: BLE001 (the store may be gone already: nothing to close)
+            pass

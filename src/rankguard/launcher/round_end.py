@@ -1,0 +1,170 @@
+"""How a rendezvous round ends on every node: one record in the job's store.
+
+Each agent watches its own ranks as on one node. What it cannot see is another node's ranks,
+so each round has one **end** key (under ``rendezvous.agents_namespace``), written once:
+
+- by the first agent that sees a fault among its ranks (or is told to stop): a
+  :class:`RoundEnd` naming the node, the rank, the kind of fault and what happened. Written
+  with ``compare_set`` so the first one stands; one exception: a fault that may be a cascade (an
+  error inside a collective, what a peer's death does to its peers) gives way to a fault that is
+  not (:func:`replaces`), so the root cause is named on every node;
+- by the last agent whose ranks all ended well (a counter of the nodes done): ``ok``.
+
+Every agent learns of the end at once, from a watcher thread blocked in the store's own ``wait``
+for that key (on a client of its own, so the agent's store requests never queue behind it),
+which then pokes the agent's event loop. The watcher's waits are slices of ``WATCH_SLICE_S``
+(the store answers the moment the key is written; a slice only bounds each request); a watcher
+whose store connection fails reports the store as lost: the job cannot go on without it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from typing import Any, Callable
+
+from ..deadline import Deadline
+from .outcome import Fault
+
+WATCH_SLICE_S = 3600.0
+
+
+@dataclass(frozen=True)
+class RoundEnd:
+    """How a round ended: ``ok``, or the fault that ended it, as the store holds it."""
+
+    ok: bool
+    node: int = -1  # the node rank of the agent that ended it
+    kind: str = ""  # a Fault kind (outcome), or node_left / gave_up / store_lost
+    rank: int | None = None  # the global rank at fault, if one is
+    detail: str = ""
+    cascade: bool = False
+
+    @classmethod
+    def of(cls, fault: Fault, node: int) -> RoundEnd:
+        """The record of this node's ``fault``; a stop of this agent is ``node_left``."""
+        if fault.kind == "launcher_signal":  # "the launcher received SIGTERM"
+            return cls(False, node, "node_left", None,
+                       fault.detail.replace("the launcher", "the agent"))
+        return cls(False, node, fault.kind, fault.rank, fault.detail, fault.cascade)
+
+    def encode(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def decode(cls, value: bytes | str) -> RoundEnd:
+        """The record in ``value``; a value that is not one (written by something else) ends
+        the round as a fault that says so."""
+        try:
+            fields = json.loads(value)
+            return cls(**fields)
+        except (ValueError, TypeError):
+            text = value.decode(errors="replace") if isinstance(value, bytes) else value
+            return cls(False, -1, "store_lost", None, f"the round's end key holds {text[:80]!r}, "
+                       "not a record of rankguard's")
+
+    def fault(self, at: float) -> Fault:
+        """The fault as another node acts on it (its kind gives the exit code)."""
+        where = f" (node {self.node})" if self.node >= 0 else ""
+        return Fault(self.kind, at, self.rank, f"{self.detail}{where}", self.cascade)
+
+    def describe(self) -> str:
+        return "ok" if self.ok else self.fault(0.0).describe()
+
+
+def replaces(standing: RoundEnd, ours: RoundEnd) -> bool:
+    """Whether ``ours`` takes the place of the ``standing`` record: only a fault that is not a
+    cascade over one that is. Pure."""
+    return not standing.ok and standing.cascade and not ours.ok and not ours.cascade
+
+
+class RoundChannel:
+    """The end of one round, for one agent: publish it, learn it, wait for it.
+
+    Args:
+        store: the agent's client of the job's store (its requests are short).
+        connect: makes another client of the job's store, for the watcher.
+        prefix: the round's agents' prefix (``rendezvous.agents_namespace``).
+        nodes: how many nodes the round has.
+        endpoint: ``HOST:PORT`` of the store, for messages.
+        wake: called (from the watcher's thread) when the end is known.
+    """
+
+    def __init__(self, store: Any, connect: Callable[[], Any], prefix: str, nodes: int,
+                 endpoint: str, wake: Callable[[], None]) -> None:
+        self._endpoint = endpoint
+        self._store = store
+        self._connect = connect
+        self._key = prefix + "end"
+        self._done_key = prefix + "done"
+        self._nodes = nodes
+        self._wake = wake
+        self._ended = threading.Event()
+        self._end: RoundEnd | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._watch, name="rankguard-round-end",
+                                        daemon=True)
+        self._thread.start()
+
+    @property
+    def end(self) -> RoundEnd | None:
+        """The round's end once known, else None."""
+        return self._end
+
+    def publish(self, ours: RoundEnd) -> RoundEnd:
+        """End the round with ``ours`` unless it has ended already; returns the record that
+        stands (``ours``, or the earlier one)."""
+        value = ours.encode()
+        standing = self._store.compare_set(self._key, "", value)
+        if standing != value.encode():
+            earlier = RoundEnd.decode(standing)
+            if not replaces(earlier, ours):
+                self._learn(earlier)
+                return earlier
+            self._store.compare_set(self._key, standing, value)
+        self._learn(ours)
+        return ours
+
+    def done(self) -> None:
+        """This node's ranks all ended well: count it; the last node to do so ends the round
+        ``ok``."""
+        if self._store.add(self._done_key, 1) >= self._nodes:
+            self.publish(RoundEnd(True))
+
+    def wait(self, until: Deadline) -> RoundEnd | None:
+        """The round's end, waiting for it until ``until`` (or :meth:`interrupt`)."""
+        self._ended.wait(until.timeout())
+        return self._end
+
+    def interrupt(self) -> None:
+        """Wake :meth:`wait` now (the agent received a signal)."""
+        self._ended.set()
+
+    def close(self) -> None:
+        """Stop watching (the watcher ends within one slice; it holds nothing)."""
+        self._closed = True
+
+    def _learn(self, end: RoundEnd) -> None:
+        if self._end is None:
+            self._end = end
+        self._ended.set()
+        self._wake()
+
+    def _watch(self) -> None:
+        from torch.distributed import DistStoreError
+
+        try:
+            client = self._connect()
+            while not self._closed and self._end is None:
+                try:
+                    client.wait([self._key], timedelta(seconds=WATCH_SLICE_S))
+                except DistStoreError:  # the slice passed; a lost connection raises otherwise
+                    continue
+                self._learn(RoundEnd.decode(client.get(self._key)))
+        except RuntimeError as exc:  # the store's connection failed: its host is gone
+            if not self._closed and self._end is None:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+                self._learn(RoundEnd(False, -1, "store_lost", None, "lost the job's store at "
+                                     f"{self._endpoint} (its node's agent is gone?): {first}"))

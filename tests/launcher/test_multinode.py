@@ -1,0 +1,300 @@
+"""Several nodes on one machine: two real agents on 127.0.0.1, each with its own ranks, meeting
+in torch's c10d rendezvous on a real TCPStore; a stock script's gloo group spans both.
+
+Every agent is waited for under a deadline; whatever happens, both process trees are killed at
+the end (the plugin's leak check proves nothing is left)."""
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rankguard import margins, proctree
+from tests.conftest import ROOT, Run, finish, launch, script
+
+GRACE_S = 2
+JOIN_S = 60  # join_timeout: generous on a loaded machine; a healthy join takes seconds
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _agents(tmp_path, args, timeout=120.0, nodes=2):
+    """Run ``nodes`` agents of one job to the end; returns (their Runs, the store's port)."""
+    port = _free_port()
+    run_id = f"mn{port}"
+    common = ["--nnodes", str(nodes), "--rdzv-backend", "c10d", "--rdzv-endpoint",
+              f"127.0.0.1:{port}", "--rdzv-id", run_id, "--rdzv-conf",
+              f"join_timeout={JOIN_S}", "--local-addr", "127.0.0.1", "--nproc-per-node", "2"]
+    started = time.monotonic()
+    procs = [(launch([*common, *args], tmp_path / f"node{i}", timeout), tmp_path / f"node{i}")
+             for i in range(nodes)]
+    try:
+        runs = [finish(proc, log_dir, max(timeout - (time.monotonic() - started), 1.0), started)
+                for proc, log_dir in procs]
+    finally:
+        for proc, _ in procs:
+            if proc.poll() is None:
+                proctree.signal_tree(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+    return runs, port
+
+
+def _envs(runs: list[Run]) -> dict[int, dict]:
+    """rank -> the environment it printed (node_env.py), from every agent's output."""
+    found = {}
+    for run in runs:
+        for line in run.stdout.splitlines():
+            _, sep, text = line.partition("]:ENV ")
+            if sep:
+                env = json.loads(text)
+                found[int(env["RANK"])] = env
+    return found
+
+
+def _error(runs: list[Run]) -> str:
+    return "\n=====\n".join(run.stderr[-3000:] + run.stdout[-2000:] for run in runs)
+
+
+def test_two_nodes_run_one_gloo_group_with_torchruns_environment(tmp_path):
+    runs, port = _agents(tmp_path, [script("node_env.py"), "3"])
+    assert [run.code for run in runs] == [0, 0], _error(runs)
+    envs = _envs(runs)
+    assert sorted(envs) == [0, 1, 2, 3], _error(runs)
+    run_id = f"mn{port}"
+    for rank, env in envs.items():
+        assert env["dist_rank"] == rank and env["dist_world"] == 4
+        assert env["WORLD_SIZE"] == env["ROLE_WORLD_SIZE"] == "4"
+        assert env["LOCAL_WORLD_SIZE"] == env["GROUP_WORLD_SIZE"] == "2"
+        assert env["LOCAL_RANK"] == str(rank % 2) and env["GROUP_RANK"] == str(rank // 2)
+        assert env["ROLE_RANK"] == str(rank)
+        assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", str(port))
+        assert env["TORCHELASTIC_RUN_ID"] == run_id
+        assert env["TORCHELASTIC_RESTART_COUNT"] == "0"
+        assert env["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+        assert env["RANKGUARD_ROUND"] == "0"
+    # exactly one agent hosts the store; every event from the rendezvous on names the round
+    assert sorted(run.event("run_start")["store_host"] for run in runs) == [False, True]
+    for run in runs:
+        events = run.events
+        joined = [i for i, e in enumerate(events) if e["event"] == "rendezvous"]
+        assert len(joined) == 1
+        assert all(e.get("round") == 0 for e in events[joined[0]:]), events
+        assert run.event("round_end")["ok"] is True
+    nodes = {run.event("rendezvous")["group_rank"]: set(run.outcomes()) for run in runs}
+    assert nodes == {0: {0, 1}, 1: {2, 3}}
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(300)
+def test_a_rank_crash_on_one_node_restarts_every_node(tmp_path):
+    runs, _ = _agents(tmp_path, ["--max-restarts", "1", "--inject", "crash:5:rank=2,at=op2",
+                                 script("node_env.py"), "4"], timeout=240)
+    assert [run.code for run in runs] == [0, 0], _error(runs)
+    for run in runs:
+        assert [e["round"] for e in run.events if e["event"] == "rendezvous"] == [0, 1]
+        restart = run.event("restart")
+        assert restart["round"] == 0 and "rank 2 exited with code 5" in restart["root_cause"]
+        assert run.event("run_end")["attempts"] == 2
+        assert set(run.outcomes(1).values()) == {"ok"}
+    envs = _envs(runs)  # only the second round's ranks lived to print
+    assert sorted(envs) == [0, 1, 2, 3], _error(runs)
+    assert {env["TORCHELASTIC_RESTART_COUNT"] for env in envs.values()} == {"1"}
+    assert {env["RANKGUARD_ROUND"] for env in envs.values()} == {"1"}
+    crashed = [run for run in runs if 2 in run.outcomes(0)]
+    assert len(crashed) == 1 and crashed[0].outcomes(0) == {2: "exited", 3: "victim"}
+
+
+def test_a_rank_crash_with_no_restart_left_fails_every_node_naming_the_rank(tmp_path):
+    runs, _ = _agents(tmp_path, ["--inject", "crash:5:rank=2,at=op2",
+                                 script("node_env.py"), "4"])
+    assert [run.code for run in runs] == [1, 1], _error(runs)
+    for run in runs:
+        assert "rank 2 exited with code 5" in run.event("run_end")["root_cause"]
+        end = run.event("round_end")
+        assert (end["ok"], end["rank"], end["round"]) == (False, 2, 0)
+        assert "root cause: rank 2 exited with code 5" in run.stderr + run.stdout
+    other = [run for run in runs if 2 not in run.outcomes(0)]
+    assert len(other) == 1 and set(other[0].outcomes(0).values()) == {"victim"}
+
+
+def _run(args, tmp_path, timeout=60):
+    return subprocess.run([sys.executable, "-m", "rankguard.cli", "run", "--log-dir",
+                           str(tmp_path / "logs"), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=str(ROOT))
+
+
+NODES = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-id", "job"]
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--nnodes", "0"], "--nnodes: '0' is below 1"),
+    (["--nnodes", "two"], "--nnodes: 'two' is not an integer"),
+    (["--nnodes", "3:2"], "--nnodes: '3:2': the minimum 3 is above the maximum 2"),
+    (["--nnodes", "1:2:3"], "--nnodes: '1:2:3' is neither N nor MIN:MAX"),
+    (["--nnodes", "2", "--rdzv-backend", "zookeeper", "--rdzv-endpoint", "h:1"],
+     "--rdzv-backend: unknown backend 'zookeeper'"),
+    (["--nnodes", "2", "--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "h:1"],
+     "--rdzv-backend: 'etcd-v2' is not supported yet"),
+    ([*NODES], "--rdzv-endpoint: is needed with several nodes"),
+    ([*NODES, "--rdzv-endpoint", "host:"], "--rdzv-endpoint: 'host:' is not HOST:PORT"),
+    ([*NODES, "--rdzv-endpoint", "host:http"], "--rdzv-endpoint: 'host:http' is not HOST:PORT"),
+    ([*NODES, "--rdzv-endpoint", ":29400"], "--rdzv-endpoint: ':29400' is not HOST:PORT"),
+    ([*NODES, "--rdzv-endpoint", "a b:1"], "--rdzv-endpoint: 'a b:1' is not HOST:PORT"),
+    ([*NODES, "--rdzv-endpoint", "host:70000"], "port 70000 is not from 1 to 65535"),
+    ([*NODES, "--rdzv-endpoint", "h:1", "--rdzv-conf", "join_timeout=soon"],
+     "--rdzv-conf join_timeout: 'soon' is not an integer"),
+    ([*NODES, "--rdzv-endpoint", "h:1", "--rdzv-conf", "join_timeout=0"],
+     "--rdzv-conf join_timeout: '0' is below 1"),
+    ([*NODES, "--rdzv-endpoint", "h:1", "--rdzv-conf", "colour=red"], "unknown key 'colour'"),
+    ([*NODES, "--rdzv-endpoint", "h:1", "--rdzv-conf", "is_host=maybe"], "not a boolean"),
+    ([*NODES, "--rdzv-endpoint", "h:1", "--rdzv-conf", "join_timeout"], "is not KEY=VALUE"),
+    (["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1"],
+     "--rdzv-id: is needed with several nodes"),
+])
+def test_bad_multi_node_input_is_one_line_and_exit_2(tmp_path, args, fragment):
+    proc = _run([*args, script("node_env.py")], tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], proc.stderr
+    assert proc.stdout == ""
+
+
+def test_an_unreachable_endpoint_is_a_bounded_join_failure_naming_it(tmp_path):
+    port = _free_port()  # nothing listens there, and is_host=0 keeps this agent from hosting
+    join = 2
+    started = time.monotonic()
+    proc = _run([*NODES, "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-conf",
+                 f"join_timeout={join},is_host=0", script("node_env.py")], tmp_path)
+    took = time.monotonic() - started
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert f"nothing answered at 127.0.0.1:{port} within join_timeout {join} s" in lines[0]
+    assert join <= took < join + 30  # + starting and ending Python on a loaded machine
+
+
+def _start_agents(tmp_path, args, nodes=2):
+    """Start ``nodes`` agents of one job (node_env.py looping); returns [(proc, log_dir)]."""
+    port = _free_port()
+    common = ["--nnodes", str(nodes), "--rdzv-backend", "c10d", "--rdzv-endpoint",
+              f"127.0.0.1:{port}", "--rdzv-id", f"mn{port}", "--rdzv-conf",
+              f"join_timeout={JOIN_S},close_timeout=10", "--local-addr", "127.0.0.1",
+              "--nproc-per-node", "2", "--grace", str(GRACE_S)]
+    return [(launch([*common, *args, script("node_env.py"), "100000", "0.02"],
+                    tmp_path / f"node{i}"), tmp_path / f"node{i}") for i in range(nodes)]
+
+
+def _await_output(procs, text: str, until: float) -> None:
+    """Read every agent's stdout (raw, on a selector) until each has printed ``text``."""
+    import os
+    import selectors
+
+    seen = {proc.pid: b"" for proc, _ in procs}
+    selector = selectors.DefaultSelector()
+    for proc, _ in procs:
+        selector.register(proc.stdout.fileno(), selectors.EVENT_READ, proc)
+    try:
+        while not all(text.encode() in data for data in seen.values()):
+            left = until - time.monotonic()
+            assert left > 0, f"no {text!r} from every agent in time: {seen}"
+            for key, _ in selector.select(left):
+                chunk = os.read(key.fd, 65536)
+                assert chunk, f"an agent ended before {text!r}: {seen}"
+                seen[key.data.pid] += chunk
+    finally:
+        selector.close()
+
+
+def _finish_all(procs, timeout):
+    started = time.monotonic()
+    try:
+        return [finish(proc, log_dir, timeout, started) for proc, log_dir in procs]
+    finally:
+        for proc, _ in procs:
+            if proc.poll() is None:
+                proctree.signal_tree(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+
+def _store_host(procs) -> int:
+    hosts = [i for i, (_, log_dir) in enumerate(procs)
+             if Run(0, "", "", 0.0, log_dir).event("run_start")["store_host"]]
+    assert len(hosts) == 1
+    return hosts[0]
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(240)
+def test_sigterm_to_one_agent_ends_its_node_with_143_and_the_job_on_the_other(tmp_path):
+    procs = _start_agents(tmp_path, ["--max-restarts", "1"])
+    try:
+        _await_output(procs, "]:STEPPED", time.monotonic() + 120)
+        target = 1 - _store_host(procs)  # the store's host must outlive the others
+        procs[target][0].send_signal(signal.SIGTERM)
+    finally:
+        runs = _finish_all(procs, 90)
+    other = runs[1 - target]
+    assert runs[target].code == 143, _error(runs)
+    # the other node stopped its ranks, tried the next round, found the rendezvous closed
+    assert other.code == 1, _error(runs)
+    assert other.event("restart")["root_cause"].startswith("the agent received SIGTERM (node ")
+    assert "was closed" in other.stdout + other.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(240)
+def test_the_loss_of_the_store_host_ends_every_other_node_naming_the_store(tmp_path):
+    procs = _start_agents(tmp_path, [])
+    try:
+        _await_output(procs, "]:STEPPED", time.monotonic() + 120)
+        host = _store_host(procs)
+        proctree.signal_tree(procs[host][0].pid, signal.SIGKILL)
+    finally:
+        runs = _finish_all(procs, 90)
+    other = runs[1 - host]
+    assert other.code == 1, _error(runs)
+    # seen at once (the store's connection closes), then this node's teardown: stacks, SIGTERM,
+    # --grace, SIGKILL; plus starting to wait and Python's exit on a loaded machine
+    budget = GRACE_S + margins.STACKS_S + margins.REAP_S + margins.DRAIN_S + 15
+    assert other.wall_s < budget, other.wall_s  # measured from the kill on (_finish_all)
+    root = other.event("run_end")["root_cause"]
+    assert root.startswith("lost the job's store at 127.0.0.1:"), root
+    assert set(other.outcomes().values()) == {"victim"}
+
+
+def test_a_round_that_never_fills_is_a_bounded_join_failure(tmp_path):
+    port = _free_port()
+    join = 3
+    started = time.monotonic()
+    proc = _run([*NODES, "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-conf",
+                 f"join_timeout={join}", "--local-addr", "127.0.0.1", script("node_env.py")],
+                tmp_path)
+    took = time.monotonic() - started
+    assert proc.returncode == 1, proc.stderr
+    expected = (f"no rendezvous round of 2 nodes formed at 127.0.0.1:{port} within "
+                f"join_timeout {join} s (RendezvousTimeoutError)")
+    assert expected in proc.stderr + proc.stdout
+    # torch's join deadline, plus its rollback period (5 s) and starting Python and torch
+    assert join <= took < join + 5 + 30, took
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(240)
+def test_a_frozen_rank_is_blamed_by_its_own_node_and_named_on_every_node(tmp_path):
+    runs, _ = _agents(tmp_path, ["--hang-timeout", "3", "--inject", "stop:rank=3,at=op5",
+                                 script("node_env.py"), "100000", "0.02"], timeout=180)
+    assert [run.code for run in runs] == [3, 3], _error(runs)
+    for run in runs:
+        root = run.event("run_end")["root_cause"]
+        assert root.startswith("hang: rank 3 never reached all_reduce #5 (stopped"), root
+    blaming = [run for run in runs if 3 in run.outcomes()]
+    assert len(blaming) == 1 and blaming[0].outcomes() == {2: "victim", 3: "hung"}
+    assert blaming[0].event("hang_detected")["blamed"] == [3]
