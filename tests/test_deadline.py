@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fractions
 import math
 import pickle
 import subprocess
@@ -22,6 +23,7 @@ from rankguard.errors import UsageError
     (0, {"zero": True}, 0.0),
     ("inf", {"infinite": True}, math.inf),
     (MAX_SECONDS, {}, MAX_SECONDS),
+    (fractions.Fraction(1, 4), {"text": False}, 0.25),  # any real number: numpy's too
 ])
 def test_check_seconds_accepts(value: object, options: dict, expected: float) -> None:
     assert check_seconds("t", value, **options) == expected
@@ -53,6 +55,7 @@ def test_check_seconds_refuses_naming_the_value(value: object, options: dict, sa
     ("1e300", {}, "'1e300' is above 1000000000"),
     ("1e999", {}, "'1e999' is not a finite number of seconds"),
     ("5", {"text": False}, "expected a number of seconds, got '5'"),
+    (10**400, {}, "1000000000000000000000000000000000000... is above 1000000000"),  # no float
 ])
 def test_check_seconds_states_the_range_it_refuses(value: object, options: dict,
                                                    problem: str) -> None:

@@ -15,6 +15,7 @@ This module is at the bottom of the package: it imports nothing of rankguard but
 from __future__ import annotations
 
 import math
+import numbers
 import time
 
 from .errors import UsageError
@@ -46,14 +47,18 @@ def check_seconds(what: str, value: object, *, zero: bool = False, infinite: boo
                 "give zero or more seconds" if zero else "give a positive number of seconds")
         return UsageError(what, problem, hint if hint is not None else fix or rule)
 
-    kinds = (int, float, str) if text else (int, float)
+    kinds = (numbers.Real, str) if text else (numbers.Real,)
     if isinstance(value, bool) or not isinstance(value, kinds):
-        raise refuse(f"expected a number of seconds, got {value!r}",
+        raise refuse(f"expected a number of seconds, got {_shown(value)}",
                      "give an int or a float, e.g. 5.0")
+    most = min(most, MAX_SECONDS)
     try:
         seconds = float(value.strip() if isinstance(value, str) else value)
-    except (ValueError, OverflowError):
-        raise refuse(f"expected a number of seconds, got {value!r}") from None
+    except OverflowError:  # an int too large for a float
+        raise refuse(f"{_shown(value)} is above {most:.10g}", f"give at most {most:.10g}"
+                     ) from None
+    except ValueError:
+        raise refuse(f"expected a number of seconds, got {_shown(value)}") from None
     if isinstance(value, str) and "_" in value:
         raise refuse(f"expected a number of seconds, got {value!r}")
     if math.isnan(seconds):
@@ -66,9 +71,8 @@ def check_seconds(what: str, value: object, *, zero: bool = False, infinite: boo
         if infinite:
             return seconds
         raise refuse(f"{value!r} is not a finite number of seconds")
-    most = min(most, MAX_SECONDS)
     if seconds > most:
-        raise refuse(f"{value!r} is above {most:.10g}", f"give at most {most:.10g}")
+        raise refuse(f"{_shown(value)} is above {most:.10g}", f"give at most {most:.10g}")
     return seconds
 
 
@@ -152,3 +156,9 @@ class Deadline:
         (no limit) for :meth:`never`, whose infinite time left they refuse."""
         left = self.wait_time()
         return None if math.isinf(left) else left
+
+
+def _shown(value: object) -> str:
+    """``value`` as an error message shows it: at most 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

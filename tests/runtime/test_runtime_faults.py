@@ -123,6 +123,7 @@ def test_a_store_host_that_froze_or_died_bounds_every_runtime_call_and_the_exit(
         if call == "shutdown":
             assert result["clean"] is False and result["initialized"] is False, result
             assert "store" in result["detail"], result
+            assert result["again"] is False and result["again_detail"] == result["detail"]
         elif call == "regroup":
             assert result["type"] in ("CollectiveTimeout", "PeerFailed"), result
             assert "store is unreachable" in result["message"], result

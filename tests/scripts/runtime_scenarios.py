@@ -266,8 +266,11 @@ def store_host_fault(fault: str, call: str) -> None:
             report(type=None, elapsed=time.monotonic() - started)
         elif call == "shutdown":
             result = rankguard.shutdown(timeout=timeout)
+            elapsed = time.monotonic() - started
+            again = rankguard.shutdown(timeout=timeout)  # a retry is told the same, at once
             report(type=None, clean=result.clean, missing=result.missing, detail=result.detail,
-                   elapsed=time.monotonic() - started, initialized=dist.is_initialized())
+                   elapsed=elapsed, initialized=dist.is_initialized(), again=again.clean,
+                   again_detail=again.detail)
         else:
             rankguard.regroup(timeout=timeout)
             report(type=None, elapsed=time.monotonic() - started)

@@ -170,6 +170,9 @@ def test_a_spare_that_dies_while_waiting_is_replaced(tmp_path: Path) -> None:
     ({"world_size": 2, "on_healing": "maybe"}, "Pool(on_healing)"),
     ({"world_size": 2, "setup": "load"}, "Pool(setup)"),
     ({"world_size": 2, "journal": "/"}, "Pool(journal)"),
+    ({"world_size": 2**64}, "Pool(world_size)"),  # never a process started for it
+    ({"world_size": 1, "spares": 10**400}, "Pool(spares)"),
+    ({"world_size": 4, "spares": 300}, "Pool(world_size) and Pool(spares)"),  # 1204 ranks
 ])
 def test_bad_arguments_are_refused_before_any_process_starts(kwargs: dict, what: str) -> None:
     with pytest.raises(rankguard.UsageError) as caught:

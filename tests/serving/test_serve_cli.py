@@ -31,6 +31,9 @@ BROKEN = "import nonexistent_module_xyz\n"
     (["examples/serve_tp.py:app", "--journal", "{tmp}"], "is a folder"),
     (["examples/serve_tp.py:app", "--max-body", "0"], "--max-body: '0' is below 1"),
     (["examples/serve_tp.py:app", "--max-body", "1MB"], "--max-body: '1MB' is not an integer"),
+    (["examples/serve_tp.py:app", "--spares", "1" + "0" * 20], "--spares: 1000000000000000"),
+    (["examples/serve_tp.py:app", "--world-size", "600", "--spares", "1"],
+     "more than 1024 rank processes"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], expected: str,
                                           tmp_path: Path) -> None:

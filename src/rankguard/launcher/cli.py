@@ -17,7 +17,7 @@ import uuid
 
 from .. import private_files
 from ..errors import UsageError
-from ..options import Parser, number, writable_dir, writable_file
+from ..options import MAX_LOCAL_RANKS, Parser, number, writable_dir, writable_file
 from ..inject import spec as inject_spec
 from . import config as _config
 
@@ -99,9 +99,9 @@ def _nproc(text: str) -> int:
     if text in ("cpu", "auto"):
         return os.cpu_count() or 1
     nproc = int(number("--nproc-per-node", text, int, 1, "give the number of ranks, e.g. 4"))
-    if nproc > 1024:
+    if nproc > MAX_LOCAL_RANKS:
         raise UsageError("--nproc-per-node", f"{nproc} ranks on one node is beyond this launcher",
-                         "use at most 1024")
+                         f"use at most {MAX_LOCAL_RANKS}")
     return nproc
 
 

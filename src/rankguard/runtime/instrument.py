@@ -156,6 +156,8 @@ def _create_group(options: Any, backend_options: Any) -> Any:
                          backend=backend)
     group = _group_class_cached()(backend, options)
     state.groups.add(group, record)
+    if is_world:
+        state.aborted = None  # a new default group: an earlier shutdown's abort is over
     if is_world and state.bounded:
         start_probing(options.store, record.rank)
     return group

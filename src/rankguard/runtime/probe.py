@@ -11,7 +11,7 @@ rank does not answer at all.
 
 The asking rank pushes a request to each peer's queue and waits in the store for the answers
 for at most ``ANSWER_WINDOW_S``. The whole ask runs through ``runtime.store_calls``: it returns
-within the window plus ``PUSH_ALLOWANCE_S`` even when the store's server is stopped or frozen
+within the window (plus ``THREAD_SLACK_S``) even when the store's server is stopped or frozen
 (the stalled connection is then dropped, and the next ask makes a new one). A request may carry a
 **notice** that the group failed: the responder then retires the group locally, which wakes a
 main thread waiting in a collective that will never complete because the failure was elsewhere
@@ -37,7 +37,7 @@ from . import store_calls
 from .store_calls import StoreStalled, within
 
 ANSWER_WINDOW_S = 0.5
-PUSH_ALLOWANCE_S = 0.5  # an ask's store calls besides its wait for answers: pushes, reads
+THREAD_SLACK_S = 0.1  # for the ask's own thread to start and end on a loaded machine
 _IDLE_WAIT = timedelta(hours=1)  # a responder's wait for the next request; then it waits again
 _ASK_TIMEOUT = timedelta(seconds=2)
 
@@ -172,8 +172,8 @@ class Asker:
     def ask(self, group: str, peers: list[int], notice: dict[str, Any] | None = None,
             window: float = ANSWER_WINDOW_S) -> dict[int, dict[str, Any] | None]:
         """Each peer's answer about ``group`` (None: no answer within ``window`` seconds);
-        with ``notice``, also tell them that the group failed. Returns within ``window`` +
-        ``PUSH_ALLOWANCE_S``, whatever state the store is in.
+        with ``notice``, also tell them that the group failed. Returns within ``window``
+        (+ ``THREAD_SLACK_S``), whatever state the store is in.
 
         Returns an empty dict when the peers cannot be asked (no cloneable store, or its server
         is unreachable or stalled: ``last_problem`` then says which).
@@ -184,16 +184,17 @@ class Asker:
         answers: dict[int, dict[str, Any] | None] = {peer: None for peer in peers}
         client = self._client
         pushed = threading.Event()
+        limit = Deadline.after(window)
 
         def ask() -> None:
             nonlocal client
             if client is None:  # the last one stalled: a new connection
                 client = clone_client(self._store, _ASK_TIMEOUT)
             if client is not None:
-                self._ask(client, group, peers, notice, window, answers, pushed)
+                self._ask(client, group, peers, notice, limit, answers, pushed)
 
         try:
-            within(Deadline.after(window + PUSH_ALLOWANCE_S), "asking the peers", ask)
+            within(limit.later(THREAD_SLACK_S), "asking the peers", ask)
         except StoreStalled:
             self._client = None  # stuck in a call: never used again
             self.last_problem = ("the job's store did not answer (its server, often in rank 0's "
@@ -207,10 +208,10 @@ class Asker:
         return answers
 
     def _ask(self, client: Any, group: str, peers: list[int], notice: dict[str, Any] | None,
-             window: float, answers: dict[int, dict[str, Any] | None],
+             deadline: Deadline, answers: dict[int, dict[str, Any] | None],
              pushed: threading.Event) -> None:
         """Push the request to every peer, then fill ``answers`` as they come, until every peer
-        answered or ``window`` seconds passed. ``pushed`` is set once every request is out."""
+        answered or ``deadline`` passed. ``pushed`` is set once every request is out."""
         request = f"{os.getpid()}-{next(_request_ids)}"
         body = json.dumps({"id": request, "group": group, "notice": notice})
         for peer in peers:
@@ -218,7 +219,6 @@ class Asker:
             client.queue_push(queue, sealed.seal(queue, body))
         pushed.set()
         waiting = {peer: _answer_key(request, peer) for peer in peers}
-        deadline = Deadline.after(window)
         while waiting:
             try:  # returns once every awaited answer is in, or raises at the deadline
                 client.wait(list(waiting.values()), timedelta(seconds=deadline.left(0.001)))

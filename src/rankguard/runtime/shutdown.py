@@ -57,7 +57,8 @@ def shutdown(timeout: float = DEFAULT_TIMEOUT_S, *, strict: bool = False) -> Shu
     """Meet every rank at a bounded barrier, then destroy the process groups, or abort them.
 
     Returns within ``timeout`` + 1 s. Without a process group there is nothing to do and the
-    report is clean.
+    report is clean, unless an earlier call aborted the groups (and none was created since):
+    that call's unclean report is returned again (or raised, with ``strict``).
 
     Args:
         timeout: seconds to wait for the other ranks at the barrier.
@@ -77,7 +78,13 @@ def shut_down(limit: Deadline, *, strict: bool = False) -> ShutdownReport:
 
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
-        return ShutdownReport(True)
+        aborted = current().aborted
+        if aborted is None:
+            return ShutdownReport(True)
+        if strict:
+            raise TeardownTimeout(aborted.missing, aborted.waited, aborted.detail)
+        return aborted  # an earlier call aborted the groups: that is still the outcome
+    current().aborted = None
 
     started = time.monotonic()
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -95,6 +102,7 @@ def shut_down(limit: Deadline, *, strict: bool = False) -> ShutdownReport:
     _abort()
     report = ShutdownReport(False, missing, waited, detail or
                             f"ranks {', '.join(map(str, missing))} did not arrive")
+    current().aborted = report
     error = TeardownTimeout(missing, waited, detail)
     if strict:
         raise error

@@ -134,6 +134,8 @@ class RankState:
         handed_out: works whose future went to C++ (DDP): a failed one explains a
             RuntimeError raised by ``backward()``.
         last_failure: the last collective error this rank raised in this generation.
+        aborted: the ``ShutdownReport`` of the ``shutdown()`` that aborted this rank's groups;
+            a later call, with no group created since, returns it again (not "clean").
         creating_default: per thread, whether ``init_process_group`` is creating the default
             group (``value``) and whether the ledger recorded its entry (``entered``).
     """
@@ -154,6 +156,7 @@ class RankState:
     handed_out: collections.deque[Any] = field(
         default_factory=lambda: collections.deque(maxlen=256))
     last_failure: CollectiveError | None = None
+    aborted: Any = None  # the report of the shutdown() that aborted the groups, until a new one
     creating_default: threading.local = field(default_factory=threading.local)
 
     def enable_bounded(self) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..options import Parser, number, writable_dir, writable_file
+from .pool import check_size
 from ..serving.budgets import HTTP_ANSWER_S
 from ..serving.pool import HEALING_MODES
 
@@ -76,6 +77,7 @@ def main(argv: list[str]) -> int:
                                            "e.g. --world-size 2"))
         if args.spares is not None:
             served.spares = int(number("--spares", args.spares, int, 0, "e.g. --spares 1"))
+        check_size(served.world_size, served.spares, ("--world-size", "--spares"))
         if args.timeout is not None:
             served.timeout = number("--timeout", args.timeout, float, 0.001, "e.g. --timeout 5")
         options: dict[str, Any] = {"on_healing": args.on_healing, "max_body": max_body}

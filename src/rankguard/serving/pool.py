@@ -34,7 +34,7 @@ from typing import Any, Callable
 from ..deadline import Deadline
 from ..errors import PoolClosed, PoolUnavailable, RequestFailed, UsageError
 from ..journal import Journal
-from ..options import seconds, writable_file
+from ..options import MAX_LOCAL_RANKS, seconds, writable_file
 from .budgets import (BACKOFF_FIRST_S, MIN_CALL_FRACTION, REGROUP_MARGIN_S, REGROUP_S,
                       STACKS_S)
 from .replica import Replica, StartFailure
@@ -99,8 +99,7 @@ class Pool:
                  start_timeout: float = 120.0, max_backoff: float = 30.0,
                  journal: str | None = None, log_dir: str | None = None,
                  env: dict[str, str] | None = None, wait: bool = True) -> None:
-        _check_count("world_size", world_size, 1)
-        _check_count("spares", spares, 0)
+        check_size(world_size, spares)
         self.timeout = seconds("Pool(timeout)", timeout)
         self.start_timeout = seconds("Pool(start_timeout)", start_timeout)
         self.max_backoff = seconds("Pool(max_backoff)", max_backoff)
@@ -541,6 +540,24 @@ def _open_journal(path: str, pool_id: str) -> Journal:
                          "choose a file you can write to") from None
 
 
-def _check_count(what: str, value: Any, least: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < least:
-        raise UsageError(f"Pool({what})", f"expected a whole number >= {least}, got {value!r}")
+def check_size(world_size: Any, spares: Any, names: tuple[str, str] = ("Pool(world_size)",
+                                                                      "Pool(spares)")) -> None:
+    """Refuse a pool size that is not whole numbers (``world_size`` >= 1, ``spares`` >= 0), or
+    whose ``world_size * (1 + spares)`` rank processes exceed ``MAX_LOCAL_RANKS`` on this
+    machine; ``names``: how the caller calls the two (``--world-size``, ``--spares``).
+
+    Raises:
+        UsageError: naming the value and the fix.
+    """
+    for what, value, least in ((names[0], world_size, 1), (names[1], spares, 0)):
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise UsageError(what, f"expected a whole number >= {least}, got {shown}")
+        if value > MAX_LOCAL_RANKS:
+            raise UsageError(what, f"{shown} is above {MAX_LOCAL_RANKS}",
+                             f"start at most {MAX_LOCAL_RANKS} rank processes on one machine")
+    if world_size * (1 + spares) > MAX_LOCAL_RANKS:
+        raise UsageError(f"{names[0]} and {names[1]}",
+                         f"{world_size} ranks per group x {1 + spares} groups (the serving one "
+                         f"and {spares} spare(s)) is more than {MAX_LOCAL_RANKS} rank processes",
+                         f"start at most {MAX_LOCAL_RANKS} rank processes on one machine")
