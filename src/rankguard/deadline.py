@@ -18,7 +18,7 @@ import math
 import numbers
 import time
 
-from .errors import UsageError
+from .errors import UsageError, shown
 
 # Past ~9.2e9 s the platform's and gloo's timers overflow; no real budget comes near this.
 MAX_SECONDS = 1e9
@@ -49,16 +49,16 @@ def check_seconds(what: str, value: object, *, zero: bool = False, infinite: boo
 
     kinds = (numbers.Real, str) if text else (numbers.Real,)
     if isinstance(value, bool) or not isinstance(value, kinds):
-        raise refuse(f"expected a number of seconds, got {_shown(value)}",
+        raise refuse(f"expected a number of seconds, got {shown(value)}",
                      "give an int or a float, e.g. 5.0")
     most = min(most, MAX_SECONDS)
     try:
         seconds = float(value.strip() if isinstance(value, str) else value)
     except OverflowError:  # an int too large for a float
-        raise refuse(f"{_shown(value)} is above {most:.10g}", f"give at most {most:.10g}"
+        raise refuse(f"{shown(value)} is above {most:.10g}", f"give at most {most:.10g}"
                      ) from None
     except ValueError:
-        raise refuse(f"expected a number of seconds, got {_shown(value)}") from None
+        raise refuse(f"expected a number of seconds, got {shown(value)}") from None
     if isinstance(value, str) and "_" in value:
         raise refuse(f"expected a number of seconds, got {value!r}")
     if math.isnan(seconds):
@@ -72,7 +72,7 @@ def check_seconds(what: str, value: object, *, zero: bool = False, infinite: boo
             return seconds
         raise refuse(f"{value!r} is not a finite number of seconds")
     if seconds > most:
-        raise refuse(f"{_shown(value)} is above {most:.10g}", f"give at most {most:.10g}")
+        raise refuse(f"{shown(value)} is above {most:.10g}", f"give at most {most:.10g}")
     return seconds
 
 
@@ -157,8 +157,3 @@ class Deadline:
         left = self.wait_time()
         return None if math.isinf(left) else left
 
-
-def _shown(value: object) -> str:
-    """``value`` as an error message shows it: at most 40 characters."""
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."

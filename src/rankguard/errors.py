@@ -211,3 +211,15 @@ class PoolUnavailable(PoolError):
 
 class PoolClosed(PoolError):
     """The pool was closed; it runs no more calls."""
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of another library's error, for one of ours (its type's name if empty)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def shown(value: object) -> str:
+    """``value`` as an error message shows it: its repr, cut to at most 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -31,6 +31,7 @@ _DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)
 
 MAX_LOCAL_RANKS = 1024  # rank processes one machine's supervisor starts at most: past it, a typo
 
+
 def number(option: str, text: str, kind: type, minimum: float, hint: str,
            maximum: float | None = None) -> float:
     """``text`` as a ``kind`` (int or float) from ``minimum`` to ``maximum``.

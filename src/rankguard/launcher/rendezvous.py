@@ -35,7 +35,7 @@ from typing import Any, Sequence
 
 from .. import store_server
 from ..deadline import Deadline
-from ..errors import RendezvousError, UsageError
+from ..errors import RendezvousError, UsageError, first_line
 from .config import RendezvousConfig
 
 _NO_SECOND_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
@@ -98,7 +98,7 @@ def connect(cfg: RendezvousConfig) -> tuple[Any, bool]:
                          timeout=timedelta(seconds=max(until.remaining(), _CONNECT_S)))
     except RuntimeError as exc:
         raise UsageError("--rdzv-endpoint", f"no store answered at {cfg.endpoint} within "
-                         f"join_timeout {cfg.join_timeout} s ({_first_line(exc)})",
+                         f"join_timeout {cfg.join_timeout} s ({first_line(exc)})",
                          "is something else listening there?") from None
     store.set_timeout(timedelta(seconds=cfg.read_timeout))
     return store, False
@@ -136,9 +136,6 @@ def _await_listener(cfg: RendezvousConfig, until: Deadline) -> None:
         # the pace of connection attempts: nothing signals that a remote port opened
         time.sleep(until.wait_time(_RETRY_S))
 
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 class Rendezvous:
@@ -188,7 +185,7 @@ class Rendezvous:
         except (TorchRdzvError, RuntimeError) as exc:
             wanted = f"{cfg.min_nodes}" if cfg.min_nodes == cfg.max_nodes else \
                 f"{cfg.min_nodes} to {cfg.max_nodes}"
-            why = _first_line(exc)
+            why = first_line(exc)
             why = type(exc).__name__ if why == type(exc).__name__ else \
                 f"{type(exc).__name__}: {why}"
             raise RendezvousError(cfg.endpoint, f"no rendezvous round of {wanted} nodes formed "
@@ -199,7 +196,7 @@ class Rendezvous:
         except RuntimeError as exc:  # torch's DistStoreError / DistNetworkError
             raise RendezvousError(cfg.endpoint, f"the nodes of the round did not agree on "
                                   f"their ranks at {cfg.endpoint} within join_timeout "
-                                  f"{cfg.join_timeout} s: {_first_line(exc)}",
+                                  f"{cfg.join_timeout} s: {first_line(exc)}",
                                   cfg.join_timeout) from None
 
     def _agree(self, store: Any, group_rank: int, group_world: int, nproc: int) -> Round:

@@ -34,7 +34,8 @@ _default_seconds: float | None = None
 def set_default(seconds: float | None) -> None:
     """Set (or clear, with None) the job-wide deadline of every collective."""
     global _default_seconds
-    _default_seconds = None if seconds is None else check_seconds("collective_timeout", seconds, text=False)
+    _default_seconds = (None if seconds is None
+                        else check_seconds("collective_timeout", seconds, text=False))
 
 
 def default() -> float | None:
@@ -54,7 +55,8 @@ def deadline(seconds: float) -> contextlib.AbstractContextManager[Deadline]:
     Raises:
         UsageError: ``seconds`` is not a positive number.
     """
-    return until(Deadline.after(check_seconds("rankguard.deadline(seconds)", seconds, text=False)))
+    return until(Deadline.after(check_seconds("rankguard.deadline(seconds)", seconds,
+                                              text=False)))
 
 
 @contextlib.contextmanager

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, TypeVar
 
 from .. import sealed
 from ..deadline import Deadline, check_seconds
-from ..errors import CollectiveTimeout, GroupRetired, PeerFailed, UsageError
+from ..errors import CollectiveTimeout, GroupRetired, PeerFailed, UsageError, first_line
 from . import barrier, groups
 from .probe import clone_client
 from .state import WORLD, current
@@ -157,9 +157,9 @@ def form_next(limit: Deadline, exclude: Iterable[int] | None = None) -> Generati
             lambda client: _agree_and_join(client, prefix, proposal, rank, limit))
     except RuntimeError as error:  # the store died (torch's error) or stalled (StoreStalled)
         groups.retire_all(f"generation {number} did not form")
-        first = str(error).splitlines()[0] if str(error) else type(error).__name__
         kind = CollectiveTimeout if isinstance(error, StoreStalled) else PeerFailed
-        raise kind(f"did not form: the job's store is unreachable ({first})", op="regroup",
+        raise kind(f"did not form: the job's store is unreachable ({first_line(error)})",
+                   op="regroup",
                    seq=number, group=WORLD, rank=rank, missing=[],
                    waited=time.monotonic() - started) from error
     if members is None:

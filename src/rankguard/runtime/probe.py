@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 from .. import sealed
 from ..deadline import Deadline
+from ..errors import first_line
 from . import store_calls
 from .store_calls import StoreStalled, within
 
@@ -202,7 +203,7 @@ class Asker:
             return {}
         except Exception as error:  # noqa: BLE001 (the store's server is dead)
             if not pushed.is_set():
-                self.last_problem = f"the job's store failed ({_first_line(error)})"
+                self.last_problem = f"the job's store failed ({first_line(error)})"
                 return {}
         self._client = client
         return answers
@@ -236,7 +237,3 @@ class Asker:
             if deadline.passed():
                 break
 
-
-def _first_line(error: BaseException) -> str:
-    text = str(error)
-    return text.splitlines()[0] if text else type(error).__name__

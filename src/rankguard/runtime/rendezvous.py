@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..deadline import Deadline, check_seconds
-from ..errors import UsageError
+from ..errors import UsageError, first_line
 
 HANG_TIMEOUT_ENV = "RANKGUARD_HANG_TIMEOUT"
 _RETRY_S = 0.05  # between connection attempts: a store coming up is found this soon
@@ -122,7 +122,7 @@ def _shake_hands(host: str, port: int, limit: Deadline) -> str | None:
             TCPStore(host, port, is_master=False, wait_for_workers=False,
                      timeout=timedelta(seconds=limit.left(at_least=_MIN_S)))
         except Exception as exc:  # noqa: BLE001 (reported, whatever torch raised)
-            outcome["error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            outcome["error"] = first_line(exc)
         done.set()
 
     threading.Thread(target=shake, name="rankguard-store-check", daemon=True).start()

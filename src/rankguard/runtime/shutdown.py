@@ -14,8 +14,9 @@ the run's secret), which names the ranks that never arrived, on every rank that 
 
 Bound: the deadline, plus half a second for the barrier's last reads of who arrived
 (``generations.with_store_client``), plus ``_DESTROY_ALLOWANCE_S`` for the destroy or abort
-itself. The barrier's store calls run through ``runtime.store_calls``, so a store whose server is stopped or frozen (rank 0's, under
-``mp.spawn``) is abandoned at that bound instead of blocking for its own timeout.
+itself. The barrier's store calls run through ``runtime.store_calls``, so a store whose server
+is stopped or frozen (rank 0's, under ``mp.spawn``) is abandoned at that bound instead of
+blocking for its own timeout.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 
 from .. import ledger as _ledger
 from ..deadline import Deadline, check_seconds
-from ..errors import TeardownTimeout
+from ..errors import TeardownTimeout, first_line
 from . import barrier, eviction, generations, groups
 from .state import current
 
@@ -119,8 +120,7 @@ def _barrier(rank: int, size: int, limit: Deadline) -> tuple[list[int], str]:
             limit, "the shutdown barrier",
             lambda client: barrier.meet(client, name, rank, size, limit).missing), ""
     except Exception as error:  # noqa: BLE001 (the store's server died or froze)
-        first = str(error).splitlines()[0] if str(error) else type(error).__name__
-        return [], f"the store is unreachable: {first}"
+        return [], f"the store is unreachable: {first_line(error)}"
 
 
 def _abort() -> None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..deadline import Deadline
-from ..errors import PoolClosed, PoolUnavailable, RequestFailed, UsageError
+from ..errors import PoolClosed, PoolUnavailable, RequestFailed, UsageError, shown
 from ..journal import Journal
 from ..options import MAX_LOCAL_RANKS, seconds, writable_file
 from .budgets import (BACKOFF_FIRST_S, MIN_CALL_FRACTION, REGROUP_MARGIN_S, REGROUP_S,
@@ -550,11 +550,10 @@ def check_size(world_size: Any, spares: Any, names: tuple[str, str] = ("Pool(wor
         UsageError: naming the value and the fix.
     """
     for what, value, least in ((names[0], world_size, 1), (names[1], spares, 0)):
-        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise UsageError(what, f"expected a whole number >= {least}, got {shown}")
+            raise UsageError(what, f"expected a whole number >= {least}, got {shown(value)}")
         if value > MAX_LOCAL_RANKS:
-            raise UsageError(what, f"{shown} is above {MAX_LOCAL_RANKS}",
+            raise UsageError(what, f"{shown(value)} is above {MAX_LOCAL_RANKS}",
                              f"start at most {MAX_LOCAL_RANKS} rank processes on one machine")
     if world_size * (1 + spares) > MAX_LOCAL_RANKS:
         raise UsageError(f"{names[0]} and {names[1]}",
