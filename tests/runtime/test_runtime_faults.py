@@ -23,6 +23,13 @@ GRACE = 3.0
 LAUNCHERS = ["plain", "torchrun", "rankguard"]
 
 
+def launchers(*quick: str) -> list:
+    """Every launcher, those not in ``quick`` left to the slow set: the rank's own code path is
+    the same under each, so the quick run proves it once."""
+    return [name if name in quick else pytest.param(name, marks=pytest.mark.slow)
+            for name in LAUNCHERS]
+
+
 def gone_within(pid: int, timeout: float) -> bool:
     try:
         psutil.Process(pid).wait(timeout)
@@ -62,7 +69,7 @@ def test_sigterm_before_init_or_on_cpu_only_worker_exits_0_without_noise(
     assert err.count("\n") == 1 and "torn down" in err, err
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher", launchers("plain", "rankguard"))
 def test_sigterm_inside_allreduce_exits_0_under_each_launcher(tmp_path: Path,
                                                               launcher: str) -> None:
     with Ranks("sigterm_in_collective", 2, tmp_path, launcher,
@@ -79,13 +86,14 @@ def test_sigterm_inside_allreduce_exits_0_under_each_launcher(tmp_path: Path,
     assert "rank 0: SIGTERM: torn down" in out and "exiting 0" in out, out
 
 
-@pytest.mark.parametrize("launcher", [
-    "plain", pytest.param("torchrun", marks=pytest.mark.slow), "rankguard"])
-@pytest.mark.parametrize("fault", ["frozen", "dead"])
+# A dead rank is a plain-launch case only: under a launcher it ends the job, the launcher's
+# own business.
+@pytest.mark.parametrize(("fault", "launcher"), [
+    ("dead", "plain"), ("frozen", "rankguard"),
+    *(pytest.param("frozen", launcher, marks=pytest.mark.slow)
+      for launcher in ("plain", "torchrun"))])
 def test_shutdown_names_the_missing_rank_on_every_rank_within_timeout_plus_1s(
-        tmp_path: Path, launcher: str, fault: str) -> None:
-    if fault == "dead" and launcher != "plain":
-        pytest.skip("under a launcher a dead rank ends the job: the launcher's own business")
+        tmp_path: Path, fault: str, launcher: str) -> None:
     with Ranks(f"shutdown_peer_{fault}", 3, tmp_path, launcher,
                env={"SCENARIO_TIMEOUT": "2"}) as ranks:
         results = [ranks.result(rank) for rank in (0, 1)]
@@ -103,9 +111,10 @@ STORE_TIMEOUT = 2.0
 
 
 @pytest.mark.parametrize(("fault", "call"), [
-    ("frozen", "deadline"), ("frozen", "shutdown"), ("dead", "shutdown"),
+    ("frozen", "deadline"), ("dead", "shutdown"),
     *(pytest.param(fault, call, marks=pytest.mark.slow)
-      for fault, call in [("frozen", "regroup"), ("dead", "regroup"), ("dead", "deadline")])])
+      for fault, call in [("frozen", "shutdown"), ("frozen", "regroup"), ("dead", "regroup"),
+                          ("dead", "deadline")])])
 def test_a_store_host_that_froze_or_died_bounds_every_runtime_call_and_the_exit(
         tmp_path: Path, fault: str, call: str) -> None:
     """Under mp.spawn rank 0 hosts the store: its freeze or death used to leave shutdown(),
@@ -143,7 +152,7 @@ def test_shutdown_is_clean_and_destroys_the_group_when_every_rank_arrives(tmp_pa
     assert all(r["clean"] and r["missing"] == [] and not r["initialized"] for r in results)
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("launcher", launchers("rankguard"))
 def test_deadline_on_allreduce_with_frozen_peer_raises_collective_timeout_naming_it(
         tmp_path: Path, launcher: str) -> None:
     with Ranks("deadline_peer_frozen", 2, tmp_path, launcher) as ranks:
