@@ -181,14 +181,15 @@ def test_an_unreachable_endpoint_is_a_bounded_join_failure_naming_it(tmp_path):
     assert join <= took < join + 30  # + starting and ending Python on a loaded machine
 
 
-def _start_agents(tmp_path, args, nodes=2):
-    """Start ``nodes`` agents of one job (node_env.py looping); returns [(proc, log_dir)]."""
+def _start_agents(tmp_path, args, nodes=2, nnodes=None, steps=100000, conf=""):
+    """Start ``nodes`` agents of one job (node_env.py doing ``steps`` steps of 20 ms); returns
+    [(proc, log_dir)]."""
     port = _free_port()
-    common = ["--nnodes", str(nodes), "--rdzv-backend", "c10d", "--rdzv-endpoint",
+    common = ["--nnodes", nnodes or str(nodes), "--rdzv-backend", "c10d", "--rdzv-endpoint",
               f"127.0.0.1:{port}", "--rdzv-id", f"mn{port}", "--rdzv-conf",
-              f"join_timeout={JOIN_S},close_timeout=10", "--local-addr", "127.0.0.1",
+              f"join_timeout={JOIN_S},close_timeout=10{conf}", "--local-addr", "127.0.0.1",
               "--nproc-per-node", "2", "--grace", str(GRACE_S)]
-    return [(launch([*common, *args, script("node_env.py"), "100000", "0.02"],
+    return [(launch([*common, *args, script("node_env.py"), str(steps), "0.02"],
                     tmp_path / f"node{i}"), tmp_path / f"node{i}") for i in range(nodes)]
 
 
@@ -218,10 +219,15 @@ def _finish_all(procs, timeout):
     try:
         return [finish(proc, log_dir, timeout, started) for proc, log_dir in procs]
     finally:
-        for proc, _ in procs:
-            if proc.poll() is None:
-                proctree.signal_tree(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+        _kill_all(procs)
+
+
+def _kill_all(procs) -> None:
+    """Kill every agent's whole tree that is still there (a stopped one too)."""
+    for proc, _ in procs:
+        if proc.poll() is None:
+            proctree.signal_tree(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
 
 
 def _store_host(procs) -> int:
@@ -298,3 +304,83 @@ def test_a_frozen_rank_is_blamed_by_its_own_node_and_named_on_every_node(tmp_pat
     blaming = [run for run in runs if 3 in run.outcomes()]
     assert len(blaming) == 1 and blaming[0].outcomes() == {2: "victim", 3: "hung"}
     assert blaming[0].event("hang_detected")["blamed"] == [3]
+
+
+def _fault_a_node(tmp_path, args, sig, within, store_host=False, **start):
+    """Start two agents; once every rank has stepped, send ``sig`` to the whole process tree of
+    the store's host (or of the other node); returns that node's index and the other agent's
+    Run, which must end within ``within`` s. Both trees are killed at the end."""
+    procs = _start_agents(tmp_path, args, **start)
+    try:
+        _await_output(procs, "]:STEPPED", time.monotonic() + 120)
+        target = _store_host(procs) if store_host else 1 - _store_host(procs)
+        proctree.signal_tree(procs[target][0].pid, sig)
+        return target, _finish_all([procs[1 - target]], within)[0]
+    finally:
+        _kill_all(procs)
+
+
+def _teardown_s(hang_s: float) -> float:
+    """From a node's silence to its peers' exit: the silence itself, one beat and one tick to see
+    it, this node's teardown (stacks, SIGTERM, --grace, SIGKILL, output), plus starting to
+    wait and Python's exit on a loaded machine."""
+    return (hang_s + 1.0 + 0.2 + GRACE_S + margins.STACKS_S + margins.REAP_S + margins.DRAIN_S
+            + 15)
+
+
+@pytest.mark.deadline(240)
+def test_a_frozen_node_is_named_by_the_other_within_the_hang_timeout(tmp_path):
+    hang_s = 3
+    frozen, other = _fault_a_node(tmp_path, ["--hang-timeout", str(hang_s)], signal.SIGSTOP,
+                                  _teardown_s(hang_s))
+    assert other.code == 1, _error([other])
+    assert other.wall_s < _teardown_s(hang_s), other.wall_s
+    root = other.event("run_end")["root_cause"]
+    assert root.startswith(f"node {frozen} (host 127.0.0.1) has published no progress for "), root
+    silent_s = float(root.split(" for ", 1)[1].split(" s", 1)[0])
+    assert hang_s <= silent_s < hang_s + 5, root
+    assert other.event("round_end")["ok"] is False
+    assert set(other.outcomes().values()) <= {"victim", "ok"}, other.outcomes()
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(300)
+def test_after_a_node_froze_the_next_round_forms_without_it_and_the_job_succeeds(tmp_path):
+    hang_s = 3
+    frozen, other = _fault_a_node(
+        tmp_path, ["--hang-timeout", str(hang_s), "--max-restarts", "1"], signal.SIGSTOP, 150,
+        nnodes="1:2", steps=300, conf=",last_call_timeout=1,keep_alive_interval=1")
+    assert other.code == 0, _error([other])
+    restart = other.event("restart")
+    assert restart["root_cause"].startswith(f"node {frozen} (host 127.0.0.1) has published no")
+    rounds = [e for e in other.events if e["event"] == "rendezvous"]
+    assert [e["group_world_size"] for e in rounds] == [2, 1], rounds
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(240)
+def test_a_frozen_store_host_ends_the_other_node_within_the_hang_timeout_naming_the_store(
+        tmp_path):
+    hang_s = 3
+    _, other = _fault_a_node(tmp_path, ["--hang-timeout", str(hang_s)], signal.SIGSTOP,
+                             _teardown_s(hang_s), store_host=True)
+    assert other.code == 1, _error([other])
+    root = other.event("run_end")["root_cause"]
+    assert root.startswith("the job's store at 127.0.0.1:"), root
+    assert "has not answered for" in root
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(240)
+def test_a_node_killed_with_its_ranks_is_named_within_two_beats_not_a_hang_timeout(tmp_path):
+    hang_s = 8  # the node is named long before this: its ranks' connections broke at once
+    killed, other = _fault_a_node(tmp_path, ["--hang-timeout", str(hang_s)], signal.SIGKILL,
+                                  _teardown_s(hang_s))
+    assert other.code == 1, _error([other])
+    root = other.event("run_end")["root_cause"]
+    assert root.startswith(f"node {killed} (host 127.0.0.1) has published no progress for "), (
+        _error([other]))
+    assert float(root.split(" for ", 1)[1].split(" s", 1)[0]) < hang_s, root
+    # the lost node is not waited for at the end (close_timeout is 10 s)
+    assert "not every node left" not in other.stdout + other.stderr
+    assert other.wall_s < _teardown_s(hang_s) - hang_s + 3, other.wall_s

@@ -313,9 +313,16 @@ class Launcher:
         states = [RankState.of(m, snaps[m.rank]) for m in ranks]
         fault = first_fault(states, now, self._cascade_window, self.config.hang_timeout)
         if fault is not None:
+            fault = self._cause_of(fault, now)
+        if fault is not None:
             result.fault = fault
             stopping = "; stopping the other ranks" if ranks.live() else ""
             self._say(f"rankguard: {fault.describe()}{stopping}")
+
+    def _cause_of(self, fault: Fault, now: float) -> Fault | None:
+        """The root cause to act on when the ranks show ``fault`` at ``now`` (``inf``: they have
+        all exited, decide now), or None to decide on a later tick. On one node, ``fault``."""
+        return fault
 
     @staticmethod
     def _deadline_verdict(rank: int, progress: _ledger.RankProgress,

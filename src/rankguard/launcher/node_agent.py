@@ -12,7 +12,10 @@ journal) with three things added per attempt:
    the next round starts on every node, or the job ends with the same root cause and exit code
    on every node.
 3. **tell** the other nodes: this node's first fault ends the round for all; a node whose ranks
-   all ended well counts itself done and waits (up to ``join_timeout``) for the others.
+   all ended well counts itself done and waits for the others as long as they are heard.
+4. **hear** the other nodes (``node_beats``): a node (or the store) silent for
+   ``--hang-timeout`` is lost; the first agent to see it ends the round naming it, and the next
+   round forms without it, if the rendezvous admits that many nodes.
 
 After the last attempt every agent closes the rendezvous and counts itself out of the job; the
 agent that hosts the store waits (up to ``close_timeout``) until the others have, so that none
@@ -21,17 +24,20 @@ loses the store while it still needs it.
 
 from __future__ import annotations
 
+import math
 import os
+import socket
 import sys
 import time
 from datetime import timedelta
 from typing import Any
 
 from ..deadline import Deadline
-from ..errors import RendezvousError, UsageError
-from .agent import Launcher, _Attempt
+from ..errors import RendezvousError, UsageError, first_line
+from .agent import TICK_S, Launcher, _Attempt
 from .config import RunConfig
 from .monitor import Verdict
+from .node_beats import NodeBeats, Silence
 from .outcome import Fault
 from .ranks import Layout
 from .rendezvous import Rendezvous, agents_namespace, connect, round_namespace
@@ -56,6 +62,15 @@ def left_to_another_node(verdict: Verdict, local: set[int], nodes: int,
     return spans and verdict.waited_s < 2 * hang_timeout
 
 
+_CRASH_EVIDENCE_BEATS = 2  # beats a live node publishes while we decide it is gone
+
+
+def beat_period(hang_timeout: float) -> float:
+    """Seconds between a node's beats: an eighth of the hang timeout (a node is called silent
+    after a whole one), between ``TICK_S`` and 1 s."""
+    return min(1.0, max(TICK_S, hang_timeout / 8))
+
+
 class _Interrupted(Exception):
     """The agent received SIGINT or SIGTERM while it waited in the rendezvous."""
 
@@ -72,11 +87,15 @@ class NodeAgent(Launcher):
         self._hosting = hosting
         self._rdzv = Rendezvous(config.rendezvous, config.run_id, store)
         self._channel: RoundChannel | None = None
+        self._beats: NodeBeats | None = None
+        self._store_lost = False  # a store that failed or went silent is not asked again
+        self._last_end: RoundEnd | None = None  # how the last round this node was in ended
         self._group_rank = -1
         self._group_world = 0
         self._local_ranks: set[int] = set()
         self._in_rendezvous = False
         self._outside: Fault | None = None  # the fault another node ended this round with
+        self._beat_period = beat_period(config.hang_timeout)
         self._cascade_window = margins.NODE_CASCADE_WINDOW_S
 
     def _run_fields(self) -> dict[str, Any]:
@@ -102,9 +121,7 @@ class NodeAgent(Launcher):
 
     def _join(self, attempt: int) -> Layout:
         cfg = self._rdzv_cfg
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
+        self._close_round()
         self._outside = None
         self._in_rendezvous = True
         try:
@@ -125,16 +142,72 @@ class NodeAgent(Launcher):
         self._channel = RoundChannel(
             self._store, self._connect, agents_namespace(self.config.run_id, joined.number),
             joined.group_world, cfg.endpoint, self._poke)
+        self._beats = NodeBeats(self._connect, agents_namespace(self.config.run_id, joined.number),
+                                joined.group_rank, joined.group_world,
+                                self._beat_period,
+                                cfg.local_addr or socket.gethostname())
         return Layout(cfg.host, cfg.port, round_namespace(self.config.run_id, joined.number),
                       joined.world, joined.base, joined.group_rank, joined.group_world,
                       joined.number)
 
     def _outside_fault(self, now: float) -> Fault | None:
         end = self._channel.end if self._channel is not None else None
-        if end is None or end.ok or end.node == self._group_rank:
+        if end is None:
+            return self._silent_fault(now)
+        if end.ok or end.node == self._group_rank:
             return None
         self._outside = end.fault(now)
         return self._outside
+
+    def _silent_fault(self, now: float) -> Fault | None:
+        """A node (or the store) silent past ``--hang-timeout`` ends the round: the first agent
+        to see it says so in the round's end (a lost store cannot be told; each node sees it)."""
+        if self._beats is None or self._channel is None:
+            return None
+        quiet = self._beats.silence(now, self.config.hang_timeout)
+        if quiet is None:
+            return None
+        return self._lost(quiet, now)
+
+    def _lost(self, quiet: Silence, now: float) -> Fault:
+        """End the round with the silent node (or the store) named; the fault that stands."""
+        assert self._channel is not None
+        text = quiet.describe(self._rdzv_cfg.endpoint)
+        if quiet.node is None:
+            self._outside = Fault("store_lost", now - quiet.silent_s, None, text)
+            return self._outside
+        ours = RoundEnd(False, self._group_rank, "node_lost", None, text, lost=quiet.node)
+        try:
+            standing = self._channel.publish(ours)
+        except RuntimeError as exc:
+            self._outside = Fault("store_lost", now, None, f"lost the job's store at "
+                                  f"{self._rdzv_cfg.endpoint}: {first_line(exc)}")
+            return self._outside
+        self._outside = (Fault("node_lost", now - quiet.silent_s, None, text)
+                         if standing is ours else standing.fault(now))
+        return self._outside
+
+    def _cause_of(self, fault: Fault, now: float) -> Fault | None:
+        """An error inside a collective while a node has gone quiet (its agent and ranks were
+        killed: their connections broke at once) is that node's loss. Decided once every other
+        node has beaten since (the error is this node's own), one of them has not beaten twice,
+        or ``--hang-timeout`` has passed (a silent node is then named by ``_silent_fault``)."""
+        beats, channel = self._beats, self._channel
+        if not fault.cascade or beats is None or channel is None:
+            return fault
+        evidence = _CRASH_EVIDENCE_BEATS * self._beat_period
+        until = Deadline(fault.at + self.config.hang_timeout, self.config.hang_timeout)
+        while True:
+            quiet = beats.quiet_since(fault.at, evidence)
+            if (quiet is not None or beats.all_alive_after(fault.at) or channel.end is not None
+                    or until.passed() or self._signal is not None):
+                break
+            if not math.isinf(now):
+                return None  # the ranks are still being watched: look again next tick
+            channel.wait(until.within(TICK_S))  # they have all exited: wait here
+        if quiet is None or quiet.node is None:
+            return fault
+        return self._lost(quiet, time.monotonic())
 
     def _on_verdict(self, verdict: Verdict, result: _Attempt, now: float) -> None:
         if not left_to_another_node(verdict, self._local_ranks, self._group_world,
@@ -149,8 +222,10 @@ class NodeAgent(Launcher):
         except RuntimeError as exc:  # the store failed under a request of ours
             result.fault = Fault("store_lost", time.monotonic(), None,
                                  f"lost the job's store at {self._rdzv_cfg.endpoint}: "
-                                 f"{str(exc).strip().splitlines()[0] if str(exc) else exc!r}")
+                                 f"{first_line(exc)}")
             self._say(f"rankguard: {result.fault.describe()}")
+        if result.fault is not None and result.fault.kind == "store_lost":
+            self._store_lost = True
         end = channel.end
         self._journal.write("round_end", ok=result.fault is None,
                             node=end.node if end is not None else None,
@@ -165,18 +240,19 @@ class NodeAgent(Launcher):
                 self._end_round(channel.publish(RoundEnd.of(fault, node)))
             return
         channel.done()
-        end = channel.wait(Deadline.after(self._rdzv_cfg.join_timeout))
+        while channel.end is None and self._signal is None:
+            channel.wait(Deadline.after(TICK_S))
+            silent = self._silent_fault(time.monotonic())
+            if silent is not None:
+                result.fault = silent
+                self._say(f"rankguard: {silent.describe()}")
+                return
+        end = channel.end
         now = time.monotonic()
         if self._signal is not None:
             result.fault = Fault("launcher_signal", now, None, "the agent received a signal")
             channel.publish(RoundEnd.of(result.fault, node))
-        elif end is None:
-            result.fault = Fault("gave_up", now, None, "this node's ranks ended well, but the "
-                                 "other nodes' did not end within join_timeout "
-                                 f"{self._rdzv_cfg.join_timeout} s")
-            self._say(f"rankguard: {result.fault.describe()}")
-            channel.publish(RoundEnd.of(result.fault, node))
-        elif not end.ok:
+        elif end is not None and not end.ok:
             result.fault = end.fault(now)
             self._say(f"rankguard: {result.fault.describe()}")
 
@@ -189,16 +265,28 @@ class NodeAgent(Launcher):
 
     # -- the end of the job ------------------------------------------------------------------------
 
-    def _leave(self) -> None:
+    def _close_round(self) -> None:
         if self._channel is not None:
+            self._last_end = self._channel.end
             self._channel.close()
+            self._channel = None
+        if self._beats is not None:
+            self._beats.close()
+            self._beats = None
+
+    def _leave(self) -> None:
+        self._close_round()
         cfg = self._rdzv_cfg
+        if self._store_lost:  # its requests could block for good: nobody is left to tell
+            return
         self._rdzv.shutdown()
         if not self._group_world:  # never in a round: no node counts on this one
             return
         key = f"/rankguard/{self.config.run_id}/left"
+        end = self._last_end
+        lost = 1 if end is not None and end.kind == "node_lost" else 0  # it will never leave
         try:
-            if self._store.add(key, 1) >= self._group_world:
+            if self._store.add(key, 1) >= self._group_world - lost:
                 self._store.set(key + ".all", "1")
             if self._hosting:
                 self._store.wait([key + ".all"], timedelta(seconds=cfg.close_timeout))

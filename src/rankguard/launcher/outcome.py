@@ -48,7 +48,7 @@ class Fault:
     """The first thing that went wrong in an attempt."""
 
     # raised | exited | signalled | hung | launcher_signal; with several nodes also
-    # node_left | gave_up | store_lost | rendezvous (see FINAL_KINDS)
+    # node_left | node_lost | gave_up | store_lost | rendezvous (see FINAL_KINDS)
     kind: str
     at: float  # monotonic
     rank: int | None = None

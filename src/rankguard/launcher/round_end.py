@@ -37,10 +37,11 @@ class RoundEnd:
 
     ok: bool
     node: int = -1  # the node rank of the agent that ended it
-    kind: str = ""  # a Fault kind (outcome), or node_left / gave_up / store_lost
+    kind: str = ""  # a Fault kind (outcome), or node_left / node_lost / gave_up / store_lost
     rank: int | None = None  # the global rank at fault, if one is
     detail: str = ""
     cascade: bool = False
+    lost: int = -1  # node_lost: the node rank of the node that went silent
 
     @classmethod
     def of(cls, fault: Fault, node: int) -> RoundEnd:
@@ -67,7 +68,8 @@ class RoundEnd:
 
     def fault(self, at: float) -> Fault:
         """The fault as another node acts on it (its kind gives the exit code)."""
-        where = f" (node {self.node})" if self.node >= 0 else ""
+        # a node_lost record names the lost node in its text; its node is the one that saw it
+        where = f" (node {self.node})" if self.node >= 0 and self.kind != "node_lost" else ""
         return Fault(self.kind, at, self.rank, f"{self.detail}{where}", self.cascade)
 
     def describe(self) -> str:
