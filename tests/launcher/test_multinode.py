@@ -26,11 +26,12 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _agents(tmp_path, args, timeout=120.0, nodes=2):
-    """Run ``nodes`` agents of one job to the end; returns (their Runs, the store's port)."""
+def _agents(tmp_path, args, timeout=120.0, nodes=2, nnodes=None):
+    """Run ``nodes`` agents of one job (``--nnodes nnodes``, default ``nodes``) to the end;
+    returns (their Runs, the store's port)."""
     port = _free_port()
     run_id = f"mn{port}"
-    common = ["--nnodes", str(nodes), "--rdzv-backend", "c10d", "--rdzv-endpoint",
+    common = ["--nnodes", nnodes or str(nodes), "--rdzv-backend", "c10d", "--rdzv-endpoint",
               f"127.0.0.1:{port}", "--rdzv-id", run_id, "--rdzv-conf",
               f"join_timeout={JOIN_S}", "--local-addr", "127.0.0.1", "--nproc-per-node", "2"]
     started = time.monotonic()
@@ -239,20 +240,16 @@ def _store_host(procs) -> int:
 
 @pytest.mark.slow
 @pytest.mark.deadline(240)
-def test_sigterm_to_one_agent_ends_its_node_with_143_and_the_job_on_the_other(tmp_path):
-    procs = _start_agents(tmp_path, ["--max-restarts", "1"])
-    try:
-        _await_output(procs, "]:STEPPED", time.monotonic() + 120)
-        target = 1 - _store_host(procs)  # the store's host must outlive the others
-        procs[target][0].send_signal(signal.SIGTERM)
-    finally:
-        runs = _finish_all(procs, 90)
-    other = runs[1 - target]
-    assert runs[target].code == 143, _error(runs)
-    # the other node stopped its ranks, tried the next round, found the rendezvous closed
-    assert other.code == 1, _error(runs)
+def test_a_preempted_node_exits_143_and_the_other_goes_on_without_it(tmp_path):
+    # SIGTERM to one agent (a preempted node): it tears down and leaves the rendezvous open;
+    # the other node restarts in a round of its own (--nnodes 1:2) and finishes
+    target, other = _fault_a_node(
+        tmp_path, ["--max-restarts", "1"], signal.SIGTERM, 150, nnodes="1:2", steps=300,
+        conf=",last_call_timeout=1", keep=True)
+    assert other.code == 0, _error([other])
     assert other.event("restart")["root_cause"].startswith("the agent received SIGTERM (node ")
-    assert "was closed" in other.stdout + other.stderr
+    rounds = [e["group_world_size"] for e in other.events if e["event"] == "rendezvous"]
+    assert rounds == [2, 1], rounds
 
 
 @pytest.mark.slow
@@ -306,16 +303,24 @@ def test_a_frozen_rank_is_blamed_by_its_own_node_and_named_on_every_node(tmp_pat
     assert blaming[0].event("hang_detected")["blamed"] == [3]
 
 
-def _fault_a_node(tmp_path, args, sig, within, store_host=False, **start):
+def _fault_a_node(tmp_path, args, sig, within, store_host=False, keep=False, **start):
     """Start two agents; once every rank has stepped, send ``sig`` to the whole process tree of
     the store's host (or of the other node); returns that node's index and the other agent's
-    Run, which must end within ``within`` s. Both trees are killed at the end."""
+    Run, which must end within ``within`` s. ``keep``: the signalled agent must end too, with
+    143 (SIGTERM). Both trees are killed at the end."""
     procs = _start_agents(tmp_path, args, **start)
     try:
         _await_output(procs, "]:STEPPED", time.monotonic() + 120)
         target = _store_host(procs) if store_host else 1 - _store_host(procs)
-        proctree.signal_tree(procs[target][0].pid, sig)
-        return target, _finish_all([procs[1 - target]], within)[0]
+        if keep:
+            procs[target][0].send_signal(sig)
+        else:
+            proctree.signal_tree(procs[target][0].pid, sig)
+        other = _finish_all([procs[1 - target]], within)[0]
+        if keep:
+            signalled = _finish_all([procs[target]], 30)[0]
+            assert signalled.code == 143, _error([signalled])
+        return target, other
     finally:
         _kill_all(procs)
 
@@ -384,3 +389,67 @@ def test_a_node_killed_with_its_ranks_is_named_within_two_beats_not_a_hang_timeo
     # the lost node is not waited for at the end (close_timeout is 10 s)
     assert "not every node left" not in other.stdout + other.stderr
     assert other.wall_s < _teardown_s(hang_s) - hang_s + 3, other.wall_s
+
+
+def _standby(runs: list[Run]) -> Run:
+    """The one agent of ``runs`` that never took part in a round."""
+    idle = [run for run in runs if not [e for e in run.events if e["event"] == "rendezvous"]]
+    assert len(idle) == 1, _error(runs)
+    return idle[0]
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(240)
+@pytest.mark.parametrize("inject, status, code", [
+    ([], "succeeded", 0), (["--inject", "crash:3:rank=0,at=op5"], "failed", 1)])
+def test_a_standby_node_never_disturbs_the_job_and_exits_with_it(tmp_path, inject, status,
+                                                                code):
+    runs, _ = _agents(tmp_path, [*inject, script("node_env.py"), "150", "0.02"], nodes=3,
+                      nnodes="2")
+    assert [run.code for run in runs] == [code] * 3, _error(runs)
+    standby = _standby(runs)
+    assert f"the job ended ({status}, exit code {code}) while this node stood by" in \
+        standby.stderr
+    assert standby.event("run_end")["status"] == "standby"
+    for run in runs:
+        if run is not standby:  # one round each: the standby's arrival restarted nothing
+            assert [e["event"] for e in run.events].count("attempt_start") == 1
+
+
+def _await_rounds(procs, count: int, until: float) -> list[int]:
+    """The indexes of the ``count`` agents that joined a round (by their journals)."""
+    while True:
+        joined = [i for i, (_, log_dir) in enumerate(procs)
+                  if '"event": "rendezvous"' in _journal_text(log_dir)]
+        if len(joined) >= count:
+            return joined
+        assert time.monotonic() < until, f"only agents {joined} joined a round in time"
+        time.sleep(0.1)
+
+
+def _journal_text(log_dir) -> str:
+    try:
+        return (log_dir / "journal.jsonl").read_text()
+    except FileNotFoundError:
+        return ""
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(300)
+def test_a_hot_spare_node_takes_the_place_of_a_frozen_one_and_the_job_succeeds(tmp_path):
+    procs = _start_agents(tmp_path, ["--hang-timeout", "3", "--max-restarts", "1"], nodes=3,
+                          nnodes="2", steps=300)
+    try:
+        joined = _await_rounds(procs, 2, time.monotonic() + 120)
+        _await_output([procs[i] for i in joined], "]:STEPPED", time.monotonic() + 120)
+        host = _store_host(procs)
+        frozen = next(i for i in joined if i != host)
+        proctree.signal_tree(procs[frozen][0].pid, signal.SIGSTOP)
+        (spare_index,) = [i for i in range(len(procs)) if i not in joined]
+        runs = _finish_all([p for i, p in enumerate(procs) if i != frozen], 150)
+    finally:
+        _kill_all(procs)
+    assert [run.code for run in runs] == [0, 0], _error(runs)
+    spare = next(run for run in runs if run.log_dir == procs[spare_index][1])
+    rounds = [e for e in spare.events if e["event"] == "rendezvous"]
+    assert [(e["round"], e["group_world_size"]) for e in rounds] == [(1, 2)], rounds

@@ -138,8 +138,8 @@ class Launcher:
                 self._spares.close()
             tracking.close(kill=True)
             self._stop_guardian()
-            self._leave()
-        status, code = run_status(attempt_result.fault, self._signal)
+            self._leave(attempt_result.fault)
+        status, code = self._run_status(attempt_result.fault)
         root = next((r.root_cause for r in reports if r.root_cause), None)
         # rank output first, then count what was lost
         self._terminal.out.flush(Deadline.after(margins.FLUSH_S))
@@ -361,8 +361,13 @@ class Launcher:
         """Once this node's ranks have all ended or one faulted: tell the other nodes, and
         learn how the attempt ended for the job."""
 
-    def _leave(self) -> None:
-        """After the last attempt: leave the job (bounded, never raises)."""
+    def _leave(self, fault: Fault | None) -> None:
+        """After the last attempt, which ended with ``fault``: leave the job (bounded, never
+        raises)."""
+
+    def _run_status(self, fault: Fault | None) -> tuple[str, int]:
+        """How the run ended, from its last attempt's ``fault`` (see ``run_status``)."""
+        return run_status(fault, self._signal)
 
     @staticmethod
     def _all_stepped(snaps: dict[int, _ledger.RankProgress]) -> bool:

@@ -40,7 +40,8 @@ from .monitor import Verdict
 from .node_beats import NodeBeats, Silence
 from .outcome import Fault
 from .ranks import Layout
-from .rendezvous import Rendezvous, agents_namespace, connect, round_namespace
+from .rendezvous import (Rendezvous, RendezvousClosed, agents_namespace, connect,
+                         round_namespace)
 from .round_end import RoundChannel, RoundEnd
 from .summary import AttemptReport
 from .. import margins
@@ -89,7 +90,9 @@ class NodeAgent(Launcher):
         self._channel: RoundChannel | None = None
         self._beats: NodeBeats | None = None
         self._store_lost = False  # a store that failed or went silent is not asked again
-        self._last_end: RoundEnd | None = None  # how the last round this node was in ended
+        self._lost_nodes = 0  # nodes this agent saw lost, in every round it took part in
+        self._counted = False  # in the job's count of agents
+        self._job_end: tuple[str, int] | None = None  # a standby's view of the job's end
         self._group_rank = -1
         self._group_world = 0
         self._local_ranks: set[int] = set()
@@ -110,7 +113,9 @@ class NodeAgent(Launcher):
             return super()._run_attempt(attempt)
         except (RendezvousError, _Interrupted) as exc:
             now = time.monotonic()
-            if isinstance(exc, _Interrupted):
+            if isinstance(exc, RendezvousClosed) and not self._group_world:
+                fault = self._stood_by(now)
+            elif isinstance(exc, _Interrupted):
                 fault = Fault("launcher_signal", now, None, str(exc))
             else:
                 fault = Fault("rendezvous", now, None, str(exc))
@@ -118,6 +123,28 @@ class NodeAgent(Launcher):
             result = _Attempt(fault=fault)
             result.report = AttemptReport(attempt, [], fault.describe())
             return result
+
+    def _count_in(self) -> None:
+        try:
+            self._store.add(self._agents_key, 1)
+        except RuntimeError as exc:
+            raise RendezvousError(self._rdzv_cfg.endpoint, "lost the job's store at "
+                                  f"{self._rdzv_cfg.endpoint}: {first_line(exc)}") from None
+        self._counted = True
+
+    def _stood_by(self, now: float) -> Fault:
+        """The rendezvous closed before this node took part in any round: it was a standby
+        (a hot spare) and the job is over. It ends with the job's exit code."""
+        ended = self._rdzv.recorded_end()
+        self._job_end = ended
+        how = f"{ended[0]}, exit code {ended[1]}" if ended is not None else "how is not known"
+        return Fault("standby_end", now, None, f"the job ended ({how}) while this node stood "
+                     "by; it leaves without having run")
+
+    def _run_status(self, fault: Fault | None) -> tuple[str, int]:
+        if fault is not None and fault.kind == "standby_end":
+            return ("was a standby", self._job_end[1] if self._job_end is not None else 0)
+        return super()._run_status(fault)
 
     def _join(self, attempt: int) -> Layout:
         cfg = self._rdzv_cfg
@@ -127,6 +154,8 @@ class NodeAgent(Launcher):
         try:
             if self._signal is not None:
                 raise _Interrupted("the agent was stopped before the round formed")
+            if not self._counted:
+                self._count_in()
             joined = self._rdzv.next_round(self.config.nproc)
         finally:
             self._in_rendezvous = False
@@ -267,33 +296,43 @@ class NodeAgent(Launcher):
 
     def _close_round(self) -> None:
         if self._channel is not None:
-            self._last_end = self._channel.end
+            end = self._channel.end
+            if end is not None and end.kind == "node_lost":
+                self._lost_nodes += 1  # it will never leave the job
             self._channel.close()
             self._channel = None
         if self._beats is not None:
             self._beats.close()
             self._beats = None
 
-    def _leave(self) -> None:
+    def _leave(self, fault: Fault | None) -> None:
+        """Close the rendezvous when the job ends here (not when only this node leaves: it was
+        stopped, or stood by); count this agent out. The store's host then waits, up to
+        ``close_timeout``, until every agent that came (standbys too) has left, but for the
+        nodes found lost: none must lose the store while it still reads the job's end."""
         self._close_round()
         cfg = self._rdzv_cfg
         if self._store_lost:  # its requests could block for good: nobody is left to tell
             return
-        self._rdzv.shutdown()
-        if not self._group_world:  # never in a round: no node counts on this one
-            return
+        if fault is None or fault.kind not in ("launcher_signal", "standby_end"):
+            self._rdzv.record_end(*self._run_status(fault))
+            self._rdzv.shutdown()
         key = f"/rankguard/{self.config.run_id}/left"
-        end = self._last_end
-        lost = 1 if end is not None and end.kind == "node_lost" else 0  # it will never leave
         try:
-            if self._store.add(key, 1) >= self._group_world - lost:
-                self._store.set(key + ".all", "1")
+            self._store.set(f"{key}.{self._store.add(key, 1)}", "1")
             if self._hosting:
-                self._store.wait([key + ".all"], timedelta(seconds=cfg.close_timeout))
+                came = self._store.add(self._agents_key, 0)
+                self._store.wait([f"{key}.{max(came - self._lost_nodes, 1)}"],
+                                 timedelta(seconds=cfg.close_timeout))
         except RuntimeError:
             if self._hosting:
                 self._say(f"rankguard: not every node left the job within close_timeout "
                           f"{cfg.close_timeout} s; closing the store at {cfg.endpoint} anyway")
+
+    @property
+    def _agents_key(self) -> str:
+        """How many agents came to the job (counted once each, as they first join)."""
+        return f"/rankguard/{self.config.run_id}/agents"
 
     # -- plumbing ------------------------------------------------------------------------------
 

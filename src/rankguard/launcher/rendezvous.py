@@ -138,6 +138,16 @@ def _await_listener(cfg: RendezvousConfig, until: Deadline) -> None:
 
 
 
+class RendezvousClosed(RendezvousError):
+    """The rendezvous was closed: the job ended (or another node ended it) while this agent
+    waited for a round."""
+
+
+# torch's keep-alive defaults (5 s, 3 missed) keep a lost node in the round's participants for
+# 15 s, and the next round forms only once it is dropped; ours drop it within about 3 s.
+KEEP_ALIVE_DEFAULTS = {"keep_alive_interval": "1", "keep_alive_max_attempt": "3"}
+
+
 class Rendezvous:
     """This node's side of the job's rendezvous (one per agent, for every round)."""
 
@@ -157,7 +167,7 @@ class Rendezvous:
         params = RendezvousParameters(
             "c10d", cfg.endpoint, run_id, cfg.min_nodes, cfg.max_nodes, cfg.local_addr,
             join_timeout=str(cfg.join_timeout), last_call_timeout=str(cfg.last_call_timeout),
-            close_timeout=str(cfg.close_timeout), **dict(cfg.extra))
+            close_timeout=str(cfg.close_timeout), **{**KEEP_ALIVE_DEFAULTS, **dict(cfg.extra)})
         self._handler = create_handler(store, C10dRendezvousBackend(store, run_id), params)
 
     def next_round(self, nproc: int) -> Round:
@@ -170,7 +180,8 @@ class Rendezvous:
                 the job's store failed; naming the endpoint and the timeout.
         """
         from torch.distributed.elastic.rendezvous import (RendezvousClosedError,
-                                                          RendezvousConnectionError)
+                                                          RendezvousConnectionError,
+                                                          RendezvousGracefulExitError)
         from torch.distributed.elastic.rendezvous import RendezvousError as TorchRdzvError
 
         cfg = self._cfg
@@ -179,9 +190,9 @@ class Rendezvous:
         except RendezvousConnectionError:
             raise RendezvousError(cfg.endpoint, f"lost the job's store at {cfg.endpoint} while "
                                   "joining a round (its node's agent is gone?)") from None
-        except RendezvousClosedError:
-            raise RendezvousError(cfg.endpoint, f"the rendezvous at {cfg.endpoint} was closed: "
-                                  "another node ended the job") from None
+        except (RendezvousClosedError, RendezvousGracefulExitError):
+            raise RendezvousClosed(cfg.endpoint, f"the rendezvous at {cfg.endpoint} was "
+                                   "closed: another node ended the job") from None
         except (TorchRdzvError, RuntimeError) as exc:
             wanted = f"{cfg.min_nodes}" if cfg.min_nodes == cfg.max_nodes else \
                 f"{cfg.min_nodes} to {cfg.max_nodes}"
@@ -214,6 +225,30 @@ class Rendezvous:
         plan = json.loads(store.get("rankguard/plan"))
         base, world = assign(plan["nproc"])[group_rank]
         return Round(plan["round"], group_rank, group_world, base, world)
+
+    def record_end(self, status: str, code: int) -> None:
+        """Say in the store how the job ended (the first node to say it stands), for the
+        standby nodes, which never took part in a round. Never raises."""
+        value = json.dumps({"status": status, "code": code})
+        try:
+            self._store.compare_set(self._end_key, "", value)
+        except RuntimeError:
+            pass  # the store is gone: a standby then learns the end from the closed rendezvous
+
+    def recorded_end(self) -> tuple[str, int] | None:
+        """How the job ended, as the first node to end said it; None if none did (or it is
+        not a record of ours)."""
+        try:
+            if not self._store.check([self._end_key]):
+                return None
+            fields = json.loads(self._store.get(self._end_key))
+            return str(fields["status"]), int(fields["code"])
+        except (RuntimeError, ValueError, TypeError, KeyError):
+            return None
+
+    @property
+    def _end_key(self) -> str:
+        return f"/rankguard/{self._run_id}/job_end"
 
     def shutdown(self) -> None:
         """Close the rendezvous (torch's ``shutdown``: no later round forms; bounded by

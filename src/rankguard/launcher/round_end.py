@@ -37,7 +37,7 @@ class RoundEnd:
 
     ok: bool
     node: int = -1  # the node rank of the agent that ended it
-    kind: str = ""  # a Fault kind (outcome), or node_left / node_lost / gave_up / store_lost
+    kind: str = ""  # a Fault kind (outcome), or node_left / node_lost / store_lost
     rank: int | None = None  # the global rank at fault, if one is
     detail: str = ""
     cascade: bool = False
