@@ -92,6 +92,7 @@ class NodeAgent(Launcher):
         self._store_lost = False  # a store that failed or went silent is not asked again
         self._lost_nodes = 0  # nodes this agent saw lost, in every round it took part in
         self._counted = False  # in the job's count of agents
+        self._progress: list[list[int]] = []  # the ranks' progress, for this node's beats
         self._job_end: tuple[str, int] | None = None  # a standby's view of the job's end
         self._group_rank = -1
         self._group_world = 0
@@ -174,7 +175,8 @@ class NodeAgent(Launcher):
         self._beats = NodeBeats(self._connect, agents_namespace(self.config.run_id, joined.number),
                                 joined.group_rank, joined.group_world,
                                 self._beat_period,
-                                cfg.local_addr or socket.gethostname())
+                                cfg.local_addr or socket.gethostname(),
+                                lambda: self._progress)
         return Layout(cfg.host, cfg.port, round_namespace(self.config.run_id, joined.number),
                       joined.world, joined.base, joined.group_rank, joined.group_world,
                       joined.number)
@@ -215,6 +217,13 @@ class NodeAgent(Launcher):
         self._outside = (Fault("node_lost", now - quiet.silent_s, None, text)
                          if standing is ours else standing.fault(now))
         return self._outside
+
+    def _read_all(self, ranks: Any, readers: Any) -> Any:
+        snaps = super()._read_all(ranks, readers)
+        # a new list each time: the beats' thread reads whichever it finds, never a half one
+        self._progress = [[rank, snap.groups[0].entered, snap.groups[0].done]
+                          for rank, snap in sorted(snaps.items()) if snap.groups]
+        return snaps
 
     def _cause_of(self, fault: Fault, now: float) -> Fault | None:
         """An error inside a collective while a node has gone quiet (its agent and ranks were

@@ -110,15 +110,19 @@ class NodeBeats:
         node, nodes: this node's rank among the round's nodes, and their number.
         period: seconds between exchanges.
         host: this node's name, carried in its beat.
+        progress: this node's ranks' progress in the world group, ``[rank, entered, done]``
+            each, carried in its beat (read by the exchange's thread: it must not block).
     """
 
     def __init__(self, connect: Callable[[], Any], prefix: str, node: int, nodes: int,
-                 period: float, host: str) -> None:
+                 period: float, host: str,
+                 progress: Callable[[], list[list[int]]] = list) -> None:
         self._connect = connect
         self._keys = [f"{prefix}beat{n}" for n in range(nodes)]
         self._node = node
         self._period = period
         self._host = host
+        self._progress = progress
         started = time.monotonic()
         self._heard = {n: Heard(None, started) for n in range(nodes) if n != node}
         self._last_exchange = started
@@ -169,7 +173,7 @@ class NodeBeats:
     def _exchange(self, client: Any, sequence: int) -> None:
         with self._lock:
             self._pending_since = began = time.monotonic()
-        beat = json.dumps({"seq": sequence, "host": self._host})
+        beat = encode(sequence, self._host, self._progress())
         client.set(self._keys[self._node], beat)
         others = [n for n in self._heard]
         if client.check([self._keys[n] for n in others]):
@@ -193,6 +197,13 @@ class NodeBeats:
         with self._lock:
             self._pending_since = None
             self._last_exchange = time.monotonic()
+
+
+def encode(sequence: int, host: str, progress: list[list[int]]) -> str:
+    """A beat: its sequence number (it changes every beat), the node's host and its ranks'
+    progress (``[rank, entered, done]`` in the world group, each)."""
+    return json.dumps({"seq": sequence, "host": host, "ranks": progress},
+                      separators=(",", ":"))
 
 
 def _host_of(value: bytes) -> str:
