@@ -121,6 +121,7 @@ class RankProcesses:
         self.token = secrets.token_hex(8)
         self._tee = tee
         self._members: list[RankProcess] = []
+        self._reported: set[int] = set()  # ranks whose exit the watcher has reported
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
         for fd in (self._wake_r, self._wake_w):
@@ -242,7 +243,12 @@ class RankProcesses:
             try:
                 while not self._closing:
                     for member in self.pump(Deadline.never()):
-                        on_exit(member)
+                        try:
+                            on_exit(member)
+                        finally:  # waiters in other threads see the exit once it is reported
+                            with self._exits:
+                                self._reported.add(member.rank)
+                                self._exits.notify_all()
             finally:
                 with self._lock:
                     self._watching = False
@@ -284,9 +290,13 @@ class RankProcesses:
         def done() -> bool:
             return not any(ranks is None or m.rank in ranks for m in self.live())
 
+        def reported() -> bool:  # reaped, and the watcher's on_exit has run for each
+            return done() and all(m.rank in self._reported for m in self._members
+                                  if ranks is None or m.rank in ranks)
+
         if not self._driven_here():
             with self._exits:
-                return self._exits.wait_for(done, until.timeout())
+                return self._exits.wait_for(reported, until.timeout())
         while not done() and not until.passed():
             self.pump(until)
         return done()
