@@ -129,8 +129,7 @@ class NodeAgent(Launcher):
         try:
             self._store.add(self._agents_key, 1)
         except RuntimeError as exc:
-            raise RendezvousError(self._rdzv_cfg.endpoint, "lost the job's store at "
-                                  f"{self._rdzv_cfg.endpoint}: {first_line(exc)}") from None
+            raise RendezvousError(self._rdzv_cfg.endpoint, self._store_failure(exc)) from None
         self._counted = True
 
     def _stood_by(self, now: float) -> Fault:
@@ -207,12 +206,11 @@ class NodeAgent(Launcher):
         if quiet.node is None:
             self._outside = Fault("store_lost", now - quiet.silent_s, None, text)
             return self._outside
-        ours = RoundEnd(False, self._group_rank, "node_lost", None, text, lost=quiet.node)
+        ours = RoundEnd(False, self._group_rank, "node_lost", None, text)
         try:
             standing = self._channel.publish(ours)
         except RuntimeError as exc:
-            self._outside = Fault("store_lost", now, None, f"lost the job's store at "
-                                  f"{self._rdzv_cfg.endpoint}: {first_line(exc)}")
+            self._outside = Fault("store_lost", now, None, self._store_failure(exc))
             return self._outside
         self._outside = (Fault("node_lost", now - quiet.silent_s, None, text)
                          if standing is ours else standing.fault(now))
@@ -258,9 +256,7 @@ class NodeAgent(Launcher):
         try:
             self._settle_with(channel, result)
         except RuntimeError as exc:  # the store failed under a request of ours
-            result.fault = Fault("store_lost", time.monotonic(), None,
-                                 f"lost the job's store at {self._rdzv_cfg.endpoint}: "
-                                 f"{first_line(exc)}")
+            result.fault = Fault("store_lost", time.monotonic(), None, self._store_failure(exc))
             self._say(f"rankguard: {result.fault.describe()}")
         if result.fault is not None and result.fault.kind == "store_lost":
             self._store_lost = True
@@ -337,6 +333,10 @@ class NodeAgent(Launcher):
             if self._hosting:
                 self._say(f"rankguard: not every node left the job within close_timeout "
                           f"{cfg.close_timeout} s; closing the store at {cfg.endpoint} anyway")
+
+    def _store_failure(self, exc: Exception) -> str:
+        """What a store request that failed says: the job's store is gone."""
+        return f"lost the job's store at {self._rdzv_cfg.endpoint}: {first_line(exc)}"
 
     @property
     def _agents_key(self) -> str:

@@ -41,7 +41,6 @@ class RoundEnd:
     rank: int | None = None  # the global rank at fault, if one is
     detail: str = ""
     cascade: bool = False
-    lost: int = -1  # node_lost: the node rank of the node that went silent
 
     @classmethod
     def of(cls, fault: Fault, node: int) -> RoundEnd:
