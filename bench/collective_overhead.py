@@ -3,13 +3,19 @@
     python bench/collective_overhead.py                       # 2 and 4 ranks, 4 B and 1 MB, 5 runs
     python bench/collective_overhead.py --ranks 2 --sizes 1048576 --repeats 9
     python bench/collective_overhead.py --rankguard-arg=--collective-timeout=60   # bounded mode
+    python bench/collective_overhead.py --pin --repeats 9     # ranks pinned: less noise
 
 One script, bench/collective_worker.py (plain torch.distributed, no rankguard import), times N
 all_reduces of each size after a warm-up (N: as many as fill ``--loop-seconds`` on the machine at
 hand, from rank 0's warm-up, or ``--iters``). It is run ALTERNATELY under ``python -m
 rankguard.cli run`` and ``python -m torch.distributed.run --standalone`` (``--repeats`` times
 each, the order swapped every round), all sizes in each run; the figures are medians over the
-runs, printed side by side with torchrun's as microseconds per all_reduce and as a ratio.
+runs, printed side by side with torchrun's as microseconds per all_reduce and as a ratio, with
+a 95% interval of the difference over the runs (as a share of torchrun's time): a ratio whose
+interval spans 0 is within run-to-run noise. ``--pin`` has each rank pin itself to one core
+(the worker does it, by local rank, before torch starts its threads, under both launchers
+alike): on a 2-core machine it takes out most of that noise, which comes from where the
+scheduler happens to put the ranks' threads.
 
 Then the CPU, the figure that shows where the time goes even on a loaded machine (wall-clock
 figures on a shared 2-core machine are noise; CPU time is far less sensitive): during the timed
@@ -100,10 +106,14 @@ def guardian_of(pid: int) -> int | None:
     return None
 
 
-def run_once(launcher: str, nproc: int, loops: list[str], extra: list[str]) -> Run:
-    """Run the worker once under ``launcher``; ``loops``: its arguments."""
+def run_once(launcher: str, nproc: int, loops: list[str], extra: list[str],
+             pin: bool = False) -> Run:
+    """Run the worker once under ``launcher``; ``loops``: its arguments; ``pin``: each rank
+    pins itself to one core."""
     log_dir = tempfile.mkdtemp(prefix="rankguard-bench-")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    if pin:
+        env["RGBENCH_PIN"] = "1"
     proc = subprocess.Popen(command(launcher, nproc, os.path.join(log_dir, "logs"), extra, loops),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     run = Run(launcher, nproc)
@@ -191,15 +201,18 @@ def report(runs: list[Run], nproc: int, sizes: list[int]) -> None:
         return lambda x: x["threads"].get(thread, 0.0) / x["iters"] * 1e6
 
     for size in sizes:
-        us = {name: _median_over_runs(by[name], size, lambda x: x["us_per_op"], rank0=True)
-              for name in LAUNCHERS}
+        walls = {name: _per_run(by[name], size, lambda x: x["us_per_op"], rank0=True)
+                 for name in LAUNCHERS}
+        us = {name: statistics.median(walls[name]) for name in LAUNCHERS}
+        wall_low, wall_high = median_difference_interval(walls["torchrun"], walls["rankguard"])
         main = {name: _median_over_runs(by[name], size, per_op("main")) for name in LAUNCHERS}
         native = {name: _per_run(by[name], size, per_op("native")) for name in LAUNCHERS}
         diff, ratio = us["rankguard"] - us["torchrun"], us["rankguard"] / us["torchrun"]
         extra = main["rankguard"] - main["torchrun"]
         low, high = median_difference_interval(native["torchrun"], native["rankguard"])
+        noise = f"{wall_low / us['torchrun']:+.1%} to {wall_high / us['torchrun']:+.1%}"
         print(f"{nproc:>5} {size_label(size):>6} {us['torchrun']:>11.1f} us "
-              f"{us['rankguard']:>11.1f} us {diff:>+9.1f} us {ratio:>7.3f}   | "
+              f"{us['rankguard']:>11.1f} us {diff:>+9.1f} us {ratio:>7.3f} {noise:>17}   | "
               f"{main['torchrun']:>17.1f} {main['rankguard']:>9.1f} ({extra:+.1f})"
               f" {statistics.median(native['torchrun']):>9.1f}"
               f" {statistics.median(native['rankguard']):>9.1f}"
@@ -247,6 +260,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="runs under each launcher")
     parser.add_argument("--rankguard-arg", action="append", default=[],
                         help="an extra option for rankguard run (repeatable)")
+    parser.add_argument("--pin", action="store_true",
+                        help="each rank pins itself to one core (by local rank, wrapping "
+                             "around), under both launchers alike")
     args = parser.parse_args()
     loops = [str(args.loop_seconds),
              *(f"{size}:{args.iters}" if args.iters else str(size) for size in args.sizes)]
@@ -256,13 +272,13 @@ def main() -> None:
     for nproc in args.ranks:
         for round_ in range(args.repeats):
             for launcher in (LAUNCHERS if round_ % 2 else LAUNCHERS[::-1]):
-                runs.append(run_once(launcher, nproc, loops, args.rankguard_arg))
+                runs.append(run_once(launcher, nproc, loops, args.rankguard_arg, args.pin))
     counts = sorted({x["iters"] for r in runs for res in r.results.values() for x in res})
     print(f"all_reduce, {args.repeats} runs under each launcher alternated, medians; "
           f"{counts[0]} to {counts[-1]} all_reduces per timed loop")
-    print(f"{'':>55}   | CPU us per all_reduce and rank (robust to load)")
+    print(f"{'':>73}   | CPU us per all_reduce and rank (robust to load)")
     print(f"{'ranks':>5} {'size':>6} {'torchrun':>14} {'rankguard':>14} {'difference':>12} "
-          f"{'ratio':>7}   | main thread: torchrun rankguard (diff)  gloo+torch threads "
+          f"{'ratio':>7} {'(95% of ratio-1)':>17}   | main thread: torchrun rankguard (diff)  gloo+torch threads "
           "(the difference's run-to-run noise)")
     for nproc in args.ranks:
         report(runs, nproc, args.sizes)

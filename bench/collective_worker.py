@@ -18,8 +18,14 @@ import sys
 import threading
 import time
 
-import torch
-import torch.distributed as dist
+if os.environ.get("RGBENCH_PIN"):
+    # each rank on its own core, by local rank, before torch and gloo start their threads (they
+    # inherit it): the same placement under either launcher, run after run
+    _cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {_cores[int(os.environ["LOCAL_RANK"]) % len(_cores)]})
+
+import torch  # noqa: E402 (after the pinning)
+import torch.distributed as dist  # noqa: E402
 
 
 def say(line: str) -> None:

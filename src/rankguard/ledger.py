@@ -18,11 +18,18 @@ Layout (little-endian):
   blames (a bitmask of the ranks a
   ``rankguard.CollectiveError`` named as not arrived), and a notice from the supervisor that a
   peer failed (the only field the supervisor writes).
-- ``MAX_GROUPS`` group slots of 64 bytes: group key, member bitmask, is-world, size, kind of
-  the last op entered, time of the last enter, time of the last completion, entered, done. The
-  rank writes the last five in one store sequence, times before counts (``_SlotWriter``), so a
-  reader that sees a new count also sees the time that came with it (on a machine that keeps
-  stores in order, as x86 does).
+- ``MAX_GROUPS`` group slots of 128 bytes, two cache lines with one writer each:
+  - the first is the group's identity (key, member bitmask, is-world, size) and what the thread
+    that issues its operations writes: the kind of the last op entered, time of the last enter,
+    time of the last completion it recorded, entered, and how many completions it recorded;
+  - the second, the completions recorded by any other thread (the completion sweeper): time of
+    the last, and how many.
+
+  A slot's ``done`` is the sum of the two counts. With one writer per field no write needs a
+  lock, and none can lose another's count. Each writer writes its fields in one store sequence,
+  times before counts (``_SlotWriter``), so a reader that sees a new count also sees the time
+  that came with it (on a machine that keeps stores in order, as x86 does); the reader reads the
+  second line before the first, so it never sees more completions than entries.
 
 Sequence numbers: in the world group, entry 1 is ``init_process_group`` and entry ``k + 1`` is
 the ``k``-th collective, so ``seq`` as shown to people (``all_reduce #k``) is ``entered - 1``.
@@ -45,14 +52,16 @@ from typing import Iterable, Mapping
 from .errors import LedgerError
 
 MAGIC = 0x52474C31  # "RGL1"
-VERSION = 2  # 2: the slot's times come before its counts
+VERSION = 3  # 2: the slot's times come before its counts; 3: a line per writer
 MAX_GROUPS = 16
 # magic version pid flags fault in_coll exit_code t_fault t_start blamed
 HEADER = struct.Struct("<IIqIIIiddQ8x")
 _OFF_PID, _OFF_FLAGS, _OFF_FAULT, _OFF_T_FAULT, _OFF_T_START, _OFF_BLAMED = 8, 16, 20, 32, 40, 48
 _OFF_EXIT_CODE = 28
-SLOT = struct.Struct("<QQIII4xddQQ")
-SLOT_SIZE = 64
+SLOT = struct.Struct("<QQIII4xddQQ")  # a slot's first line: identity, issuing thread's part
+_SWEPT = struct.Struct("<dQ")  # its second line: completions recorded by other threads
+_OFF_SWEPT = 64
+SLOT_SIZE = 128
 SIZE = HEADER.size + MAX_GROUPS * SLOT_SIZE
 WORLD_SLOT = 0
 
@@ -229,36 +238,40 @@ def _map(path: str, writable: bool) -> mmap.mmap:
 
 class _SlotWriter:
     """Writes one group slot. Its state lives here; every change is written to the mapping at
-    once, all five fields in one store sequence (:data:`_STATE`: kind and times, then counts).
+    once, each writer's fields in one store sequence (times, then counts).
 
-    ``step`` and ``enter`` are called by the thread that issues the group's operations; ``done``
-    by any thread (the completion sweeper). A lock orders them, so no count is lost nor written
-    back older than it was; it is held only while one write is made.
+    ``step`` and ``enter`` are called only by the thread that issues the group's operations,
+    and write only its line, without a lock (it is the line's one writer). ``done`` may be
+    called by any thread (the completion sweeper, or the issuing thread recording another
+    group's completion): its count has a line of its own, and a lock among those callers.
     """
 
-    __slots__ = ("_buf", "_offset", "_lock", "_kind", "_t_enter", "_t_done", "_entered", "_done")
+    __slots__ = ("_buf", "_offset", "_swept_offset", "_lock", "_kind", "_t_enter", "_t_done",
+                 "_entered", "_done", "_t_swept", "_swept")
 
     def __init__(self, buf: mmap.mmap, offset: int) -> None:
         self._buf = buf
         self._offset = offset + _OFF_STATE
+        self._swept_offset = offset + _OFF_SWEPT
         self._lock = threading.Lock()
         (self._kind, self._t_enter, self._t_done, self._entered,
          self._done) = _STATE.unpack_from(buf, self._offset)
+        self._t_swept, self._swept = _SWEPT.unpack_from(buf, self._swept_offset)
 
     def step(self, kind: int, finished: int) -> int:
         """Record that the rank entered an operation of ``kind`` and, in the same write, that
         ``finished`` more of the group's operations completed (the ones seen completed as this
-        one began; their completion time is this one's entry). Returns the entry number."""
-        with self._lock:
-            now = time.monotonic()
-            self._entered += 1
+        one began; their completion time is this one's entry). Returns the entry number.
+        Only the issuing thread may call it."""
+        now = time.monotonic()
+        self._entered += 1
+        if finished:
             self._done += finished
-            if finished:
-                self._t_done = now
-            self._kind, self._t_enter = kind, now
-            _STATE.pack_into(self._buf, self._offset, kind, now, self._t_done, self._entered,
-                             self._done)
-            return self._entered
+            self._t_done = now
+        self._kind, self._t_enter = kind, now
+        _STATE.pack_into(self._buf, self._offset, kind, now, self._t_done, self._entered,
+                         self._done)
+        return self._entered
 
     def enter(self, kind: int) -> int:
         """Record that the rank entered an operation of ``kind``; returns the entry number."""
@@ -267,31 +280,31 @@ class _SlotWriter:
     def done(self) -> None:
         """Record that one more operation of this group completed (any thread)."""
         with self._lock:
-            self._done += 1
-            self._t_done = time.monotonic()
-            self._write()
+            self._swept += 1
+            self._t_swept = time.monotonic()
+            _SWEPT.pack_into(self._buf, self._swept_offset, self._t_swept, self._swept)
 
     @property
     def entered(self) -> int:
         return self._entered
 
     def reset(self) -> None:
-        """Start counting again (a new generation of the group): no operation entered or done."""
+        """Start counting again (a new generation of the group): no operation entered or done.
+        The issuing thread calls it, once the group's completions are flushed."""
         with self._lock:
-            self._entered = self._done = 0
-            self._write()
+            self._entered = self._done = self._swept = 0
+            _SWEPT.pack_into(self._buf, self._swept_offset, self._t_swept, 0)
+            _STATE.pack_into(self._buf, self._offset, self._kind, self._t_enter, self._t_done,
+                             0, 0)
 
     def progress(self) -> tuple[int, int, str]:
         """(entered, done, name of the last operation entered), as written so far."""
+        swept = _SWEPT.unpack_from(self._buf, self._swept_offset)[1]
         kind, _, _, entered, done = _STATE.unpack_from(self._buf, self._offset)
-        return entered, done, OP_NAMES[kind] if kind < len(OP_NAMES) else f"op{kind}"
-
-    def _write(self) -> None:
-        _STATE.pack_into(self._buf, self._offset, self._kind, self._t_enter, self._t_done,
-                         self._entered, self._done)
+        return entered, done + swept, OP_NAMES[kind] if kind < len(OP_NAMES) else f"op{kind}"
 
 
-# The part of a slot the rank writes, at slot offset 24: kind, padding, t_enter, t_done,
+# The issuing thread's part of a slot, at slot offset 24: kind, padding, t_enter, t_done,
 # entered, done (the tail of ``SLOT``).
 _STATE = struct.Struct("<I4xddQQ")
 _OFF_STATE = SLOT.size - _STATE.size
@@ -476,13 +489,15 @@ class LedgerReader:
             HEADER.unpack_from(self._buf, 0)
         groups = []
         for index in range(MAX_GROUPS):
+            offset = HEADER.size + index * SLOT_SIZE
+            t_swept, swept = _SWEPT.unpack_from(self._buf, offset + _OFF_SWEPT)  # first (module doc)
             key, members, is_world, size, kind, t_enter, t_done, entered, done = SLOT.unpack_from(
-                self._buf, HEADER.size + index * SLOT_SIZE)
+                self._buf, offset)
             if not key:
                 continue
             name = OP_NAMES[kind] if kind < len(OP_NAMES) else f"op{kind}"
-            groups.append(GroupProgress(key, members, bool(is_world), size, entered, done, name,
-                                        t_enter, t_done))
+            groups.append(GroupProgress(key, members, bool(is_world), size, entered,
+                                        done + swept, name, t_enter, max(t_done, t_swept)))
         return RankProgress(pid, flags, fault, bool(fault_in_coll), t_fault, t_start,
                             tuple(groups), tuple(r for r in range(64) if blamed >> r & 1),
                             exit_code)

@@ -1,6 +1,7 @@
 """Completions reach the ledger, for real gloo works: from the next operation at once (in the
-same write as its entry), from the tracker's thread at most its lag late (soon after, for an
-operation that lasts), and that thread sweeps once per lag while operations are short."""
+same write as its entry) for a process's first operations, then at most ``REAP_AT - 1``
+operations late; from the tracker's thread at most its lag late (soon after, for an operation
+that lasts); and that thread sweeps once per lag while operations are short."""
 
 import datetime
 import threading
@@ -12,8 +13,8 @@ import torch.distributed as dist
 
 from rankguard import ledger
 from rankguard.deadline import Deadline
-from rankguard.runtime.completions import (LAG_SHARE, MAX_LAG_S, MIN_LAG_S, CompletionTracker,
-                                           lag_for)
+from rankguard.runtime.completions import (EXACT_OPS, LAG_SHARE, MAX_LAG_S, MIN_LAG_S, REAP_AT,
+                                           CompletionTracker, lag_for)
 
 # How long a loaded 2-core machine may keep a ready thread from running, on top of a bound.
 LOAD_SLACK_S = 2.0
@@ -72,17 +73,24 @@ def test_completed_works_are_marked_done_in_their_slot_and_released(world):
 def test_the_next_operation_marks_the_previous_one_done_without_the_thread(world):
     slot, gloo, reader = world
     tracker = CompletionTracker(lag=3600.0)  # the thread would not sweep within the test
-    for n in range(1, 21):
+    total = EXACT_OPS + 1 + 5 * REAP_AT
+    for n in range(1, total + 1):
         assert tracker.enter(slot, ledger.OP_CODES["all_reduce"]) == n
         got = reader.read().groups[0]
-        # the previous op, at once, in the write of this one's entry (one clock read for both)
-        assert (got.entered, got.done) == (n, n - 1)
-        assert n == 1 or got.t_done == got.t_enter
+        if n <= EXACT_OPS + 1:
+            # the previous op, at once, in the write of this one's entry (one clock read)
+            assert (got.entered, got.done) == (n, n - 1)
+            assert n == 1 or got.t_done == got.t_enter
+        else:
+            # then every REAP_AT entries: at most REAP_AT - 1 completions not yet recorded
+            assert got.entered == n and n - REAP_AT <= got.done <= n - 1, (n, got.done)
+            assert got.done == n - 1 or got.t_done < got.t_enter
         work = gloo.allreduce([torch.ones(4)])
         tracker.add(slot, work)
         work.wait()
+    assert len(tracker._pending) <= REAP_AT  # completed works are not kept beyond that
     tracker.flush()
-    assert reader.read().groups[0].done == 20
+    assert reader.read().groups[0].done == total
     tracker.close()
 
 
@@ -194,3 +202,22 @@ def test_a_completion_of_another_group_is_recorded_in_its_own_slot(tmp_path):
     w, s = reader.read().groups
     assert (w.entered, w.done, s.entered, s.done) == (1, 0, 1, 1)
     tracker.close()
+
+
+def test_the_thread_sleeps_while_nothing_is_outstanding_and_wakes_for_new_works(world):
+    slot, gloo, reader = world
+    tracker = CompletionTracker(lag=MIN_LAG_S)
+    for count in (1, 2):
+        work = gloo.allreduce([torch.ones(4)])
+        tracker.add(slot, work)
+        work.wait()
+        assert wait_done(reader, count, Deadline.after(MIN_LAG_S + LOAD_SLACK_S)).done == count
+        asleep = Deadline.after(LOAD_SLACK_S)
+        while not tracker.asleep and not asleep.passed():
+            time.sleep(0.005)
+        assert tracker.asleep  # nothing outstanding: it waits for works, at no cost
+        sweeps = tracker.sweeps
+        time.sleep(10 * MIN_LAG_S)
+        assert tracker.sweeps == sweeps
+    tracker.close()
+    assert not tracker._thread.is_alive()

@@ -115,6 +115,7 @@ def _prepare(rank: int, attempt: int) -> None:
                                  attempt)
     if injector.active:
         state.injector = injector
+        state.record_only = False
     if "torch.distributed" in sys.modules:
         instrument.install()
     else:

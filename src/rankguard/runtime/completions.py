@@ -3,11 +3,19 @@
 A Python done-callback on every collective's future costs tens of microseconds (the backend's
 thread must take the GIL from the main thread) and makes gloo abort the process at exit when a
 script never destroys its group. Instead, an operation only appends its work to a deque, and
-the next operation marks done, in the calling thread, the works at the head that completed (for
-synchronous collectives, the previous one): a rank that keeps issuing operations keeps its
-ledger current by itself. Those of the entering operation's group are recorded in the same
-ledger write as its entry (:meth:`CompletionTracker.enter`): one write and one clock read per
+a later operation marks done, in the calling thread, the works at the head that completed (for
+synchronous collectives, all of them): a rank that keeps issuing operations keeps its ledger
+current by itself. Those of the entering operation's group are recorded in the same ledger
+write as its entry (:meth:`CompletionTracker.enter`): one write and one clock read per
 operation.
+
+That look costs a few microseconds when it runs, as it does, with cold caches right after the
+previous operation's wait; so once a process has issued its first ``EXACT_OPS`` operations it
+looks only when ``REAP_AT`` works are held, and a completion may reach the ledger up to
+``REAP_AT - 1`` operations late while the rank issues more. That changes no judgement: a rank
+that enters operations is making progress whatever its count of completions, and the launcher's
+first-step mark (the first collective of a round completed) falls within the exact ones. At most
+``REAP_AT`` completed works (and the tensors they hold) are kept beyond those outstanding.
 
 What is left is the rank that stops issuing: it computes, or waits in its last collective. For
 it, one daemon thread marks done the outstanding works that completed, every ``lag`` seconds
@@ -38,6 +46,8 @@ import threading
 from typing import Any
 
 MIN_LAG_S = 0.02
+EXACT_OPS = 16  # a process's first operations: each marks the previous done as it enters
+REAP_AT = 4  # after those: the works held before an entering operation looks for completed ones
 MAX_LAG_S = 1.0
 # Of the supervisor's hang timeout, the share a completion may reach the ledger late: a rank is
 # judged only after a whole hang timeout without an event, so 7/8 of it is left as margin.
@@ -60,26 +70,40 @@ class CompletionTracker:
     def __init__(self, lag: float = MAX_LAG_S) -> None:
         self.lag = lag
         self._pending: collections.deque[tuple[Any, Any]] = collections.deque()
-        self._wake = threading.Event()  # set while works are outstanding
+        # The issuing thread's hot path (the instrumented group) uses these three directly,
+        # as :meth:`enter` and :meth:`add` would: a call frame costs microseconds when cold.
+        self.pending = self._pending  # append ``(slot, work)``, then wake() if asleep
+        self.reap_at = 1  # below this many works held, an entry is just ``slot.step(kind, 0)``
+        self.asleep = True  # the thread waits for works (or is not started): wake() it
+        self._wake = threading.Event()
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # held by whoever consumes the queue
         self._start_lock = threading.Lock()
+        self._exact_left = EXACT_OPS  # entries that look at every held work; then REAP_AT
         self.sweeps = 0  # how many times the thread has swept, for tests and benchmarks
 
     def enter(self, slot: Any, kind: int) -> int:
         """Record in ``slot`` that the calling thread enters an operation of ``kind``; returns
-        its entry number. First takes off the head of the queue the works that completed (for
-        synchronous collectives, the previous one): those of ``slot`` are recorded done in the
-        same ledger write as the entry (``slot.step``), those of other groups each on its own.
-        So the ledger is current even for a rank that dies before the next sweep.
+        its entry number. Only the thread that issues ``slot``'s operations may call it.
+
+        When enough works are held (see the module doc), first takes off the head of the queue
+        the works that completed (for synchronous collectives, all of them): those of ``slot``
+        are recorded done in the same ledger write as the entry (``slot.step``), those of other
+        groups each on its own.
 
         Never waits for the sweeper: if it holds the queue, only the entry is recorded (the
         sweeper marks what it finds completed).
         """
-        finished = 0
         pending = self._pending
-        if pending and self._lock.acquire(blocking=False):
+        if len(pending) < self.reap_at:
+            return slot.step(kind, 0)
+        finished = 0
+        if self._exact_left:
+            self._exact_left -= 1
+            if not self._exact_left:
+                self.reap_at = REAP_AT
+        if self._lock.acquire(blocking=False):
             try:
                 while pending and pending[0][1].is_completed():
                     owner = pending.popleft()[0]
@@ -95,10 +119,15 @@ class CompletionTracker:
         """Watch ``work``, the operation just entered with :meth:`enter`; call ``slot.done()``
         when it completes."""
         self._pending.append((slot, work))
-        if not self._wake.is_set():
-            self._wake.set()
-            if self._thread is None:
-                self._start()
+        if self.asleep:
+            self.wake()
+
+    def wake(self) -> None:
+        """Have the thread sweep (start it, the first time): works were added while it
+        waited for some."""
+        self._wake.set()
+        if self._thread is None:
+            self._start()
 
     def _start(self) -> None:
         with self._start_lock:
@@ -138,14 +167,16 @@ class CompletionTracker:
         seen = None  # the oldest outstanding work after the previous sweep
         period = self.lag
         while True:
-            self._wake.wait()
+            self._wake.clear()
+            if not pending:
+                self.asleep = True
+                if not pending:  # re-check: add() may have appended before it saw asleep
+                    self._wake.wait()
+            self.asleep = False
             if self._closing.wait(period):
                 return
             self.flush()
             self.sweeps += 1
-            self._wake.clear()
-            if pending:  # re-check after clearing: add() may have seen the event still set
-                self._wake.set()
             oldest = self._oldest()
             period = MIN_LAG_S if oldest is not None and oldest is seen else self.lag
             seen = oldest

@@ -19,6 +19,7 @@ import threading
 from typing import Iterator
 
 from ..deadline import Deadline, check_seconds
+from .state import current as _rank_state
 
 __all__ = ["Deadline", "check_seconds", "current", "deadline", "default", "set_default", "until"]
 
@@ -36,6 +37,8 @@ def set_default(seconds: float | None) -> None:
     global _default_seconds
     _default_seconds = (None if seconds is None
                         else check_seconds("collective_timeout", seconds, text=False))
+    if _default_seconds is not None:
+        _rank_state().record_only = False
 
 
 def default() -> float | None:
@@ -64,6 +67,7 @@ def until(limit: Deadline) -> Iterator[Deadline]:
     """:func:`deadline` for a deadline already made (a caller's, perhaps in another process):
     bound every collective of this thread inside the block by ``limit``, or by an enclosing
     block's deadline if that one is earlier. Yields the deadline in force."""
+    _rank_state().record_only = False
     outer = _scope.innermost
     limit = limit.sooner(outer)
     _scope.innermost = limit

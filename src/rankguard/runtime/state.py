@@ -74,6 +74,8 @@ class GroupRegistry:
     def __init__(self) -> None:
         self._records: dict[int, GroupRecord] = {}
         self._refs: dict[int, weakref.ref[Any]] = {}
+        # ``of`` without its frame, for the hot path: the record for ``id(group)``, or None
+        self.of_id = self._records.get
         self.lock = threading.Lock()  # held while a record's retirement changes
 
     def add(self, group: Any, record: GroupRecord) -> None:
@@ -138,6 +140,9 @@ class RankState:
             a later call, with no group created since, returns it again (not "clean").
         creating_default: per thread, whether ``init_process_group`` is creating the default
             group (``value``) and whether the ledger recorded its entry (``entered``).
+        record_only: every operation so far needs nothing but its record in the ledger (not
+            bounded, no injected fault, no deadline ever set): the instrumented group takes its
+            shortest path. Once False, it stays False.
     """
 
     ledger: _ledger.LedgerWriter | None = None
@@ -158,11 +163,13 @@ class RankState:
     last_failure: CollectiveError | None = None
     aborted: Any = None  # the report of the shutdown() that aborted the groups, until a new one
     creating_default: threading.local = field(default_factory=threading.local)
+    record_only: bool = True
 
     def enable_bounded(self) -> None:
         """Every operation from now on returns a bounded work; the supervisor may send
         notices."""
         self.bounded = True
+        self.record_only = False
         if self.ledger is not None:
             self.ledger.set_flag(_ledger.FLAG_BOUNDED)
 
