@@ -6,12 +6,11 @@ from __future__ import annotations
 import math
 import os
 import signal
-import subprocess
-import sys
 import time
-from datetime import timedelta
 
 import pytest
+
+from tests.launcher.store_process import client, store_process
 
 from rankguard.launcher.node_beats import (Heard, NodeBeats, Silence, all_alive_after,
                                            quiet_since, silence)
@@ -68,55 +67,43 @@ def test_the_silent_node_and_a_stopped_store_are_told_apart_through_a_real_store
     """Two nodes beat through a TCPStore served by another process; node 1 stops beating, then
     the store's server is stopped (SIGSTOP): node 0 names node 1, then the store, each after
     the limit, and its event loop never blocks on the store."""
-    from torch.distributed import TCPStore
-
     limit = 1.5
-    server = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time\n"
-        "from datetime import timedelta\n"
-        "from torch.distributed import TCPStore\n"
-        "store = TCPStore('127.0.0.1', 0, is_master=True, timeout=timedelta(seconds=60))\n"
-        "print(store.port, flush=True)\n"
-        "time.sleep(120)\n")], stdout=subprocess.PIPE, text=True)
-    beats = []
-    try:
-        port = int(server.stdout.readline())
+    with store_process() as (server, port):
 
         def connect():
-            return TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
+            return client(port)
 
         beats = [NodeBeats(connect, "/t/", node, 2, PERIOD, f"h{node}") for node in (0, 1)]
-        settle = time.monotonic() + 5
-        while beats[0].exchanges < 5 or beats[1].exchanges < 5:
-            assert time.monotonic() < settle, "the beats did not start"
-            time.sleep(0.05)
-        assert beats[0].silence(time.monotonic(), limit) is None
-        beats[1].close()
-        stopped = time.monotonic()
-        heard = _await_silence(beats[0], limit, stopped + limit + 5)
-        assert heard.node == 1 and heard.host == "h1"
-        # silence counts from when node 1's last beat was first seen: up to a period earlier
-        assert limit - PERIOD - 0.05 <= time.monotonic() - stopped < limit + 3
-        assert limit <= heard.silent_s < limit + 1
+        try:
+            settle = time.monotonic() + 5
+            while beats[0].exchanges < 5 or beats[1].exchanges < 5:
+                assert time.monotonic() < settle, "the beats did not start"
+                time.sleep(0.05)
+            assert beats[0].silence(time.monotonic(), limit) is None
+            beats[1].close()
+            stopped = time.monotonic()
+            heard = _await_silence(beats[0], limit, stopped + limit + 5)
+            assert heard.node == 1 and heard.host == "h1"
+            # silence counts from when node 1's last beat was first seen: up to a period earlier
+            assert limit - PERIOD - 0.05 <= time.monotonic() - stopped < limit + 3
+            assert limit <= heard.silent_s < limit + 1
 
-        os.kill(server.pid, signal.SIGSTOP)
-        frozen = time.monotonic()
-        while True:  # node 1's silence stands until the store's own is established
-            asked = time.monotonic()
-            heard = beats[0].silence(asked, limit)
-            assert time.monotonic() - asked < 0.1, "asking must never wait for the store"
-            if heard is not None and heard.node is None:
-                break
-            assert asked < frozen + limit + 5, heard
-            time.sleep(0.05)
-        # counted from the start of the request still outstanding: it may predate the stop
-        assert limit - PERIOD - 0.05 <= time.monotonic() - frozen < limit + 3
-        assert "has not answered for" in heard.describe("127.0.0.1:1")
-    finally:
-        for beat in beats:
-            beat.close()
-        server.kill()
-        server.wait(timeout=10)
+            os.kill(server.pid, signal.SIGSTOP)
+            frozen = time.monotonic()
+            while True:  # node 1's silence stands until the store's own is established
+                asked = time.monotonic()
+                heard = beats[0].silence(asked, limit)
+                assert time.monotonic() - asked < 0.1, "asking must never wait for the store"
+                if heard is not None and heard.node is None:
+                    break
+                assert asked < frozen + limit + 5, heard
+                time.sleep(0.05)
+            # counted from the start of the request still outstanding: it may predate the stop
+            assert limit - PERIOD - 0.05 <= time.monotonic() - frozen < limit + 3
+            assert "has not answered for" in heard.describe("127.0.0.1:1")
+        finally:
+            for beat in beats:
+                beat.close()
 
 
 def _await_silence(beats: NodeBeats, limit: float, until: float) -> Silence:

@@ -34,6 +34,7 @@ from typing import Any
 
 from ..deadline import Deadline
 from ..errors import RendezvousError, UsageError, first_line
+from ..store_calls import StoreStalled, within
 from .agent import TICK_S, Launcher, _Attempt
 from .config import RunConfig
 from .monitor import Verdict
@@ -170,7 +171,7 @@ class NodeAgent(Launcher):
                   f"{joined.group_world}, ranks {joined.base} to {last} of {joined.world}")
         self._channel = RoundChannel(
             self._store, self._connect, agents_namespace(self.config.run_id, joined.number),
-            joined.group_world, cfg.endpoint, self._poke)
+            joined.group_world, cfg.endpoint, self._poke, cfg.read_timeout)
         self._beats = NodeBeats(self._connect, agents_namespace(self.config.run_id, joined.number),
                                 joined.group_rank, joined.group_world,
                                 self._beat_period,
@@ -314,12 +315,26 @@ class NodeAgent(Launcher):
         """Close the rendezvous when the job ends here (not when only this node leaves: it was
         stopped, or stood by); count this agent out. The store's host then waits, up to
         ``close_timeout``, until every agent that came (standbys too) has left, but for the
-        nodes found lost: none must lose the store while it still reads the job's end."""
+        nodes found lost: none must lose the store while it still reads the job's end. The
+        whole is bounded (``store_calls``), a frozen store's host included."""
         self._close_round()
         cfg = self._rdzv_cfg
         if self._store_lost:  # its requests could block for good: nobody is left to tell
             return
-        if fault is None or fault.kind not in ("launcher_signal", "standby_end"):
+        ending = fault is None or fault.kind not in ("launcher_signal", "standby_end")
+        # torch's close and the host's wait for the others each take up to close_timeout
+        limit = Deadline.after(2 * cfg.close_timeout + cfg.read_timeout)
+        try:
+            within(limit, "leaving the job", lambda: self._count_out(fault, ending))
+        except StoreStalled:
+            self._say(f"rankguard: the job's store at {cfg.endpoint} did not answer while this "
+                      "node left the job (its host is frozen?); leaving anyway")
+
+    def _count_out(self, fault: Fault | None, ending: bool) -> None:
+        """``_leave``'s store requests: the job's end (when ``ending`` here, with ``fault``),
+        then this agent's count."""
+        cfg = self._rdzv_cfg
+        if ending:
             self._rdzv.record_end(*self._run_status(fault))
             self._rdzv.shutdown()
         key = f"/rankguard/{self.config.run_id}/left"

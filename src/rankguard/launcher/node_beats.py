@@ -14,7 +14,7 @@ exchange reads the fresh beats.
 
 The exchange runs on a thread of its own, on a store client of its own: a store whose host is
 stopped leaves that thread blocked in a request (torch's client has no bound on that, see
-``runtime.store_calls``), never the agent's event loop. The agent reads only what the thread
+``store_calls``), never the agent's event loop. The agent reads only what the thread
 recorded; a request that has been outstanding for ``limit`` seconds means the store is silent.
 """
 

@@ -10,6 +10,10 @@ so each round has one **end** key (under ``rendezvous.agents_namespace``), writt
   not (:func:`replaces`), so the root cause is named on every node;
 - by the last agent whose ranks all ended well (a counter of the nodes done): ``ok``.
 
+The agent's own requests (publishing, counting its node done) are bounded by the store's
+``read_timeout`` whatever state the store's server is in (``store_calls``): a frozen store's
+host makes them raise ``StoreStalled``, a RuntimeError, as a failed store does.
+
 Every agent learns of the end at once, from a watcher thread blocked in the store's own ``wait``
 for that key (on a client of its own, so the agent's store requests never queue behind it),
 which then pokes the agent's event loop. The watcher's waits are slices of ``WATCH_SLICE_S``
@@ -26,6 +30,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from ..deadline import Deadline
+from ..store_calls import within
 from .outcome import Fault
 
 WATCH_SLICE_S = 3600.0
@@ -91,12 +96,14 @@ class RoundChannel:
         nodes: how many nodes the round has.
         endpoint: ``HOST:PORT`` of the store, for messages.
         wake: called (from the watcher's thread) when the end is known.
+        request_s: the most one of the agent's requests may take.
     """
 
     def __init__(self, store: Any, connect: Callable[[], Any], prefix: str, nodes: int,
-                 endpoint: str, wake: Callable[[], None]) -> None:
+                 endpoint: str, wake: Callable[[], None], request_s: float) -> None:
         self._endpoint = endpoint
         self._store = store
+        self._request_s = request_s
         self._connect = connect
         self._key = prefix + "end"
         self._done_key = prefix + "done"
@@ -116,23 +123,36 @@ class RoundChannel:
 
     def publish(self, ours: RoundEnd) -> RoundEnd:
         """End the round with ``ours`` unless it has ended already; returns the record that
-        stands (``ours``, or the earlier one)."""
+        stands (``ours``, or the earlier one).
+
+        Raises:
+            RuntimeError: the store failed, or did not answer within ``request_s`` (then
+                ``StoreStalled``: the agent's client must not be used again).
+        """
         value = ours.encode()
-        standing = self._store.compare_set(self._key, "", value)
+        standing = self._request("ending the round", lambda: self._store.compare_set(
+            self._key, "", value))
         if standing != value.encode():
             earlier = RoundEnd.decode(standing)
             if not replaces(earlier, ours):
                 self._learn(earlier)
                 return earlier
-            self._store.compare_set(self._key, standing, value)
+            self._request("ending the round", lambda: self._store.compare_set(
+                self._key, standing, value))
         self._learn(ours)
         return ours
 
     def done(self) -> None:
         """This node's ranks all ended well: count it; the last node to do so ends the round
-        ``ok``."""
-        if self._store.add(self._done_key, 1) >= self._nodes:
+        ``ok``. Raises as :meth:`publish` does."""
+        counted = self._request("counting this node done", lambda: self._store.add(
+            self._done_key, 1))
+        if counted >= self._nodes:
             self.publish(RoundEnd(True))
+
+    def _request(self, what: str, call: Callable[[], Any]) -> Any:
+        return within(Deadline.after(self._request_s), f"{what} in the job's store at "
+                      f"{self._endpoint}", call)
 
     def wait(self, until: Deadline) -> RoundEnd | None:
         """The round's end, waiting for it until ``until`` (or :meth:`interrupt`)."""

@@ -35,7 +35,7 @@ from ..errors import CollectiveTimeout, GroupRetired, PeerFailed, UsageError, fi
 from . import barrier, groups
 from .probe import clone_client
 from .state import WORLD, current
-from .store_calls import StoreStalled, within
+from ..store_calls import StoreStalled, within
 
 DEFAULT_TIMEOUT_S = 10.0
 _STORE_ALLOWANCE_S = 0.5  # a barrier's last reads, after the deadline, of who arrived
@@ -88,7 +88,7 @@ def store_client(limit: Deadline) -> Any:
 def with_store_client(limit: Deadline, what: str, calls: Callable[[Any], T]) -> T:
     """``calls(client)`` on this process's :func:`store_client`, bounded by ``limit`` plus
     ``_STORE_ALLOWANCE_S`` (for reads of who arrived once ``limit`` passed) whatever state the
-    store is in (see ``runtime.store_calls``).
+    store is in (see ``store_calls``).
 
     Raises:
         StoreStalled: the store did not answer in time; the connection is dropped (the next

@@ -10,7 +10,7 @@ a rank whose main thread is frozen answers that it is behind, and a stopped, dea
 rank does not answer at all.
 
 The asking rank pushes a request to each peer's queue and waits in the store for the answers
-for at most ``ANSWER_WINDOW_S``. The whole ask runs through ``runtime.store_calls``: it returns
+for at most ``ANSWER_WINDOW_S``. The whole ask runs through ``store_calls``: it returns
 within the window (plus ``THREAD_SLACK_S``) even when the store's server is stopped or frozen
 (the stalled connection is then dropped, and the next ask makes a new one). A request may carry a
 **notice** that the group failed: the responder then retires the group locally, which wakes a
@@ -34,8 +34,8 @@ from typing import Any, Callable
 from .. import sealed
 from ..deadline import Deadline
 from ..errors import first_line
-from . import store_calls
-from .store_calls import StoreStalled, within
+from .. import store_calls
+from ..store_calls import StoreStalled, within
 
 ANSWER_WINDOW_S = 0.5
 THREAD_SLACK_S = 0.1  # for the ask's own thread to start and end on a loaded machine
@@ -144,7 +144,7 @@ class Responder:
 
         Called at interpreter exit too: a daemon thread still inside a torch call when the
         interpreter finalizes is ended by a forced unwind that aborts the process. Does not
-        wait when a store call was already abandoned (``runtime.store_calls``): the stop
+        wait when a store call was already abandoned (``store_calls``): the stop
         cannot reach a thread blocked on a stalled store, and it stays blocked there.
         """
         if self._closed:

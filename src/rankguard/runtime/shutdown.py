@@ -14,7 +14,7 @@ the run's secret), which names the ranks that never arrived, on every rank that 
 
 Bound: the deadline, plus half a second for the barrier's last reads of who arrived
 (``generations.with_store_client``), plus ``_DESTROY_ALLOWANCE_S`` for the destroy or abort
-itself. The barrier's store calls run through ``runtime.store_calls``, so a store whose server
+itself. The barrier's store calls run through ``store_calls``, so a store whose server
 is stopped or frozen (rank 0's, under ``mp.spawn``) is abandoned at that bound instead of
 blocking for its own timeout.
 """

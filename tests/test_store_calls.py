@@ -14,8 +14,8 @@ import pytest
 from torch.distributed import TCPStore
 
 from rankguard.deadline import Deadline
-from rankguard.runtime import store_calls
-from rankguard.runtime.store_calls import StoreStalled, within
+from rankguard import store_calls
+from rankguard.store_calls import StoreStalled, within
 
 # The server takes a port of its own (0) and says which: a port chosen before it binds can be
 # taken meanwhile by another test's store, whose answers would then reach our client.

@@ -1,0 +1,61 @@
+"""A round's end through a real TCPStore: published once for every node, and the agent's own
+requests bounded when the store's host is frozen (SIGSTOP)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from rankguard.deadline import Deadline
+from rankguard.launcher.round_end import RoundChannel, RoundEnd
+from rankguard.store_calls import StoreStalled
+from tests.launcher.store_process import client, store_process
+
+REQUEST_S = 1.0
+SLACK_S = 5.0  # a loaded 2-core machine's scheduling delays, on top of a bound
+
+
+def _channel(port: int, nodes: int = 2) -> RoundChannel:
+    return RoundChannel(client(port), lambda: client(port), "/t/round0.agents/", nodes,
+                        f"127.0.0.1:{port}", lambda: None, REQUEST_S)
+
+
+def test_the_first_fault_stands_and_the_last_node_done_ends_the_round_ok():
+    with store_process() as (_, port):
+        first, second = _channel(port), _channel(port)
+        fault = RoundEnd(False, 1, "exited", 3, "rank 3 exited with code 1")
+        assert first.publish(fault) == fault
+        later = RoundEnd(False, 0, "exited", 0, "rank 0 exited with code 1")
+        assert second.publish(later) == fault  # the earlier one stands, on every node
+        assert second.wait(Deadline.after(SLACK_S)) == fault
+        first.close()
+        second.close()
+
+        # a new round's prefix: the one above has ended
+        ok = [RoundChannel(client(port), lambda: client(port), "/t/round1.agents/", 2,
+                           f"127.0.0.1:{port}", lambda: None, REQUEST_S) for _ in range(2)]
+        ok[0].done()
+        assert ok[0].end is None  # one node of two is done
+        ok[1].done()
+        assert ok[0].wait(Deadline.after(SLACK_S)) == RoundEnd(True)
+        for channel in ok:
+            channel.close()
+
+
+@pytest.mark.parametrize("request_name", ["publish", "done"])
+def test_a_request_to_a_frozen_store_raises_within_its_bound(request_name):
+    with store_process() as (server, port):
+        channel = _channel(port)
+        os.kill(server.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises(StoreStalled, match="did not answer by the deadline"):
+            if request_name == "publish":
+                channel.publish(RoundEnd(False, 0, "exited", 0, "rank 0 exited with code 1"))
+            else:
+                channel.done()
+        took = time.monotonic() - started
+        assert REQUEST_S <= took < REQUEST_S + SLACK_S, took
+        channel.close()
