@@ -6,8 +6,11 @@ The store's server runs in a process of its own (as the store's host agent does 
 nodes). It is filled as a job of ``--nodes`` nodes of ``--ranks-per-node`` ranks would fill it:
 
 - rankguard: one beat per node (``launcher/node_beats.py``: its sequence number, host and its
-  ranks' ``[rank, entered, done]``), read by each agent once per tick with one ``multi_get``
-  of every node's key, then decoded;
+  ranks' ``[rank, entered, done, kind]``), read by each agent once per tick with one
+  ``multi_get`` of every node's key, then taken in as its hang rules see them
+  (``launcher/remote_progress.py``: every beat decoded, as when every node beat since;
+  records for the hang rules are made only while some rank has waited a whole hang timeout,
+  shown on a line of its own);
 - per-rank keys, read the way a naive monitor would: one ``get`` per rank, and one
   ``multi_get`` of every rank's key (the figure the issue cites for torch's TCPStore).
 
@@ -27,6 +30,7 @@ from datetime import timedelta
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 from rankguard.launcher.node_beats import encode  # noqa: E402
+from rankguard.launcher.remote_progress import RemoteProgress  # noqa: E402
 
 SERVER = """
 import sys, time
@@ -65,14 +69,16 @@ def main() -> None:
         beat_keys = [f"/b/beat{n}" for n in range(nodes)]
         rank_keys = [f"/r/rank{r}" for r in range(nodes * per)]
         for node, key in enumerate(beat_keys):
-            ranks = [[node * per + i, 12345, 12344] for i in range(per)]
+            ranks = [[node * per + i, 12345, 12344, 2] for i in range(per)]
             store.set(key, encode(1, f"node{node}.cluster.example", ranks))
         for rank, key in enumerate(rank_keys):
-            store.set(key, json.dumps([12345, 12344]))
+            store.set(key, json.dumps([12345, 12344, 2]))
 
-        def beats() -> None:
-            for value in store.multi_get(beat_keys):
-                json.loads(value)
+        def beats(suspected: bool = False) -> None:
+            values = store.multi_get(beat_keys)
+            remote = RemoteProgress(nodes * per, set())
+            remote.update({node: (value, 0.0) for node, value in enumerate(values)})
+            remote.snapshots(-1.0, local_waiting=suspected)
 
         def per_rank_gets() -> None:
             for key in rank_keys:
@@ -83,6 +89,7 @@ def main() -> None:
                 json.loads(value)
 
         ours = timed(beats, args.repeat)
+        suspected = timed(lambda: beats(suspected=True), args.repeat)
         naive = timed(per_rank_gets, max(3, args.repeat // 3))
         multi = timed(per_rank_multi_get, args.repeat)
         size = sum(len(store.get(key)) for key in beat_keys)
@@ -94,6 +101,8 @@ def main() -> None:
           f"median of {args.repeat}:")
     print(f"  rankguard, one multi_get of {nodes} node beats ({size / 1e3:.0f} kB): "
           f"{ours * 1e3:8.1f} ms")
+    print(f"    the same while a hang is suspected (every rank as a record for the rules): "
+          f"{suspected * 1e3:.1f} ms")
     print(f"  a get per rank ({total} requests):               {naive * 1e3:8.1f} ms"
           f"   ratio {naive / ours:5.1f}x")
     print(f"  one multi_get of {total} per-rank keys:          {multi * 1e3:8.1f} ms"

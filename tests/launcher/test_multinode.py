@@ -303,6 +303,25 @@ def test_a_frozen_rank_is_blamed_by_its_own_node_and_named_on_every_node(tmp_pat
     assert blaming[0].event("hang_detected")["blamed"] == [3]
 
 
+@pytest.mark.slow
+@pytest.mark.deadline(240)
+def test_a_rank_waited_for_only_on_another_node_is_named_by_its_own_node(tmp_path):
+    """One rank per node: rank 1 sleeps before all_reduce #5, rank 0 (the other node) waits in
+    it. Rank 1's node sees rank 0 waiting through node 0's beats and names rank 1; nobody
+    blames rank 0, whose own node sees only it, waiting."""
+    runs, _ = _agents(tmp_path, ["--hang-timeout", "3", "--nproc-per-node", "1", "--inject",
+                                 "hang:rank=1,at=op5", script("node_env.py"), "100000", "0.02"],
+                      timeout=180)
+    assert [run.code for run in runs] == [3, 3], _error(runs)
+    for run in runs:
+        root = run.event("run_end")["root_cause"]
+        assert root.startswith("hang: rank 1 never reached all_reduce #5 (made no progress); "
+                               "rank 0 waited"), root
+    blaming = [run for run in runs if 1 in run.outcomes()]
+    assert len(blaming) == 1 and blaming[0].outcomes() == {1: "hung"}
+    assert blaming[0].event("hang_detected")["blamed"] == [1]
+
+
 def _fault_a_node(tmp_path, args, sig, within, store_host=False, keep=False, **start):
     """Start two agents; once every rank has stepped, send ``sig`` to the whole process tree of
     the store's host (or of the other node); returns that node's index and the other agent's

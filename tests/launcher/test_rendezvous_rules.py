@@ -101,8 +101,8 @@ def test_a_rank_of_another_node_may_be_injected(tmp_path):
                "--rdzv-id", "job", "--nproc-per-node", "2", "--inject", "crash:rank=4,at=op1")
 
 
-def _stuck(group="world", waited=3.0, reason="stuck_in_collective", hung=True):
-    return Verdict(hung, (0, 1), (0, 1), "all_reduce", 5, waited, reason, group=group)
+def _stuck(group="world", waited=3.0, reason="stuck_in_collective", hung=True, blamed=(0, 1)):
+    return Verdict(hung, blamed, (0, 1), "all_reduce", 5, waited, reason, group=group)
 
 
 @pytest.mark.parametrize("verdict, nodes, left", [
@@ -113,6 +113,11 @@ def _stuck(group="world", waited=3.0, reason="stuck_in_collective", hung=True):
     (_stuck(group="ranks 1,2"), 2, True),  # rank 2 is on the other node
     (_stuck(reason="no_progress"), 2, False),  # an absent rank of this node: blamed here
     (_stuck(reason="busy", hung=False), 2, False),  # straggler reports are not held back
+    # only the other node's ranks blamed: its agent judges them, seeing their processes
+    (_stuck(reason="straggler_timeout", blamed=(2,)), 2, True),
+    (_stuck(reason="straggler_timeout", blamed=(2,), waited=6.0), 2, False),  # bounded
+    (_stuck(reason="busy", hung=False, blamed=(3,)), 2, True),  # its node reports it
+    (_stuck(reason="no_progress", blamed=(1, 2)), 2, False),  # rank 1 is here
 ])
 def test_a_stuck_collective_spanning_nodes_is_left_to_the_other_node_for_a_while(
         verdict, nodes, left):

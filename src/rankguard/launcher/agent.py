@@ -263,7 +263,8 @@ class Launcher:
             self._check_raised(ranks, snaps, result, now)
             if result.fault is None:
                 self._decide(ranks, snaps, result, now)
-            for verdict in monitor.check(now, {m.rank: snaps[m.rank] for m in ranks.live()}):
+            live = {m.rank: snaps[m.rank] for m in ranks.live()}
+            for verdict in monitor.check(now, live, self._remote_ranks(live, now)):
                 self._on_verdict(verdict, result, now)
         if result.fault is None:  # every rank has exited: nothing more will show
             self._decide(ranks, self._read_all(ranks, readers), result, math.inf)
@@ -286,6 +287,13 @@ class Launcher:
         if started:
             self._journal.write("spares", attempt=attempt, started=started,
                                 pids=self._spares.pids())
+
+    def _remote_ranks(self, snaps: dict[int, _ledger.RankProgress],
+                      now: float) -> dict[int, _ledger.RankProgress]:
+        """The job's ranks that are not this launcher's (another node's), as far as it knows
+        their progress, to be judged beside its own (``snaps``, read at ``now``). None on one
+        node."""
+        return {}
 
     @staticmethod
     def _read_all(ranks: RankProcesses,

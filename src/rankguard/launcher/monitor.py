@@ -287,11 +287,19 @@ class HangMonitor:
     def snapshot(self) -> dict[int, RankProgress]:
         return {rank: reader.read() for rank, reader in self._readers.items()}
 
-    def check(self, now: float, snaps: dict[int, RankProgress] | None = None) -> list[Verdict]:
+    def check(self, now: float, snaps: dict[int, RankProgress] | None = None,
+              remote: Mapping[int, RankProgress] | None = None,
+              remote_activity: Activity = Activity(0.0)) -> list[Verdict]:
         """Sample progress, compare ledgers (``snaps``: the watched ranks' ledgers as just read,
-        by default read here); stragglers are returned once, hangs every time, hangs first."""
+        by default read here); stragglers are returned once, hangs every time, hangs first.
+
+        ``remote``: ranks this monitor does not watch (another node's), judged beside the
+        watched ones with ``remote_activity`` for their processes."""
         snaps = self.snapshot() if snaps is None else snaps
         self.progress.sample(now, snaps)
         activity = {rank: Activity(self.progress.idle_for(rank, now),
                                    self.progress.stopped(rank)) for rank in snaps}
+        if remote:
+            snaps = {**remote, **snaps}
+            activity.update((rank, remote_activity) for rank in remote if rank not in activity)
         return self._reported.new(self.rules.judge(snaps, activity, self._gone, now))

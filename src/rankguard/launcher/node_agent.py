@@ -34,6 +34,7 @@ from typing import Any
 
 from ..deadline import Deadline
 from ..errors import RendezvousError, UsageError, first_line
+from ..ledger import OP_CODES, RankProgress
 from ..store_calls import StoreStalled, within
 from .agent import TICK_S, Launcher, _Attempt
 from .config import RunConfig
@@ -43,6 +44,7 @@ from .outcome import Fault
 from .ranks import Layout
 from .rendezvous import (Rendezvous, RendezvousClosed, agents_namespace, connect,
                          round_namespace)
+from .remote_progress import RemoteProgress
 from .round_end import RoundChannel, RoundEnd
 from .summary import AttemptReport
 from .. import margins
@@ -50,11 +52,18 @@ from .. import margins
 
 def left_to_another_node(verdict: Verdict, local: set[int], nodes: int,
                          hang_timeout: float) -> bool:
-    """Whether this node leaves ``verdict`` to another node's agent for now. An agent sees only
-    its own ranks (``local``): when they all entered a collective of a group spanning nodes
-    that never completed, the rank that did not arrive is most likely on another node, whose
-    agent blames it ``hang_timeout`` after its peers began to wait. So such a verdict
-    (``stuck_in_collective``) stands here only once it has waited twice as long. Pure."""
+    """Whether this node leaves ``verdict`` to another node's agent (for now). Pure.
+
+    - A verdict that blames only other nodes' ranks (``local``: this node's) is theirs to
+      make: their agent sees what those processes are doing, and names them ``hang_timeout``
+      after the waiting began. A straggler report is never made here; a hang stands here only
+      once it has waited twice as long (their agent is not judging: bounded all the same).
+    - When this node's ranks all entered a collective of a group spanning nodes that never
+      completed (``stuck_in_collective``), the rank that holds it up is most likely on another
+      node: the same two hang timeouts apply.
+    """
+    if verdict.blamed and not set(verdict.blamed) & local:
+        return not verdict.hung or verdict.waited_s < 2 * hang_timeout
     if not verdict.hung or verdict.reason != "stuck_in_collective":
         return False
     if verdict.group == "world":
@@ -94,6 +103,7 @@ class NodeAgent(Launcher):
         self._lost_nodes = 0  # nodes this agent saw lost, in every round it took part in
         self._counted = False  # in the job's count of agents
         self._progress: list[list[int]] = []  # the ranks' progress, for this node's beats
+        self._remote: RemoteProgress | None = None  # the other nodes' ranks, from their beats
         self._job_end: tuple[str, int] | None = None  # a standby's view of the job's end
         self._group_rank = -1
         self._group_world = 0
@@ -172,6 +182,7 @@ class NodeAgent(Launcher):
         self._channel = RoundChannel(
             self._store, self._connect, agents_namespace(self.config.run_id, joined.number),
             joined.group_world, cfg.endpoint, self._poke, cfg.read_timeout)
+        self._remote = RemoteProgress(joined.world, self._local_ranks)
         self._beats = NodeBeats(self._connect, agents_namespace(self.config.run_id, joined.number),
                                 joined.group_rank, joined.group_world,
                                 self._beat_period,
@@ -220,9 +231,21 @@ class NodeAgent(Launcher):
     def _read_all(self, ranks: Any, readers: Any) -> Any:
         snaps = super()._read_all(ranks, readers)
         # a new list each time: the beats' thread reads whichever it finds, never a half one
-        self._progress = [[rank, snap.groups[0].entered, snap.groups[0].done]
-                          for rank, snap in sorted(snaps.items()) if snap.groups]
+        self._progress = [[rank, world.entered, world.done, OP_CODES.get(world.kind, 0)]
+                          for rank, world in sorted((rank, snap.groups[0])
+                                                    for rank, snap in snaps.items()
+                                                    if snap.groups)]
         return snaps
+
+    def _remote_ranks(self, snaps: dict[int, RankProgress],
+                      now: float) -> dict[int, RankProgress]:
+        if self._beats is None or self._remote is None:
+            return {}
+        self._remote.update(self._beats.heard())
+        cutoff = now - self.config.hang_timeout
+        waiting = any(group.waiting and group.last_event <= cutoff
+                      for snap in snaps.values() for group in snap.groups)
+        return self._remote.snapshots(cutoff, waiting)
 
     def _cause_of(self, fault: Fault, now: float) -> Fault | None:
         """An error inside a collective while a node has gone quiet (its agent and ranks were

@@ -110,8 +110,9 @@ class NodeBeats:
         node, nodes: this node's rank among the round's nodes, and their number.
         period: seconds between exchanges.
         host: this node's name, carried in its beat.
-        progress: this node's ranks' progress in the world group, ``[rank, entered, done]``
-            each, carried in its beat (read by the exchange's thread: it must not block).
+        progress: this node's ranks' progress in the world group, ``[rank, entered, done,
+            kind]`` each (kind: the ledger's code of the last operation entered), carried in
+            its beat (read by the exchange's thread: it must not block).
     """
 
     def __init__(self, connect: Callable[[], Any], prefix: str, node: int, nodes: int,
@@ -154,6 +155,13 @@ class NodeBeats:
         """See :func:`all_alive_after`."""
         with self._lock:
             return all_alive_after(self._heard, since)
+
+    def heard(self) -> dict[int, tuple[bytes, float]]:
+        """Each other node's latest beat, and when an exchange first saw it (nodes not heard
+        yet are left out)."""
+        with self._lock:
+            return {node: (seen.value, seen.since) for node, seen in self._heard.items()
+                    if seen.value is not None}
 
     def close(self) -> None:
         """Stop beating (the thread ends after its request in progress, if any)."""
@@ -201,7 +209,7 @@ class NodeBeats:
 
 def encode(sequence: int, host: str, progress: list[list[int]]) -> str:
     """A beat: its sequence number (it changes every beat), the node's host and its ranks'
-    progress (``[rank, entered, done]`` in the world group, each)."""
+    progress (``[rank, entered, done, kind]`` in the world group, each)."""
     return json.dumps({"seq": sequence, "host": host, "ranks": progress},
                       separators=(",", ":"))
 

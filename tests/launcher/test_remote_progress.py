@@ -1,0 +1,77 @@
+"""The other nodes' ranks from their beats, as the hang rules see them: decoding (bad values
+left out), when each rank's progress was first seen, and the verdict a node makes about its own
+rank when every rank waiting for it is on another node. Tables over plain values, no clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from rankguard import ledger as L
+from rankguard.launcher.monitor import Activity, HangRules
+from rankguard.launcher.node_beats import encode
+from rankguard.launcher.remote_progress import RemoteProgress, decode_ranks, kind_name
+from tests.launcher.snapshots import ledger, world
+
+ALL_REDUCE = L.OP_CODES["all_reduce"]
+HANG = 3.0
+
+
+def _beat(*ranks: list[int], seq: int = 1) -> bytes:
+    return encode(seq, "h1", list(ranks)).encode()
+
+
+@pytest.mark.parametrize("value, expected", [
+    (_beat([2, 6, 5, ALL_REDUCE], [3, 6, 6, ALL_REDUCE]),
+     [(2, 6, 5, ALL_REDUCE), (3, 6, 6, ALL_REDUCE)]),
+    (_beat([2, 6, 5], [3, "x", 1, 2], [4, 1, 1, 2], [5, 1.5, 1, 2], 7),
+     [(4, 1, 1, ALL_REDUCE)]),  # bad entries
+    (b"not json", []),
+    (b'{"seq": 1, "ranks": 7}', []),
+    (b'{"seq": 1}', []),
+])
+def test_a_beats_ranks_are_decoded_and_what_is_not_ours_is_left_out(value, expected):
+    assert decode_ranks(value) == expected
+
+
+@pytest.mark.parametrize("code, name", [(ALL_REDUCE, "all_reduce"), (999, "op999"),
+                                        (-1, "op-1")])
+def test_kind_codes_are_named_as_the_ledger_names_them(code, name):
+    assert kind_name(code) == name
+
+
+def test_a_ranks_progress_dates_from_when_it_was_first_seen_as_it_is():
+    remote = RemoteProgress(world_size=4, local={0, 1})
+    remote.update({1: (_beat([2, 6, 5, ALL_REDUCE], [3, 5, 5, ALL_REDUCE], seq=1), 10.0)})
+    # a new beat: rank 2 unchanged (still since 10.0), rank 3 entered a new operation
+    remote.update({1: (_beat([2, 6, 5, ALL_REDUCE], [3, 6, 5, ALL_REDUCE], seq=2), 11.0)})
+    assert remote.snapshots(cutoff=9.0, local_waiting=False) == {}  # nobody waited long enough
+    snaps = remote.snapshots(cutoff=10.0, local_waiting=False)  # rank 2 has, since 10.0
+    assert snaps == remote.snapshots(cutoff=0.0, local_waiting=True)
+    assert sorted(snaps) == [2, 3]
+    two, three = snaps[2].groups[0], snaps[3].groups[0]
+    assert (two.entered, two.done, two.waiting, two.last_event) == (6, 5, True, 10.0)
+    assert (three.entered, three.done, three.last_event) == (6, 5, 11.0)
+    assert two.is_world and two.key == L.group_key("world") and two.member_ranks(4) == [0, 1, 2, 3]
+
+
+def test_this_nodes_ranks_and_ranks_outside_the_world_are_not_taken_from_a_beat():
+    remote = RemoteProgress(world_size=4, local={0, 1})
+    remote.update({1: (_beat([0, 9, 9, ALL_REDUCE], [7, 1, 1, ALL_REDUCE],
+                             [-1, 1, 1, ALL_REDUCE], [2, 1, 1, ALL_REDUCE]), 5.0)})
+    assert sorted(remote.snapshots(0.0, local_waiting=True)) == [2]
+
+
+def test_a_rank_waited_for_only_by_another_nodes_ranks_is_named_by_its_own_node():
+    """Node 1 holds rank 1 alone; rank 0, on node 0, waits in all_reduce #5 since T=1.0.
+    Node 1's rules, given rank 0 from node 0's beat, name rank 1 as frozen."""
+    remote = RemoteProgress(world_size=2, local={1})
+    remote.update({0: (_beat([0, 6, 5, ALL_REDUCE]), 1.0)})
+    snaps = {**remote.snapshots(1.0, local_waiting=False), 1: ledger(world(5))}
+    activity = {0: Activity(0.0), 1: Activity(idle_s=HANG)}
+    rules = HangRules(2, HANG, 20.0)
+    assert rules.judge(snaps, activity, (), now=1.0 + HANG - 0.1) == []  # not waited enough
+    [verdict] = rules.judge(snaps, activity, (), now=1.0 + HANG)
+    assert (verdict.hung, verdict.blamed, verdict.waiting, verdict.reason) == (
+        True, (1,), (0,), "no_progress")
+    assert verdict.describe() == ("rank 1 never reached all_reduce #5 (made no progress); "
+                                  "rank 0 waited 3.0 s")
