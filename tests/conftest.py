@@ -80,11 +80,12 @@ class Run:
 
 def launch(args: list[str], log_dir: Path, timeout: float = 60.0,
            env: dict[str, str] | None = None, stdout: Any = subprocess.PIPE,
-           stderr: Any = subprocess.PIPE) -> subprocess.Popen[str]:
+           stderr: Any = subprocess.PIPE, wrap: list[str] | None = None) -> subprocess.Popen[str]:
     """Start ``rankguard run`` with a free port and ``log_dir``; the caller must finish it.
-    Its stdout and stderr are pipes unless given (a file, DEVNULL)."""
-    cmd = [sys.executable, "-m", "rankguard.cli", "run", "--master-port", "0", "--log-dir",
-           str(log_dir), *args]
+    Its stdout and stderr are pipes unless given (a file, DEVNULL); ``wrap``: a command prefix
+    that execs it (``ip netns exec NS``: the same process)."""
+    cmd = [*(wrap or []), sys.executable, "-m", "rankguard.cli", "run", "--master-port", "0",
+           "--log-dir", str(log_dir), *args]
     return subprocess.Popen(cmd, stdout=stdout, stderr=stderr, text=True,
                             cwd=str(ROOT), env={**os.environ, **(env or {})},
                             start_new_session=True)
