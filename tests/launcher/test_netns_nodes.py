@@ -10,15 +10,17 @@ import pytest
 
 from tests.conftest import launch, script
 from tests.launcher import netns
-from tests.launcher.test_multinode import (GRACE_S, JOIN_S, _await_output, _envs, _error,
-                                           _finish_all, _kill_all, _teardown_s)
+from tests.launcher.test_multinode import (GRACE_S, JOIN_S, _await_output, _await_rounds,
+                                           _envs, _error, _finish_all, _kill_all, _teardown_s)
 
 PORT = 29400  # each namespace has ports of its own: nothing else listens there
 
 
-def _start(tmp_path, net: list[netns.Node], args: list[str], steps: int):
-    """One agent per namespace node, node_env.py doing ``steps`` steps of 20 ms."""
-    common = ["--nnodes", str(len(net)), "--rdzv-backend", "c10d", "--rdzv-endpoint",
+def _start(tmp_path, net: list[netns.Node], args: list[str], steps: int,
+           nnodes: str | None = None):
+    """One agent per namespace node (``--nnodes nnodes``, default one per node), node_env.py
+    doing ``steps`` steps of 20 ms."""
+    common = ["--nnodes", nnodes or str(len(net)), "--rdzv-backend", "c10d", "--rdzv-endpoint",
               f"{net[0].address}:{PORT}", "--rdzv-id", "nsjob", "--rdzv-conf",
               f"join_timeout={JOIN_S},close_timeout=10", "--nproc-per-node", "2", "--grace",
               str(GRACE_S)]
@@ -65,3 +67,33 @@ def test_a_partitioned_node_is_named_by_the_other_and_each_side_ends_bounded(tmp
         # from the cut: the silence (evidence only: up to a beat period before it), then teardown
         assert hang_s - 1 <= run.wall_s < _teardown_s(hang_s), run.wall_s
         assert set(run.outcomes().values()) <= {"victim", "ok"}, run.outcomes()
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(300)
+def test_a_hot_spare_node_takes_the_place_of_a_partitioned_one_and_the_job_succeeds(tmp_path):
+    """Three namespace nodes for two places: the third waits as a standby. The link of the
+    joined node that is not the store's host goes down; the next round forms with the spare in
+    its place and the job succeeds; the cut-off node ends on its own (the store is silent)."""
+    with netns.nodes(3) as net:
+        procs = _start(tmp_path, net, ["--hang-timeout", "3", "--max-restarts", "1"], steps=300,
+                       nnodes="2")
+        try:
+            joined = _await_rounds(procs, 2, time.monotonic() + 120)
+            _await_output([procs[i] for i in joined], "]:STEPPED", time.monotonic() + 120)
+            # never node 0: it hosts the store (it alone has the endpoint's address), whether
+            # it joined or stands by
+            cut_index = max(joined)
+            (stayed,) = [i for i in joined if i != cut_index]
+            (spare_index,) = [i for i in range(3) if i not in joined]
+            netns.cut(net[cut_index])
+            runs = _finish_all(procs, 150)
+        finally:
+            _kill_all(procs)
+    codes = {i: run.code for i, run in enumerate(runs)}
+    assert codes == {stayed: 0, spare_index: 0, cut_index: 1}, _error(runs)
+    rounds = [(e["round"], e["group_world_size"]) for e in runs[spare_index].events
+              if e["event"] == "rendezvous"]
+    assert rounds == [(1, 2)], rounds
+    restart = runs[stayed].event("restart")["root_cause"]
+    assert f"(host {net[cut_index].address}) has published no progress" in restart, restart
