@@ -26,17 +26,17 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _agents(tmp_path, args, timeout=120.0, nodes=2, nnodes=None):
-    """Run ``nodes`` agents of one job (``--nnodes nnodes``, default ``nodes``) to the end;
-    returns (their Runs, the store's port)."""
+def _agents(tmp_path, args, timeout=120.0, nodes=2, nnodes=None, envs=None):
+    """Run ``nodes`` agents of one job (``--nnodes nnodes``, default ``nodes``) to the end,
+    node i with the environment ``envs[i]`` added; returns (their Runs, the store's port)."""
     port = _free_port()
     run_id = f"mn{port}"
     common = ["--nnodes", nnodes or str(nodes), "--rdzv-backend", "c10d", "--rdzv-endpoint",
               f"127.0.0.1:{port}", "--rdzv-id", run_id, "--rdzv-conf",
               f"join_timeout={JOIN_S}", "--local-addr", "127.0.0.1", "--nproc-per-node", "2"]
     started = time.monotonic()
-    procs = [(launch([*common, *args], tmp_path / f"node{i}", timeout), tmp_path / f"node{i}")
-             for i in range(nodes)]
+    procs = [(launch([*common, *args], tmp_path / f"node{i}", timeout,
+                     envs[i] if envs else None), tmp_path / f"node{i}") for i in range(nodes)]
     try:
         runs = [finish(proc, log_dir, max(timeout - (time.monotonic() - started), 1.0), started)
                 for proc, log_dir in procs]
@@ -301,6 +301,28 @@ def test_a_frozen_rank_is_blamed_by_its_own_node_and_named_on_every_node(tmp_pat
     blaming = [run for run in runs if 3 in run.outcomes()]
     assert len(blaming) == 1 and blaming[0].outcomes() == {2: "victim", 3: "hung"}
     assert blaming[0].event("hang_detected")["blamed"] == [3]
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(180)
+def test_nodes_that_share_a_secret_seal_their_keys_and_run_the_job(tmp_path):
+    secret = {"RANKGUARD_SECRET": "5e" * 32}
+    runs, _ = _agents(tmp_path, [script("node_env.py"), "5", "0.02"], envs=[secret, secret])
+    assert [run.code for run in runs] == [0, 0], _error(runs)
+    assert "without this" not in "".join(run.stderr for run in runs)  # nothing was dropped
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(180)
+def test_nodes_that_do_not_share_the_secret_stop_at_the_round_naming_it(tmp_path):
+    runs, _ = _agents(tmp_path, [script("node_env.py"), "5", "0.02"],
+                      envs=[{"RANKGUARD_SECRET": "5e" * 32}, {"RANKGUARD_SECRET": "6f" * 32}])
+    assert [run.code for run in runs] == [1, 1], _error(runs)
+    for run in runs:
+        assert run.wall_s < JOIN_S, run.wall_s  # at once, not at join_timeout
+        assert "must share RANKGUARD_SECRET" in run.stderr, run.stderr[-2000:]
+        assert "Traceback" not in run.stderr
+    assert not _envs(runs)  # no rank started
 
 
 @pytest.mark.slow

@@ -113,3 +113,25 @@ def _await_silence(beats: NodeBeats, limit: float, until: float) -> Silence:
             return heard
         assert time.monotonic() < until, "no silence seen in time"
         time.sleep(0.05)
+
+
+def test_a_beat_without_the_jobs_seal_is_no_sign_of_life(monkeypatch):
+    """With a shared secret, values written to node 1's key by a process without it (forged,
+    changing every time) do not keep node 1 alive: node 0 names it silent after the limit."""
+    monkeypatch.setenv("RANKGUARD_SECRET", "cd" * 32)
+    limit = 1.0
+    with store_process() as (_, port):
+        beats = NodeBeats(lambda: client(port), "/t/", 0, 2, PERIOD, "h0")
+        forger = client(port)
+        try:
+            started = time.monotonic()
+            heard = None
+            while heard is None:
+                forger.set("/t/beat1", f'-.{{"seq":{time.monotonic_ns()},"host":"h1","ranks":[]}}')
+                heard = beats.silence(time.monotonic(), limit)
+                assert time.monotonic() < started + limit + 5, "node 1 was never found silent"
+                time.sleep(PERIOD / 2)
+            assert heard.node == 1 and heard.host == ""  # never heard: no host either
+            assert beats.heard() == {}
+        finally:
+            beats.close()

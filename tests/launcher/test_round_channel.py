@@ -59,3 +59,16 @@ def test_a_request_to_a_frozen_store_raises_within_its_bound(request_name):
         took = time.monotonic() - started
         assert REQUEST_S <= took < REQUEST_S + SLACK_S, took
         channel.close()
+
+
+def test_an_end_without_the_jobs_seal_ends_the_round_as_a_fault_that_names_it(monkeypatch):
+    monkeypatch.setenv("RANKGUARD_SECRET", "ab" * 32)  # the nodes share one
+    with store_process() as (_, port):
+        forged = RoundEnd(True)  # "ok", written by a process without the secret
+        client(port).set("/t/round0.agents/end", "-." + forged.encode())
+        channel = _channel(port)
+        end = channel.wait(Deadline.after(SLACK_S))
+        assert end is not None and not end.ok and end.kind == "store_lost"
+        assert "without this job's seal" in end.detail and "RANKGUARD_SECRET" in end.detail
+        assert channel.publish(RoundEnd(False, 0, "exited", 0, "x")) == end  # it stands
+        channel.close()

@@ -12,6 +12,9 @@ exchanges that completed** saw the same beat of it. An agent that was itself sto
 starved for a while therefore never blames a node for its own gap: after it resumes, its first
 exchange reads the fresh beats.
 
+Beats are sealed with the job's secret when the nodes share one (``RANKGUARD_SECRET``, see
+``sealed``): a value without the seal in a node's key is no sign of its life.
+
 The exchange runs on a thread of its own, on a store client of its own: a store whose host is
 stopped leaves that thread blocked in a request (torch's client has no bound on that, see
 ``store_calls``), never the agent's event loop. The agent reads only what the thread
@@ -27,6 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from .. import sealed
 from ..errors import first_line
 
 # A gap this long (or half the limit) between two questions means the asking agent itself was
@@ -181,17 +185,22 @@ class NodeBeats:
     def _exchange(self, client: Any, sequence: int) -> None:
         with self._lock:
             self._pending_since = began = time.monotonic()
-        beat = encode(sequence, self._host, self._progress())
-        client.set(self._keys[self._node], beat)
+        mine = self._keys[self._node]
+        client.set(mine, sealed.seal(mine, encode(sequence, self._host, self._progress())))
         others = [n for n in self._heard]
         if client.check([self._keys[n] for n in others]):
             values = dict(zip(others, client.multi_get([self._keys[n] for n in others])))
         else:  # the first beats of a round: read those that exist
             values = {n: client.get(self._keys[n]) for n in others
                       if client.check([self._keys[n]])}
+        opened = {}
+        for node, value in values.items():
+            payload = sealed.unseal(self._keys[node], value)
+            if payload is not None:  # a beat without the job's seal is no sign of life
+                opened[node] = payload.encode()
         now = time.monotonic()
         with self._lock:
-            for node, value in values.items():
+            for node, value in opened.items():
                 seen = self._heard[node]
                 if value != seen.value:
                     seen.alive_after = seen.read_at

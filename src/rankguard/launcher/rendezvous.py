@@ -31,9 +31,9 @@ import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
-from .. import store_server
+from .. import sealed, store_server
 from ..deadline import Deadline
 from ..errors import RendezvousError, UsageError, first_line
 from .config import RendezvousConfig
@@ -138,6 +138,24 @@ def _await_listener(cfg: RendezvousConfig, until: Deadline) -> None:
 
 
 
+_NPROC_KEY = "rankguard/nproc/{}"  # in the round's own prefix: a node's ranks
+_PLAN_KEY = "rankguard/plan"  # the round's number and every node's ranks, from node 0
+T = TypeVar("T")
+
+
+def _plan(payload: str) -> tuple[int, list[int]]:
+    """The round's number and each node's ranks, from a plan's payload. Pure.
+
+    Raises:
+        ValueError, TypeError, KeyError: it is not a plan.
+    """
+    fields = json.loads(payload)
+    counts = [int(count) for count in fields["nproc"]]
+    if any(count < 1 for count in counts):
+        raise ValueError(f"node ranks {counts}")
+    return int(fields["round"]), counts
+
+
 class RendezvousClosed(RendezvousError):
     """The rendezvous was closed: the job ended (or another node ended it) while this agent
     waited for a round."""
@@ -212,24 +230,53 @@ class Rendezvous:
 
     def _agree(self, store: Any, group_rank: int, group_world: int, nproc: int) -> Round:
         """Through the round's own prefix of the store (``store``, torch's): every node's
-        ``nproc`` in, node 0 writes the plan (round number, bases), every node reads it."""
+        ``nproc`` in, node 0 writes the plan (round number, bases), every node reads it. Each
+        value is sealed with the job's secret when the nodes share one (see ``sealed``).
+
+        Raises:
+            RendezvousError: a value is not one of this job's (no seal, or not readable).
+        """
         limit = timedelta(seconds=self._cfg.join_timeout)
-        store.set(f"rankguard/nproc/{group_rank}", str(nproc))
+        mine = _NPROC_KEY.format(group_rank)
+        store.set(mine, sealed.seal(mine, str(nproc)))
         if group_rank == 0:
-            keys = [f"rankguard/nproc/{node}" for node in range(group_world)]
+            keys = [_NPROC_KEY.format(node) for node in range(group_world)]
             store.wait(keys, limit)
-            counts = [int(value) for value in store.multi_get(keys)]
+            try:
+                counts = [self._open(key, value, int) for key, value in
+                          zip(keys, store.multi_get(keys))]
+            except RendezvousError:
+                store.set(_PLAN_KEY, "refused")  # unsealed: the others stop at it, not later
+                raise
             number = self._store.add(f"/rankguard/{self._run_id}/rounds", 1) - 1
-            store.set("rankguard/plan", json.dumps({"round": number, "nproc": counts}))
-        store.wait(["rankguard/plan"], limit)
-        plan = json.loads(store.get("rankguard/plan"))
-        base, world = assign(plan["nproc"])[group_rank]
-        return Round(plan["round"], group_rank, group_world, base, world)
+            store.set(_PLAN_KEY, sealed.seal(_PLAN_KEY, json.dumps({"round": number,
+                                                                   "nproc": counts})))
+        store.wait([_PLAN_KEY], limit)
+        number, counts = self._open(_PLAN_KEY, store.get(_PLAN_KEY), _plan)
+        if len(counts) != group_world:
+            raise self._foreign(_PLAN_KEY, f"{len(counts)} nodes, not {group_world}")
+        base, world = assign(counts)[group_rank]
+        return Round(number, group_rank, group_world, base, world)
+
+    def _open(self, key: str, value: bytes, parse: Callable[[str], T]) -> T:
+        payload = sealed.unseal(key, value)
+        if payload is None:
+            raise self._foreign(key, "without this job's seal")
+        try:
+            return parse(payload)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise self._foreign(key, f"unreadable: {exc}") from None
+
+    def _foreign(self, key: str, why: str) -> RendezvousError:
+        return RendezvousError(self._cfg.endpoint, f"the round's {key!r} in the store at "
+                               f"{self._cfg.endpoint} is not a value of this job ({why}): the "
+                               "nodes must share RANKGUARD_SECRET (set it alike on every "
+                               "node, or on none), and nothing else may write to the store")
 
     def record_end(self, status: str, code: int) -> None:
         """Say in the store how the job ended (the first node to say it stands), for the
         standby nodes, which never took part in a round. Never raises."""
-        value = json.dumps({"status": status, "code": code})
+        value = sealed.seal(self._end_key, json.dumps({"status": status, "code": code}))
         try:
             self._store.compare_set(self._end_key, "", value)
         except RuntimeError:
@@ -237,11 +284,14 @@ class Rendezvous:
 
     def recorded_end(self) -> tuple[str, int] | None:
         """How the job ended, as the first node to end said it; None if none did (or it is
-        not a record of ours)."""
+        not a record of ours: no seal, unreadable)."""
         try:
             if not self._store.check([self._end_key]):
                 return None
-            fields = json.loads(self._store.get(self._end_key))
+            payload = sealed.unseal(self._end_key, self._store.get(self._end_key))
+            if payload is None:
+                return None
+            fields = json.loads(payload)
             return str(fields["status"]), int(fields["code"])
         except (RuntimeError, ValueError, TypeError, KeyError):
             return None

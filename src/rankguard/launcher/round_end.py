@@ -10,6 +10,10 @@ so each round has one **end** key (under ``rendezvous.agents_namespace``), writt
   not (:func:`replaces`), so the root cause is named on every node;
 - by the last agent whose ranks all ended well (a counter of the nodes done): ``ok``.
 
+Every value is sealed with the job's secret when the nodes share one (``RANKGUARD_SECRET``, see
+``sealed``): an end without the seal ends the round as a fault that names it, never as the
+fault it claims.
+
 The agent's own requests (publishing, counting its node done) are bounded by the store's
 ``read_timeout`` whatever state the store's server is in (``store_calls``): a frozen store's
 host makes them raise ``StoreStalled``, a RuntimeError, as a failed store does.
@@ -29,6 +33,7 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any, Callable
 
+from .. import sealed
 from ..deadline import Deadline
 from ..store_calls import within
 from .outcome import Fault
@@ -129,11 +134,11 @@ class RoundChannel:
             RuntimeError: the store failed, or did not answer within ``request_s`` (then
                 ``StoreStalled``: the agent's client must not be used again).
         """
-        value = ours.encode()
+        value = sealed.seal(self._key, ours.encode())
         standing = self._request("ending the round", lambda: self._store.compare_set(
             self._key, "", value))
         if standing != value.encode():
-            earlier = RoundEnd.decode(standing)
+            earlier = self._open(standing)
             if not replaces(earlier, ours):
                 self._learn(earlier)
                 return earlier
@@ -149,6 +154,16 @@ class RoundChannel:
             self._done_key, 1))
         if counted >= self._nodes:
             self.publish(RoundEnd(True))
+
+    def _open(self, value: bytes) -> RoundEnd:
+        """The record in the end key's ``value``; one without this job's seal (see
+        ``sealed``) ends the round as a fault that says so."""
+        payload = sealed.unseal(self._key, value)
+        if payload is None:
+            return RoundEnd(False, -1, "store_lost", None, "the round's end key holds a value "
+                            "without this job's seal: another process writes to the job's "
+                            "store, or the nodes do not share RANKGUARD_SECRET")
+        return RoundEnd.decode(payload)
 
     def _request(self, what: str, call: Callable[[], Any]) -> Any:
         return within(Deadline.after(self._request_s), f"{what} in the job's store at "
@@ -183,7 +198,7 @@ class RoundChannel:
                     client.wait([self._key], timedelta(seconds=WATCH_SLICE_S))
                 except DistStoreError:  # the slice passed; a lost connection raises otherwise
                     continue
-                self._learn(RoundEnd.decode(client.get(self._key)))
+                self._learn(self._open(client.get(self._key)))
         except RuntimeError as exc:  # the store's connection failed: its host is gone
             if not self._closed and self._end is None:
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
