@@ -96,7 +96,11 @@ def _make_op(name: str, backend_method: str, op_name: str) -> Callable[..., Any]
             slot.step(code, 0)
         else:
             tracker.enter(slot, code)
-        work = getattr(group.backend, backend_method)(*args, **kwargs)
+        try:
+            work = getattr(group.backend, backend_method)(*args, **kwargs)
+        except BaseException:
+            slot.done()  # refused at once (bad arguments): it is not in progress
+            raise
         pending.append((slot, work))
         if tracker.asleep:
             tracker.wake()
@@ -117,7 +121,12 @@ def _make_op(name: str, backend_method: str, op_name: str) -> Callable[..., Any]
                 # entered - 1 collectives so far, +1 for init
                 state.injector.before_op(slot.entered)
             entry = tracker.enter(slot, code)
-        work = getattr(group.backend, backend_method)(*args, **kwargs)
+        try:
+            work = getattr(group.backend, backend_method)(*args, **kwargs)
+        except BaseException:
+            if slot is not None:
+                slot.done()  # refused at once (bad arguments): it is not in progress
+            raise
         if slot is not None:
             tracker.add(slot, work)
         if not state.bounded and limit is None:
@@ -127,6 +136,31 @@ def _make_op(name: str, backend_method: str, op_name: str) -> Callable[..., Any]
     op.__name__ = name
     op.__qualname__ = f"InstrumentedGroup.{name}"
     op.__doc__ = f"``{op_name}`` on the wrapped backend, recorded in the progress ledger."
+    return op
+
+
+def _make_blocking_op(name: str, op_name: str) -> Callable[..., Any]:
+    """An operation that returns once it is over, without a work (``monitored_barrier``):
+    entered, run, and recorded done however it ends."""
+    code = _ledger.OP_CODES[op_name]
+    state = current()
+
+    def op(self: Any, *args: Any, **kwargs: Any) -> Any:
+        group = state.groups.of(self)
+        if group.retired is not None:
+            raise GroupRetired(group.name, group.retired)
+        slot = group.slot
+        if slot is None:
+            return getattr(group.backend, name)(*args, **kwargs)
+        state.completions.enter(slot, code)
+        try:
+            return getattr(group.backend, name)(*args, **kwargs)
+        finally:
+            slot.done()
+
+    op.__name__ = name
+    op.__qualname__ = f"InstrumentedGroup.{name}"
+    op.__doc__ = f"``{name}`` on the wrapped backend, recorded in the progress ledger."
     return op
 
 
@@ -149,6 +183,7 @@ def _group_class() -> type:
 
     for name, (backend_method, op_name) in _OPS.items():
         setattr(InstrumentedGroup, name, _make_op(name, backend_method, op_name))
+    InstrumentedGroup.monitored_barrier = _make_blocking_op("monitored_barrier", "barrier")
     return InstrumentedGroup
 
 
@@ -167,6 +202,8 @@ def _create_group(options: Any, backend_options: Any) -> Any:
             state.creating_default.entered = True
         else:
             slot = state.ledger.add_group(options.group_id, list(options.global_ranks_in_group))
+            if slot is None:
+                _say_untracked(options.group_id)
     backend = ProcessGroupGloo(options.store, options.group_rank, options.group_size,
                                timeout=options.timeout)
     backend.options.global_ranks_in_group = list(options.global_ranks_in_group)
@@ -184,6 +221,22 @@ def _create_group(options: Any, backend_options: Any) -> Any:
     if is_world and state.bounded:
         start_probing(options.store, record.rank)
     return group
+
+
+_untracked_said = False
+
+
+def _say_untracked(name: str) -> None:
+    """Say once per rank that a group has no ledger slot: its hangs go unseen."""
+    global _untracked_said
+    if _untracked_said:
+        return
+    _untracked_said = True
+    rank = os.environ.get("RANK", "?")
+    os.write(2, f"rankguard: rank {rank}: process group {name!r} and any created after it are "
+                f"not watched: the ledger holds {_ledger.MAX_GROUPS - 1} sub-groups (destroyed "
+                "ones included); a hang in them is not seen, but collective deadlines still "
+                "apply\n".encode())
 
 
 def _agreement_timeout(options: Any) -> float:
