@@ -52,8 +52,11 @@ def deadline(seconds: float) -> contextlib.AbstractContextManager[Deadline]:
     A collective that has not completed when the deadline passes raises
     :class:`rankguard.CollectiveTimeout` (naming the operation, its sequence number and the ranks
     that had not arrived) and retires its process group. Nested blocks keep the earliest
-    deadline. Needs the process group to be created after ``rankguard.init()`` (or under
-    ``rankguard run``).
+    deadline. Needs the process group to be created under ``rankguard run``, or after
+    ``rankguard.init()``. The ranks that had not arrived are named only in bounded mode (after
+    ``rankguard.init()``, or ``rankguard run --collective-timeout``): elsewhere the collective
+    is bounded all the same, but its error names none, and the launcher blames the rank that
+    raised.
 
     Raises:
         UsageError: ``seconds`` is not a positive number.
