@@ -53,7 +53,7 @@ from .errors import LedgerError
 
 MAGIC = 0x52474C31  # "RGL1"
 VERSION = 3  # 2: the slot's times come before its counts; 3: a line per writer
-MAX_GROUPS = 16
+MAX_GROUPS = 64  # the world group and 63 sub-groups
 # magic version pid flags fault in_coll exit_code t_fault t_start blamed
 HEADER = struct.Struct("<IIqIIIiddQ8x")
 _OFF_PID, _OFF_FLAGS, _OFF_FAULT, _OFF_T_FAULT, _OFF_T_START, _OFF_BLAMED = 8, 16, 20, 32, 40, 48
@@ -61,6 +61,7 @@ _OFF_EXIT_CODE = 28
 SLOT = struct.Struct("<QQIII4xddQQ")  # a slot's first line: identity, issuing thread's part
 _SWEPT = struct.Struct("<dQ")  # its second line: completions recorded by other threads
 _OFF_SWEPT = 64
+_KEY = struct.Struct("<Q")  # a slot's group key: 0 while no group has taken it
 SLOT_SIZE = 128
 SIZE = HEADER.size + MAX_GROUPS * SLOT_SIZE
 WORLD_SLOT = 0
@@ -490,11 +491,11 @@ class LedgerReader:
         groups = []
         for index in range(MAX_GROUPS):
             offset = HEADER.size + index * SLOT_SIZE
+            if not _KEY.unpack_from(self._buf, offset)[0]:
+                continue  # a slot no group has taken
             t_swept, swept = _SWEPT.unpack_from(self._buf, offset + _OFF_SWEPT)  # first (module doc)
             key, members, is_world, size, kind, t_enter, t_done, entered, done = SLOT.unpack_from(
                 self._buf, offset)
-            if not key:
-                continue
             name = OP_NAMES[kind] if kind < len(OP_NAMES) else f"op{kind}"
             groups.append(GroupProgress(key, members, bool(is_world), size, entered,
                                         done + swept, name, t_enter, max(t_done, t_swept)))

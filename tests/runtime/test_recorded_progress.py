@@ -32,4 +32,4 @@ def test_groups_beyond_the_ledgers_slots_are_said_to_be_unwatched(run_rankguard)
     said = [line for line in run.stdout.splitlines() + run.stderr.splitlines()
             if "are not watched" in line]
     assert len(said) == 2, said  # once per rank
-    assert "process group '16'" in said[0] and "collective deadlines still apply" in said[0]
+    assert "process group '64'" in said[0] and "collective deadlines still apply" in said[0]
