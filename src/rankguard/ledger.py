@@ -278,12 +278,19 @@ class _SlotWriter:
         """Record that the rank entered an operation of ``kind``; returns the entry number."""
         return self.step(kind, 0)
 
-    def done(self) -> None:
-        """Record that one more operation of this group completed (any thread)."""
-        with self._lock:
+    def done(self, wait: bool = True) -> bool:
+        """Record that one more operation of this group completed (any thread). With
+        ``wait=False``, only if no other thread is recording one at this moment; returns
+        whether it was recorded."""
+        if not self._lock.acquire(blocking=wait):
+            return False
+        try:
             self._swept += 1
             self._t_swept = time.monotonic()
             _SWEPT.pack_into(self._buf, self._swept_offset, self._t_swept, self._swept)
+        finally:
+            self._lock.release()
+        return True
 
     @property
     def entered(self) -> int:

@@ -33,3 +33,15 @@ def test_groups_beyond_the_ledgers_slots_are_said_to_be_unwatched(run_rankguard)
             if "are not watched" in line]
     assert len(said) == 2, said  # once per rank
     assert "process group '64'" in said[0] and "collective deadlines still apply" in said[0]
+
+
+def test_sigterm_while_the_main_thread_holds_the_completions_queue_tears_down_at_once(
+        run_rankguard):
+    # the signal handler waits in the main thread for the teardown, which must not wait for
+    # the queue the main thread holds (it did: exit 143 once the grace had passed)
+    run = run_rankguard(["--nproc-per-node", "1", "--grace", "5",
+                         script("sigterm_holding_tracker.py")], timeout=90)
+    said = run.stdout + run.stderr
+    assert "SIGTERM: torn down in" in said and "exiting 0" in said, said[-3000:]
+    assert "overran" not in said
+    assert run.wall_s < 30, run.wall_s

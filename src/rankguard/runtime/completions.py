@@ -145,16 +145,26 @@ class CompletionTracker:
             self._thread.join(timeout)
         self._pending.clear()
 
-    def flush(self) -> None:
-        """Mark done, now and in the calling thread, every tracked work that has completed."""
+    def flush(self, wait: bool = True) -> bool:
+        """Mark done, now and in the calling thread, every tracked work that has completed;
+        returns whether it could.
+
+        ``wait=False`` is for the SIGTERM teardown: its thread must never wait for a lock that
+        the main thread may hold, for the main thread may be stopped in a signal handler that
+        waits for the teardown. It then flushes only if the queue is free, and marks done only
+        the works whose slot is free; the others stay queued.
+        """
         pending = self._pending
-        with self._lock:
+        if not self._lock.acquire(blocking=wait):
+            return False
+        try:
             for _ in range(len(pending)):
                 item = pending.popleft()
-                if item[1].is_completed():
-                    item[0].done()
-                else:
+                if not (item[1].is_completed() and item[0].done(wait)):
                     pending.append(item)  # the same item: the thread knows it by identity
+        finally:
+            self._lock.release()
+        return True
 
     def _oldest(self) -> tuple[Any, Any] | None:
         try:

@@ -153,7 +153,8 @@ def _steps(reason: str, progress: dict[str, str]) -> None:
     ledger = state.ledger
     if ledger is not None:
         progress["step"] = "record the teardown"
-        state.completions.flush()
+        # never waits: the main thread may hold the queue, stopped in our signal handler
+        state.completions.flush(wait=False)
         if ledger.recorded_fault() == _ledger.FAULT_NONE:  # else that fault tells the story
             ledger.record_fault(_ledger.FAULT_TERMINATED, ledger.in_collective())
         ledger.set_flag(_ledger.FLAG_TERMINATING)
