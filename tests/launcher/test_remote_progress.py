@@ -75,3 +75,16 @@ def test_a_rank_waited_for_only_by_another_nodes_ranks_is_named_by_its_own_node(
         True, (1,), (0,), "no_progress")
     assert verdict.describe() == ("rank 1 never reached all_reduce #5 (made no progress); "
                                   "rank 0 waited 3.0 s")
+
+
+def test_a_remote_rank_waiting_in_init_is_not_a_waiter_nodes_start_at_different_times():
+    """Node 0's ranks wait in init_process_group (warm spares) while node 1's own ranks are
+    still importing torch: node 1 must not call its own starting ranks hung."""
+    remote = RemoteProgress(world_size=4, local={2, 3})
+    init = L.OP_CODES["init_process_group"]
+    remote.update({0: (_beat([0, 1, 0, init], [1, 1, 0, init]), 1.0)})
+    snaps = {**remote.snapshots(1.0, local_waiting=True), 2: ledger(world(0)), 3: ledger(world(0))}
+    assert not snaps[0].groups[0].waiting and snaps[0].groups[0].entered == 1
+    frozen = Activity(idle_s=10 * HANG)
+    activity = {0: Activity(0.0), 1: Activity(0.0), 2: frozen, 3: frozen}
+    assert HangRules(4, HANG, 20.0).judge(snaps, activity, (), now=1.0 + 10 * HANG) == []

@@ -20,6 +20,12 @@ from typing import Mapping
 from ..ledger import FAULT_NONE, OP_NAMES, GroupProgress, RankProgress, group_key
 
 _WORLD_KEY = group_key("world")
+# The world group's first entry is init_process_group. A remote rank waiting in it is not shown
+# as waiting: nodes start their ranks at different times (one from warm spares, another cold,
+# importing torch), so ranks of one node may wait there for another node's longer than a hang
+# timeout while nothing is wrong; a node whose agent is alive is starting them. A rank that
+# never gets there is still judged by its own node, beside its own ranks.
+_INIT_ENTRY = 1
 
 
 def decode_ranks(value: bytes) -> list[tuple[int, int, int, int]]:
@@ -87,6 +93,8 @@ class RemoteProgress:
         return self._snaps
 
     def _snapshot(self, entered: int, done: int, kind: int, since: float) -> RankProgress:
+        if entered <= _INIT_ENTRY:
+            done = entered  # see _INIT_ENTRY
         world = GroupProgress(_WORLD_KEY, self._members, True, self._world, entered, done,
                               kind_name(kind), since, since)
         return RankProgress(0, 0, FAULT_NONE, False, 0.0, 0.0, (world,))
