@@ -4,13 +4,11 @@
 from __future__ import annotations
 
 import math
-import os
-import signal
 import time
 
 import pytest
 
-from tests.launcher.store_process import client, store_process
+from tests.store_process import client, freeze, store_process
 
 from rankguard.launcher.node_beats import (Heard, NodeBeats, Silence, all_alive_after,
                                            quiet_since, silence)
@@ -88,7 +86,7 @@ def test_the_silent_node_and_a_stopped_store_are_told_apart_through_a_real_store
             assert limit - PERIOD - 0.05 <= time.monotonic() - stopped < limit + 3
             assert limit <= heard.silent_s < limit + 1
 
-            os.kill(server.pid, signal.SIGSTOP)
+            freeze(server.pid)
             frozen = time.monotonic()
             while True:  # node 1's silence stands until the store's own is established
                 asked = time.monotonic()

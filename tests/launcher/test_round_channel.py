@@ -3,8 +3,6 @@ requests bounded when the store's host is frozen (SIGSTOP)."""
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 
 import pytest
@@ -12,7 +10,7 @@ import pytest
 from rankguard.deadline import Deadline
 from rankguard.launcher.round_end import RoundChannel, RoundEnd
 from rankguard.store_calls import StoreStalled
-from tests.launcher.store_process import client, store_process
+from tests.store_process import client, freeze, store_process
 
 REQUEST_S = 1.0
 SLACK_S = 5.0  # a loaded 2-core machine's scheduling delays, on top of a bound
@@ -49,7 +47,7 @@ def test_the_first_fault_stands_and_the_last_node_done_ends_the_round_ok():
 def test_a_request_to_a_frozen_store_raises_within_its_bound(request_name):
     with store_process() as (server, port):
         channel = _channel(port)
-        os.kill(server.pid, signal.SIGSTOP)
+        freeze(server.pid)
         started = time.monotonic()
         with pytest.raises(StoreStalled, match="did not answer by the deadline"):
             if request_name == "publish":
