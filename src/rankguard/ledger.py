@@ -113,6 +113,12 @@ OP_CODES = {name: code for code, name in enumerate(OP_NAMES)}
 
 
 
+def op_name(code: int) -> str:
+    """The name people see for operation ``code`` (``opN`` for one this version does not
+    know, written by a newer one). Pure."""
+    return OP_NAMES[code] if 0 <= code < len(OP_NAMES) else f"op{code}"
+
+
 PATH_ENV = "RANKGUARD_LEDGER"  # the ledger file a supervisor made for the rank
 
 
@@ -309,7 +315,7 @@ class _SlotWriter:
         """(entered, done, name of the last operation entered), as written so far."""
         swept = _SWEPT.unpack_from(self._buf, self._swept_offset)[1]
         kind, _, _, entered, done = _STATE.unpack_from(self._buf, self._offset)
-        return entered, done + swept, OP_NAMES[kind] if kind < len(OP_NAMES) else f"op{kind}"
+        return entered, done + swept, op_name(kind)
 
 
 # The issuing thread's part of a slot, at slot offset 24: kind, padding, t_enter, t_done,
@@ -503,7 +509,7 @@ class LedgerReader:
             t_swept, swept = _SWEPT.unpack_from(self._buf, offset + _OFF_SWEPT)  # first (module doc)
             key, members, is_world, size, kind, t_enter, t_done, entered, done = SLOT.unpack_from(
                 self._buf, offset)
-            name = OP_NAMES[kind] if kind < len(OP_NAMES) else f"op{kind}"
+            name = op_name(kind)
             groups.append(GroupProgress(key, members, bool(is_world), size, entered,
                                         done + swept, name, t_enter, max(t_done, t_swept)))
         return RankProgress(pid, flags, fault, bool(fault_in_coll), t_fault, t_start,

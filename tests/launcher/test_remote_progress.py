@@ -9,7 +9,7 @@ import pytest
 from rankguard import ledger as L
 from rankguard.launcher.monitor import Activity, HangRules
 from rankguard.launcher.node_beats import encode
-from rankguard.launcher.remote_progress import RemoteProgress, decode_ranks, kind_name
+from rankguard.launcher.remote_progress import RemoteProgress, decode_ranks
 from tests.launcher.snapshots import ledger, world
 
 ALL_REDUCE = L.OP_CODES["all_reduce"]
@@ -36,7 +36,7 @@ def test_a_beats_ranks_are_decoded_and_what_is_not_ours_is_left_out(value, expec
 @pytest.mark.parametrize("code, name", [(ALL_REDUCE, "all_reduce"), (999, "op999"),
                                         (-1, "op-1")])
 def test_kind_codes_are_named_as_the_ledger_names_them(code, name):
-    assert kind_name(code) == name
+    assert L.op_name(code) == name
 
 
 def test_a_ranks_progress_dates_from_when_it_was_first_seen_as_it_is():

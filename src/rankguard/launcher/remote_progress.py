@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Mapping
 
-from ..ledger import FAULT_NONE, OP_NAMES, GroupProgress, RankProgress, group_key
+from ..ledger import FAULT_NONE, GroupProgress, RankProgress, group_key, op_name
 
 _WORLD_KEY = group_key("world")
 # The world group's first entry is init_process_group. A remote rank waiting in it is not shown
@@ -42,11 +42,6 @@ def decode_ranks(value: bytes) -> list[tuple[int, int, int, int]]:
         if type(entry) is list and len(entry) == 4 and all(type(f) is int for f in entry):
             found.append(tuple(entry))
     return found
-
-
-def kind_name(code: int) -> str:
-    """The ledger's name of operation ``code`` (``opN`` for one it does not know). Pure."""
-    return OP_NAMES[code] if 0 <= code < len(OP_NAMES) else f"op{code}"
 
 
 class RemoteProgress:
@@ -96,5 +91,5 @@ class RemoteProgress:
         if entered <= _INIT_ENTRY:
             done = entered  # see _INIT_ENTRY
         world = GroupProgress(_WORLD_KEY, self._members, True, self._world, entered, done,
-                              kind_name(kind), since, since)
+                              op_name(kind), since, since)
         return RankProgress(0, 0, FAULT_NONE, False, 0.0, 0.0, (world,))
