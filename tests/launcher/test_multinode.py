@@ -26,13 +26,14 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _agents(tmp_path, args, timeout=120.0, nodes=2, nnodes=None, envs=None):
+def _agents(tmp_path, args, timeout=120.0, nodes=2, nnodes=None, envs=None, etcd=None):
     """Run ``nodes`` agents of one job (``--nnodes nnodes``, default ``nodes``) to the end,
-    node i with the environment ``envs[i]`` added; returns (their Runs, the store's port)."""
-    port = _free_port()
+    node i with the environment ``envs[i]`` added; returns (their Runs, the store's port). With
+    ``etcd`` (an endpoint) they meet there (etcd-v2), else in a c10d store one of them hosts."""
+    port = int(etcd.rsplit(":", 1)[1]) if etcd else _free_port()
     run_id = f"mn{port}"
-    common = ["--nnodes", nnodes or str(nodes), "--rdzv-backend", "c10d", "--rdzv-endpoint",
-              f"127.0.0.1:{port}", "--rdzv-id", run_id, "--rdzv-conf",
+    common = ["--nnodes", nnodes or str(nodes), *_backend(port, etcd), "--rdzv-id", run_id,
+              "--rdzv-conf",
               f"join_timeout={JOIN_S}", "--local-addr", "127.0.0.1", "--nproc-per-node", "2"]
     started = time.monotonic()
     procs = [(launch([*common, *args], tmp_path / f"node{i}", timeout,
@@ -142,8 +143,12 @@ NODES = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-id", "job"]
     (["--nnodes", "1:2:3"], "--nnodes: '1:2:3' is neither N nor MIN:MAX"),
     (["--nnodes", "2", "--rdzv-backend", "zookeeper", "--rdzv-endpoint", "h:1"],
      "--rdzv-backend: unknown backend 'zookeeper'"),
-    (["--nnodes", "2", "--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "h:1"],
-     "--rdzv-backend: 'etcd-v2' is not supported yet"),
+    (["--nnodes", "2", "--rdzv-backend", "etcd", "--rdzv-endpoint", "h:1"],
+     "--rdzv-backend: 'etcd' is torch's older etcd rendezvous"),
+    (["--nnodes", "2", "--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "h:1", "--rdzv-id", "j",
+      "--rdzv-conf", "is_host=1"], "unknown key 'is_host' for --rdzv-backend etcd-v2"),
+    ([*NODES, "--rdzv-endpoint", "h:1", "--rdzv-conf", "protocol=https"],
+     "unknown key 'protocol' for --rdzv-backend c10d"),
     ([*NODES], "--rdzv-endpoint: is needed with several nodes"),
     ([*NODES, "--rdzv-endpoint", "host:"], "--rdzv-endpoint: 'host:' is not HOST:PORT"),
     ([*NODES, "--rdzv-endpoint", "host:http"], "--rdzv-endpoint: 'host:http' is not HOST:PORT"),
@@ -182,12 +187,18 @@ def test_an_unreachable_endpoint_is_a_bounded_join_failure_naming_it(tmp_path):
     assert join <= took < join + 30  # + starting and ending Python on a loaded machine
 
 
-def _start_agents(tmp_path, args, nodes=2, nnodes=None, steps=100000, conf=""):
+def _backend(port: int, etcd: str | None) -> list[str]:
+    if etcd:
+        return ["--rdzv-backend", "etcd-v2", "--rdzv-endpoint", etcd]
+    return ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+
+
+def _start_agents(tmp_path, args, nodes=2, nnodes=None, steps=100000, conf="", etcd=None):
     """Start ``nodes`` agents of one job (node_env.py doing ``steps`` steps of 20 ms); returns
-    [(proc, log_dir)]."""
+    [(proc, log_dir)]. ``etcd``: as in ``_agents``."""
     port = _free_port()
-    common = ["--nnodes", nnodes or str(nodes), "--rdzv-backend", "c10d", "--rdzv-endpoint",
-              f"127.0.0.1:{port}", "--rdzv-id", f"mn{port}", "--rdzv-conf",
+    common = ["--nnodes", nnodes or str(nodes), *_backend(port, etcd), "--rdzv-id",
+              f"mn{port}", "--rdzv-conf",
               f"join_timeout={JOIN_S},close_timeout=10{conf}", "--local-addr", "127.0.0.1",
               "--nproc-per-node", "2", "--grace", str(GRACE_S)]
     return [(launch([*common, *args, script("node_env.py"), str(steps), "0.02"],

@@ -98,7 +98,7 @@ def test_the_silent_node_and_a_stopped_store_are_told_apart_through_a_real_store
                 time.sleep(0.05)
             # counted from the start of the request still outstanding: it may predate the stop
             assert limit - PERIOD - 0.05 <= time.monotonic() - frozen < limit + 3
-            assert "has not answered for" in heard.describe("127.0.0.1:1")
+            assert "has not answered for" in heard.describe("the job's store at 127.0.0.1:1")
         finally:
             for beat in beats:
                 beat.close()

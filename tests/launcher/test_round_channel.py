@@ -18,7 +18,7 @@ SLACK_S = 5.0  # a loaded 2-core machine's scheduling delays, on top of a bound
 
 def _channel(port: int, nodes: int = 2) -> RoundChannel:
     return RoundChannel(client(port), lambda: client(port), "/t/round0.agents/", nodes,
-                        f"127.0.0.1:{port}", lambda: None, REQUEST_S)
+                        f"the job's store at 127.0.0.1:{port}", lambda: None, REQUEST_S)
 
 
 def test_the_first_fault_stands_and_the_last_node_done_ends_the_round_ok():
@@ -34,7 +34,7 @@ def test_the_first_fault_stands_and_the_last_node_done_ends_the_round_ok():
 
         # a new round's prefix: the one above has ended
         ok = [RoundChannel(client(port), lambda: client(port), "/t/round1.agents/", 2,
-                           f"127.0.0.1:{port}", lambda: None, REQUEST_S) for _ in range(2)]
+                           f"the job's store at 127.0.0.1:{port}", lambda: None, REQUEST_S) for _ in range(2)]
         ok[0].done()
         assert ok[0].end is None  # one node of two is done
         ok[1].done()

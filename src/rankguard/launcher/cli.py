@@ -34,19 +34,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ranks to start on this node: a number, 'cpu' (one per core) or 'auto'")
     p.add_argument("--nnodes", default="1",
                    help="nodes of the job: N, or MIN:MAX (default 1: this node alone; more "
-                   "needs --rdzv-backend c10d and --rdzv-endpoint)")
+                   "needs --rdzv-backend c10d or etcd-v2, and --rdzv-endpoint)")
     p.add_argument("--node-rank", "--node_rank", dest="node_rank", default="0",
                    help="only 0 is supported for now (c10d assigns node ranks itself)")
     p.add_argument("--rdzv-backend", "--rdzv_backend", dest="rdzv_backend", default="static",
                    help="how the nodes meet: c10d (torch's dynamic rendezvous on a TCPStore "
-                   "hosted by the agent at --rdzv-endpoint); static and etcd-v2 are not "
+                   "hosted by the agent at --rdzv-endpoint) or etcd-v2 (the same on an etcd "
+                   "server at --rdzv-endpoint, which outlives every node); static is not "
                    "supported yet")
     p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv_endpoint", default="",
-                   help="HOST:PORT of the job's store (several nodes)")
+                   help="HOST:PORT of the job's store (several nodes): the c10d store's agent "
+                   "(default port 29400) or the etcd server (default port 2379)")
     p.add_argument("--rdzv-conf", "--rdzv_conf", dest="rdzv_conf", default="",
                    help="k=v,... for torch's rendezvous: join_timeout (default 600), "
-                   "last_call_timeout (30), close_timeout (30), read_timeout (60), is_host, "
-                   "keep_alive_interval, keep_alive_max_attempt")
+                   "last_call_timeout (30), close_timeout (30), read_timeout (60), "
+                   "keep_alive_interval, keep_alive_max_attempt; c10d: is_host; etcd-v2: "
+                   "protocol, ssl_cert, ssl_cert_key, ca_cert")
     p.add_argument("--local-addr", "--local_addr", dest="local_addr", default=None,
                    help="this node's address in the rendezvous (default: its FQDN)")
     p.add_argument("--max-restarts", "--max_restarts", dest="max_restarts", default="0",
@@ -252,6 +255,7 @@ def _nnodes(text: str) -> tuple[int, int]:
 # passes on to torch's dynamic rendezvous as they are.
 _TIMEOUTS = ("join_timeout", "last_call_timeout", "close_timeout", "read_timeout")
 _PASSED_ON = ("keep_alive_interval", "keep_alive_max_attempt")
+_ETCD_ONLY = ("protocol", "ssl_cert", "ssl_cert_key", "ca_cert")  # torch's etcd client's
 
 
 def _rendezvous(ns: argparse.Namespace, min_nodes: int,
@@ -263,13 +267,18 @@ def _rendezvous(ns: argparse.Namespace, min_nodes: int,
             ``--rdzv-conf`` key or value.
     """
     backend = ns.rdzv_backend
-    if backend in ("static", "etcd", "etcd-v2"):
+    if backend == "static":
         raise UsageError("--rdzv-backend", f"{backend!r} is not supported yet with several "
                          "nodes", "use --rdzv-backend c10d --rdzv-endpoint HOST:PORT")
-    if backend != "c10d":
+    if backend == "etcd":
+        raise UsageError("--rdzv-backend", "'etcd' is torch's older etcd rendezvous, which "
+                         "rankguard does not run", "use --rdzv-backend etcd-v2 (the same etcd "
+                         "server, with torch's dynamic rendezvous)")
+    if backend not in ("c10d", "etcd-v2"):
         raise UsageError("--rdzv-backend", f"unknown backend {backend!r}",
-                         "use --rdzv-backend c10d")
-    host, port = _endpoint(ns.rdzv_endpoint)
+                         "use --rdzv-backend c10d or etcd-v2")
+    host, port = _endpoint(ns.rdzv_endpoint, _DEFAULT_PORTS[backend])
+    passed_on = _PASSED_ON + (_ETCD_ONLY if backend == "etcd-v2" else ())
     values: dict[str, object] = {}
     extra = []
     for item in filter(None, ns.rdzv_conf.split(",")):
@@ -281,17 +290,20 @@ def _rendezvous(ns: argparse.Namespace, min_nodes: int,
         if key in _TIMEOUTS:
             values[key] = int(number(f"--rdzv-conf {key}", value, int, 1,
                                      f"whole seconds, e.g. {key}=60", 1 << 30))
-        elif key == "is_host":
+        elif key == "is_host" and backend == "c10d":
             if value.lower() not in ("1", "0", "true", "false"):
                 raise UsageError("--rdzv-conf is_host", f"{value!r} is not a boolean",
                                  "use is_host=1 or is_host=0")
             values[key] = value.lower() in ("1", "true")
-        elif key in _PASSED_ON:
+        elif key in _ETCD_ONLY and key in passed_on:
+            extra.append((key, value))
+        elif key in passed_on:
             number(f"--rdzv-conf {key}", value, int, 1, f"a whole number, e.g. {key}=5")
             extra.append((key, value))
         else:
-            raise UsageError("--rdzv-conf", f"unknown key {key!r}", "known keys: "
-                             + ", ".join(_TIMEOUTS + ("is_host",) + _PASSED_ON))
+            known = _TIMEOUTS + (("is_host",) if backend == "c10d" else ()) + passed_on
+            raise UsageError("--rdzv-conf", f"unknown key {key!r} for --rdzv-backend "
+                             f"{backend}", "known keys: " + ", ".join(known))
     if ns.local_addr is not None and not ns.local_addr.strip():
         raise UsageError("--local-addr", "is empty", "give this node's address, or leave it out")
     return _config.RendezvousConfig(min_nodes=min_nodes, max_nodes=max_nodes, host=host,
@@ -299,10 +311,10 @@ def _rendezvous(ns: argparse.Namespace, min_nodes: int,
                                     extra=tuple(extra), **values)  # type: ignore[arg-type]
 
 
-_DEFAULT_RDZV_PORT = 29400  # torch's, for an endpoint without one
+_DEFAULT_PORTS = {"c10d": 29400, "etcd-v2": 2379}  # torch's, for an endpoint without one
 
 
-def _endpoint(text: str) -> tuple[str, int]:
+def _endpoint(text: str, default_port: int) -> tuple[str, int]:
     """``--rdzv-endpoint HOST[:PORT]`` (``[IPv6]:PORT`` too), as (host, port)."""
     hint = "give HOST:PORT of the job's store, e.g. --rdzv-endpoint 10.0.0.1:29400"
     if not text:
@@ -311,7 +323,7 @@ def _endpoint(text: str) -> tuple[str, int]:
     if match is None:
         raise UsageError("--rdzv-endpoint", f"{text!r} is not HOST:PORT", hint)
     host = match.group("v6") or match.group("host")
-    port = int(match.group("port")) if match.group("port") else _DEFAULT_RDZV_PORT
+    port = int(match.group("port")) if match.group("port") else default_port
     if not 1 <= port <= 65535:
         raise UsageError("--rdzv-endpoint", f"{text!r}: port {port} is not from 1 to 65535", hint)
     return host, port

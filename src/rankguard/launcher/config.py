@@ -40,8 +40,12 @@ class RendezvousConfig:
 
     @property
     def endpoint(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}"
+        return endpoint(self.host, self.port)
+
+
+def endpoint(host: str, port: int) -> str:
+    """``HOST:PORT`` (``[IPv6]:PORT``), for messages. Pure."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 @dataclass(frozen=True)

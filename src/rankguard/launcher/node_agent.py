@@ -37,13 +37,13 @@ from ..errors import RendezvousError, UsageError, first_line
 from ..ledger import OP_CODES, RankProgress
 from ..store_calls import StoreStalled, within
 from .agent import TICK_S, Launcher, _Attempt
-from .config import RunConfig
+from .config import RunConfig, endpoint
 from .monitor import Verdict
 from .node_beats import NodeBeats, Silence
 from .outcome import Fault
 from .ranks import Layout
-from .rendezvous import (Rendezvous, RendezvousClosed, agents_namespace, connect,
-                         round_namespace)
+from .rendezvous import (JobStore, Rendezvous, RendezvousClosed, Round, agents_namespace,
+                         connect, round_namespace)
 from .remote_progress import RemoteProgress
 from .round_end import RoundChannel, RoundEnd
 from .summary import AttemptReport
@@ -90,13 +90,17 @@ class NodeAgent(Launcher):
     """One node's agent; ``run()`` returns its exit code (the same on every node for the
     job's outcome)."""
 
-    def __init__(self, config: RunConfig, store: Any, hosting: bool) -> None:
+    def __init__(self, config: RunConfig, job: JobStore) -> None:
         super().__init__(config, None)
         assert config.rendezvous is not None
         self._rdzv_cfg = config.rendezvous
-        self._store = store  # the job's store: the launcher hosts no other
-        self._hosting = hosting
-        self._rdzv = Rendezvous(config.rendezvous, config.run_id, store)
+        self._job = job
+        self._store = job.store  # the job's store: the launcher hosts no other
+        self._hosting = job.hosting  # hosts the store the others read last (c10d: the job's)
+        self._rdzv = Rendezvous(config.rendezvous, config.run_id, job)
+        self._round_store = job.store  # the round's traffic: the job's store, or node 0's
+        self._round_addr = (config.rendezvous.host, config.rendezvous.port)
+        self._round_host_lost = False  # the round's store host (etcd-v2: node 0) is lost
         self._channel: RoundChannel | None = None
         self._beats: NodeBeats | None = None
         self._store_lost = False  # a store that failed or went silent is not asked again
@@ -171,6 +175,7 @@ class NodeAgent(Launcher):
         finally:
             self._in_rendezvous = False
         self._group_rank, self._group_world = joined.group_rank, joined.group_world
+        self._use_round_store(joined)
         self._local_ranks = set(range(joined.base, joined.base + self.config.nproc))
         self._journal.context(round=joined.number)
         self._journal.write("rendezvous", attempt=attempt, group_rank=joined.group_rank,
@@ -180,15 +185,16 @@ class NodeAgent(Launcher):
         self._say(f"rankguard: round {joined.number}: node {joined.group_rank} of "
                   f"{joined.group_world}, ranks {joined.base} to {last} of {joined.world}")
         self._channel = RoundChannel(
-            self._store, self._connect, agents_namespace(self.config.run_id, joined.number),
-            joined.group_world, cfg.endpoint, self._poke, cfg.read_timeout)
+            self._round_store, self._connect, agents_namespace(self.config.run_id, joined.number),
+            joined.group_world, self._store_name, self._poke, cfg.read_timeout)
         self._remote = RemoteProgress(joined.world, self._local_ranks)
         self._beats = NodeBeats(self._connect, agents_namespace(self.config.run_id, joined.number),
                                 joined.group_rank, joined.group_world,
                                 self._beat_period,
                                 cfg.local_addr or socket.gethostname(),
                                 lambda: self._progress)
-        return Layout(cfg.host, cfg.port, round_namespace(self.config.run_id, joined.number),
+        return Layout(joined.store_host, joined.store_port,
+                      round_namespace(self.config.run_id, joined.number),
                       joined.world, joined.base, joined.group_rank, joined.group_world,
                       joined.number)
 
@@ -199,6 +205,8 @@ class NodeAgent(Launcher):
         if end.ok or end.node == self._group_rank:
             return None
         self._outside = end.fault(now)
+        if end.kind == "store_lost" and end.node < 0:  # the watcher lost the round's store
+            self._outside = self._store_fault(self._outside.at, self._outside.detail)
         return self._outside
 
     def _silent_fault(self, now: float) -> Fault | None:
@@ -214,15 +222,15 @@ class NodeAgent(Launcher):
     def _lost(self, quiet: Silence, now: float) -> Fault:
         """End the round with the silent node (or the store) named; the fault that stands."""
         assert self._channel is not None
-        text = quiet.describe(self._rdzv_cfg.endpoint)
+        text = quiet.describe(self._store_name)
         if quiet.node is None:
-            self._outside = Fault("store_lost", now - quiet.silent_s, None, text)
+            self._outside = self._store_fault(now - quiet.silent_s, text)
             return self._outside
         ours = RoundEnd(False, self._group_rank, "node_lost", None, text)
         try:
             standing = self._channel.publish(ours)
         except RuntimeError as exc:
-            self._outside = Fault("store_lost", now, None, self._store_failure(exc))
+            self._outside = self._store_fault(now, self._store_failure(exc))
             return self._outside
         self._outside = (Fault("node_lost", now - quiet.silent_s, None, text)
                          if standing is ours else standing.fault(now))
@@ -280,7 +288,7 @@ class NodeAgent(Launcher):
         try:
             self._settle_with(channel, result)
         except RuntimeError as exc:  # the store failed under a request of ours
-            result.fault = Fault("store_lost", time.monotonic(), None, self._store_failure(exc))
+            result.fault = self._store_fault(time.monotonic(), self._store_failure(exc))
             self._say(f"rankguard: {result.fault.describe()}")
         if result.fault is not None and result.fault.kind == "store_lost":
             self._store_lost = True
@@ -326,8 +334,9 @@ class NodeAgent(Launcher):
     def _close_round(self) -> None:
         if self._channel is not None:
             end = self._channel.end
-            if end is not None and end.kind == "node_lost":
+            if (end is not None and end.kind == "node_lost") or self._round_host_lost:
                 self._lost_nodes += 1  # it will never leave the job
+            self._round_host_lost = False
             self._channel.close()
             self._channel = None
         if self._beats is not None:
@@ -373,8 +382,43 @@ class NodeAgent(Launcher):
                           f"{cfg.close_timeout} s; closing the store at {cfg.endpoint} anyway")
 
     def _store_failure(self, exc: Exception) -> str:
-        """What a store request that failed says: the job's store is gone."""
-        return f"lost the job's store at {self._rdzv_cfg.endpoint}: {first_line(exc)}"
+        """What a store request that failed says: the round's store is gone."""
+        return f"lost {self._store_name}: {first_line(exc)}"
+
+    def _store_fault(self, at: float, detail: str) -> Fault:
+        """The round's store failed or went silent. With c10d it is the job's: the job ends
+        (``store_lost``). With etcd-v2 it is node 0's: that node is lost (``node_lost``), and
+        the next round forms through etcd without it."""
+        if not self._job.round_stores:
+            return Fault("store_lost", at, None, detail)
+        self._round_host_lost = True
+        return Fault("node_lost", at, None, f"node 0 of the round, which hosts its store, is "
+                     f"lost: {detail}")
+
+    def _use_round_store(self, joined: Round) -> None:
+        """The round's store, with etcd-v2: node 0 hosts it, the others are its clients.
+
+        Raises:
+            RendezvousError: it did not answer (node 0 was lost as the round formed).
+        """
+        if not self._job.round_stores:
+            return
+        self._round_addr = (joined.store_host, joined.store_port)
+        self._hosting = joined.store is not None
+        try:
+            self._round_store = joined.store if self._hosting else self._connect()
+        except RuntimeError as exc:
+            raise RendezvousError(joined.store_endpoint, f"node 0 of round {joined.number} "
+                                  f"did not answer at {joined.store_endpoint}: "
+                                  f"{first_line(exc)}") from None
+
+    @property
+    def _store_name(self) -> str:
+        """The round's store, for messages."""
+        where = endpoint(*self._round_addr)
+        if self._job.round_stores:
+            return f"the round's store at {where} (hosted by node 0)"
+        return f"the job's store at {where}"
 
     @property
     def _agents_key(self) -> str:
@@ -384,12 +428,12 @@ class NodeAgent(Launcher):
     # -- plumbing ------------------------------------------------------------------------------
 
     def _connect(self) -> Any:
-        """Another client of the job's store (the round watcher's)."""
+        """Another client of the round's store (the round watcher's, the beats')."""
         from torch.distributed import TCPStore
 
-        cfg = self._rdzv_cfg
-        return TCPStore(cfg.host, cfg.port, is_master=False,
-                        timeout=timedelta(seconds=cfg.read_timeout))
+        host, port = self._round_addr
+        return TCPStore(host, port, is_master=False,
+                        timeout=timedelta(seconds=self._rdzv_cfg.read_timeout))
 
     def _poke(self) -> None:
         """Wake the attempt's event loop (from the watcher's thread)."""
@@ -412,8 +456,8 @@ def main(config: RunConfig) -> int:
     store cannot be reached or hosted)."""
     assert config.rendezvous is not None
     try:
-        store, hosting = connect(config.rendezvous)
+        job = connect(config.rendezvous, config.run_id)
     except UsageError as exc:
         print(f"rankguard run: error: {exc}", file=sys.stderr)
         return 2
-    return NodeAgent(config, store, hosting).run()
+    return NodeAgent(config, job).run()

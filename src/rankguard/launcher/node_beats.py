@@ -46,9 +46,10 @@ class Silence:
     silent_s: float
     host: str = ""  # the silent node's host, as its last beat gave it
 
-    def describe(self, endpoint: str) -> str:
+    def describe(self, store_name: str) -> str:
+        """In words; ``store_name``: the store, as ``the job's store at HOST:PORT``."""
         if self.node is None:
-            return (f"the job's store at {endpoint} has not answered for {self.silent_s:.1f} s "
+            return (f"{store_name} has not answered for {self.silent_s:.1f} s "
                     "(its node froze, or the network to it is down)")
         where = f" (host {self.host})" if self.host else ""
         return (f"node {self.node}{where} has published no progress for {self.silent_s:.1f} s: "

@@ -1,23 +1,33 @@
-"""Meeting the other nodes of a run: torch's own dynamic rendezvous on the c10d backend.
+"""Meeting the other nodes of a run: torch's own dynamic rendezvous, on the c10d or etcd-v2
+backend.
 
 Each node runs one agent (``rankguard run --nnodes ...``). The agents meet in rounds of torch's
 ``DynamicRendezvousHandler`` (``torch.distributed.elastic.rendezvous``), whose state lives in
-the job's store through torch's ``C10dRendezvousBackend``: the same handler, backend and round
-rules as torchrun (min/max nodes, last call, keep-alive heartbeats), not a protocol of ours.
+the job's store through torch's ``C10dRendezvousBackend`` or ``EtcdRendezvousBackend``: the same
+handler, backends and round rules as torchrun (min/max nodes, last call, keep-alive
+heartbeats), not a protocol of ours.
 
-**The job's store** is one TCPStore at ``--rdzv-endpoint``, hosted by the agent that can bind
-that address (the first one on the endpoint's machine, or the one given ``--rdzv-conf
-is_host=1``), bound on that address only (``store_server``); the other agents, and every rank
-of every node, are its clients. It holds torch's rendezvous state, the agents' round keys
-(``round_end``) and the ranks' keys, each round under its own prefix (:func:`round_namespace`).
-It is the job's single point of failure: when its agent is gone, the others end (bounded), see
-``round_end``.
+**The job's store** (:func:`connect`) holds torch's rendezvous state and the job-wide keys (the
+agents' count, the rounds' numbers, the job's end).
+
+- ``c10d``: one TCPStore at ``--rdzv-endpoint``, hosted by the agent that can bind that address
+  (the first one on the endpoint's machine, or the one given ``--rdzv-conf is_host=1``), bound
+  on that address only (``store_server``); the other agents, and every rank of every node, are
+  its clients. It also carries every round's traffic (``round_end``, ``node_beats``, the ranks'
+  keys). It is the job's single point of failure: when its agent is gone, the others end
+  (bounded), see ``round_end``.
+- ``etcd-v2``: an etcd server outside the nodes (``etcd_store``). Each round's traffic goes to a
+  store hosted by that round's node 0 (``round_store``): losing any node ends a round, not the
+  job.
+
+Each round's keys live under its own prefix (:func:`round_namespace`).
 
 **A round** (:meth:`Rendezvous.next_round`): torch's handler admits this node and gives it
-its node rank; then the agents agree, through the round's own prefix of the store, on each
-node's first global rank (a sum of the ``--nproc-per-node`` of the nodes before it, as torchrun
-assigns them) and on the round's number, drawn by node 0 from a job-wide counter: every agent
-and every rank of the round sees the same number, and no two rounds have the same one.
+its node rank; then the agents agree, through the round's own prefix of the job's store, on
+each node's first global rank (a sum of the ``--nproc-per-node`` of the nodes before it, as
+torchrun assigns them), on the round's number, drawn by node 0 from a job-wide counter (every
+agent and every rank of the round sees the same number, and no two rounds have the same one),
+and on the round's store.
 
 Every wait is bounded: joining by ``join_timeout`` (torch's own deadline, then ours for the
 agreement), a store request by ``read_timeout``.
@@ -36,7 +46,8 @@ from typing import Any, Callable, Sequence, TypeVar
 from .. import sealed, store_server
 from ..deadline import Deadline
 from ..errors import RendezvousError, UsageError, first_line
-from .config import RendezvousConfig
+from . import round_store
+from .config import RendezvousConfig, endpoint
 
 _NO_SECOND_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 _CONNECT_S = 1.0  # the most one connection attempt to the endpoint may take
@@ -62,6 +73,23 @@ class Round:
     group_world: int  # nodes in the round
     base: int  # the global rank of this node's local rank 0
     world: int  # ranks of every node
+    store_host: str  # the round's store (the ranks' MASTER_ADDR): the job's, or node 0's
+    store_port: int
+    store: Any = None  # the round's store, when this node hosts it (etcd-v2, node 0)
+
+    @property
+    def store_endpoint(self) -> str:
+        return endpoint(self.store_host, self.store_port)
+
+
+@dataclass(frozen=True)
+class JobStore:
+    """The job's store (see the module's docstring), as :func:`connect` opened it."""
+
+    store: Any  # a TCPStore (c10d), or ``etcd_store.EtcdJobStore``
+    backend: Any  # torch's rendezvous backend on it
+    hosting: bool  # this agent hosts it (c10d)
+    round_stores: bool  # each round has a store of its own, hosted by its node 0 (etcd-v2)
 
 
 def assign(nprocs: Sequence[int]) -> list[tuple[int, int]]:
@@ -75,16 +103,41 @@ def assign(nprocs: Sequence[int]) -> list[tuple[int, int]]:
     return bases
 
 
-def connect(cfg: RendezvousConfig) -> tuple[Any, bool]:
-    """The job's store: hosted here when the endpoint can be bound here (or ``is_host=1``),
-    else a client of the agent that hosts it; returns ``(store, hosting)``. A client waits up
-    to ``join_timeout`` for the endpoint to accept connections (its agent may start later).
+def connect(cfg: RendezvousConfig, run_id: str) -> JobStore:
+    """The job's store and torch's rendezvous backend on it.
+
+    ``c10d``: hosted here when the endpoint can be bound here (or ``is_host=1``), else a client
+    of the agent that hosts it. ``etcd-v2``: a client of the etcd server. A client waits up to
+    ``join_timeout`` for the endpoint to accept connections (its agent may start later).
 
     Raises:
         UsageError: ``is_host=1`` and the endpoint cannot be bound here; nothing accepted a
             connection at the endpoint within ``join_timeout``, or no store answered there
-            (naming the endpoint and the timeout).
+            (naming the endpoint and the timeout); etcd-v2 without the ``python-etcd`` package.
     """
+    if cfg.backend == "etcd-v2":
+        return _connect_etcd(cfg, run_id)
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
+        C10dRendezvousBackend)
+
+    store, hosting = _connect_c10d(cfg)
+    return JobStore(store, C10dRendezvousBackend(store, run_id), hosting, False)
+
+
+def _connect_etcd(cfg: RendezvousConfig, run_id: str) -> JobStore:
+    try:
+        from . import etcd_store
+    except ImportError as exc:
+        if exc.name != "etcd":
+            raise
+        raise UsageError("--rdzv-backend", "etcd-v2 needs the python-etcd package, which is not "
+                         "installed", "pip install 'rankguard[etcd]' (or python-etcd)") from None
+    _await_listener(cfg, Deadline.after(cfg.join_timeout))
+    backend, store = etcd_store.open_etcd(cfg, run_id)
+    return JobStore(store, backend, False, True)
+
+
+def _connect_c10d(cfg: RendezvousConfig) -> tuple[Any, bool]:
     if cfg.is_host is not False:
         sock = _bind(cfg)
         if sock is not None:
@@ -139,21 +192,38 @@ def _await_listener(cfg: RendezvousConfig, until: Deadline) -> None:
 
 
 _NPROC_KEY = "rankguard/nproc/{}"  # in the round's own prefix: a node's ranks
-_PLAN_KEY = "rankguard/plan"  # the round's number and every node's ranks, from node 0
+_PLAN_KEY = "rankguard/plan"
+_REFUSED = "refused"  # node 0's plan when it cannot make one (unsealed: every node reads it)  # the round's number and every node's ranks, from node 0
 T = TypeVar("T")
 
 
-def _plan(payload: str) -> tuple[int, list[int]]:
-    """The round's number and each node's ranks, from a plan's payload. Pure.
+@dataclass(frozen=True)
+class _Plan:
+    """What node 0 decides for a round: its number, each node's ranks, the round's store
+    (None: the job's)."""
 
-    Raises:
-        ValueError, TypeError, KeyError: it is not a plan.
-    """
-    fields = json.loads(payload)
-    counts = [int(count) for count in fields["nproc"]]
-    if any(count < 1 for count in counts):
-        raise ValueError(f"node ranks {counts}")
-    return int(fields["round"]), counts
+    number: int
+    counts: list[int]
+    store: tuple[str, int] | None
+
+    def encode(self) -> str:
+        return json.dumps({"round": self.number, "nproc": self.counts,
+                           "store": list(self.store) if self.store else None})
+
+    @classmethod
+    def decode(cls, payload: str) -> "_Plan":
+        """The plan in ``payload``. Pure.
+
+        Raises:
+            ValueError, TypeError, KeyError: it is not a plan.
+        """
+        fields = json.loads(payload)
+        counts = [int(count) for count in fields["nproc"]]
+        if any(count < 1 for count in counts):
+            raise ValueError(f"node ranks {counts}")
+        store = fields.get("store")
+        where = (str(store[0]), int(store[1])) if store else None
+        return cls(int(fields["round"]), counts, where)
 
 
 class RendezvousClosed(RendezvousError):
@@ -169,24 +239,24 @@ KEEP_ALIVE_DEFAULTS = {"keep_alive_interval": "1", "keep_alive_max_attempt": "3"
 class Rendezvous:
     """This node's side of the job's rendezvous (one per agent, for every round)."""
 
-    def __init__(self, cfg: RendezvousConfig, run_id: str, store: Any) -> None:
+    def __init__(self, cfg: RendezvousConfig, run_id: str, job: JobStore) -> None:
         from torch.distributed.elastic.rendezvous import RendezvousParameters
-        from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
-            C10dRendezvousBackend)
         from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
         self._cfg = cfg
         self._run_id = run_id
-        self._store = store
+        self._job = job
+        self._store = job.store
+        self._hosted: list[Any] = []  # the round stores this node hosts: the last two
         # torch's handler would otherwise start a second TCPStore on node 0 for the ranks,
         # listening on every interface; the ranks use the job's store (MASTER_ADDR/PORT are the
         # endpoint), so it would serve no one. Read by the handler at each round.
         os.environ[_NO_SECOND_STORE] = "1"
         params = RendezvousParameters(
-            "c10d", cfg.endpoint, run_id, cfg.min_nodes, cfg.max_nodes, cfg.local_addr,
+            cfg.backend, cfg.endpoint, run_id, cfg.min_nodes, cfg.max_nodes, cfg.local_addr,
             join_timeout=str(cfg.join_timeout), last_call_timeout=str(cfg.last_call_timeout),
             close_timeout=str(cfg.close_timeout), **{**KEEP_ALIVE_DEFAULTS, **dict(cfg.extra)})
-        self._handler = create_handler(store, C10dRendezvousBackend(store, run_id), params)
+        self._handler = create_handler(job.store, job.backend, params)
 
     def next_round(self, nproc: int) -> Round:
         """Join the next round with ``nproc`` local ranks; returns it once every node of it
@@ -230,8 +300,9 @@ class Rendezvous:
 
     def _agree(self, store: Any, group_rank: int, group_world: int, nproc: int) -> Round:
         """Through the round's own prefix of the store (``store``, torch's): every node's
-        ``nproc`` in, node 0 writes the plan (round number, bases), every node reads it. Each
-        value is sealed with the job's secret when the nodes share one (see ``sealed``).
+        ``nproc`` in, node 0 writes the plan (round number, bases, and with etcd-v2 the round's
+        store, which it hosts), every node reads it. Each value is sealed with the job's secret
+        when the nodes share one (see ``sealed``).
 
         Raises:
             RendezvousError: a value is not one of this job's (no seal, or not readable).
@@ -245,20 +316,40 @@ class Rendezvous:
             try:
                 counts = [self._open(key, value, int) for key, value in
                           zip(keys, store.multi_get(keys))]
+                where = self._host_round_store() if self._job.round_stores else None
             except RendezvousError:
-                store.set(_PLAN_KEY, "refused")  # unsealed: the others stop at it, not later
+                store.set(_PLAN_KEY, _REFUSED)  # the others stop at it, not at join_timeout
                 raise
             number = self._store.add(f"/rankguard/{self._run_id}/rounds", 1) - 1
-            store.set(_PLAN_KEY, sealed.seal(_PLAN_KEY, json.dumps({"round": number,
-                                                                   "nproc": counts})))
+            store.set(_PLAN_KEY, sealed.seal(_PLAN_KEY, _Plan(number, counts, where).encode()))
         store.wait([_PLAN_KEY], limit)
-        number, counts = self._open(_PLAN_KEY, store.get(_PLAN_KEY), _plan)
-        if len(counts) != group_world:
-            raise self._foreign(_PLAN_KEY, f"{len(counts)} nodes, not {group_world}")
-        base, world = assign(counts)[group_rank]
-        return Round(number, group_rank, group_world, base, world)
+        plan = self._open(_PLAN_KEY, store.get(_PLAN_KEY), _Plan.decode)
+        if len(plan.counts) != group_world:
+            raise self._foreign(_PLAN_KEY, f"{len(plan.counts)} nodes, not {group_world}")
+        if (plan.store is None) == self._job.round_stores:
+            raise self._foreign(_PLAN_KEY, "another backend's plan")
+        base, world = assign(plan.counts)[group_rank]
+        host, port = plan.store or (self._cfg.host, self._cfg.port)
+        hosted = self._hosted[-1] if group_rank == 0 and plan.store else None
+        return Round(plan.number, group_rank, group_world, base, world, host, port, hosted)
+
+    def _host_round_store(self) -> tuple[str, int]:
+        """Host the next round's store here; keep the previous one until that round formed
+        (a node may still read the previous round's end from it)."""
+        try:
+            store, host, port = round_store.host_round_store(self._cfg)
+        except UsageError as exc:
+            raise RendezvousError(self._cfg.endpoint, f"this node (node 0 of the round) cannot "
+                                  f"host the round's store: {exc}") from None
+        self._hosted = self._hosted[-1:] + [store]
+        return host, port
 
     def _open(self, key: str, value: bytes, parse: Callable[[str], T]) -> T:
+        if value == _REFUSED.encode():
+            raise RendezvousError(self._cfg.endpoint, "node 0 of the round refused it, its log "
+                                  "says why: the nodes must share RANKGUARD_SECRET (set it "
+                                  "alike on every node, or on none), and node 0 must be able "
+                                  "to host the round's store (etcd-v2)")
         payload = sealed.unseal(key, value)
         if payload is None:
             raise self._foreign(key, "without this job's seal")

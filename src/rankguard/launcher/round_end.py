@@ -99,14 +99,14 @@ class RoundChannel:
         connect: makes another client of the job's store, for the watcher.
         prefix: the round's agents' prefix (``rendezvous.agents_namespace``).
         nodes: how many nodes the round has.
-        endpoint: ``HOST:PORT`` of the store, for messages.
+        store_name: the store, for messages (``the job's store at HOST:PORT``).
         wake: called (from the watcher's thread) when the end is known.
         request_s: the most one of the agent's requests may take.
     """
 
     def __init__(self, store: Any, connect: Callable[[], Any], prefix: str, nodes: int,
-                 endpoint: str, wake: Callable[[], None], request_s: float) -> None:
-        self._endpoint = endpoint
+                 store_name: str, wake: Callable[[], None], request_s: float) -> None:
+        self._store_name = store_name
         self._store = store
         self._request_s = request_s
         self._connect = connect
@@ -166,8 +166,7 @@ class RoundChannel:
         return RoundEnd.decode(payload)
 
     def _request(self, what: str, call: Callable[[], Any]) -> Any:
-        return within(Deadline.after(self._request_s), f"{what} in the job's store at "
-                      f"{self._endpoint}", call)
+        return within(Deadline.after(self._request_s), f"{what} in {self._store_name}", call)
 
     def wait(self, until: Deadline) -> RoundEnd | None:
         """The round's end, waiting for it until ``until`` (or :meth:`interrupt`)."""
@@ -202,5 +201,5 @@ class RoundChannel:
         except RuntimeError as exc:  # the store's connection failed: its host is gone
             if not self._closed and self._end is None:
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-                self._learn(RoundEnd(False, -1, "store_lost", None, "lost the job's store at "
-                                     f"{self._endpoint} (its node's agent is gone?): {first}"))
+                self._learn(RoundEnd(False, -1, "store_lost", None, f"lost {self._store_name} "
+                                     f"(its node's agent is gone?): {first}"))
