@@ -131,7 +131,7 @@ class Launcher:
                 if last_fault is not None and attempt_result.first_step_at is not None:
                     restart_s.append(attempt_result.first_step_at - last_fault.at)
                 last_fault = attempt_result.fault
-                if last_fault is None or last_fault.kind in FINAL_KINDS:
+                if last_fault is None or self._final(last_fault):
                     break
         finally:
             if self._spares is not None:
@@ -278,6 +278,10 @@ class Launcher:
         for member in ranks.live():
             _ledger.post_notice(member.ledger_path, kind,
                                 member.rank if member.rank in culprits else first)
+
+    def _final(self, fault: Fault) -> bool:
+        """Whether no restart is tried after ``fault`` (see ``outcome.FINAL_KINDS``)."""
+        return fault.kind in FINAL_KINDS
 
     def _prepare_spares(self, attempt: int) -> None:
         """Once an attempt has started well, get spares ready for its restart, if any remains."""

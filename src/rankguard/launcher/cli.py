@@ -36,15 +36,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="nodes of the job: N, or MIN:MAX (default 1: this node alone; more "
                    "needs --rdzv-backend c10d or etcd-v2, and --rdzv-endpoint)")
     p.add_argument("--node-rank", "--node_rank", dest="node_rank", default="0",
-                   help="only 0 is supported for now (c10d assigns node ranks itself)")
+                   help="this node's rank, from 0, with --rdzv-backend static (c10d and "
+                   "etcd-v2 number the nodes themselves)")
     p.add_argument("--rdzv-backend", "--rdzv_backend", dest="rdzv_backend", default="static",
-                   help="how the nodes meet: c10d (torch's dynamic rendezvous on a TCPStore "
-                   "hosted by the agent at --rdzv-endpoint) or etcd-v2 (the same on an etcd "
-                   "server at --rdzv-endpoint, which outlives every node); static is not "
-                   "supported yet")
+                   help="how the nodes meet: static (the default, as torchrun's: fixed "
+                   "--nnodes N and --node-rank, node 0 hosts the store at --master-addr/"
+                   "--master-port), c10d (torch's dynamic rendezvous on a TCPStore hosted by "
+                   "the agent at --rdzv-endpoint) or etcd-v2 (the same on an etcd server at "
+                   "--rdzv-endpoint, which outlives every node)")
     p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv_endpoint", default="",
                    help="HOST:PORT of the job's store (several nodes): the c10d store's agent "
-                   "(default port 29400) or the etcd server (default port 2379)")
+                   "(default port 29400) or the etcd server (default port 2379); static: "
+                   "node 0's, instead of --master-addr/--master-port")
     p.add_argument("--rdzv-conf", "--rdzv_conf", dest="rdzv_conf", default="",
                    help="k=v,... for torch's rendezvous: join_timeout (default 600), "
                    "last_call_timeout (30), close_timeout (30), read_timeout (60), "
@@ -55,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-restarts", "--max_restarts", dest="max_restarts", default="0",
                    help="restart the whole group up to this many times after a fault (default 0)")
     p.add_argument("--master-addr", "--master_addr", dest="master_addr", default="127.0.0.1",
-                   help="address of the job's store, hosted by this launcher (default 127.0.0.1)")
+                   help="address of the job's store, hosted by this launcher (default "
+                   "127.0.0.1); with several static nodes, node 0's")
     p.add_argument("--master-port", "--master_port", dest="master_port",
                    default=str(_config.DEFAULT_MASTER_PORT),
                    help="port of the job's store (default 29500; 0: any free port)")
@@ -182,18 +186,26 @@ def parse(argv: list[str]) -> _config.RunConfig:
     """
     ns = build_parser().parse_args(argv)
     min_nodes, max_nodes = _nnodes(ns.nnodes)
-    if ns.node_rank != "0":
-        raise UsageError("--node-rank", f"{ns.node_rank!r}: only node 0 exists in a "
-                         "single-node run, and c10d numbers the nodes itself",
-                         "leave --node-rank out")
-    rendezvous = None if max_nodes == 1 else _rendezvous(ns, min_nodes, max_nodes)
-    nproc = _nproc(ns.nproc)
-    max_restarts = int(number("--max-restarts", ns.max_restarts, int, 0, "e.g. --max-restarts 3"))
+    node_rank = int(number("--node-rank", ns.node_rank, int, 0, "e.g. --node-rank 0"))
     port = int(number("--master-port", ns.master_port, int, 0, "use a port from 1 to 65535"))
     if port > 65535:
         raise UsageError("--master-port", f"{port} is above 65535", "use a port from 1 to 65535")
     if ns.standalone:
         port = 0
+    if not ns.master_addr.strip():
+        raise UsageError("--master-addr", "is empty", "e.g. --master-addr 127.0.0.1")
+    if node_rank and (max_nodes == 1 or ns.rdzv_backend != "static"):
+        raise UsageError("--node-rank", f"{node_rank} is only for several nodes with "
+                         "--rdzv-backend static: one node is node 0, and c10d and etcd-v2 "
+                         "number the nodes themselves", "leave --node-rank out")
+    if ns.local_addr is not None and not ns.local_addr.strip():
+        raise UsageError("--local-addr", "is empty", "give this node's address, or leave it out")
+    rendezvous = None
+    if max_nodes > 1:
+        rendezvous = (_static(ns, min_nodes, max_nodes, node_rank, port)
+                      if ns.rdzv_backend == "static" else _rendezvous(ns, min_nodes, max_nodes))
+    nproc = _nproc(ns.nproc)
+    max_restarts = int(number("--max-restarts", ns.max_restarts, int, 0, "e.g. --max-restarts 3"))
     hang = number("--hang-timeout", ns.hang_timeout, float, 0.1, "e.g. --hang-timeout 10")
     straggler = number("--straggler-timeout", ns.straggler_timeout, float, 0.1,
                         "e.g. --straggler-timeout 300")
@@ -216,8 +228,8 @@ def parse(argv: list[str]) -> _config.RunConfig:
                              f"the run has attempts 0 to {max_restarts}",
                              "raise --max-restarts, or pick an attempt that will run")
     _check_script(ns.module, ns.script)
-    if not ns.master_addr.strip():
-        raise UsageError("--master-addr", "is empty", "e.g. --master-addr 127.0.0.1")
+    if rendezvous is not None and rendezvous.backend == "static" and ns.run_id is None:
+        ns.run_id = f"static-{rendezvous.port}"  # torchrun needs none there: one job per store
     if rendezvous is not None and ns.run_id is None:
         raise UsageError("--rdzv-id", "is needed with several nodes: every agent of the job "
                          "gives the same one", "e.g. --rdzv-id job42")
@@ -267,21 +279,65 @@ def _rendezvous(ns: argparse.Namespace, min_nodes: int,
             ``--rdzv-conf`` key or value.
     """
     backend = ns.rdzv_backend
-    if backend == "static":
-        raise UsageError("--rdzv-backend", f"{backend!r} is not supported yet with several "
-                         "nodes", "use --rdzv-backend c10d --rdzv-endpoint HOST:PORT")
     if backend == "etcd":
         raise UsageError("--rdzv-backend", "'etcd' is torch's older etcd rendezvous, which "
                          "rankguard does not run", "use --rdzv-backend etcd-v2 (the same etcd "
                          "server, with torch's dynamic rendezvous)")
     if backend not in ("c10d", "etcd-v2"):
         raise UsageError("--rdzv-backend", f"unknown backend {backend!r}",
-                         "use --rdzv-backend c10d or etcd-v2")
+                         "use --rdzv-backend static, c10d or etcd-v2")
     host, port = _endpoint(ns.rdzv_endpoint, _DEFAULT_PORTS[backend])
-    passed_on = _PASSED_ON + (_ETCD_ONLY if backend == "etcd-v2" else ())
+    values, extra = _conf(ns.rdzv_conf, backend)
+    return _config.RendezvousConfig(min_nodes=min_nodes, max_nodes=max_nodes, host=host,
+                                    port=port, backend=backend, local_addr=ns.local_addr,
+                                    extra=tuple(extra), **values)  # type: ignore[arg-type]
+
+
+def _static(ns: argparse.Namespace, min_nodes: int, max_nodes: int, node_rank: int,
+            master_port: int) -> _config.RendezvousConfig:
+    """The settings of a static rendezvous (torchrun's default with several nodes): a fixed
+    number of nodes, each given its rank; node 0 hosts the job's store at ``--rdzv-endpoint``,
+    or else at ``--master-addr:--master-port``.
+
+    Raises:
+        UsageError: a range of nodes, a node rank out of range, no port for the store, a bad
+            ``--rdzv-conf``.
+    """
+    if min_nodes != max_nodes:
+        raise UsageError("--nnodes", f"{ns.nnodes!r}: --rdzv-backend static needs a fixed "
+                         "number of nodes", "give --nnodes N, or use --rdzv-backend c10d for "
+                         "a range")
+    if node_rank >= max_nodes:
+        raise UsageError("--node-rank", f"{node_rank} is not below --nnodes {max_nodes}",
+                         f"give each node a rank from 0 to {max_nodes - 1}")
+    if ns.rdzv_endpoint:
+        host, port = _endpoint(ns.rdzv_endpoint, _config.DEFAULT_MASTER_PORT)
+    elif master_port == 0:
+        raise UsageError("--master-port", "0 (or --standalone) cannot be found by the other "
+                         "nodes", "give node 0's port, e.g. --master-port 29500")
+    else:
+        host, port = ns.master_addr, master_port
+    values, _ = _conf(ns.rdzv_conf, "static")
+    return _config.RendezvousConfig(
+        min_nodes=max_nodes, max_nodes=max_nodes, host=host, port=port, backend="static",
+        is_host=node_rank == 0, local_addr=ns.local_addr, node_rank=node_rank,
+        **values)  # type: ignore[arg-type]
+
+
+def _conf(text: str, backend: str) -> tuple[dict[str, object], list[tuple[str, str]]]:
+    """``--rdzv-conf k=v,...`` for ``backend``: (the settings this launcher reads, the ones
+    passed on to torch).
+
+    Raises:
+        UsageError: not KEY=VALUE, an unknown key for the backend, a bad value.
+    """
+    if backend == "static":
+        passed_on: tuple[str, ...] = ()
+    else:
+        passed_on = _PASSED_ON + (_ETCD_ONLY if backend == "etcd-v2" else ())
     values: dict[str, object] = {}
     extra = []
-    for item in filter(None, ns.rdzv_conf.split(",")):
+    for item in filter(None, text.split(",")):
         key, eq, value = item.partition("=")
         key = key.strip()
         if not eq or not key:
@@ -304,11 +360,7 @@ def _rendezvous(ns: argparse.Namespace, min_nodes: int,
             known = _TIMEOUTS + (("is_host",) if backend == "c10d" else ()) + passed_on
             raise UsageError("--rdzv-conf", f"unknown key {key!r} for --rdzv-backend "
                              f"{backend}", "known keys: " + ", ".join(known))
-    if ns.local_addr is not None and not ns.local_addr.strip():
-        raise UsageError("--local-addr", "is empty", "give this node's address, or leave it out")
-    return _config.RendezvousConfig(min_nodes=min_nodes, max_nodes=max_nodes, host=host,
-                                    port=port, backend=backend, local_addr=ns.local_addr,
-                                    extra=tuple(extra), **values)  # type: ignore[arg-type]
+    return values, extra
 
 
 _DEFAULT_PORTS = {"c10d": 29400, "etcd-v2": 2379}  # torch's, for an endpoint without one

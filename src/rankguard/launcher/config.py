@@ -20,7 +20,8 @@ DEFAULT_READ_TIMEOUT = 60
 
 @dataclass(frozen=True)
 class RendezvousConfig:
-    """How the agents of a multi-node run meet: torch's dynamic rendezvous on the c10d backend.
+    """How the agents of a multi-node run meet: torch's dynamic rendezvous on the c10d or
+    etcd-v2 backend, or a static rendezvous (fixed nodes, each given its rank).
 
     Times are whole seconds, as torch's rendezvous takes them (``--rdzv-conf``).
     """
@@ -37,6 +38,7 @@ class RendezvousConfig:
     is_host: bool | None = None  # host the store here (None: when the endpoint can be bound here)
     local_addr: str | None = None  # this node's address in the rendezvous (torch: its FQDN)
     extra: tuple[tuple[str, str], ...] = ()  # other --rdzv-conf keys, passed on to torch
+    node_rank: int | None = None  # static: this node's rank (the others number nodes themselves)
 
     @property
     def endpoint(self) -> str:

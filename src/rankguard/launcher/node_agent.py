@@ -140,6 +140,13 @@ class NodeAgent(Launcher):
             result.report = AttemptReport(attempt, [], fault.describe())
             return result
 
+    def _final(self, fault: Fault) -> bool:
+        """With a static rendezvous every node must be in every round: a node lost or gone
+        ends the job (its next round could never fill)."""
+        if self._rdzv_cfg.backend == "static" and fault.kind in ("node_lost", "node_left"):
+            return True
+        return super()._final(fault)
+
     def _count_in(self) -> None:
         try:
             self._store.add(self._agents_key, 1)

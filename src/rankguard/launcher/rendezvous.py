@@ -20,6 +20,11 @@ agents' count, the rounds' numbers, the job's end).
   store hosted by that round's node 0 (``round_store``): losing any node ends a round, not the
   job.
 
+- ``static`` (torchrun's default with several nodes): a fixed number of nodes, each given its
+  rank (``--node-rank``); node 0 hosts the job's store at ``--master-addr:--master-port`` (or
+  ``--rdzv-endpoint``), as with c10d but without torch's handler: every node takes part in every
+  round, so a node lost ends the job.
+
 Each round's keys live under its own prefix (:func:`round_namespace`).
 
 **A round** (:meth:`Rendezvous.next_round`): torch's handler admits this node and gives it
@@ -107,7 +112,7 @@ def connect(cfg: RendezvousConfig, run_id: str) -> JobStore:
     """The job's store and torch's rendezvous backend on it.
 
     ``c10d``: hosted here when the endpoint can be bound here (or ``is_host=1``), else a client
-    of the agent that hosts it. ``etcd-v2``: a client of the etcd server. A client waits up to
+    of the agent that hosts it; ``static``: the same, hosted by node 0. ``etcd-v2``: a client of the etcd server. A client waits up to
     ``join_timeout`` for the endpoint to accept connections (its agent may start later).
 
     Raises:
@@ -121,6 +126,8 @@ def connect(cfg: RendezvousConfig, run_id: str) -> JobStore:
         C10dRendezvousBackend)
 
     store, hosting = _connect_c10d(cfg)
+    if cfg.backend == "static":
+        return JobStore(store, None, hosting, False)
     return JobStore(store, C10dRendezvousBackend(store, run_id), hosting, False)
 
 
@@ -248,6 +255,10 @@ class Rendezvous:
         self._job = job
         self._store = job.store
         self._hosted: list[Any] = []  # the round stores this node hosts: the last two
+        self._handler: Any = None  # torch's; None: static (the nodes are given their ranks)
+        self._static_rounds = 0  # static: the rounds this node took part in
+        if cfg.backend == "static":
+            return
         # torch's handler would otherwise start a second TCPStore on node 0 for the ranks,
         # listening on every interface; the ranks use the job's store (MASTER_ADDR/PORT are the
         # endpoint), so it would serve no one. Read by the handler at each round.
@@ -273,6 +284,8 @@ class Rendezvous:
         from torch.distributed.elastic.rendezvous import RendezvousError as TorchRdzvError
 
         cfg = self._cfg
+        if self._handler is None:
+            return self._next_static_round(nproc)
         try:
             info = self._handler.next_rendezvous()
         except RendezvousConnectionError:
@@ -290,11 +303,29 @@ class Rendezvous:
             raise RendezvousError(cfg.endpoint, f"no rendezvous round of {wanted} nodes formed "
                                   f"at {cfg.endpoint} within join_timeout {cfg.join_timeout} s "
                                   f"({why})", cfg.join_timeout) from None
+        return self._agreed(info.store, info.rank, info.world_size, nproc)
+
+    def _next_static_round(self, nproc: int) -> Round:
+        """A static round: every node of the job, each with its given rank, meets under the
+        round's own prefix of the job's store. Every node takes part in every round (a fault
+        anywhere ends the round everywhere), so their counts of rounds agree."""
+        from torch.distributed import PrefixStore
+
+        cfg = self._cfg
+        assert cfg.node_rank is not None
+        prefix = f"/rankguard/{self._run_id}/static{self._static_rounds}/"
+        self._static_rounds += 1
+        return self._agreed(PrefixStore(prefix, self._store), cfg.node_rank, cfg.max_nodes,
+                            nproc)
+
+    def _agreed(self, store: Any, group_rank: int, group_world: int, nproc: int) -> Round:
+        """:meth:`_agree`, its store's failures as a RendezvousError."""
+        cfg = self._cfg
         try:
-            return self._agree(info.store, info.rank, info.world_size, nproc)
+            return self._agree(store, group_rank, group_world, nproc)
         except RuntimeError as exc:  # torch's DistStoreError / DistNetworkError
-            raise RendezvousError(cfg.endpoint, f"the nodes of the round did not agree on "
-                                  f"their ranks at {cfg.endpoint} within join_timeout "
+            raise RendezvousError(cfg.endpoint, f"the {group_world} nodes of the round did not "
+                                  f"agree on their ranks at {cfg.endpoint} within join_timeout "
                                   f"{cfg.join_timeout} s: {first_line(exc)}",
                                   cfg.join_timeout) from None
 
@@ -394,6 +425,8 @@ class Rendezvous:
     def shutdown(self) -> None:
         """Close the rendezvous (torch's ``shutdown``: no later round forms; bounded by
         ``close_timeout``); stop this node's keep-alive heartbeats. Never raises."""
+        if self._handler is None:
+            return  # static: no standby waits for a round
         try:
             self._handler.shutdown()
         except Exception:  # noqa: BLE001 (the store may be gone already: nothing to close)
