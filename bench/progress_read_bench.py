@@ -6,7 +6,8 @@ The store's server runs in a process of its own (as the store's host agent does 
 nodes). It is filled as a job of ``--nodes`` nodes of ``--ranks-per-node`` ranks would fill it:
 
 - rankguard: one beat per node (``launcher/node_beats.py``: its sequence number, host and its
-  ranks' ``[rank, entered, done, kind]``), read by each agent once per tick with one
+  ranks' ``[rank, entered, done, kind]``, and on a line of its own with every rank in two
+  sub-groups too, ``key, members, entered, done, kind`` each), read by each agent once per tick with one
   ``multi_get`` of every node's key, then taken in as its hang rules see them
   (``launcher/remote_progress.py``: every beat decoded, as when every node beat since;
   records for the hang rules are made only while some rank has waited a whole hang timeout,
@@ -67,15 +68,20 @@ def main() -> None:
         store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
         nodes, per = args.nodes, args.ranks_per_node
         beat_keys = [f"/b/beat{n}" for n in range(nodes)]
+        sub_keys = [f"/s/beat{n}" for n in range(nodes)]
         rank_keys = [f"/r/rank{r}" for r in range(nodes * per)]
         for node, key in enumerate(beat_keys):
             ranks = [[node * per + i, 12345, 12344, 2] for i in range(per)]
             store.set(key, encode(1, f"node{node}.cluster.example", ranks))
+            # the same ranks, each in two sub-groups as well (tensor and pipeline parallel)
+            subs = [[*rank, 7 + rank[0] % per, 0b11, 501, 500, 2, 9, 0b101, 301, 300, 5]
+                    for rank in ranks]
+            store.set(sub_keys[node], encode(1, f"node{node}.cluster.example", subs))
         for rank, key in enumerate(rank_keys):
             store.set(key, json.dumps([12345, 12344, 2]))
 
-        def beats(suspected: bool = False) -> None:
-            values = store.multi_get(beat_keys)
+        def beats(suspected: bool = False, keys: list[str] = beat_keys) -> None:
+            values = store.multi_get(keys)
             remote = RemoteProgress(nodes * per, set())
             remote.update({node: (value, 0.0) for node, value in enumerate(values)})
             remote.snapshots(-1.0, local_waiting=suspected)
@@ -90,6 +96,8 @@ def main() -> None:
 
         ours = timed(beats, args.repeat)
         suspected = timed(lambda: beats(suspected=True), args.repeat)
+        with_subs = timed(lambda: beats(keys=sub_keys), args.repeat)
+        sub_size = sum(len(store.get(key)) for key in sub_keys)
         naive = timed(per_rank_gets, max(3, args.repeat // 3))
         multi = timed(per_rank_multi_get, args.repeat)
         size = sum(len(store.get(key)) for key in beat_keys)
@@ -103,6 +111,8 @@ def main() -> None:
           f"{ours * 1e3:8.1f} ms")
     print(f"    the same while a hang is suspected (every rank as a record for the rules): "
           f"{suspected * 1e3:.1f} ms")
+    print(f"    every rank in two sub-groups as well ({sub_size / 1e3:.0f} kB):          "
+          f"{with_subs * 1e3:8.1f} ms")
     print(f"  a get per rank ({total} requests):               {naive * 1e3:8.1f} ms"
           f"   ratio {naive / ours:5.1f}x")
     print(f"  one multi_get of {total} per-rank keys:          {multi * 1e3:8.1f} ms"

@@ -363,14 +363,21 @@ def test_a_rank_waited_for_only_on_another_node_is_named_by_its_own_node(tmp_pat
     runs, _ = _agents(tmp_path, ["--hang-timeout", "3", "--nproc-per-node", "1", "--inject",
                                  "hang:rank=1,at=op5", script("node_env.py"), "100000", "0.02"],
                       timeout=180)
-    assert [run.code for run in runs] == [3, 3], _error(runs)
+    blaming = _named_by_one_node(runs, 1, "hang: rank 1 never reached all_reduce #5 (made no "
+                                 "progress); rank 0 waited")
+    assert blaming.outcomes() == {1: "hung"} and blaming.event("hang_detected")["blamed"] == [1]
+
+
+def _named_by_one_node(runs: list[Run], rank: int, root: str) -> Run:
+    """Every node ended as a hang whose root cause starts with ``root``; returns the one node
+    that blamed ``rank`` (its own)."""
+    assert [run.code for run in runs] == [3] * len(runs), _error(runs)
     for run in runs:
-        root = run.event("run_end")["root_cause"]
-        assert root.startswith("hang: rank 1 never reached all_reduce #5 (made no progress); "
-                               "rank 0 waited"), root
-    blaming = [run for run in runs if 1 in run.outcomes()]
-    assert len(blaming) == 1 and blaming[0].outcomes() == {1: "hung"}
-    assert blaming[0].event("hang_detected")["blamed"] == [1]
+        cause = run.event("run_end")["root_cause"]
+        assert cause.startswith(root), cause
+    blaming = [run for run in runs if rank in run.outcomes()]
+    assert len(blaming) == 1
+    return blaming[0]
 
 
 def _fault_a_node(tmp_path, args, sig, within, store_host=False, keep=False, **start):
@@ -523,3 +530,18 @@ def test_a_hot_spare_node_takes_the_place_of_a_frozen_one_and_the_job_succeeds(t
     spare = next(run for run in runs if run.log_dir == procs[spare_index][1])
     rounds = [e for e in spare.events if e["event"] == "rendezvous"]
     assert [(e["round"], e["group_world_size"]) for e in rounds] == [(1, 2)], rounds
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(240)
+def test_a_rank_absent_from_a_sub_group_spanning_nodes_is_named_in_that_group(tmp_path):
+    """Ranks 1 (node 0) and 3 (node 1) go on in a sub-group of their own after the others
+    ended well; rank 3 sleeps before its all_reduce. Rank 1 is the only rank waiting, on the
+    other node: node 1 sees it through node 0's beats and names rank 3 within the hang timeout
+    (not the straggler timeout), with the same root cause on both nodes."""
+    runs, _ = _agents(tmp_path, ["--hang-timeout", "3", script("subgroup_hang.py"), "3"],
+                      timeout=180)
+    blaming = _named_by_one_node(runs, 3, "hang: rank 3 never reached all_reduce #1 on group "
+                                 "ranks 1,3 (made no progress); rank 1 waited ")
+    detected = blaming.event("hang_detected")
+    assert detected["blamed"] == [3] and detected["waited_s"] < 2 * 3, detected

@@ -9,7 +9,7 @@ import pytest
 from rankguard import ledger as L
 from rankguard.launcher.monitor import Activity, HangRules
 from rankguard.launcher.node_beats import encode
-from rankguard.launcher.remote_progress import RemoteProgress, decode_ranks
+from rankguard.launcher.remote_progress import RemoteProgress, beat_entry, decode_ranks
 from tests.launcher.snapshots import ledger, world
 
 ALL_REDUCE = L.OP_CODES["all_reduce"]
@@ -22,9 +22,9 @@ def _beat(*ranks: list[int], seq: int = 1) -> bytes:
 
 @pytest.mark.parametrize("value, expected", [
     (_beat([2, 6, 5, ALL_REDUCE], [3, 6, 6, ALL_REDUCE]),
-     [(2, 6, 5, ALL_REDUCE), (3, 6, 6, ALL_REDUCE)]),
+     [[2, 6, 5, ALL_REDUCE], [3, 6, 6, ALL_REDUCE]]),
     (_beat([2, 6, 5], [3, "x", 1, 2], [4, 1, 1, 2], [5, 1.5, 1, 2], 7),
-     [(4, 1, 1, ALL_REDUCE)]),  # bad entries
+     [[4, 1, 1, ALL_REDUCE]]),  # bad entries
     (b"not json", []),
     (b'{"seq": 1, "ranks": 7}', []),
     (b'{"seq": 1}', []),
@@ -88,3 +88,38 @@ def test_a_remote_rank_waiting_in_init_is_not_a_waiter_nodes_start_at_different_
     frozen = Activity(idle_s=10 * HANG)
     activity = {0: Activity(0.0), 1: Activity(0.0), 2: frozen, 3: frozen}
     assert HangRules(4, HANG, 20.0).judge(snaps, activity, (), now=1.0 + 10 * HANG) == []
+
+
+def test_a_sub_group_spanning_nodes_names_its_absent_member_on_that_members_node():
+    """Ranks 0,1 on node 0, ranks 2,3 on node 1, a sub-group of ranks 1 and 3. Rank 1 waits in
+    the sub-group's all_reduce #3 since T=1.0 (the world group idle); rank 3, node 1's own,
+    never got there. Node 1's rules, given rank 1's sub-group from node 0's beat, name rank 3
+    in that group."""
+    key, members = L.group_key("tp"), 0b1010
+    remote = RemoteProgress(world_size=4, local={2, 3})
+    beat = _beat([0, 8, 8, ALL_REDUCE], [1, 8, 8, ALL_REDUCE, key, members, 3, 2, ALL_REDUCE])
+    remote.update({0: (beat, 1.0)})
+    snaps = remote.snapshots(1.0, local_waiting=False)  # rank 1 waits since 1.0
+    tp = snaps[1].groups[1]
+    assert (tp.key, tp.is_world, tp.member_ranks(4), tp.size) == (key, False, [1, 3], 2)
+    assert (tp.entered, tp.done, tp.last_event) == (3, 2, 1.0)
+    local_tp = L.GroupProgress(key, members, False, 2, 2, 2, "all_reduce", 0.5, 0.5)
+    snaps = {**snaps, 2: ledger(world(8)), 3: ledger(world(8), local_tp)}
+    activity = {0: Activity(0.0), 1: Activity(0.0), 2: Activity(0.0),
+                3: Activity(idle_s=HANG)}
+    [verdict] = HangRules(4, HANG, 20.0).judge(snaps, activity, (), now=1.0 + HANG)
+    assert (verdict.hung, verdict.blamed, verdict.waiting, verdict.reason, verdict.group) == (
+        True, (3,), (1,), "no_progress", "ranks 1,3")
+
+
+def test_a_beat_entry_carries_every_group_and_decodes_to_itself():
+    snap = ledger(world(8, 7), L.GroupProgress(L.group_key("tp"), 0b1010, False, 2, 3, 2,
+                                               "broadcast", 0.0, 0.0))
+    entry = beat_entry(1, snap)
+    assert entry == [1, 8, 7, ALL_REDUCE, L.group_key("tp"), 0b1010, 3, 2,
+                     L.OP_CODES["broadcast"]]
+    assert decode_ranks(_beat(entry)) == [entry]
+    remote = RemoteProgress(world_size=4, local=set())
+    remote.update({0: (_beat([*entry[:-1], "x"]), 1.0)})  # a sub-group field not a number
+    assert [g.is_world for g in remote.snapshots(0.0, local_waiting=True)[1].groups] == [True]
+    assert decode_ranks(_beat(entry[:-1])) == []  # a group cut short is not ours

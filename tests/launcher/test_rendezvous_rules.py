@@ -101,8 +101,13 @@ def test_a_rank_of_another_node_may_be_injected(tmp_path):
                "--rdzv-id", "job", "--nproc-per-node", "2", "--inject", "crash:rank=4,at=op1")
 
 
-def _stuck(group="world", waited=3.0, reason="stuck_in_collective", hung=True, blamed=(0, 1)):
-    return Verdict(hung, blamed, (0, 1), "all_reduce", 5, waited, reason, group=group)
+def _stuck(group="world", waited=3.0, reason="stuck_in_collective", hung=True, blamed=(0, 1),
+           elsewhere=()):
+    return Verdict(hung, blamed, (0, 1), "all_reduce", 5, waited, reason, group=group,
+                   elsewhere=elsewhere)
+
+
+_IN_PAIR = ((1, "all_reduce #1 on group ranks 1,3"),)
 
 
 @pytest.mark.parametrize("verdict, nodes, left", [
@@ -118,6 +123,11 @@ def _stuck(group="world", waited=3.0, reason="stuck_in_collective", hung=True, b
     (_stuck(reason="straggler_timeout", blamed=(2,), waited=6.0), 2, False),  # bounded
     (_stuck(reason="busy", hung=False, blamed=(3,)), 2, True),  # its node reports it
     (_stuck(reason="no_progress", blamed=(1, 2)), 2, False),  # rank 1 is here
+    # rank 1, blamed here, waits in another group: what holds that one up may be elsewhere
+    (_stuck(reason="no_progress", blamed=(1,), elsewhere=_IN_PAIR), 2, True),
+    (_stuck(reason="no_progress", blamed=(1,), elsewhere=_IN_PAIR, waited=6.0), 2, False),
+    (_stuck(reason="no_progress", blamed=(1,), elsewhere=_IN_PAIR), 1, False),  # one node
+    (_stuck(reason="no_progress", blamed=(0, 1), elsewhere=_IN_PAIR), 2, False),  # 0 is not
 ])
 def test_a_stuck_collective_spanning_nodes_is_left_to_the_other_node_for_a_while(
         verdict, nodes, left):

@@ -34,7 +34,7 @@ from typing import Any
 
 from ..deadline import Deadline
 from ..errors import RendezvousError, UsageError, first_line
-from ..ledger import OP_CODES, RankProgress
+from ..ledger import RankProgress
 from ..store_calls import StoreStalled, within
 from .agent import TICK_S, Launcher, _Attempt
 from .config import RunConfig, endpoint
@@ -44,7 +44,7 @@ from .outcome import Fault
 from .ranks import Layout
 from .rendezvous import (JobStore, Rendezvous, RendezvousClosed, Round, agents_namespace,
                          connect, round_namespace)
-from .remote_progress import RemoteProgress
+from .remote_progress import RemoteProgress, beat_entry
 from .round_end import RoundChannel, RoundEnd
 from .summary import AttemptReport
 from .. import margins
@@ -61,9 +61,16 @@ def left_to_another_node(verdict: Verdict, local: set[int], nodes: int,
     - When this node's ranks all entered a collective of a group spanning nodes that never
       completed (``stuck_in_collective``), the rank that holds it up is most likely on another
       node: the same two hang timeouts apply.
+    - So too when every rank blamed waits in a collective of another group (``elsewhere``):
+      what holds that one up may be on another node, whose agent names it within one hang
+      timeout (it sees the waiters through the beats); when it is on this node, this node's
+      verdict on that group comes first.
     """
     if verdict.blamed and not set(verdict.blamed) & local:
         return not verdict.hung or verdict.waited_s < 2 * hang_timeout
+    waiting_elsewhere = {rank for rank, _ in verdict.elsewhere}
+    if nodes > 1 and verdict.hung and verdict.blamed and set(verdict.blamed) <= waiting_elsewhere:
+        return verdict.waited_s < 2 * hang_timeout
     if not verdict.hung or verdict.reason != "stuck_in_collective":
         return False
     if verdict.group == "world":
@@ -246,10 +253,8 @@ class NodeAgent(Launcher):
     def _read_all(self, ranks: Any, readers: Any) -> Any:
         snaps = super()._read_all(ranks, readers)
         # a new list each time: the beats' thread reads whichever it finds, never a half one
-        self._progress = [[rank, world.entered, world.done, OP_CODES.get(world.kind, 0)]
-                          for rank, world in sorted((rank, snap.groups[0])
-                                                    for rank, snap in snaps.items()
-                                                    if snap.groups)]
+        self._progress = [beat_entry(rank, snap) for rank, snap in sorted(snaps.items())
+                          if snap.groups]
         return snaps
 
     def _remote_ranks(self, snaps: dict[int, RankProgress],

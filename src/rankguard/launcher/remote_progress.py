@@ -1,15 +1,17 @@
 """The other nodes' ranks as this node's hang rules see them, from the progress in their beats.
 
-Each node's beat carries its ranks' progress in the world group (``[rank, entered, done,
-kind]``, see ``node_beats``). :class:`RemoteProgress` turns the beats heard into the ledger
-records the hang rules judge (``monitor.HangRules``), so that a verdict compares every rank of
-the job, not only this node's: the node that holds a rank which never reached a collective names
-it even when every rank waiting for it is on another node.
+Each node's beat carries its ranks' progress (:func:`beat_entry`): per rank, the world group's
+``entered, done, kind``, then one ``key, members, entered, done, kind`` per sub-group in its
+ledger (``members``: the bit mask of the ledger, ranks below 64). :class:`RemoteProgress` turns
+the beats heard into the ledger records the hang rules judge (``monitor.HangRules``), so that a
+verdict compares every rank of the job, not only this node's, in every group: the node that
+holds a rank which never reached a collective names it even when every rank waiting for it is
+on another node.
 
-A remote rank's times are this node's: when an exchange first saw its current progress (at most
-one beat period and one exchange late). Its process cannot be sampled from here, so the rules
-see it as busy (``HangMonitor.check``'s default for remote ranks: never blamed as frozen by a
-node that cannot see it); its own node judges it.
+A remote rank's times are this node's: when an exchange first saw its current progress (at
+most one beat period and one exchange late). Its process cannot be sampled from here, so
+the rules see it as busy (``HangMonitor.check``'s default for remote ranks: never blamed as
+frozen by a node that cannot see it); its own node judges it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Mapping
 
-from ..ledger import FAULT_NONE, GroupProgress, RankProgress, group_key, op_name
+from ..ledger import FAULT_NONE, OP_CODES, GroupProgress, RankProgress, group_key, op_name
 
 _WORLD_KEY = group_key("world")
 # The world group's first entry is init_process_group. A remote rank waiting in it is not shown
@@ -28,9 +30,25 @@ _WORLD_KEY = group_key("world")
 _INIT_ENTRY = 1
 
 
-def decode_ranks(value: bytes) -> list[tuple[int, int, int, int]]:
-    """``(rank, entered, done, kind code)`` of each rank in a beat; an entry (or a beat) that
-    is not one of ours is left out. Pure."""
+_WORLD_FIELDS = 4  # rank, entered, done, kind
+_GROUP_FIELDS = 5  # key, members, entered, done, kind
+
+
+def beat_entry(rank: int, snap: RankProgress) -> list[int]:
+    """Rank ``rank``'s progress in a beat: its world group, then each sub-group. Pure."""
+    world = snap.groups[0]
+    entry = [rank, world.entered, world.done, OP_CODES.get(world.kind, 0)]
+    for group in snap.groups[1:]:
+        entry += [group.key, group.members, group.entered, group.done,
+                  OP_CODES.get(group.kind, 0)]
+    return entry
+
+
+def decode_ranks(value: bytes) -> list[list[int]]:
+    """Each rank's entry in a beat (:func:`beat_entry`); an entry (or a beat) that is not one of
+    ours is left out. The world group's fields are checked here; a sub-group's where it is used
+    (:meth:`RemoteProgress.snapshots` leaves out one whose fields are not all whole numbers).
+    Pure."""
     try:
         entries = json.loads(value)["ranks"]
     except (ValueError, KeyError, TypeError):
@@ -39,20 +57,29 @@ def decode_ranks(value: bytes) -> list[tuple[int, int, int, int]]:
         return []
     found = []
     for entry in entries:
-        if type(entry) is list and len(entry) == 4 and all(type(f) is int for f in entry):
-            found.append(tuple(entry))
+        if (type(entry) is list and len(entry) >= _WORLD_FIELDS
+                and (len(entry) - _WORLD_FIELDS) % _GROUP_FIELDS == 0
+                and type(entry[0]) is int and type(entry[1]) is int and type(entry[2]) is int
+                and type(entry[3]) is int):
+            found.append(entry)
     return found
 
 
 class RemoteProgress:
-    """The other nodes' ranks, as ledger records on this node's clock (see the module doc)."""
+    """The other nodes' ranks, as ledger records on this node's clock (see the module doc).
+
+    A rank's world group is dated by itself; its sub-groups together, by when their fields were
+    first seen as they are (a rank blocked in a collective changes none of them): cheaper at
+    10,000 ranks, and never earlier than each group's own date, so never a verdict sooner."""
 
     def __init__(self, world_size: int, local: set[int]) -> None:
         self._world = world_size
         self._local = local
         self._parsed: dict[int, bytes] = {}  # node -> the beat last decoded
-        # rank -> (entered, done, kind code, since: when its progress was first seen as it is)
+        # rank -> its world group: (entered, done, kind code, since: when first seen as it is)
         self._ranks: dict[int, tuple[int, int, int, float]] = {}
+        # rank -> its sub-groups' fields, since when they are as they are, whether one waits
+        self._subs: dict[int, tuple[list[int], float, bool]] = {}
         self._snaps: dict[int, RankProgress] = {}  # made again only for ranks that changed
         self._stale: set[int] = set()  # ranks whose record must be made again
         self._members = (1 << world_size) - 1 if world_size <= 64 else 0
@@ -60,36 +87,63 @@ class RemoteProgress:
     def update(self, beats: Mapping[int, tuple[bytes, float]]) -> None:
         """Take in the beats heard (node -> its value and when an exchange first saw it);
         only the ones that changed since the last update are decoded."""
+        ranks, stale, local, world = self._ranks, self._stale, self._local, self._world
         for node, (value, seen) in beats.items():
             if self._parsed.get(node) == value:
                 continue
             self._parsed[node] = value
-            ranks, local, world = self._ranks, self._local, self._world
-            for rank, entered, done, kind in decode_ranks(value):
+            for entry in decode_ranks(value):
+                rank, entered, done = entry[0], entry[1], entry[2]
                 if rank in local or not 0 <= rank < world:
                     continue
                 known = ranks.get(rank)
                 if known is None or known[0] != entered or known[1] != done:
-                    ranks[rank] = (entered, done, kind, seen)
-                    self._stale.add(rank)
+                    ranks[rank] = (entered, done, entry[3], seen)
+                    stale.add(rank)
+                if len(entry) > _WORLD_FIELDS:
+                    self._take_subs(rank, entry[_WORLD_FIELDS:], seen)
+
+    def _take_subs(self, rank: int, fields: list[int], seen: float) -> None:
+        was = self._subs.get(rank)
+        if was is not None and was[0] == fields:
+            return
+        try:
+            waiting = any(entered > done for entered, done in
+                          zip(fields[2::_GROUP_FIELDS], fields[3::_GROUP_FIELDS]))
+        except TypeError:  # not numbers: not ours
+            return
+        self._subs[rank] = (fields, seen, waiting)
+        self._stale.add(rank)
 
     def snapshots(self, cutoff: float, local_waiting: bool) -> dict[int, RankProgress]:
-        """Every remote rank heard of, as a ledger with its world group only (the caller must
-        not change the mapping), when the hang rules may find something: a rank of this node
-        has waited long (``local_waiting``), or a remote rank waits since before ``cutoff``.
-        Else nothing: a job of 10,000 ranks would cost tens of milliseconds of records per
-        tick for rules that find no waiter."""
-        if not local_waiting and not any(entered > done and since <= cutoff
-                                         for entered, done, _, since in self._ranks.values()):
+        """Every remote rank heard of, as a ledger with its groups (the caller must not change
+        the mapping), when the hang rules may find something: a rank of this node has waited
+        long (``local_waiting``), or a remote rank waits since before ``cutoff``. Else nothing:
+        a job of 10,000 ranks would cost tens of milliseconds of records per tick for rules
+        that find no waiter."""
+        if not local_waiting and not self._waits_since(cutoff):
             return {}
         for rank in self._stale:
-            self._snaps[rank] = self._snapshot(*self._ranks[rank])
+            self._snaps[rank] = self._snapshot(rank)
         self._stale.clear()
         return self._snaps
 
-    def _snapshot(self, entered: int, done: int, kind: int, since: float) -> RankProgress:
+    def _waits_since(self, cutoff: float) -> bool:
+        """Whether a remote rank waits in a group since before ``cutoff``."""
+        return (any(entered > done and since <= cutoff
+                    for entered, done, _, since in self._ranks.values())
+                or any(waiting and since <= cutoff for _, since, waiting in self._subs.values()))
+
+    def _snapshot(self, rank: int) -> RankProgress:
+        entered, done, kind, since = self._ranks.get(rank, (0, 0, 0, 0.0))
         if entered <= _INIT_ENTRY:
             done = entered  # see _INIT_ENTRY
-        world = GroupProgress(_WORLD_KEY, self._members, True, self._world, entered, done,
-                              op_name(kind), since, since)
-        return RankProgress(0, 0, FAULT_NONE, False, 0.0, 0.0, (world,))
+        groups = [GroupProgress(_WORLD_KEY, self._members, True, self._world, entered, done,
+                                op_name(kind), since, since)]
+        fields, since, _ = self._subs.get(rank, ([], 0.0, False))
+        for at in range(0, len(fields), _GROUP_FIELDS):
+            key, members, entered, done, kind = group = fields[at:at + _GROUP_FIELDS]
+            if all(type(field) is int for field in group):
+                groups.append(GroupProgress(key, members, False, bin(members).count("1"),
+                                            entered, done, op_name(kind), since, since))
+        return RankProgress(0, 0, FAULT_NONE, False, 0.0, 0.0, tuple(groups))
