@@ -530,6 +530,8 @@ def test_a_hot_spare_node_takes_the_place_of_a_frozen_one_and_the_job_succeeds(t
     spare = next(run for run in runs if run.log_dir == procs[spare_index][1])
     rounds = [e for e in spare.events if e["event"] == "rendezvous"]
     assert [(e["round"], e["group_world_size"]) for e in rounds] == [(1, 2)], rounds
+    # the standby's ranks were waiting, torch imported, when it was called in
+    assert [e["warm"] for e in spare.events if e["event"] == "rank_start"] == [True, True]
 
 
 @pytest.mark.slow

@@ -147,6 +147,14 @@ class NodeAgent(Launcher):
             result.report = AttemptReport(attempt, [], fault.describe())
             return result
 
+    def _warm_up(self) -> None:
+        """Start the warm spares before the first round (when restarts are allowed): a standby
+        node's ranks are then ready, torch imported, when a fault calls it in; a node of the
+        first round starts its ranks from them (they load while the round forms)."""
+        if self._spares is not None:
+            started = self._spares.fill()
+            self._journal.write("spares", attempt=0, started=started, pids=self._spares.pids())
+
     def _final(self, fault: Fault) -> bool:
         """With a static rendezvous every node must be in every round: a node lost or gone
         ends the job (its next round could never fill)."""
@@ -185,6 +193,7 @@ class NodeAgent(Launcher):
                 raise _Interrupted("the agent was stopped before the round formed")
             if not self._counted:
                 self._count_in()
+                self._warm_up()
             joined = self._rdzv.next_round(self.config.nproc)
         finally:
             self._in_rendezvous = False
