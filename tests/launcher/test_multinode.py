@@ -547,3 +547,20 @@ def test_a_rank_absent_from_a_sub_group_spanning_nodes_is_named_in_that_group(tm
                                  "ranks 1,3 (made no progress); rank 1 waited ")
     detected = blaming.event("hang_detected")
     assert detected["blamed"] == [3] and detected["waited_s"] < 2 * 3, detected
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(180)
+def test_nodes_with_different_nproc_per_node_stop_at_the_round_naming_the_option(tmp_path):
+    port = _free_port()
+    common = ["--nnodes", "2", *_backend(port, None), "--rdzv-id", f"mn{port}", "--rdzv-conf",
+              f"join_timeout={JOIN_S}", "--local-addr", "127.0.0.1"]
+    procs = [(launch([*common, "--nproc-per-node", str(count), script("node_env.py"), "3"],
+                     tmp_path / f"node{count}"), tmp_path / f"node{count}") for count in (2, 1)]
+    runs = _finish_all(procs, 120)
+    assert [run.code for run in runs] == [1, 1], _error(runs)
+    for run in runs:
+        assert run.wall_s < JOIN_S, run.wall_s  # at once, not at join_timeout
+        assert "the nodes give different --nproc-per-node" in run.stderr, run.stderr[-2000:]
+        assert "Traceback" not in run.stderr
+    assert not _envs(runs)  # no rank started

@@ -233,6 +233,13 @@ class _Plan:
         return cls(int(fields["round"]), counts, where)
 
 
+def _uneven(counts: list[int]) -> str:
+    """Why a round whose nodes have different numbers of ranks is refused. Pure."""
+    listed = ", ".join(f"node {node}: {count}" for node, count in enumerate(counts))
+    return (f"the nodes give different --nproc-per-node ({listed}): give every node the "
+            "same --nproc-per-node")
+
+
 class RendezvousClosed(RendezvousError):
     """The rendezvous was closed: the job ended (or another node ended it) while this agent
     waited for a round."""
@@ -347,9 +354,12 @@ class Rendezvous:
             try:
                 counts = [self._open(key, value, int) for key, value in
                           zip(keys, store.multi_get(keys))]
+                if len(set(counts)) > 1:
+                    raise RendezvousError(self._cfg.endpoint, _uneven(counts))
                 where = self._host_round_store() if self._job.round_stores else None
-            except RendezvousError:
-                store.set(_PLAN_KEY, _REFUSED)  # the others stop at it, not at join_timeout
+            except RendezvousError as exc:
+                # the others stop at it, not at join_timeout
+                store.set(_PLAN_KEY, f"{_REFUSED}: {exc}")
                 raise
             number = self._store.add(f"/rankguard/{self._run_id}/rounds", 1) - 1
             store.set(_PLAN_KEY, sealed.seal(_PLAN_KEY, _Plan(number, counts, where).encode()))
@@ -376,11 +386,11 @@ class Rendezvous:
         return host, port
 
     def _open(self, key: str, value: bytes, parse: Callable[[str], T]) -> T:
-        if value == _REFUSED.encode():
-            raise RendezvousError(self._cfg.endpoint, "node 0 of the round refused it, its log "
-                                  "says why: the nodes must share RANKGUARD_SECRET (set it "
-                                  "alike on every node, or on none), and node 0 must be able "
-                                  "to host the round's store (etcd-v2)")
+        if value.startswith(_REFUSED.encode()):
+            # unsealed (a secret mismatch may be why): shown as text, never acted on further
+            why = value[len(_REFUSED) + 2:].decode(errors="replace")[:300]
+            why = "".join(c if c.isprintable() else "?" for c in why)
+            raise RendezvousError(self._cfg.endpoint, f"node 0 of the round refused it: {why}")
         payload = sealed.unseal(key, value)
         if payload is None:
             raise self._foreign(key, "without this job's seal")
