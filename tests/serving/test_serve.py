@@ -413,3 +413,29 @@ def test_metrics_count_every_response_a_client_saw_by_route_and_code(server: Ser
     for outcome, count in outcomes.items():
         assert f'rankguard_pool_requests_total{{outcome="{outcome}"}} {count}' in metrics, \
             (outcome, count, metrics)
+
+
+@pytest.mark.deadline(180)
+def test_probes_live_while_a_request_runs_not_ready_until_it_ends(tmp_path: Path) -> None:
+    server = Server(tmp_path, app=SLEEPER)
+    replies: list[Reply] = []
+    try:
+        assert server.get("/readyz").status == 200
+        with running_signal(tmp_path / "running.sock") as wait_running:
+            caller = threading.Thread(target=lambda: replies.append(server.run(
+                {"sleep": 3, "notify": str(tmp_path / "running.sock")}, timeout=60)))
+            caller.start()
+            try:
+                wait_running()
+                live, ready = server.get("/livez"), server.get("/readyz")
+            finally:
+                caller.join(60)
+        assert (live.status, live.body) == (200, {"live": True, "state": "ready"})
+        assert (ready.status, ready.body) == (503, {"ready": False, "reason": "busy"})
+        assert ready.headers["retry-after"] == "1"
+        assert replies[0].status == 200
+        assert (server.get("/readyz").status, server.get("/livez").status) == (200, 200)
+        metrics = server.get("/metrics").body
+        assert 'route="/readyz",code="503"' in metrics and 'route="/livez"' in metrics
+    finally:
+        assert server.stop() == 0

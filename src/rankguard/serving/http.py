@@ -18,6 +18,10 @@ Routes:
   server's ``--grace`` after SIGTERM ends, answered then, with a reason saying so).
 - ``GET /healthz``: 200 ``{"state": "ready", ...}``; 503 while ``starting``, ``healing``,
   ``failed`` or ``closed``.
+- ``GET /livez`` (Kubernetes' liveness probe): 200 ``{"live": true, "state": ...}`` whenever
+  the server answers, healing and starting included: restarting it would not help.
+- ``GET /readyz`` (the readiness probe): 200 when a replica can take a request now (ready, not
+  running one); else 503 with ``Retry-After`` and the reason (``busy``, or the pool's state).
 - ``GET /metrics``: Prometheus text format (see ``serving.metrics``).
 
 Every response is counted by route and status code, as the client gets it (a middleware sees
@@ -52,7 +56,8 @@ from .pool import Pool
 from .service import Service
 
 TIMEOUT_HEADER = "x-request-timeout"
-ROUTES = ("/run", "/healthz", "/metrics")  # other paths are counted as "other"
+ROUTES = ("/run", "/healthz", "/livez", "/readyz", "/metrics")  # others count as "other"
+_NOT_READY_RETRY_S = 1  # /readyz's Retry-After: a probe's own period is about this
 _DROPPED = "rankguard.dropped"  # in a request's scope: its client left mid-body
 
 
@@ -235,6 +240,19 @@ class _Server:
                 "last_start_failure": status.last_start_failure}
         return self.answer(200 if status.state == "ready" else 503, body)
 
+    async def livez(self, request: Request) -> Response:
+        state = "starting" if self.pool is None else self.pool.status().state
+        return self.answer(200, {"live": True, "state": state})
+
+    async def readyz(self, request: Request) -> Response:
+        status = self.pool.status() if self.pool is not None else None
+        if status is not None and status.idle:
+            return self.answer(200, {"ready": True, "idle": status.idle})
+        why = "starting" if status is None else ("busy" if status.state == "ready" else
+                                                  status.state)
+        return self.answer(503, {"ready": False, "reason": why},
+                           {"Retry-After": str(_NOT_READY_RETRY_S)})
+
     async def metrics(self, request: Request) -> Response:
         assert self.pool is not None
         text = metrics.exposition(self.pool.metrics(), self.pool.status(), self.codes,
@@ -265,6 +283,8 @@ def build(service: Service, *, max_body: int, **pool_options: Any) -> Starlette:
     server = _Server(service, max_body, pool_options)
     routes = [Route("/run", server.run, methods=["POST"]),
               Route("/healthz", server.healthz, methods=["GET"]),
+              Route("/livez", server.livez, methods=["GET"]),
+              Route("/readyz", server.readyz, methods=["GET"]),
               Route("/metrics", server.metrics, methods=["GET"])]
     app = Starlette(routes=routes, lifespan=server.lifespan,
                     middleware=[Middleware(_Counted, codes=server.codes)])

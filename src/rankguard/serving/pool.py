@@ -56,12 +56,14 @@ class PoolStatus:
         spares_ready: spare replicas ready to take over.
         spares_starting: replicas starting.
         last_start_failure: why the last start-up failed, or None.
+        idle: replicas that can take a call now (ready, running none).
     """
 
     state: str
     spares_ready: int
     spares_starting: int
     last_start_failure: str | None
+    idle: int = 0
 
 
 class Pool:
@@ -440,8 +442,10 @@ class Pool:
     def status(self) -> PoolStatus:
         with self._cond:
             failure = self._last_start_failure
-            return PoolStatus(self._state(), len(self._ready), len(self._starting),
-                              failure.describe() if failure else None)
+            state = self._state()
+            idle = int(state == "ready" and self._active is not None and not self._busy)
+            return PoolStatus(state, len(self._ready), len(self._starting),
+                              failure.describe() if failure else None, idle)
 
     def wait_ready(self, timeout: float) -> None:
         """Wait until a replica serves calls.
