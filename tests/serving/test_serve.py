@@ -46,6 +46,22 @@ class Reply:
     headers: dict[str, str]
 
 
+def samples(metrics: str, name: str) -> list[Any]:
+    """Every sample named ``name`` in a Prometheus text exposition (parsed by the client
+    library's own parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [s for family in text_string_to_metric_families(metrics) for s in family.samples
+            if s.name == name]
+
+
+def sample(metrics: str, name: str, **labels: str) -> float:
+    """The value of the sample ``name{labels}``; fails the test if there is none."""
+    found = [s.value for s in samples(metrics, name) if s.labels == labels]
+    assert len(found) == 1, (name, labels, metrics)
+    return found[0]
+
+
 class Server:
     """A ``rankguard serve`` process; ``stop()`` SIGTERMs it and returns its exit code."""
 
@@ -148,10 +164,14 @@ def test_each_fault_kind_answers_500_naming_the_rank_and_the_next_request_is_ser
         assert f"rank {rank}" in error["detail"]
         assert_served(server.run({"x": X}))
     metrics = server.get("/metrics").body
-    assert 'rankguard_pool_faults_total{cause="deadline"} 2' in metrics
-    assert 'rankguard_pool_faults_total{cause="frozen"} 1' in metrics
-    assert 'rankguard_http_responses_total{route="/run",code="500"} 6' in metrics
-    assert "rankguard_pool_heals_total 6" in metrics
+    assert sample(metrics, "rankguard_pool_faults_total", cause="deadline") == 2
+    assert sample(metrics, "rankguard_pool_faults_total", cause="frozen") == 1
+    assert sample(metrics, "rankguard_http_responses_total", route="/run", code="500") == 6
+    assert sample(metrics, "rankguard_pool_heals_total") == 6
+    assert sample(metrics, "rankguard_pool_heal_seconds_count") == 6
+    assert sample(metrics, "rankguard_pool_heal_seconds_bucket", le="+Inf") == 6
+    assert sample(metrics, "rankguard_request_seconds_count", outcome="failed") == 6
+    assert sample(metrics, "rankguard_request_seconds_count", outcome="ok") == len(cases) + 1
     assert [e["cause"] for e in server.events("request_fault")] == [c for _, _, c in cases]
 
 
@@ -207,9 +227,9 @@ def test_bad_requests_are_answered_400_413_or_422_and_never_reach_the_ranks(
     assert len(body) == MAX_BODY
     assert_served(server.request("POST", "/run", body))  # the limit itself is allowed
     metrics = server.get("/metrics").body
-    assert 'rankguard_pool_requests_total{outcome="ok"} 2' in metrics
-    assert 'rankguard_pool_requests_total{outcome="failed"} 0' in metrics
-    assert 'rankguard_http_responses_total{route="/run",code="413"} 2' in metrics
+    assert sample(metrics, "rankguard_pool_requests_total", outcome="ok") == 2
+    assert sample(metrics, "rankguard_pool_requests_total", outcome="failed") == 0
+    assert sample(metrics, "rankguard_http_responses_total", route="/run", code="413") == 2
     assert server.events("request_fault") == [] and server.events("group_retire") == []
 
 
@@ -373,8 +393,8 @@ def test_clients_that_drop_mid_body_cost_no_traceback_and_the_server_keeps_servi
         for sock in sockets:
             sock.close()
         deadline = time.monotonic() + START_S
-        while f"rankguard_http_client_disconnects_total {dropped}" not in server.get(
-                "/metrics").body:
+        while sample(server.get("/metrics").body,
+                     "rankguard_http_client_disconnects_total") != dropped:
             assert time.monotonic() < deadline, server.get("/metrics").body
             time.sleep(0.1)
         assert 'code="400"' not in server.get("/metrics").body  # no response they never got
@@ -405,14 +425,15 @@ def test_metrics_count_every_response_a_client_saw_by_route_and_code(server: Ser
     metrics = server.get("/metrics").body
     for (path, code), count in seen.items():
         route = path if path in ("/run", "/healthz", "/metrics") else "other"
-        line = f'rankguard_http_responses_total{{route="{route}",code="{code}"}} {count}'
-        assert line in metrics, (line, metrics)
-    assert metrics.count("rankguard_http_responses_total{") == len(seen), metrics
+        assert sample(metrics, "rankguard_http_responses_total", route=route,
+                      code=str(code)) == count, (path, code, metrics)
+    assert len(samples(metrics, "rankguard_http_responses_total")) == len(seen), metrics
     outcomes = {"ok": seen[("/run", 200)], "failed": seen[("/run", 500)],
                 "unavailable": seen[("/run", 503)], "closed": 0}
     for outcome, count in outcomes.items():
-        assert f'rankguard_pool_requests_total{{outcome="{outcome}"}} {count}' in metrics, \
+        assert sample(metrics, "rankguard_pool_requests_total", outcome=outcome) == count, \
             (outcome, count, metrics)
+        assert sample(metrics, "rankguard_request_seconds_count", outcome=outcome) == count
 
 
 @pytest.mark.deadline(180)
@@ -436,6 +457,8 @@ def test_probes_live_while_a_request_runs_not_ready_until_it_ends(tmp_path: Path
         assert replies[0].status == 200
         assert (server.get("/readyz").status, server.get("/livez").status) == (200, 200)
         metrics = server.get("/metrics").body
-        assert 'route="/readyz",code="503"' in metrics and 'route="/livez"' in metrics
+        assert sample(metrics, "rankguard_http_responses_total", route="/readyz",
+                      code="503") == 1
+        assert sample(metrics, "rankguard_http_responses_total", route="/livez", code="200") == 2
     finally:
         assert server.stop() == 0

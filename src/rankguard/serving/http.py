@@ -22,7 +22,8 @@ Routes:
   the server answers, healing and starting included: restarting it would not help.
 - ``GET /readyz`` (the readiness probe): 200 when a replica can take a request now (ready, not
   running one); else 503 with ``Retry-After`` and the reason (``busy``, or the pool's state).
-- ``GET /metrics``: Prometheus text format (see ``serving.metrics``).
+- ``GET /metrics``: Prometheus text format, by the Prometheus client library (see
+  ``serving.metrics``).
 
 Every response is counted by route and status code, as the client gets it (a middleware sees
 each one the application sends). A client that closes its connection before it sent the whole
@@ -94,6 +95,8 @@ class _Server:
         self.pool: Pool | None = None
         self.codes: Counter[tuple[str, int]] = Counter()  # (route, status) -> responses
         self.client_disconnects = 0
+        self.stats = metrics.ServeMetrics(lambda: self.pool, lambda: dict(self.codes),
+                                          lambda: self.client_disconnects)
         self._ended = asyncio.Event()  # the grace after SIGTERM is over: requests end now
         self._end_reason = ""
 
@@ -207,24 +210,33 @@ class _Server:
             except (ValueError, TypeError) as error:
                 return self.error(422, "InvalidRequest", str(error))
         started = time.monotonic()
+        outcome = "ok"
         try:
             result, failure = await self._outcome(body, timeout)
             if failure is not None:
                 raise failure
         except _ShuttingDown:
+            outcome = "closed"
             return self.error(503, "PoolClosed", self._end_reason)
         except UsageError as error:  # the body cannot be pickled (too deeply nested)
+            outcome = "invalid"
             return self.error(422, "InvalidRequest", f"the body cannot be sent to the ranks: "
                               f"{error.problem}")
         except RequestFailed as error:
+            outcome = "failed"
             return self.error(500, "RequestFailed", str(error), rank=error.rank,
                               cause=error.cause, victims=error.victims,
                               error_type=error.error_type)
         except PoolUnavailable as error:
+            outcome = "unavailable"
             return self.error(503, "PoolUnavailable", str(error), state=error.state,
                               retry_after=error.retry_after)
         except PoolClosed as error:
+            outcome = "closed"
             return self.error(503, "PoolClosed", str(error))
+        finally:
+            if outcome != "invalid":  # never reached the ranks
+                self.stats.observe_request(outcome, time.monotonic() - started)
         try:
             return self.answer(200, {"result": result,
                                      "took_s": round(time.monotonic() - started, 6)})
@@ -254,10 +266,7 @@ class _Server:
                            {"Retry-After": str(_NOT_READY_RETRY_S)})
 
     async def metrics(self, request: Request) -> Response:
-        assert self.pool is not None
-        text = metrics.exposition(self.pool.metrics(), self.pool.status(), self.codes,
-                                  self.client_disconnects)
-        return Response(text, media_type=metrics.CONTENT_TYPE)
+        return Response(self.stats.exposition(), media_type=metrics.CONTENT_TYPE)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:

@@ -1,59 +1,137 @@
-"""A pool's counters in the Prometheus text exposition format (version 0.0.4)."""
+"""The metrics of ``rankguard serve``, exposed with the Prometheus client library.
+
+``prometheus_client`` writes the exposition format (escaping, ``_total``/``_bucket`` suffixes,
+``# HELP``/``# TYPE``) and keeps the request-latency histogram; the pool's own counts are read
+at scrape time by a collector, so a scrape always agrees with ``Pool.metrics()``. Each server has
+a registry of its own (never the library's global one): two servers in one process, or a test,
+never mix their figures.
+
+The names are stable (the README lists them):
+
+- ``rankguard_request_seconds{outcome}``: histogram, seconds from a request reaching the pool
+  to its answer (``ok``, ``failed``, ``unavailable``, ``closed``);
+- ``rankguard_pool_requests_total{outcome}``, ``rankguard_pool_faults_total{cause}``,
+  ``rankguard_pool_heals_total``, ``rankguard_pool_start_failures_total``: counters;
+- ``rankguard_pool_heal_seconds``: histogram, from losing the serving replica to a new one
+  serving;
+- ``rankguard_pool_spares_ready``, ``rankguard_pool_spares_starting``,
+  ``rankguard_pool_idle``, ``rankguard_pool_state{state}``: gauges;
+- ``rankguard_http_responses_total{route,code}``, ``rankguard_http_client_disconnects_total``:
+  counters.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
-from .pool import PoolStatus
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily, Metric)
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+from .pool import Pool
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
 CAUSES = ("raised", "exited", "signalled", "frozen", "deadline")
 STATES = ("starting", "ready", "healing", "failed", "closed")
 # a call's outcome: its result; RequestFailed; PoolUnavailable; PoolClosed (before it started,
 # or cut by the pool's close)
 OUTCOMES = ("ok", "failed", "unavailable", "closed")
+# seconds: a request is answered within its timeout (at most minutes); a heal takes a fraction
+# of a second with a ready spare, seconds without one
+REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                   120.0, 300.0)
+HEAL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
-def exposition(values: Mapping[str, float], status: PoolStatus,
-               http_codes: Mapping[tuple[str, int], int], client_disconnects: int = 0) -> str:
-    """The text a Prometheus scrape of ``/metrics`` gets: ``values`` from ``Pool.metrics()``,
-    the pool's ``status``, the count of HTTP responses by route and status code, and of the
-    clients that left before they sent the whole body."""
-    lines: list[str] = []
+class ServeMetrics:
+    """One server's metrics: ``observe_request`` as requests end, ``exposition()`` per scrape.
 
-    def family(name: str, kind: str, text: str, samples: list[tuple[str, float]]) -> None:
-        lines.append(f"# HELP {name} {text}")
-        lines.append(f"# TYPE {name} {kind}")
-        lines.extend(f"{name}{suffix} {_number(value)}" for suffix, value in samples)
+    Args:
+        pool: the server's pool (None until its lifespan started it).
+        codes: responses by (route, status code), as the server counts them.
+        disconnects: how many clients left before they sent the whole body.
+    """
 
-    family("rankguard_pool_requests_total", "counter", "Pool calls by outcome.",
-           [(f'{{outcome="{o}"}}', values.get(f"requests_{o}", 0))
-            for o in OUTCOMES])
-    family("rankguard_pool_faults_total", "counter", "Failed calls by the cause of the fault.",
-           [(f'{{cause="{c}"}}', values.get(f"faults_{c}", 0)) for c in CAUSES])
-    family("rankguard_pool_heals_total", "counter",
-           "Times a new group took over after the serving group was lost.",
-           [("", values.get("heals", 0))])
-    family("rankguard_pool_heal_seconds", "summary",
-           "Seconds from losing the serving group to a new one serving.",
-           [("_sum", values.get("heal_seconds_sum", 0)),
-            ("_count", values.get("heal_seconds_count", 0))])
-    family("rankguard_pool_start_failures_total", "counter", "Group start-ups that failed.",
-           [("", values.get("start_failures", 0))])
-    family("rankguard_pool_spares_ready", "gauge", "Spare groups ready to take over.",
-           [("", status.spares_ready)])
-    family("rankguard_pool_spares_starting", "gauge", "Groups starting.",
-           [("", status.spares_starting)])
-    family("rankguard_pool_state", "gauge", "The pool's state (1 for the current one).",
-           [(f'{{state="{s}"}}', int(status.state == s)) for s in STATES])
-    family("rankguard_http_responses_total", "counter", "HTTP responses by route and status "
-           "code.", [(f'{{route="{route}",code="{code}"}}', count)
-                     for (route, code), count in sorted(http_codes.items())])
-    family("rankguard_http_client_disconnects_total", "counter", "Requests whose client "
-           "closed the connection before it sent the whole body (not answered).",
-           [("", client_disconnects)])
-    return "\n".join(lines) + "\n"
+    def __init__(self, pool: Callable[[], Pool | None],
+                 codes: Callable[[], Mapping[tuple[str, int], int]],
+                 disconnects: Callable[[], int]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._requests = Histogram("rankguard_request_seconds", "Seconds from a request "
+                                   "reaching the pool to its answer, by outcome.", ["outcome"],
+                                   buckets=REQUEST_BUCKETS, registry=self.registry)
+        for outcome in OUTCOMES:
+            self._requests.labels(outcome)  # every outcome shown from the start, at 0
+        self.registry.register(_PoolCollector(pool, codes, disconnects))
+
+    def observe_request(self, outcome: str, seconds: float) -> None:
+        self._requests.labels(outcome).observe(seconds)
+
+    def exposition(self) -> bytes:
+        """The text a Prometheus scrape of ``/metrics`` gets."""
+        return generate_latest(self.registry)
 
 
-def _number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
+class _PoolCollector:
+    """The pool's counts and the HTTP counts, read at each scrape."""
+
+    def __init__(self, pool: Callable[[], Pool | None],
+                 codes: Callable[[], Mapping[tuple[str, int], int]],
+                 disconnects: Callable[[], int]) -> None:
+        self._pool = pool
+        self._codes = codes
+        self._disconnects = disconnects
+
+    def collect(self) -> Iterator[Metric]:
+        pool = self._pool()
+        values: Mapping[str, Any] = pool.metrics() if pool is not None else {}
+        status = pool.status() if pool is not None else None
+        yield _counter("rankguard_pool_requests", "Pool calls by outcome.", "outcome",
+                       {o: values.get(f"requests_{o}", 0) for o in OUTCOMES})
+        yield _counter("rankguard_pool_faults", "Failed calls by the cause of the fault.",
+                       "cause", {c: values.get(f"faults_{c}", 0) for c in CAUSES})
+        yield _counter("rankguard_pool_heals", "Times a new replica took over after the "
+                       "serving one was lost.", None, {"": values.get("heals", 0)})
+        yield _heal_histogram(pool.heal_durations() if pool is not None else [])
+        yield _counter("rankguard_pool_start_failures", "Replica start-ups that failed.", None,
+                       {"": values.get("start_failures", 0)})
+        yield _gauge("rankguard_pool_spares_ready", "Spare replicas ready to take over.",
+                     status.spares_ready if status else 0)
+        yield _gauge("rankguard_pool_spares_starting", "Replicas starting.",
+                     status.spares_starting if status else 0)
+        yield _gauge("rankguard_pool_idle", "Replicas that can take a request now.",
+                     status.idle if status else 0)
+        state = GaugeMetricFamily("rankguard_pool_state", "The pool's state (1 for the "
+                                  "current one).", labels=["state"])
+        current = status.state if status else "starting"
+        for name in STATES:
+            state.add_metric([name], int(current == name))
+        yield state
+        responses = CounterMetricFamily("rankguard_http_responses", "HTTP responses by route "
+                                        "and status code.", labels=["route", "code"])
+        for (route, code), count in sorted(self._codes().items()):
+            responses.add_metric([route, str(code)], count)
+        yield responses
+        yield _counter("rankguard_http_client_disconnects", "Requests whose client closed the "
+                       "connection before it sent the whole body (not answered).", None,
+                       {"": self._disconnects()})
+
+
+def _counter(name: str, text: str, label: str | None,
+             values: Mapping[str, float]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, text, labels=[label] if label else None)
+    for value_label, value in values.items():
+        family.add_metric([value_label] if label else [], value)
+    return family
+
+
+def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, text, value=value)
+
+
+def _heal_histogram(durations: list[float]) -> HistogramMetricFamily:
+    buckets = [(f"{bound:g}", sum(1 for d in durations if d <= bound)) for bound in HEAL_BUCKETS]
+    buckets.append(("+Inf", len(durations)))
+    return HistogramMetricFamily("rankguard_pool_heal_seconds", "Seconds from losing the "
+                                 "serving replica to a new one serving.", buckets=buckets,
+                                 sum_value=sum(durations))

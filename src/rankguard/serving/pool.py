@@ -467,6 +467,11 @@ class Pool:
                                           f"no group was ready within {timeout:g} s")
                 self._cond.wait(until.wait_time())
 
+    def heal_durations(self) -> list[float]:
+        """Seconds each heal took, from losing the serving replica to a new one serving."""
+        with self._cond:
+            return list(self.heal_seconds)
+
     def metrics(self) -> dict[str, float]:
         """Counters and gauges: requests by outcome, faults by cause, heals and their time,
         start-up failures, spares."""
