@@ -20,12 +20,12 @@ from .errors import UsageError
 LOOPBACK = "127.0.0.1"
 
 
-def reserve_port(addr: str, port: int, *, addr_option: str, port_option: str
-                 ) -> socket.socket:
+def reserve_port(addr: str, port: int, *, addr_option: str, port_option: str,
+                 any_port: bool = True) -> socket.socket:
     """A socket bound and listening on ``addr:port`` (port 0: any free port).
 
     ``addr_option`` and ``port_option`` name the settings the address and the port came from,
-    for the error.
+    for the error; ``any_port``: whether port 0 (any free one) is a fix to suggest there.
 
     Raises:
         UsageError: the address cannot be resolved or bound here, or the port is in use.
@@ -46,7 +46,9 @@ def reserve_port(addr: str, port: int, *, addr_option: str, port_option: str
         sock.close()
         if exc.errno == errno.EADDRINUSE:
             raise UsageError(port_option, f"port {port} on {addr} is already in use",
-                             f"pick a free port, or {port_option} 0 for any free one") from None
+                             f"pick a free port, or {port_option} 0 for any free one"
+                             if any_port else "pick a free port (the same on every node)"
+                             ) from None
         raise UsageError(addr_option, f"cannot listen on {addr}:{port}: {exc.strerror}",
                          "use an address of this machine") from None
     return sock

@@ -85,3 +85,19 @@ def test_an_etcd_endpoint_where_nothing_answers_is_a_bounded_join_failure_naming
     assert len(lines) == 1, proc.stderr
     assert f"nothing answered at 127.0.0.1:{port} within join_timeout 2 s" in lines[0]
     assert time.monotonic() - started < 2 + 30  # + starting Python on a loaded machine
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(240)
+def test_an_rdzv_id_used_again_after_its_job_ended_is_refused_not_a_false_success(tmp_path):
+    """etcd outlives jobs: agents that come with the id of a job that ended there must not
+    report that job's end as their own."""
+    with etcd_server(tmp_path) as endpoint:
+        first, _ = _agents(tmp_path / "first", [script("node_env.py"), "2"], etcd=endpoint)
+        assert [run.code for run in first] == [0, 0], _error(first)
+        again, _ = _agents(tmp_path / "again", [script("node_env.py"), "2"], etcd=endpoint)
+    assert [run.code for run in again] == [1, 1], _error(again)
+    for run in again:
+        assert "has ended already in the store" in run.stderr, run.stderr[-2000:]
+        assert "give each job a new --rdzv-id" in run.stderr
+    assert not _envs(again)  # no rank ran

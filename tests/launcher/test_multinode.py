@@ -193,6 +193,27 @@ def _backend(port: int, etcd: str | None) -> list[str]:
     return ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
 
 
+@pytest.mark.parametrize("static", [False, True], ids=["c10d", "static"])
+def test_an_endpoint_that_accepts_and_never_answers_is_a_bounded_join_failure(tmp_path, static):
+    """A listener that takes the connection and says nothing: torch's client would wait for
+    its handshake's answer for good."""
+    join = 3
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        where = (["--master-port", str(port), "--node-rank", "1"] if static else
+                 [*NODES, "--rdzv-endpoint", f"127.0.0.1:{port}"])
+        started = time.monotonic()
+        proc = _run(["--nnodes", "2", *where, "--rdzv-conf", f"join_timeout={join}",
+                     script("node_env.py")], tmp_path)
+        took = time.monotonic() - started
+    assert proc.returncode == 2, proc.stderr
+    assert f"no store answered at 127.0.0.1:{port} within join_timeout {join} s" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert join <= took < join + 30, took  # + starting Python and torch on a loaded machine
+
+
 def _start_agents(tmp_path, args, nodes=2, nnodes=None, steps=100000, conf="", etcd=None):
     """Start ``nodes`` agents of one job (node_env.py doing ``steps`` steps of 20 ms); returns
     [(proc, log_dir)]. ``etcd``: as in ``_agents``."""
@@ -261,6 +282,20 @@ def test_a_preempted_node_exits_143_and_the_other_goes_on_without_it(tmp_path):
     assert other.event("restart")["root_cause"].startswith("the agent received SIGTERM (node ")
     rounds = [e["group_world_size"] for e in other.events if e["event"] == "rendezvous"]
     assert rounds == [2, 1], rounds
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(240)
+def test_a_preempted_store_host_exits_143_at_once_and_the_job_ends_everywhere(tmp_path):
+    """SIGTERM to the agent that hosts the c10d store, with restarts left: the job cannot go
+    on without its store, so the host closes the rendezvous; the other node ends at once
+    instead of waiting join_timeout for a round, and the host exits 143 (not killed at
+    exit by its store's server)."""
+    host, other = _fault_a_node(tmp_path, ["--max-restarts", "1"], signal.SIGTERM, 60,
+                                store_host=True, keep=True)
+    assert other.code == 1, _error([other])
+    assert other.wall_s < JOIN_S / 2, other.wall_s
+    assert other.event("run_end")["root_cause"].startswith("the agent received SIGTERM (node ")
 
 
 @pytest.mark.slow

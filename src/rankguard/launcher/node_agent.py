@@ -163,10 +163,23 @@ class NodeAgent(Launcher):
         return super()._final(fault)
 
     def _count_in(self) -> None:
+        """Count this agent into the job, unless the job has ended already.
+
+        Raises:
+            RendezvousError: the store failed; or a job of this ``--rdzv-id`` ended in it
+                before this agent came (an id used again: with etcd the store outlives jobs).
+        """
+        cfg = self._rdzv_cfg
+        ended = self._rdzv.recorded_end()
+        if ended is not None:
+            raise RendezvousError(cfg.endpoint, f"a job with --rdzv-id {self.config.run_id} "
+                                  f"has ended already in the store at {cfg.endpoint} "
+                                  f"({ended[0]}, exit code {ended[1]}): give each job a new "
+                                  "--rdzv-id")
         try:
             self._store.add(self._agents_key, 1)
         except RuntimeError as exc:
-            raise RendezvousError(self._rdzv_cfg.endpoint, self._store_failure(exc)) from None
+            raise RendezvousError(cfg.endpoint, self._store_failure(exc)) from None
         self._counted = True
 
     def _stood_by(self, now: float) -> Fault:
@@ -374,7 +387,9 @@ class NodeAgent(Launcher):
         cfg = self._rdzv_cfg
         if self._store_lost:  # its requests could block for good: nobody is left to tell
             return
-        ending = fault is None or fault.kind not in ("launcher_signal", "standby_end")
+        # the job ends here, or goes on without this node; but not without the job's store
+        ending = (fault is None or fault.kind not in ("launcher_signal", "standby_end")
+                  or (self._job.hosting and not self._job.round_stores))
         # torch's close and the host's wait for the others each take up to close_timeout
         limit = Deadline.after(2 * cfg.close_timeout + cfg.read_timeout)
         try:
@@ -481,4 +496,12 @@ def main(config: RunConfig) -> int:
     except UsageError as exc:
         print(f"rankguard run: error: {exc}", file=sys.stderr)
         return 2
-    return NodeAgent(config, job).run()
+    code = NodeAgent(config, job).run()
+    if job.hosting or job.round_stores:
+        # a store this process hosts is still open to clients that may never close their
+        # connections; torch's server, destroyed at the interpreter's exit, would wait for
+        # them, then abort the process. Everything of the job is written and closed by now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code

@@ -51,10 +51,14 @@ from typing import Any, Callable, Sequence, TypeVar
 from .. import sealed, store_server
 from ..deadline import Deadline
 from ..errors import RendezvousError, UsageError, first_line
+from ..store_calls import within
 from . import round_store
 from .config import RendezvousConfig, endpoint
 
 _NO_SECOND_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+# the option that gave the store's address, for messages (static: node 0's, by --master-*)
+_ENDPOINT_OPTION = {"c10d": "--rdzv-endpoint", "etcd-v2": "--rdzv-endpoint",
+                    "static": "--master-addr/--master-port"}
 _CONNECT_S = 1.0  # the most one connection attempt to the endpoint may take
 _RETRY_S = 0.05  # between attempts: an endpoint whose agent is starting is found this soon
 
@@ -153,12 +157,16 @@ def _connect_c10d(cfg: RendezvousConfig) -> tuple[Any, bool]:
     _await_listener(cfg, until)
     from torch.distributed import TCPStore
 
+    left = max(until.remaining(), _CONNECT_S)
     try:
-        store = TCPStore(cfg.host, cfg.port, is_master=False,
-                         timeout=timedelta(seconds=max(until.remaining(), _CONNECT_S)))
-    except RuntimeError as exc:
-        raise UsageError("--rdzv-endpoint", f"no store answered at {cfg.endpoint} within "
-                         f"join_timeout {cfg.join_timeout} s ({first_line(exc)})",
+        # torch's client waits for the server's answer to its handshake without a bound: a
+        # listener that accepts and says nothing would hold it for good
+        store = within(Deadline.after(left + _CONNECT_S), f"joining the store at "
+                       f"{cfg.endpoint}", lambda: TCPStore(cfg.host, cfg.port, is_master=False,
+                                                           timeout=timedelta(seconds=left)))
+    except RuntimeError as exc:  # StoreStalled too
+        raise UsageError(_ENDPOINT_OPTION[cfg.backend], f"no store answered at {cfg.endpoint} "
+                         f"within join_timeout {cfg.join_timeout} s ({first_line(exc)})",
                          "is something else listening there?") from None
     store.set_timeout(timedelta(seconds=cfg.read_timeout))
     return store, False
@@ -168,8 +176,9 @@ def _bind(cfg: RendezvousConfig) -> socket.socket | None:
     """The endpoint bound and listening here, or None where it is not this machine's address
     or another process (another agent on this machine) has it."""
     try:
-        return store_server.reserve_port(cfg.host, cfg.port, addr_option="--rdzv-endpoint",
-                                         port_option="--rdzv-endpoint")
+        option = _ENDPOINT_OPTION[cfg.backend]
+        return store_server.reserve_port(cfg.host, cfg.port, addr_option=option,
+                                         port_option=option, any_port=False)
     except UsageError:
         if cfg.is_host:
             raise
@@ -189,10 +198,10 @@ def _await_listener(cfg: RendezvousConfig, until: Deadline) -> None:
         except OSError as exc:
             last = exc.strerror or type(exc).__name__
         if until.passed():
-            raise UsageError("--rdzv-endpoint", f"nothing answered at {cfg.endpoint} within "
-                             f"join_timeout {cfg.join_timeout} s (last: {last})",
-                             "start the agent of the endpoint's node, check the address, or "
-                             "raise --rdzv-conf join_timeout")
+            raise UsageError(_ENDPOINT_OPTION[cfg.backend], f"nothing answered at "
+                             f"{cfg.endpoint} within join_timeout {cfg.join_timeout} s (last: "
+                             f"{last})", "start the agent of the endpoint's node (or the etcd "
+                             "server), check the address, or raise --rdzv-conf join_timeout")
         # the pace of connection attempts: nothing signals that a remote port opened
         time.sleep(until.wait_time(_RETRY_S))
 
