@@ -60,3 +60,32 @@ def test_a_static_node_killed_ends_the_job_on_the_other_without_a_restart(tmp_pa
     assert root.startswith("node 1 (host ") and "has published no progress" in root, root
     assert not [e for e in other.events if e["event"] == "restart"]
     assert other.wall_s < JOIN_S, other.wall_s
+
+
+def test_a_static_node_0_whose_peer_never_comes_names_it_after_join_timeout(tmp_path):
+    port = _free_port()
+    join = 3
+    started = time.monotonic()
+    proc = launch(["--nnodes", "2", "--master-port", str(port), "--node-rank", "0",
+                   "--rdzv-conf", f"join_timeout={join}", script("node_env.py")], tmp_path)
+    (run,) = _finish_all([(proc, tmp_path)], 90)
+    assert run.code == 1, _error([run])
+    assert f"within join_timeout {join} s: node(s) 1 never came" in run.stderr, run.stderr
+    assert "/rankguard/" not in run.stderr  # no store keys in the message
+    assert join <= time.monotonic() - started < join + 30
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(180)
+def test_two_agents_with_one_static_node_rank_the_second_is_refused_naming_it(tmp_path):
+    port = _free_port()
+    common = ["--nnodes", "2", "--master-port", str(port), "--nproc-per-node", "1",
+              "--rdzv-conf", f"join_timeout={JOIN_S}"]
+    procs = [(launch([*common, "--node-rank", str(node), script("node_env.py"), "3"],
+                     tmp_path / f"agent{index}"), tmp_path / f"agent{index}")
+             for index, node in enumerate((0, 1, 1))]
+    runs = _finish_all(procs, 120)
+    codes = sorted(run.code for run in runs)
+    assert codes == [0, 0, 1], _error(runs)
+    refused = next(run for run in runs if run.code == 1)
+    assert "another agent of this job has --node-rank 1" in refused.stderr, refused.stderr

@@ -242,6 +242,15 @@ class _Plan:
         return cls(int(fields["round"]), counts, where)
 
 
+def _absent(store: Any, nodes: int) -> list[int]:
+    """The node ranks of a round that never gave their ranks (empty when that cannot be told:
+    the store failed)."""
+    try:
+        return [node for node in range(nodes) if not store.check([_NPROC_KEY.format(node)])]
+    except RuntimeError:
+        return []
+
+
 def _uneven(counts: list[int]) -> str:
     """Why a round whose nodes have different numbers of ranks is refused. Pure."""
     listed = ", ".join(f"node {node}: {count}" for node, count in enumerate(counts))
@@ -305,8 +314,10 @@ class Rendezvous:
         try:
             info = self._handler.next_rendezvous()
         except RendezvousConnectionError:
-            raise RendezvousError(cfg.endpoint, f"lost the job's store at {cfg.endpoint} while "
-                                  "joining a round (its node's agent is gone?)") from None
+            where = (f"the etcd server at {cfg.endpoint} did not answer" if
+                     self._job.round_stores else f"lost the job's store at {cfg.endpoint} "
+                     "(its node's agent is gone?)")
+            raise RendezvousError(cfg.endpoint, f"{where} while joining a round") from None
         except (RendezvousClosedError, RendezvousGracefulExitError):
             raise RendezvousClosed(cfg.endpoint, f"the rendezvous at {cfg.endpoint} was "
                                    "closed: another node ended the job") from None
@@ -331,8 +342,17 @@ class Rendezvous:
         assert cfg.node_rank is not None
         prefix = f"/rankguard/{self._run_id}/static{self._static_rounds}/"
         self._static_rounds += 1
-        return self._agreed(PrefixStore(prefix, self._store), cfg.node_rank, cfg.max_nodes,
-                            nproc)
+        store = PrefixStore(prefix, self._store)
+        try:
+            claims = store.add(f"rankguard/node{cfg.node_rank}", 1)
+        except RuntimeError as exc:
+            raise RendezvousError(cfg.endpoint, f"lost the job's store at {cfg.endpoint}: "
+                                  f"{first_line(exc)}") from None
+        if claims > 1:
+            raise RendezvousError(cfg.endpoint, f"another agent of this job has --node-rank "
+                                  f"{cfg.node_rank}: give each node its own rank, from 0 to "
+                                  f"{cfg.max_nodes - 1}")
+        return self._agreed(store, cfg.node_rank, cfg.max_nodes, nproc)
 
     def _agreed(self, store: Any, group_rank: int, group_world: int, nproc: int) -> Round:
         """:meth:`_agree`, its store's failures as a RendezvousError."""
@@ -340,10 +360,12 @@ class Rendezvous:
         try:
             return self._agree(store, group_rank, group_world, nproc)
         except RuntimeError as exc:  # torch's DistStoreError / DistNetworkError
+            absent = _absent(store, group_world)
+            why = (f"node(s) {', '.join(map(str, absent))} never came" if absent else
+                   f"the store said: {first_line(exc)}")
             raise RendezvousError(cfg.endpoint, f"the {group_world} nodes of the round did not "
                                   f"agree on their ranks at {cfg.endpoint} within join_timeout "
-                                  f"{cfg.join_timeout} s: {first_line(exc)}",
-                                  cfg.join_timeout) from None
+                                  f"{cfg.join_timeout} s: {why}", cfg.join_timeout) from None
 
     def _agree(self, store: Any, group_rank: int, group_world: int, nproc: int) -> Round:
         """Through the round's own prefix of the store (``store``, torch's): every node's
