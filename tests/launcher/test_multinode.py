@@ -489,6 +489,29 @@ def test_a_frozen_store_host_ends_the_other_node_within_the_hang_timeout_naming_
 
 @pytest.mark.slow
 @pytest.mark.deadline(240)
+def test_a_store_host_resumed_after_a_freeze_names_itself_not_the_node_that_left(tmp_path):
+    """The store host's whole tree is stopped past the hang timeout, then resumed: the other
+    node has ended (the store was silent); the host, with restarts left, must not blame that
+    node nor wait for a round: it names its own stop and ends, with the other's exit code."""
+    hang_s = 3
+    procs = _start_agents(tmp_path, ["--hang-timeout", str(hang_s), "--max-restarts", "1"])
+    try:
+        _await_output(procs, "]:STEPPED", time.monotonic() + 120)
+        host = _store_host(procs)
+        proctree.signal_tree(procs[host][0].pid, signal.SIGSTOP)
+        (other,) = _finish_all([procs[1 - host]], _teardown_s(hang_s))
+        proctree.signal_tree(procs[host][0].pid, signal.SIGCONT)
+        (resumed,) = _finish_all([procs[host]], 60)
+    finally:
+        _kill_all(procs)
+    assert (other.code, resumed.code) == (1, 1), _error([other, resumed])
+    root = resumed.event("run_end")["root_cause"]
+    assert root.startswith("this node's agent was stopped for "), root
+    assert not [e for e in resumed.events if e["event"] == "restart"]
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(240)
 def test_a_node_killed_with_its_ranks_is_named_within_two_beats_not_a_hang_timeout(tmp_path):
     hang_s = 8  # the node is named long before this: its ranks' connections broke at once
     killed, other = _fault_a_node(tmp_path, ["--hang-timeout", str(hang_s)], signal.SIGKILL,

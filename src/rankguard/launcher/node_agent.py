@@ -81,6 +81,9 @@ def left_to_another_node(verdict: Verdict, local: set[int], nodes: int,
 
 
 _CRASH_EVIDENCE_BEATS = 2  # beats a live node publishes while we decide it is gone
+# the shortest gap between two looks of the agent's loop (each tick) that counts as the agent
+# itself having been stopped, whatever --hang-timeout is: ticks are TICK_S apart
+_OWN_STOP_FLOOR_S = 2.0
 
 
 def beat_period(hang_timeout: float) -> float:
@@ -122,6 +125,7 @@ class NodeAgent(Launcher):
         self._in_rendezvous = False
         self._outside: Fault | None = None  # the fault another node ended this round with
         self._beat_period = beat_period(config.hang_timeout)
+        self._last_look: float | None = None  # when _silent_fault last looked (monotonic)
         self._cascade_window = margins.NODE_CASCADE_WINDOW_S
 
     def _run_fields(self) -> dict[str, Any]:
@@ -220,6 +224,7 @@ class NodeAgent(Launcher):
         last = joined.base + self.config.nproc - 1
         self._say(f"rankguard: round {joined.number}: node {joined.group_rank} of "
                   f"{joined.group_world}, ranks {joined.base} to {last} of {joined.world}")
+        self._last_look = None  # a new round: the wait in the rendezvous is no gap
         self._channel = RoundChannel(
             self._round_store, self._connect, agents_namespace(self.config.run_id, joined.number),
             joined.group_world, self._store_name, self._poke, cfg.read_timeout)
@@ -247,9 +252,21 @@ class NodeAgent(Launcher):
 
     def _silent_fault(self, now: float) -> Fault | None:
         """A node (or the store) silent past ``--hang-timeout`` ends the round: the first agent
-        to see it says so in the round's end (a lost store cannot be told; each node sees it)."""
+        to see it says so in the round's end (a lost store cannot be told; each node sees it).
+
+        Unless this agent was itself stopped (SIGSTOP of its tree, a frozen machine) for longer
+        than that: the other nodes have counted *this* node silent meanwhile and gone on
+        without it, or ended. It ends too, naming itself (``node_stopped``, no restart)."""
         if self._beats is None or self._channel is None:
             return None
+        last, self._last_look = self._last_look, now
+        stopped_s = now - last if last is not None else 0.0
+        if stopped_s > max(self.config.hang_timeout, _OWN_STOP_FLOOR_S):
+            self._outside = Fault("node_stopped", now, None, f"this node's agent was stopped "
+                                  f"for {stopped_s:.1f} s, longer than --hang-timeout "
+                                  f"{self.config.hang_timeout:g} s: the other nodes have "
+                                  "counted this node lost, and gone on without it or ended")
+            return self._outside
         quiet = self._beats.silence(now, self.config.hang_timeout)
         if quiet is None:
             return None
@@ -340,6 +357,7 @@ class NodeAgent(Launcher):
                 self._end_round(channel.publish(RoundEnd.of(fault, node)))
             return
         channel.done()
+        self._last_look = None  # the attempt's teardown is no gap of this agent's
         while channel.end is None and self._signal is None:
             channel.wait(Deadline.after(TICK_S))
             silent = self._silent_fault(time.monotonic())

@@ -40,7 +40,8 @@ EXIT_INTERNAL = 4
 _SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 # Faults after which no restart is tried: the launcher was told to stop; with several nodes,
 # the job's store is gone, a round could not be formed, or (a standby) the job is over.
-FINAL_KINDS = frozenset({"launcher_signal", "store_lost", "rendezvous", "standby_end"})
+FINAL_KINDS = frozenset({"launcher_signal", "store_lost", "rendezvous", "standby_end",
+                         "node_stopped"})
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,8 @@ class Fault:
     """The first thing that went wrong in an attempt."""
 
     # raised | exited | signalled | hung | launcher_signal; with several nodes also
-    # node_left | node_lost | store_lost | rendezvous | standby_end (see FINAL_KINDS)
+    # node_left | node_lost | node_stopped | store_lost | rendezvous | standby_end (see
+    # FINAL_KINDS)
     kind: str
     at: float  # monotonic
     rank: int | None = None
