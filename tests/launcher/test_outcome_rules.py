@@ -200,6 +200,12 @@ CLASSIFY = {
         [RankState(0, raised_in(12, 0.9), 1, 1.2), RankState(1, ledger(world(11)), 3, 1.0)],
         ROOT_1, None, TEARDOWN, {0: ("raised", 1, None, "exited with code 1"),
                                  1: ("exited", 3, None, "exited with code 3")}),
+    # node 1 was killed; this node learned it at 1.4 (its beats), after its rank 0's
+    # collective broke (1.1): the failure is still the lost node's effect
+    "a failure inside a collective before another node's fault was learned is a victim":
+        OutcomeCase([RankState(0, raised_in(12, 1.1), 1, 1.2)],
+                    Fault("node_lost", 1.4, None, "node 1 (host h1) has published no progress"),
+                    None, TEARDOWN, {0: ("victim", 1, None, "exited with code 1")}),
     "a failure outside a collective after the root cause is its own, not a victim":
         OutcomeCase([RankState(0, ledger(world(5), fault=L.FAULT_RAISED, t_fault=1.5), 1, 1.6),
                      RankState(1, ledger(world(5)), 3, 1.0)], ROOT_1, None, TEARDOWN,

@@ -44,6 +44,10 @@ FINAL_KINDS = frozenset({"launcher_signal", "store_lost", "rendezvous", "standby
                          "node_stopped"})
 
 
+# faults of another node as a whole, or of the store (several nodes)
+_ELSEWHERE = frozenset({"node_lost", "node_left", "node_stopped", "store_lost"})
+
+
 @dataclass(frozen=True)
 class Fault:
     """The first thing that went wrong in an attempt."""
@@ -231,7 +235,8 @@ def classify(states: list[RankState], root: Fault | None, hang: Verdict | None,
 
     Blamed for the hang: ``hung``; the root cause: its kind; SIGKILLed after the grace:
     ``teardown_timeout``; exited once the teardown began (at ``teardown_at``), or failed
-    inside a collective after the root cause: ``victim``; otherwise its own fault's kind, or
+    inside a collective after the root cause (or at any time, when the root cause is on another
+    node: it is timed when this node learned of it): ``victim``; otherwise its own fault's kind, or
     ``ok``. A rank whose script ended with code 0 before the teardown is ``ok``, though its
     process was still exiting when the teardown began (its ``departure``); one that failed
     by itself after the root cause (the launcher's notice to the survivors may be the cause)
@@ -240,6 +245,11 @@ def classify(states: list[RankState], root: Fault | None, hang: Verdict | None,
     Pure: reads nothing but its arguments.
     """
     blamed = set(hang.blamed) if hang and hang.hung else set()
+    # a root cause on another node (a node lost or gone, one of its ranks, the store) is timed
+    # when this node learned of it, which may be after the failure it caused here
+    local = {state.rank for state in states}
+    remote = root is not None and (root.kind in _ELSEWHERE or (root.rank is not None
+                                                               and root.rank not in local))
     results = []
     for state in states:
         code, progress = state.returncode, state.progress
@@ -258,7 +268,7 @@ def classify(states: list[RankState], root: Fault | None, hang: Verdict | None,
             outcome = "victim"
         elif own is None:
             outcome = "ok"
-        elif root is not None and own.at >= root.at and is_cascade(progress):
+        elif root is not None and (own.at >= root.at or remote) and is_cascade(progress):
             outcome = "victim"
         else:
             outcome = own.kind
