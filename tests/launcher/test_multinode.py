@@ -381,12 +381,18 @@ def test_nodes_that_share_a_secret_seal_their_keys_and_run_the_job(tmp_path):
 def test_nodes_that_do_not_share_the_secret_stop_at_the_round_naming_it(tmp_path):
     runs, _ = _agents(tmp_path, [script("node_env.py"), "5", "0.02"],
                       envs=[{"RANKGUARD_SECRET": "5e" * 32}, {"RANKGUARD_SECRET": "6f" * 32}])
-    assert [run.code for run in runs] == [1, 1], _error(runs)
+    _all_stopped_at_the_round(runs, "must share RANKGUARD_SECRET")
+
+
+def _all_stopped_at_the_round(runs: list[Run], reason: str) -> None:
+    """Every agent ended with 1 at the round, at once (not at join_timeout), saying ``reason``,
+    without a traceback; no rank started."""
+    assert [run.code for run in runs] == [1] * len(runs), _error(runs)
     for run in runs:
-        assert run.wall_s < JOIN_S, run.wall_s  # at once, not at join_timeout
-        assert "must share RANKGUARD_SECRET" in run.stderr, run.stderr[-2000:]
+        assert run.wall_s < JOIN_S, run.wall_s
+        assert reason in run.stderr, run.stderr[-2000:]
         assert "Traceback" not in run.stderr
-    assert not _envs(runs)  # no rank started
+    assert not _envs(runs)
 
 
 @pytest.mark.slow
@@ -615,10 +621,4 @@ def test_nodes_with_different_nproc_per_node_stop_at_the_round_naming_the_option
               f"join_timeout={JOIN_S}", "--local-addr", "127.0.0.1"]
     procs = [(launch([*common, "--nproc-per-node", str(count), script("node_env.py"), "3"],
                      tmp_path / f"node{count}"), tmp_path / f"node{count}") for count in (2, 1)]
-    runs = _finish_all(procs, 120)
-    assert [run.code for run in runs] == [1, 1], _error(runs)
-    for run in runs:
-        assert run.wall_s < JOIN_S, run.wall_s  # at once, not at join_timeout
-        assert "the nodes give different --nproc-per-node" in run.stderr, run.stderr[-2000:]
-        assert "Traceback" not in run.stderr
-    assert not _envs(runs)  # no rank started
+    _all_stopped_at_the_round(_finish_all(procs, 120), "the nodes give different --nproc-per-node")

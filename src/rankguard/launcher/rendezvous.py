@@ -19,7 +19,6 @@ agents' count, the rounds' numbers, the job's end).
 - ``etcd-v2``: an etcd server outside the nodes (``etcd_store``). Each round's traffic goes to a
   store hosted by that round's node 0 (``round_store``): losing any node ends a round, not the
   job.
-
 - ``static`` (torchrun's default with several nodes): a fixed number of nodes, each given its
   rank (``--node-rank``); node 0 hosts the job's store at ``--master-addr:--master-port`` (or
   ``--rdzv-endpoint``), as with c10d but without torch's handler: every node takes part in every
