@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import statistics
 import sys
@@ -33,64 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rankguard  # noqa: E402
 
 import pool_bench_functions as fns  # noqa: E402
-
-
-def plain_rank(rank: int, world: int, port: int, conn: Any) -> None:
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    state = fns.setup(rank, world)
-    conn.send("ready")
-    while True:
-        message = conn.recv()
-        if message is None:
-            return
-        fn, args = message
-        result = fn(state, *args)
-        conn.send(result if rank == 0 else None)
-
-
-class PlainGroup:
-    def __init__(self, world: int) -> None:
-        import socket
-
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        ctx = mp.get_context("spawn")
-        self.conns, self.procs = [], []
-        for rank in range(world):
-            mine, theirs = ctx.Pipe()
-            proc = ctx.Process(target=plain_rank, args=(rank, world, port, theirs), daemon=True)
-            proc.start()
-            self.conns.append(mine)
-            self.procs.append(proc)
-        for conn in self.conns:
-            if not conn.poll(120) or conn.recv() != "ready":
-                raise RuntimeError("a plain rank did not start")
-
-    def run(self, fn: Any, *args: Any) -> Any:
-        for conn in self.conns:
-            conn.send((fn, args))
-        results = []
-        for conn in self.conns:
-            if not conn.poll(60):
-                raise RuntimeError("a plain rank did not answer within 60 s")
-            results.append(conn.recv())
-        return results[0]
-
-    def close(self) -> None:
-        for conn in self.conns:
-            try:
-                conn.send(None)
-            except OSError:
-                pass
-        for proc in self.procs:
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5)
+from plain_served import PlainGroup  # noqa: E402
 
 
 def timed(run: Any, fn: Any, *args: Any) -> float:

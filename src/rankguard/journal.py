@@ -35,6 +35,7 @@ EVENTS = (
     "group_ready",
     "group_start_failed",
     "request_fault",
+    "group_suspect",
     "group_retire",
     "heal",
     "pool_close",

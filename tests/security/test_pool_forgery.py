@@ -23,7 +23,7 @@ def test_forged_notices_in_a_pool_groups_store_do_not_fail_its_requests() -> Non
 
     with rankguard.Pool(2, rf.load, spares=0, timeout=5) as pool:
         assert pool.run(rf.forward, 1.0) == rf.expected(1.0, 2)
-        port = pool._active._store.port  # any client that reaches the port can do this
+        port = pool._dispatch.ready[0]._store.port  # any client that reaches the port can do this
         outsider = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
         prefix = prefixes(outsider)[1]
         queues = [f"{prefix}rankguard/probe/g0/{rank}" for rank in (0, 1)]

@@ -155,7 +155,7 @@ def test_a_spare_that_dies_while_waiting_is_replaced(tmp_path: Path) -> None:
         spare = events(log, "group_ready")[-1]["group"]
         pids = next(e["pids"] for e in events(log, "group_start") if e["group"] == spare)
         os.kill(pids[1], signal.SIGKILL)
-        wait_for(lambda: any(e["reason"] == "a spare's rank died"
+        wait_for(lambda: any(e["reason"] == "a rank of an idle replica died"
                              for e in events(log, "group_retire")), 10, "the spare's retirement")
         wait_for(lambda: pool.status().spares_ready == 1, SPARE_WAIT_S, "a new spare")
         with pytest.raises(rankguard.RequestFailed):
@@ -172,7 +172,11 @@ def test_a_spare_that_dies_while_waiting_is_replaced(tmp_path: Path) -> None:
     ({"world_size": 2, "journal": "/"}, "Pool(journal)"),
     ({"world_size": 2**64}, "Pool(world_size)"),  # never a process started for it
     ({"world_size": 1, "spares": 10**400}, "Pool(spares)"),
-    ({"world_size": 4, "spares": 300}, "Pool(world_size) and Pool(spares)"),  # 1204 ranks
+    ({"world_size": 4, "spares": 300}, "Pool(world_size), Pool(spares) and Pool(replicas)"),
+    ({"world_size": 2, "replicas": 0}, "Pool(replicas)"),
+    ({"world_size": 2, "replicas": 2.0}, "Pool(replicas)"),
+    ({"world_size": 2, "max_queue": -1}, "Pool(max_queue)"),
+    ({"world_size": 2, "timeout": 1, "suspect_after": 2}, "Pool(suspect_after)"),
 ])
 def test_bad_arguments_are_refused_before_any_process_starts(kwargs: dict, what: str) -> None:
     with pytest.raises(rankguard.UsageError) as caught:
@@ -183,7 +187,9 @@ def test_bad_arguments_are_refused_before_any_process_starts(kwargs: dict, what:
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, True, "5", 0, -1.0, None,
                                    1e10])  # past ~9.2e9 s the platform's timers overflow
 def test_every_seconds_argument_is_refused_unless_finite_and_positive(value: object) -> None:
-    for name in ("timeout", "start_timeout", "max_backoff"):
+    names = ("timeout", "start_timeout", "max_backoff") + (() if value is None else
+                                                           ("suspect_after",))  # None: default
+    for name in names:
         with pytest.raises(rankguard.UsageError) as caught:
             rankguard.Pool(2, **{name: value})
         assert caught.value.what == f"Pool({name})"

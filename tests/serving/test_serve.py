@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from rankguard import journal
+from rankguard import journal, proctree
 from rankguard.serving.budgets import CUT_CLOSE_S, HTTP_ANSWER_S
 from rankguard.serving.pool import CLOSE_JOIN_S
 
@@ -173,6 +173,38 @@ def test_each_fault_kind_answers_500_naming_the_rank_and_the_next_request_is_ser
     assert sample(metrics, "rankguard_request_seconds_count", outcome="failed") == 6
     assert sample(metrics, "rankguard_request_seconds_count", outcome="ok") == len(cases) + 1
     assert [e["cause"] for e in server.events("request_fault")] == [c for _, _, c in cases]
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(240)
+@pytest.mark.serve_args("--replicas", "2", "--spares", "1", "--timeout", "2",
+                        "--suspect-after", "0.3")
+def test_replicas_serve_concurrent_clients_while_one_replica_hangs(server: Server) -> None:
+    status = server.get("/healthz").body
+    deadline = time.monotonic() + START_S
+    while server.get("/readyz").body.get("idle", 0) < 2 or \
+            server.get("/healthz").body["spares_ready"] < 1:
+        assert time.monotonic() < deadline, status
+        time.sleep(0.1)
+    hung: list[Reply] = []
+    hanging = threading.Thread(target=lambda: hung.append(
+        server.run({"x": X, "fault": "hang:rank=1"})))
+    hanging.start()
+    with ThreadPoolExecutor(8) as clients:  # meanwhile: 8 clients, 80 requests
+        replies = list(clients.map(lambda _: server.run({"x": X}), range(80)))
+    hanging.join(10)
+    assert all(r.status == 200 for r in replies), [r.body for r in replies if r.status != 200]
+    assert [r.body["error"]["cause"] for r in hung] == ["deadline"]
+    metrics = server.get("/metrics").body
+    assert sample(metrics, "rankguard_pool_faults_total", cause="deadline") == 1
+    assert sample(metrics, "rankguard_pool_requests_total", outcome="ok") == 80
+    assert sample(metrics, "rankguard_pool_suspicions_total") >= 1
+    assert sample(metrics, "rankguard_pool_replicas", state="starting") + \
+        sample(metrics, "rankguard_pool_replicas", state="idle") + \
+        sample(metrics, "rankguard_pool_replicas", state="spare") == 3
+    pids = [pid for e in server.events("group_start") for pid in e["pids"]]
+    assert server.stop() == 0
+    assert not [pid for pid in pids if proctree.alive(pid)], "a rank outlived the server"
 
 
 MAX_BODY = 300_000  # more than the deeply nested body below (200,000 bytes)

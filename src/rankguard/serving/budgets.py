@@ -41,6 +41,9 @@ SHUTDOWN_LEAST_S = 0.1
 BACKOFF_FIRST_S = 0.5
 # Of the pool's timeout: the least time a call must have left to start on a replica.
 MIN_CALL_FRACTION = 0.1
+# Of the pool's timeout: how long a call may run before its replica is a suspect (drained, and a
+# spare serves in its place). A healthy call that runs longer only lends the spare for a while.
+SUSPECT_FRACTION = 0.2
 # rankguard serve, on SIGTERM: the requests still running when --grace ends are answered 503
 # then, from the event loop (ms); uvicorn's own cut, which would cancel them with a bare 500,
 # comes this much later, so that it never has to.

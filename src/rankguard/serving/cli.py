@@ -37,7 +37,15 @@ def build_parser() -> Parser:
                    "printed at start-up (default 8000)")
     p.add_argument("--world-size", dest="world_size", default=None,
                    help="ranks per group (default: the service's)")
+    p.add_argument("--replicas", default=None, help="groups that serve requests at the same "
+                   "time, one request each (default: the service's, 1)")
     p.add_argument("--spares", default=None, help="warm spare groups (default: the service's)")
+    p.add_argument("--suspect-after", dest="suspect_after", default=None,
+                   help="seconds after which a request still running drains its group: the "
+                   "requests behind it go to a spare (default: a fifth of --timeout)")
+    p.add_argument("--max-queue", dest="max_queue", default=None,
+                   help="requests that may wait for a group; one more is answered 503 at once "
+                   "(default: 32 per replica)")
     p.add_argument("--timeout", default=None,
                    help="default deadline of a request in seconds (default: the service's)")
     p.add_argument("--on-healing", dest="on_healing", default="wait", choices=HEALING_MODES,
@@ -77,10 +85,22 @@ def main(argv: list[str]) -> int:
                                            "e.g. --world-size 2"))
         if args.spares is not None:
             served.spares = int(number("--spares", args.spares, int, 0, "e.g. --spares 1"))
-        check_size(served.world_size, served.spares, ("--world-size", "--spares"))
+        if args.replicas is not None:
+            served.replicas = int(number("--replicas", args.replicas, int, 1,
+                                         "e.g. --replicas 2"))
+        check_size(served.world_size, served.spares, served.replicas,
+                   ("--world-size", "--spares", "--replicas"))
         if args.timeout is not None:
             served.timeout = number("--timeout", args.timeout, float, 0.001, "e.g. --timeout 5")
         options: dict[str, Any] = {"on_healing": args.on_healing, "max_body": max_body}
+        if args.suspect_after is not None:
+            options["suspect_after"] = number(
+                "--suspect-after", args.suspect_after, float, 0.001,
+                f"seconds up to --timeout ({served.timeout:g}), e.g. --suspect-after 0.5",
+                maximum=served.timeout)
+        if args.max_queue is not None:
+            options["max_queue"] = int(number("--max-queue", args.max_queue, int, 0,
+                                              "e.g. --max-queue 64"))
         if args.log_dir:
             options["log_dir"] = writable_dir("--log-dir", args.log_dir)
         if args.journal:
@@ -91,7 +111,7 @@ def main(argv: list[str]) -> int:
         return 2
     host, bound = listener.getsockname()[:2]
     print(f"{PROG}: listening on http://{host}:{bound} ({served.world_size} ranks per group, "
-          f"{served.spares} spare(s))", flush=True)
+          f"{served.replicas} serving, {served.spares} spare(s))", flush=True)
     app = http.build(served, **options)
     # at the end of --grace the app answers what still runs (503); uvicorn's own cut, which
     # would cancel it unanswered, comes later

@@ -41,6 +41,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio.to_thread
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
@@ -59,6 +60,7 @@ from .service import Service
 TIMEOUT_HEADER = "x-request-timeout"
 ROUTES = ("/run", "/healthz", "/livez", "/readyz", "/metrics")  # others count as "other"
 _NOT_READY_RETRY_S = 1  # /readyz's Retry-After: a probe's own period is about this
+_SPARE_THREADS = 8  # worker threads beyond the pool's calls (probes run on the event loop)
 _DROPPED = "rankguard.dropped"  # in a request's scope: its client left mid-body
 
 
@@ -271,8 +273,13 @@ class _Server:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         self.pool = Pool(self.service.world_size, self.service.setup, wait=False,
-                         spares=self.service.spares, timeout=self.service.timeout,
-                         **self.pool_options)
+                         spares=self.service.spares, replicas=self.service.replicas,
+                         timeout=self.service.timeout, **self.pool_options)
+        # each request waits for the pool in a worker thread: enough threads for every call
+        # the pool lets queue, so that the pool's bounded queue, not a hidden one, decides
+        limiter = anyio.to_thread.current_default_thread_limiter()
+        limiter.total_tokens = max(limiter.total_tokens, self.pool.max_queue +
+                                   self.service.replicas + self.service.spares + _SPARE_THREADS)
         try:
             yield
         finally:

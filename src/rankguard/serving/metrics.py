@@ -14,8 +14,12 @@ The names are stable (the README lists them):
   ``rankguard_pool_heals_total``, ``rankguard_pool_start_failures_total``: counters;
 - ``rankguard_pool_heal_seconds``: histogram, from losing the serving replica to a new one
   serving;
+- ``rankguard_pool_suspicions_total``: counter, calls that ran past ``suspect_after`` while
+  others waited (their replica was drained);
 - ``rankguard_pool_spares_ready``, ``rankguard_pool_spares_starting``,
-  ``rankguard_pool_idle``, ``rankguard_pool_state{state}``: gauges;
+  ``rankguard_pool_idle``, ``rankguard_pool_waiting`` (calls waiting for a replica),
+  ``rankguard_pool_replicas{state}`` (``idle``, ``serving``, ``suspect``, ``spare``,
+  ``starting``), ``rankguard_pool_state{state}``: gauges;
 - ``rankguard_http_responses_total{route,code}``, ``rankguard_http_client_disconnects_total``:
   counters.
 """
@@ -29,11 +33,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily, Metric)
 
-from .pool import Pool
+from .pool import Pool, PoolStatus
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 CAUSES = ("raised", "exited", "signalled", "frozen", "deadline")
 STATES = ("starting", "ready", "healing", "failed", "closed")
+REPLICA_STATES = ("idle", "serving", "suspect", "spare", "starting")
 # a call's outcome: its result; RequestFailed; PoolUnavailable; PoolClosed (before it started,
 # or cut by the pool's close)
 OUTCOMES = ("ok", "failed", "unavailable", "closed")
@@ -99,8 +104,20 @@ class _PoolCollector:
                      status.spares_ready if status else 0)
         yield _gauge("rankguard_pool_spares_starting", "Replicas starting.",
                      status.spares_starting if status else 0)
+        yield _counter("rankguard_pool_suspicions", "Calls that ran past suspect_after while "
+                       "others waited (their replica was drained).", None,
+                       {"": values.get("suspicions", 0)})
         yield _gauge("rankguard_pool_idle", "Replicas that can take a request now.",
                      status.idle if status else 0)
+        yield _gauge("rankguard_pool_waiting", "Calls waiting for a replica.",
+                     status.waiting if status else 0)
+        replicas = GaugeMetricFamily("rankguard_pool_replicas", "Replicas by state: idle (can "
+                                     "take a call now), serving (running a call), suspect "
+                                     "(running one past suspect_after, drained), spare (ready "
+                                     "beyond the serving ones), starting.", labels=["state"])
+        for name, count in _replica_states(status).items():
+            replicas.add_metric([name], count)
+        yield replicas
         state = GaugeMetricFamily("rankguard_pool_state", "The pool's state (1 for the "
                                   "current one).", labels=["state"])
         current = status.state if status else "starting"
@@ -115,6 +132,14 @@ class _PoolCollector:
         yield _counter("rankguard_http_client_disconnects", "Requests whose client closed the "
                        "connection before it sent the whole body (not answered).", None,
                        {"": self._disconnects()})
+
+
+def _replica_states(status: PoolStatus | None) -> dict[str, int]:
+    if status is None:
+        return dict.fromkeys(REPLICA_STATES, 0)
+    return {"idle": status.idle, "serving": status.serving - status.suspect,
+            "suspect": status.suspect, "spare": status.spares_ready,
+            "starting": status.spares_starting}
 
 
 def _counter(name: str, text: str, label: str | None,

@@ -1,16 +1,20 @@
-"""``rankguard.Pool``: a leader in the caller's process and a replica (N rank processes that
-form one gloo process group, ``serving.replica``) that runs each call, with warm spare replicas
-that take over after a fault.
+"""``rankguard.Pool``: a leader in the caller's process and ``replicas`` replicas (each N rank
+processes that form one gloo process group, ``serving.replica``) that run calls at the same
+time, one each, with warm spare replicas that take over after a fault.
 
 The leader never takes part in a collective and never waits without a deadline: a call returns,
 or raises a :class:`rankguard.PoolError`, within its timeout plus about 0.1 s, whatever the ranks
 do. The call's timeout becomes a :class:`~rankguard.deadline.Deadline` once, in :meth:`Pool.run`;
 that value bounds the wait for a replica, the request, and the ranks' collectives. A fault fails
-only the call in flight. The replica that saw it is retired (regrouped in place when every rank
-is alive and merely raised, killed otherwise) and a ready spare takes its place at once; a
-supervisor thread keeps ``spares`` spare replicas started, with the user's setup done, and backs
-off when start-ups keep failing. It sleeps until something happens (a replica became ready,
-failed, lost a rank; a call retired one; a backoff ended): no polling tick.
+only its own call. The replica that saw it is retired (regrouped in place when every rank is
+alive and merely raised, killed otherwise) and a ready spare takes its place at once; a
+supervisor thread keeps ``replicas + spares`` replicas started, with the user's setup done, and
+backs off when start-ups keep failing. It sleeps until something happens (a replica became
+ready, failed, lost a rank; a call retired one; a backoff ended): no polling tick.
+
+Which replica takes a call is ``serving.dispatch``'s: first come, first served, and a call never
+waits behind one that has run past ``suspect_after`` (a hang in the making): that replica is
+drained and a ready spare serves in its place until the hung call's verdict retires it.
 
 In the journal and in :class:`PoolStatus` a replica is still called a ``group`` (``group_start``,
 ``group_ready``...): those names are a documented format.
@@ -36,12 +40,14 @@ from ..errors import PoolClosed, PoolUnavailable, RequestFailed, UsageError, sho
 from ..journal import Journal
 from ..options import MAX_LOCAL_RANKS, seconds, writable_file
 from .budgets import (BACKOFF_FIRST_S, MIN_CALL_FRACTION, REGROUP_MARGIN_S, REGROUP_S,
-                      STACKS_S)
+                      STACKS_S, SUSPECT_FRACTION)
+from .dispatch import Dispatch
 from .replica import Replica, StartFailure
 
 HEALING_MODES = ("wait", "fail")
 FAILED_AFTER = 3  # start-ups failing in a row (a rank died, or was late) before calls fail fast
 CLOSE_JOIN_S = 1.0  # at close, how long past its timeout the leader waits for the replicas
+QUEUE_PER_REPLICA = 32  # the default bound on the calls waiting for a replica, per replica
 
 
 @dataclass(frozen=True)
@@ -49,14 +55,18 @@ class PoolStatus:
     """Where a pool stands.
 
     Attributes:
-        state: ``ready`` (a healthy replica serves calls), ``starting`` (the first replica is
-            not ready yet), ``healing`` (a fault retired the replica; the next one is
-            starting), ``failed`` (the setup raised, or start-ups failed 3 times in a row; see
-            ``last_start_failure``; start-ups go on, with backoff) or ``closed``.
-        spares_ready: spare replicas ready to take over.
+        state: ``ready`` (a healthy replica serves calls, or is idle), ``starting`` (the first
+            replica is not ready yet), ``healing`` (faults retired every replica; the next one
+            is starting), ``failed`` (the setup raised, or start-ups failed 3 times in a row;
+            see ``last_start_failure``; start-ups go on, with backoff) or ``closed``.
+        spares_ready: ready replicas beyond those that can take a call now.
         spares_starting: replicas starting.
         last_start_failure: why the last start-up failed, or None.
-        idle: replicas that can take a call now (ready, running none).
+        idle: replicas that can take a call now (ready, running none, within ``replicas``).
+        serving: replicas running a call, suspects included.
+        suspect: replicas whose call has run past ``suspect_after`` (drained).
+        waiting: calls waiting for a replica.
+        replicas: how many replicas serve at once (the pool's ``replicas``).
     """
 
     state: str
@@ -64,11 +74,15 @@ class PoolStatus:
     spares_starting: int
     last_start_failure: str | None
     idle: int = 0
+    serving: int = 0
+    suspect: int = 0
+    waiting: int = 0
+    replicas: int = 1
 
 
 class Pool:
-    """A replica of ``world_size`` rank processes that run calls together, and its spares; see
-    the module docstring.
+    """Replicas of ``world_size`` rank processes that run calls, one each, and their spares;
+    see the module docstring.
 
     Args:
         world_size: ranks per replica (each call runs on all of them).
@@ -76,9 +90,15 @@ class Pool:
             (spares included, ahead of time) after its gloo group formed: load a model,
             allocate buffers. Its result is the first argument of every call's function. Must
             be importable by name (a module-level function).
-        spares: spare replicas kept ready beside the serving one (0: heal from a cold start).
+        spares: spare replicas kept ready beside the serving ones (0: heal from a cold start).
         timeout: default deadline of a call, in seconds. A tenth of it is the least time a
-            call must have left to start on the replica (``min_call_s``).
+            call must have left to start on a replica (``min_call_s``).
+        replicas: how many replicas serve calls at the same time (one call each).
+        suspect_after: seconds after which a call still running makes its replica a suspect:
+            drained, and no longer counted against ``replicas``, so that a spare serves in its
+            place (default: a fifth of ``timeout``). At most ``timeout``.
+        max_queue: how many calls may wait for a replica; one more fails at once with
+            ``PoolUnavailable("busy")`` (default: 32 per replica).
         on_healing: ``wait``: a call that arrives while no replica is ready waits for one
             within its deadline; ``fail``: it raises :class:`PoolUnavailable` at once.
         start_timeout: seconds a replica may take to start (torch import, setup).
@@ -97,12 +117,25 @@ class Pool:
     """
 
     def __init__(self, world_size: int, setup: Callable[[int, int], Any] | None = None, *,
-                 spares: int = 1, timeout: float = 30.0, on_healing: str = "wait",
-                 start_timeout: float = 120.0, max_backoff: float = 30.0,
-                 journal: str | None = None, log_dir: str | None = None,
-                 env: dict[str, str] | None = None, wait: bool = True) -> None:
-        check_size(world_size, spares)
+                 spares: int = 1, timeout: float = 30.0, replicas: int = 1,
+                 suspect_after: float | None = None, max_queue: int | None = None,
+                 on_healing: str = "wait", start_timeout: float = 120.0,
+                 max_backoff: float = 30.0, journal: str | None = None,
+                 log_dir: str | None = None, env: dict[str, str] | None = None,
+                 wait: bool = True) -> None:
+        check_size(world_size, spares, replicas)
         self.timeout = seconds("Pool(timeout)", timeout)
+        self.suspect_after = self.timeout * SUSPECT_FRACTION if suspect_after is None else \
+            seconds("Pool(suspect_after)", suspect_after)
+        if self.suspect_after > self.timeout:
+            raise UsageError("Pool(suspect_after)", f"{self.suspect_after:g} s is longer than "
+                             f"the pool's timeout of {self.timeout:g} s",
+                             "give at most the timeout")
+        self.max_queue = QUEUE_PER_REPLICA * replicas if max_queue is None else max_queue
+        if not isinstance(self.max_queue, int) or isinstance(self.max_queue, bool) or \
+                self.max_queue < 0:
+            raise UsageError("Pool(max_queue)", f"expected a whole number >= 0, got "
+                             f"{shown(max_queue)}")
         self.start_timeout = seconds("Pool(start_timeout)", start_timeout)
         self.max_backoff = seconds("Pool(max_backoff)", max_backoff)
         self.min_call_s = self.timeout * MIN_CALL_FRACTION
@@ -113,6 +146,7 @@ class Pool:
             raise UsageError("Pool(setup)", f"{setup!r} is not callable")
         self.world_size = world_size
         self.spares = spares
+        self.replicas = replicas
         self.on_healing = on_healing
         self._setup = setup
         self._env = dict(env or {})
@@ -121,9 +155,7 @@ class Pool:
         self._own_log_dir = not log_dir  # a folder of ours, removed by close()
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="rankguard-pool-")
         self._cond = threading.Condition()
-        self._active: Replica | None = None
-        self._busy = False
-        self._ready: list[Replica] = []  # spares, ready
+        self._dispatch: Dispatch[Replica] = Dispatch(replicas, self.suspect_after)
         self._starting: list[Replica] = []
         self._retired: list[Replica] = []  # regrouping in the background
         self._numbers = 0
@@ -131,14 +163,15 @@ class Pool:
         self._closed_until = Deadline.never()  # set by close(): when what is left is killed,
         self._closed_join_by = Deadline.never()  # and how long the shutdown may take
         self._closed_groups = 0
-        self._fault_at: float | None = None  # when the serving replica was lost, until healed
+        self._lost_at: list[float] = []  # when replicas were lost, until the pool is whole
         self._start_failures = 0  # consecutive
         self._last_start_failure: StartFailure | None = None
         self._next_start = Deadline.after(0.0)  # the backoff after failed start-ups
         self._start_estimate_s = 3.0
         self.counts: Counter[str] = Counter()
         self.heal_seconds: list[float] = []
-        self._event("pool_start", world_size=world_size, spares=spares, log_dir=self.log_dir)
+        self._event("pool_start", world_size=world_size, spares=spares, replicas=replicas,
+                    suspect_after=self.suspect_after, log_dir=self.log_dir)
         self._supervisor = threading.Thread(target=self._supervise, name="rankguard-pool",
                                             daemon=True)
         self._supervisor.start()
@@ -180,10 +213,8 @@ class Pool:
         deadline = Deadline.after(limit)  # the call's one deadline, down to the ranks
         replica = self._claim(deadline)
         command = {"fn": fn, "args": args, "kwargs": kwargs, "all": all_ranks}
-        succeeded = False
         try:
             results = replica.run(command, started, deadline)
-            succeeded = True
         except RequestFailed as fault:
             if self._closed and replica.killed:  # the close ended the ranks: no rank's fault
                 with self._cond:
@@ -193,20 +224,25 @@ class Pool:
             self._on_fault(replica, fault)
             raise
         except UsageError:
+            self._release(replica, succeeded=False)
             raise  # nothing was sent
         except BaseException:  # interrupted (KeyboardInterrupt...): the ranks are mid-request
             self._on_fault(replica, RequestFailed(None, "deadline", "was interrupted in the "
                                                   "leader", took=time.monotonic() - started),
                            interrupted=True)
             raise
-        finally:
-            with self._cond:
-                if self._active is replica:
-                    self._busy = False
-                if succeeded:
-                    self.counts["requests_ok"] += 1
-                self._cond.notify_all()
+        self._release(replica, succeeded=True)
         return [results[r] for r in range(self.world_size)] if all_ranks else results[0]
+
+    def _release(self, replica: Replica, succeeded: bool) -> None:
+        """The call on ``replica`` ended without a fault: it serves again."""
+        with self._cond:
+            ran = self._dispatch.done(replica)
+            if succeeded:
+                self.counts["requests_ok"] += 1
+                if ran is not None and ran > self.suspect_after:
+                    self.counts["slow_calls"] += 1  # a suspect that was merely slow
+            self._cond.notify_all()
 
     def call_timeout(self, what: str, value: object) -> float:
         """``value`` as a call's deadline in seconds: finite and at least ``min_call_s``.
@@ -222,29 +258,50 @@ class Pool:
         return limit
 
     def _claim(self, deadline: Deadline) -> Replica:
-        """The serving replica, marked busy; waits (bounded) while it is busy or healing, but
-        only until ``min_call_s`` before ``deadline``: a call that could start only later
-        fails as unavailable, and the replica is not touched."""
+        """A replica for the call, marked busy: at once if one is free and no older call waits;
+        else the call queues (at most ``max_queue`` calls do) and waits, bounded, but only until
+        ``min_call_s`` before ``deadline``: a call that could start only later fails as
+        unavailable, and no replica is touched."""
         latest = deadline.before(self.min_call_s)
-        first = True  # an idle replica is taken at once (the deadline was checked on entry)
         with self._cond:
-            while True:
-                if self._closed:
-                    self.counts["requests_closed"] += 1
-                    raise PoolClosed("the pool was closed")
-                if self._active is not None and not self._busy and (
-                        first or not latest.passed()):
-                    self._busy = True
-                    return self._active
-                state = self._state()
-                if state == "failed" or (state == "healing" and self.on_healing == "fail"):
-                    self.counts["requests_unavailable"] += 1
-                    raise self._unavailable(state)
-                if latest.passed():
-                    self.counts["requests_unavailable"] += 1
-                    raise self._unavailable("busy" if self._active is not None else state)
-                self._cond.wait(latest.wait_time())
-                first = False
+            if self._closed:
+                self.counts["requests_closed"] += 1
+                raise PoolClosed("the pool was closed")
+            if self._dispatch.waiting() >= self.max_queue + self._dispatch.free():
+                self.counts["requests_unavailable"] += 1
+                raise PoolUnavailable("busy", 1.0, f"{self._dispatch.waiting()} calls wait for "
+                                      f"a replica already (max_queue={self.max_queue})")
+            ticket = self._dispatch.enqueue()
+            first = True  # a free replica is taken at once (the deadline was checked on entry)
+            try:
+                while True:
+                    if self._closed:
+                        self.counts["requests_closed"] += 1
+                        raise PoolClosed("the pool was closed")
+                    now = time.monotonic()
+                    for suspect in self._dispatch.newly_suspect(now):
+                        self.counts["suspicions"] += 1
+                        self._event("group_suspect", group=suspect.number,
+                                    running_s=round(now - self._dispatch.busy[suspect], 3))
+                    if (first or not latest.passed()) and self._dispatch.can_take(ticket, now):
+                        replica = self._dispatch.take(ticket)
+                        ticket = None
+                        return replica
+                    state = self._state()
+                    if state == "failed" or (state == "healing" and self.on_healing == "fail"):
+                        self.counts["requests_unavailable"] += 1
+                        raise self._unavailable(state)
+                    if latest.passed():
+                        self.counts["requests_unavailable"] += 1
+                        raise self._unavailable("busy" if self._dispatch.healthy() else state)
+                    wake = self._dispatch.next_suspicion(now)
+                    self._cond.wait(latest.wait_time() if wake is None else
+                                    min(wake, latest.wait_time()))
+                    first = False
+            finally:
+                if ticket is not None:
+                    self._dispatch.leave(ticket)
+                    self._cond.notify_all()  # a younger call may be first now
 
     def _unavailable(self, state: str) -> PoolUnavailable:
         if state == "failed":
@@ -254,11 +311,11 @@ class Pool:
                       f"{self._next_start.left():.1f} s")
             return PoolUnavailable("failed", self._next_start.left(1.0), detail)
         if state == "busy":
-            return PoolUnavailable("busy", 1.0, "the group ran other calls until less than "
+            return PoolUnavailable("busy", 1.0, "the replicas ran other calls until less than "
                                    f"{self.min_call_s:g} s of this call's deadline was left")
         return PoolUnavailable(state, self._start_estimate_s,
-                               "a fault retired the serving group; a new one is starting"
-                               if state == "healing" else "the first group is starting")
+                               "faults retired every replica; a new one is starting"
+                               if state == "healing" else "the first replica is starting")
 
     def _on_fault(self, replica: Replica, fault: RequestFailed, interrupted: bool = False
                   ) -> None:
@@ -274,10 +331,7 @@ class Pool:
         idle = fault.cause == "raised" and replica.alive()
         overran = fault.cause == "deadline" and fault.rank is None and not interrupted
         with self._cond:
-            if self._active is replica:
-                self._active = None
-                self._busy = False
-                self._fault_at = time.monotonic()
+            self._lose(replica)
             self._event("group_retire", group=replica.number,
                         action="regroup" if idle or overran else "kill", reason=fault.cause)
             if idle or overran:
@@ -289,8 +343,22 @@ class Pool:
                                  name="rankguard-stacks").start()
             else:
                 replica.kill()
-            self._promote()
+            self._count_heals()
             self._cond.notify_all()
+
+    def _lose(self, replica: Replica) -> None:
+        """Under the lock: ``replica`` no longer serves; the pool heals from that moment."""
+        if self._dispatch.remove(replica):
+            self._lost_at.append(time.monotonic())
+
+    def _count_heals(self) -> None:
+        """Under the lock: each loss of a replica is healed once ``replicas`` healthy replicas
+        serve again (at once when a spare was ready)."""
+        while self._lost_at and self._dispatch.healthy() >= self.replicas and not self._closed:
+            took = time.monotonic() - self._lost_at.pop(0)
+            self.heal_seconds.append(took)
+            self.counts["heals"] += 1
+            self._event("heal", healthy=self._dispatch.healthy(), took_s=round(took, 4))
 
     def _stacks_then_kill(self, replica: Replica) -> None:
         """After a hang verdict: where each rank was stuck goes to the journal, then the
@@ -323,25 +391,12 @@ class Pool:
         with self._cond:
             self._retired.remove(replica)
             if ok and not self._closed:
-                self._ready.append(replica)
+                self._dispatch.add(replica)
                 self._event("group_ready", group=replica.number, role="regrouped")
-                self._promote()
+                self._count_heals()
             else:
                 replica.kill()
             self._cond.notify_all()
-
-    def _promote(self) -> None:
-        """Under the lock: a ready spare becomes the serving replica if there is none."""
-        if self._active is not None or not self._ready or self._closed:
-            return
-        self._active = self._ready.pop(0)
-        self._busy = False
-        if self._fault_at is not None:
-            took = time.monotonic() - self._fault_at
-            self._fault_at = None
-            self.heal_seconds.append(took)
-            self.counts["heals"] += 1
-            self._event("heal", group=self._active.number, took_s=round(took, 4))
 
     # -- the supervisor: spares, start-ups, backoff ---------------------------------------------
 
@@ -354,7 +409,7 @@ class Pool:
         with self._cond:
             while not self._closed:
                 self._check_starting()
-                self._check_spares()
+                self._check_idle()
                 self._cond.wait(self._start_more())
         self._shut_down()
 
@@ -374,10 +429,10 @@ class Pool:
                 self._start_estimate_s = took
                 self._start_failures = 0
                 self._last_start_failure = None
-                self._ready.append(replica)
-                self._event("group_ready", group=replica.number, role="spare",
+                self._dispatch.add(replica)
+                self._event("group_ready", group=replica.number, role="started",
                             took_s=round(took, 3))
-                self._promote()
+                self._count_heals()
             else:
                 replica.kill()
                 self._start_failures += 1
@@ -391,27 +446,20 @@ class Pool:
                             consecutive=self._start_failures, backoff_s=pause)
             self._cond.notify_all()
 
-    def _check_spares(self) -> None:
-        for replica in list(self._ready):
+    def _check_idle(self) -> None:
+        for replica in list(self._dispatch.ready):
             if not replica.alive():
-                self._ready.remove(replica)
+                self._lose(replica)
                 replica.kill()
                 self._event("group_retire", group=replica.number, action="kill",
-                            reason="a spare's rank died")
-        active = self._active
-        if active is not None and not self._busy and not active.alive():
-            self._active = None
-            self._fault_at = time.monotonic()
-            active.kill()
-            self._event("group_retire", group=active.number, action="kill",
-                        reason="a rank of the idle serving group died")
-            self._promote()
+                            reason="a rank of an idle replica died")
+        self._count_heals()
 
     def _start_more(self) -> float | None:
         """Start a replica if one is missing and no backoff holds it back; returns how long
         the supervisor may sleep before it must look again (None: until something changes)."""
-        wanted = self.spares + (1 if self._active is None else 0)
-        have = len(self._ready) + len(self._starting) + len(self._retired)
+        wanted = self.replicas + self.spares
+        have = self._dispatch.healthy() + len(self._starting) + len(self._retired)
         if have >= wanted:
             return None
         if self._starting and self._start_failures:  # failing: one attempt at a time
@@ -431,21 +479,26 @@ class Pool:
     def _state(self) -> str:
         if self._closed:
             return "closed"
-        if self._active is not None:
+        if self._dispatch.healthy():
             return "ready"
         failure = self._last_start_failure
-        if failure is not None and not self._ready and (
-                failure.remote_traceback or self._start_failures >= FAILED_AFTER):
+        if failure is not None and (failure.remote_traceback or
+                                    self._start_failures >= FAILED_AFTER):
             return "failed"  # the setup raised, or start-ups keep failing
-        return "healing" if self._fault_at is not None else "starting"
+        return "healing" if self._lost_at else "starting"
 
     def status(self) -> PoolStatus:
         with self._cond:
             failure = self._last_start_failure
             state = self._state()
-            idle = int(state == "ready" and self._active is not None and not self._busy)
-            return PoolStatus(state, len(self._ready), len(self._starting),
-                              failure.describe() if failure else None, idle)
+            now = time.monotonic()
+            serving = state == "ready"
+            return PoolStatus(state, self._dispatch.spares(now) if serving else 0,
+                              len(self._starting), failure.describe() if failure else None,
+                              idle=self._dispatch.free(now) if serving else 0,
+                              serving=len(self._dispatch.busy),
+                              suspect=len(self._dispatch.suspects(now)),
+                              waiting=self._dispatch.waiting(), replicas=self.replicas)
 
     def wait_ready(self, timeout: float) -> None:
         """Wait until a replica serves calls.
@@ -456,7 +509,7 @@ class Pool:
         """
         until = Deadline.after(timeout)
         with self._cond:
-            while self._active is None:
+            while not self._dispatch.healthy():
                 if self._closed:
                     raise PoolClosed("the pool was closed")
                 state = self._state()
@@ -464,7 +517,7 @@ class Pool:
                     raise self._unavailable(state)
                 if until.passed():
                     raise PoolUnavailable(state, self._start_estimate_s,
-                                          f"no group was ready within {timeout:g} s")
+                                          f"no replica was ready within {timeout:g} s")
                 self._cond.wait(until.wait_time())
 
     def heal_durations(self) -> list[float]:
@@ -477,8 +530,9 @@ class Pool:
         start-up failures, spares."""
         with self._cond:
             values: dict[str, float] = dict(self.counts)
-            values["spares_ready"] = len(self._ready)
+            values["spares_ready"] = self._dispatch.spares()
             values["spares_starting"] = len(self._starting)
+            values["serving"] = len(self._dispatch.busy)
             values["heal_seconds_sum"] = sum(self.heal_seconds)
             values["heal_seconds_count"] = len(self.heal_seconds)
             return values
@@ -521,9 +575,9 @@ class Pool:
         close's deadline), all at once."""
         with self._cond:
             until, joined_by = self._closed_until, self._closed_join_by
-            replicas = [r for r in [self._active, *self._ready] if r is not None]
+            replicas = self._dispatch.clear()
             doomed = self._starting + self._retired
-            self._active, self._ready, self._starting = None, [], []
+            self._starting = []
             self._closed_groups = len(replicas) + len(doomed)
         for replica in doomed:
             replica.kill()
@@ -549,23 +603,28 @@ def _open_journal(path: str, pool_id: str) -> Journal:
                          "choose a file you can write to") from None
 
 
-def check_size(world_size: Any, spares: Any, names: tuple[str, str] = ("Pool(world_size)",
-                                                                      "Pool(spares)")) -> None:
-    """Refuse a pool size that is not whole numbers (``world_size`` >= 1, ``spares`` >= 0), or
-    whose ``world_size * (1 + spares)`` rank processes exceed ``MAX_LOCAL_RANKS`` on this
-    machine; ``names``: how the caller calls the two (``--world-size``, ``--spares``).
+def check_size(world_size: Any, spares: Any, replicas: Any = 1,
+               names: tuple[str, str, str] = ("Pool(world_size)", "Pool(spares)",
+                                              "Pool(replicas)")) -> None:
+    """Refuse a pool size that is not whole numbers (``world_size`` >= 1, ``spares`` >= 0,
+    ``replicas`` >= 1), or whose ``world_size * (replicas + spares)`` rank processes exceed
+    ``MAX_LOCAL_RANKS`` on this machine; ``names``: how the caller calls the three
+    (``--world-size``, ``--spares``, ``--replicas``).
 
     Raises:
         UsageError: naming the value and the fix.
     """
-    for what, value, least in ((names[0], world_size, 1), (names[1], spares, 0)):
+    for what, value, least in ((names[0], world_size, 1), (names[1], spares, 0),
+                               (names[2], replicas, 1)):
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise UsageError(what, f"expected a whole number >= {least}, got {shown(value)}")
         if value > MAX_LOCAL_RANKS:
             raise UsageError(what, f"{shown(value)} is above {MAX_LOCAL_RANKS}",
                              f"start at most {MAX_LOCAL_RANKS} rank processes on one machine")
-    if world_size * (1 + spares) > MAX_LOCAL_RANKS:
-        raise UsageError(f"{names[0]} and {names[1]}",
-                         f"{world_size} ranks per group x {1 + spares} groups (the serving one "
-                         f"and {spares} spare(s)) is more than {MAX_LOCAL_RANKS} rank processes",
-                         f"start at most {MAX_LOCAL_RANKS} rank processes on one machine")
+    groups = replicas + spares
+    if world_size * groups > MAX_LOCAL_RANKS:
+        raise UsageError(f"{names[0]}, {names[1]} and {names[2]}",
+                         f"{world_size} ranks per replica x {groups} replicas ({replicas} "
+                         f"serving and {spares} spare(s)) is more than {MAX_LOCAL_RANKS} rank "
+                         "processes", f"start at most {MAX_LOCAL_RANKS} rank processes on one "
+                         "machine")

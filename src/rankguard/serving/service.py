@@ -24,6 +24,7 @@ class Service:
         validate: ``validate(request) -> request``, run in the server before a request reaches
             the pool; raising ``ValueError`` or ``TypeError`` answers 422 with its message.
         world_size: ranks per group.
+        replicas: groups that serve requests at the same time.
         spares: warm spare groups.
         timeout: default deadline of a request, in seconds (the ``X-Request-Timeout`` header
             may ask for another).
@@ -34,6 +35,7 @@ class Service:
     validate: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     world_size: int = 2
     spares: int = 1
+    replicas: int = 1
     timeout: float = 10.0
 
 
