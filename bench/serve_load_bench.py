@@ -14,20 +14,23 @@ each as soon as its previous one was answered, each with a deadline of ``--timeo
    raise, crash, kill, stop, hang and gil. For each server: fault-free calls failed (and per
    fault), their p50 and p99 against the same server's fault-free p99 (a pass without faults
    just before, same load), and how many faults were named right (rank 1, the expected
-   cause). Servers: today's single serving group (``replicas=1, spares=2``), two replicas
-   (``replicas=2, spares=2``) and two plain groups served by hand, which kill a group whose
-   call failed or overran and start a new one (no verdict, no warm spare).
-3. Heal time: the pool's heal histogram (a replica lost -> ``replicas`` healthy again) and the
-   time until every spare was back, for the two-replica pool of 2.
+   cause). Servers: the pool as it was before replicas (one serving group, 2 spares, ranks
+   started cold, no suspicion: ``replicas=1, spares=2, suspect_after=timeout, zygote=False``),
+   the pool with one and with two replicas (2 spares, forked ranks, suspicion after a fifth of
+   the deadline), and two plain groups served by hand, which kill a group whose call failed or
+   overran and start a new one (no verdict, no warm spare).
+3. Heal time, for each pool of 2: a histogram of its heals (a replica lost -> ``replicas``
+   healthy again) and how long each replacement replica took to start (journal).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import queue
+import shutil
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -36,6 +39,7 @@ from typing import Any, Callable
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import rankguard  # noqa: E402
+from rankguard import journal  # noqa: E402
 
 import pool_bench_functions as fns  # noqa: E402
 from plain_served import PlainFailed, PlainGroup  # noqa: E402
@@ -89,11 +93,15 @@ def load(call: Call, requests: int, clients: int, fault_every: int) -> tuple[lis
 
 
 class Rankguard:
-    def __init__(self, args: argparse.Namespace, work: int, replicas: int, spares: int) -> None:
+    def __init__(self, args: argparse.Namespace, work: int, replicas: int, spares: int,
+                 **options: Any) -> None:
         self.work, self.timeout = work, args.timeout
         self.replicas, self.spares = replicas, spares
+        self._folder = tempfile.mkdtemp(prefix="serve-load-bench-")
+        self.journal = os.path.join(self._folder, "journal.jsonl")
         self.pool = rankguard.Pool(args.world, fns.setup, replicas=replicas, spares=spares,
-                                   timeout=args.timeout, start_timeout=READY_S)
+                                   timeout=args.timeout, start_timeout=READY_S,
+                                   journal=self.journal, **options)
         self.whole()
 
     def whole(self) -> None:
@@ -115,17 +123,52 @@ class Rankguard:
         except rankguard.PoolUnavailable as error:
             return f"unavailable:{error.state}", None
 
+    def starts_since(self, since: float) -> list[float]:
+        """Seconds each replica started after ``since`` (wall clock) took to be ready."""
+        return [e["took_s"] for e in journal.read(self.journal) if e["event"] == "group_ready"
+                and e.get("role") == "started" and e["ts"] >= since]
+
     def close(self) -> None:
         self.pool.close()
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+
+class FairGroups:
+    """Idle plain groups handed out first come, first served (a bare queue.Queue lets a client
+    that just gave a group back take it again before the clients waiting for one)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._idle: list[PlainGroup] = []
+        self._line: list[object] = []
+
+    def get(self, timeout: float) -> PlainGroup | None:
+        ticket = object()
+        until = time.monotonic() + timeout
+        with self._cond:
+            self._line.append(ticket)
+            try:
+                while not (self._idle and self._line[0] is ticket):
+                    if not self._cond.wait(until - time.monotonic()):
+                        return None
+                return self._idle.pop(0)
+            finally:
+                self._line.remove(ticket)
+                self._cond.notify_all()
+
+    def put(self, group: PlainGroup) -> None:
+        with self._cond:
+            self._idle.append(group)
+            self._cond.notify_all()
 
 
 class Plain:
-    """Plain groups served by hand: a queue of idle groups; a group whose call failed or
-    overran its deadline is killed and a new one started in the background."""
+    """Plain groups served by hand: idle groups handed out in order of arrival; a group whose
+    call failed or overran its deadline is killed and a new one started in the background."""
 
     def __init__(self, args: argparse.Namespace, work: int, replicas: int) -> None:
         self.world, self.work, self.timeout = args.world, work, args.timeout
-        self.idle: queue.Queue[PlainGroup] = queue.Queue()
+        self.idle = FairGroups()
         self.groups: list[PlainGroup] = []
         self.lock = threading.Lock()
         for _ in range(replicas):
@@ -147,9 +190,8 @@ class Plain:
 
     def __call__(self, fault: str | None) -> tuple[str, int | None]:
         until = time.monotonic() + self.timeout
-        try:
-            group = self.idle.get(timeout=self.timeout)
-        except queue.Empty:
+        group = self.idle.get(self.timeout)
+        if group is None:
             return "unavailable:busy", None
         try:
             group.run(fns.forward, self.work, fault, timeout=max(0.0, until - time.monotonic()))
@@ -195,15 +237,21 @@ def throughput(args: argparse.Namespace, work: int) -> None:
         print(f"{'':34}rankguard / plain req/s: {ours / plain:.2f}")
 
 
-def with_faults(args: argparse.Namespace, work: int) -> Rankguard | None:
+Heals = dict[str, tuple[list[float], list[float]]]  # server -> (heal times, replica starts)
+
+
+def with_faults(args: argparse.Namespace, work: int) -> Heals:
     faults = args.requests // args.fault_every
     print(f"\n2. faults: 1 call in {args.fault_every} has rank 1 fault mid-forward ({faults} "
           f"faults: {', '.join(FAULTS)}), {args.clients} clients, {args.requests} calls, "
           f"deadline {args.timeout:g} s")
     print(f"{'':34}{'fault-free failed':>18}{'per fault':>10}{'p50':>9}{'p99':>9}"
           f"{'p99 / no-fault p99':>20}{'named':>7}")
-    kept = None
-    for name, make in (("rankguard, replicas=1 spares=2", lambda: Rankguard(args, work, 1, 2)),
+    heals: Heals = {}
+    before = {"suspect_after": args.timeout, "zygote": False}  # the pool before replicas
+    for name, make in (("rankguard before: 1 group, 2 spares",
+                        lambda: Rankguard(args, work, 1, 2, **before)),
+                       ("rankguard, replicas=1 spares=2", lambda: Rankguard(args, work, 1, 2)),
                        ("rankguard, replicas=2 spares=2", lambda: Rankguard(args, work, 2, 2)),
                        ("plain, 2 groups by hand", lambda: Plain(args, work, 2))):
         server = make()
@@ -212,12 +260,14 @@ def with_faults(args: argparse.Namespace, work: int) -> Rankguard | None:
             calm, _ = load(server, args.requests, args.clients, 0)
             if isinstance(server, Rankguard):
                 server.whole()
+                since = time.time()
+                healed = len(server.pool.heal_durations())
             answers, _ = load(server, args.requests, args.clients, args.fault_every)
+            if isinstance(server, Rankguard):
+                server.whole()  # the replicas that faults retired are replaced
+                heals[name] = (server.pool.heal_durations()[healed:], server.starts_since(since))
         finally:
-            if isinstance(server, Rankguard) and server.replicas == 2:
-                kept = server  # its heal times are read below; closed there
-            else:
-                server.close()
+            server.close()
         base = pct([a.took for a in calm if a.ok], .99)
         clean = [a for a in answers if a.fault is None]
         failed = [a for a in clean if not a.ok]
@@ -229,26 +279,22 @@ def with_faults(args: argparse.Namespace, work: int) -> Rankguard | None:
               f"{len(failed) / max(1, len(faulty)):>10.1f}{pct(took, .5) * 1e3:>7.0f}ms"
               f"{pct(took, .99) * 1e3:>7.0f}ms{pct(took, .99) / base:>19.1f}x"
               f"{named:>4}/{len(faulty)}" + (f"   (mostly {why})" if why else ""))
-    return kept
+    return heals
 
 
-def heal_times(server: Rankguard) -> None:
-    heals = server.pool.heal_durations()
-    started = time.monotonic()
-    server.whole()
-    refill = time.monotonic() - started
-    server.close()
-    print(f"\n3. heal time of the two-replica pool of 2 ({len(heals)} heals: a replica lost -> "
-          f"{server.replicas} healthy replicas again)")
+def heal_times(heals: Heals) -> None:
     bounds = (0.001, 0.01, 0.1, 1.0, 5.0, 30.0)
-    low = 0.0
-    for bound in bounds:
-        count = sum(1 for h in heals if low <= h < bound)
-        print(f"  {low:>6g} - {bound:<6g} s {'#' * count} {count}")
-        low = bound
-    if heals:
-        print(f"  median {statistics.median(heals) * 1e3:.1f} ms, max {max(heals) * 1e3:.1f} ms; "
-              f"every spare back {refill:.1f} s after the load ended")
+    print("\n3. during the faults of 2: heal time (a replica lost -> `replicas` healthy ones "
+          "again), as a histogram, and how long each replacement replica took to start")
+    print(f"{'':34}" + "".join(f"{f'<{b:g} s':>8}" for b in bounds) +
+          f"{'median':>9}{'max':>9}{'starts':>8}{'median':>9}{'max':>9}")
+    for name, (healed, starts) in heals.items():
+        counts = [sum(1 for h in healed if low <= h < high)
+                  for low, high in zip((0.0, *bounds), bounds)]
+        print(f"{name:34}" + "".join(f"{c:>8}" for c in counts) +
+              f"{statistics.median(healed) if healed else 0:>8.3f}s{max(healed, default=0):>8.3f}s"
+              f"{len(starts):>8}{statistics.median(starts) if starts else 0:>8.2f}s"
+              f"{max(starts, default=0):>8.2f}s")
 
 
 def main() -> None:
@@ -269,9 +315,7 @@ def main() -> None:
     if "1" in sections:
         throughput(args, work)
     if "2" in sections:
-        kept = with_faults(args, work)
-        if kept is not None:
-            heal_times(kept)
+        heal_times(with_faults(args, work))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ EVENTS = (
     "round_end",
     "run_end",
     "pool_start",
+    "zygote_start",
+    "zygote_failed",
     "group_start",
     "group_ready",
     "group_start_failed",

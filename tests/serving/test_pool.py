@@ -125,7 +125,9 @@ def test_a_setup_that_always_fails_is_reported_with_backoff(tmp_path: Path) -> N
 def test_calls_during_healing_wait_or_fail_fast_and_a_fault_while_healing_is_survived(
         tmp_path: Path) -> None:
     log = tmp_path / "journal.jsonl"
-    with rankguard.Pool(2, rf.load, spares=0, timeout=TIMEOUT, journal=str(log)) as pool:
+    # cold starts (seconds): a window to fault in while healing
+    with rankguard.Pool(2, rf.load, spares=0, timeout=TIMEOUT, journal=str(log),
+                        zygote=False) as pool:
         with pytest.raises(rankguard.RequestFailed):
             pool.run(rf.forward, 1.0, fault=(1, "kill"))
         assert pool.status().state == "healing"
@@ -137,7 +139,8 @@ def test_calls_during_healing_wait_or_fail_fast_and_a_fault_while_healing_is_sur
         assert pool.metrics()["heals"] == 1
     assert len(events(log, "group_start_failed")) == 1
 
-    with rankguard.Pool(2, rf.load, spares=0, timeout=TIMEOUT, on_healing="fail") as pool:
+    with rankguard.Pool(2, rf.load, spares=0, timeout=TIMEOUT, on_healing="fail",
+                        zygote=False) as pool:
         with pytest.raises(rankguard.RequestFailed):
             pool.run(rf.forward, 1.0, fault=(0, "exit"))
         started = time.monotonic()

@@ -51,6 +51,9 @@ def build_parser() -> Parser:
     p.add_argument("--on-healing", dest="on_healing", default="wait", choices=HEALING_MODES,
                    help="a request that arrives while no group is ready waits for one within "
                    "its deadline, or fails at once with 503 (default wait)")
+    p.add_argument("--no-zygote", dest="zygote", action="store_false",
+                   help="start each rank as a new Python (seconds) instead of forking it from "
+                   "a zygote process that imported torch once (milliseconds)")
     p.add_argument("--grace", default="10", help="seconds in-flight requests get to finish "
                    "after SIGTERM (default 10)")
     p.add_argument("--max-body", dest="max_body", default=str(MAX_BODY),
@@ -92,7 +95,8 @@ def main(argv: list[str]) -> int:
                    ("--world-size", "--spares", "--replicas"))
         if args.timeout is not None:
             served.timeout = number("--timeout", args.timeout, float, 0.001, "e.g. --timeout 5")
-        options: dict[str, Any] = {"on_healing": args.on_healing, "max_body": max_body}
+        options: dict[str, Any] = {"on_healing": args.on_healing, "max_body": max_body,
+                                   "zygote": args.zygote}
         if args.suspect_after is not None:
             options["suspect_after"] = number(
                 "--suspect-after", args.suspect_after, float, 0.001,

@@ -42,11 +42,15 @@ from ..options import MAX_LOCAL_RANKS, seconds, writable_file
 from .budgets import (BACKOFF_FIRST_S, MIN_CALL_FRACTION, REGROUP_MARGIN_S, REGROUP_S,
                       STACKS_S, SUSPECT_FRACTION)
 from .dispatch import Dispatch
-from .replica import Replica, StartFailure
+from ..supervisor.zygote import Zygote, ZygoteUnavailable
+from . import leader_env
+from .replica import WORKER_MODULE, Replica, StartFailure, cold_start
 
 HEALING_MODES = ("wait", "fail")
 FAILED_AFTER = 3  # start-ups failing in a row (a rank died, or was late) before calls fail fast
 CLOSE_JOIN_S = 1.0  # at close, how long past its timeout the leader waits for the replicas
+ZYGOTE_TRIES = 3  # zygotes that may fail (die, stop answering) before ranks start cold only
+FORK_S = 2.0  # how long a zygote may take to fork a rank (it answers in milliseconds)
 QUEUE_PER_REPLICA = 32  # the default bound on the calls waiting for a replica, per replica
 
 
@@ -99,6 +103,10 @@ class Pool:
             place (default: a fifth of ``timeout``). At most ``timeout``.
         max_queue: how many calls may wait for a replica; one more fails at once with
             ``PoolUnavailable("busy")`` (default: 32 per replica).
+        zygote: start ranks by forking a zygote process that imported torch and the rank's
+            code once (milliseconds per rank, instead of seconds for a new Python); False:
+            each rank is a new Python. A zygote that fails is replaced, and after 3 failures
+            ranks start cold.
         on_healing: ``wait``: a call that arrives while no replica is ready waits for one
             within its deadline; ``fail``: it raises :class:`PoolUnavailable` at once.
         start_timeout: seconds a replica may take to start (torch import, setup).
@@ -122,7 +130,7 @@ class Pool:
                  on_healing: str = "wait", start_timeout: float = 120.0,
                  max_backoff: float = 30.0, journal: str | None = None,
                  log_dir: str | None = None, env: dict[str, str] | None = None,
-                 wait: bool = True) -> None:
+                 zygote: bool = True, wait: bool = True) -> None:
         check_size(world_size, spares, replicas)
         self.timeout = seconds("Pool(timeout)", timeout)
         self.suspect_after = self.timeout * SUSPECT_FRACTION if suspect_after is None else \
@@ -168,6 +176,9 @@ class Pool:
         self._last_start_failure: StartFailure | None = None
         self._next_start = Deadline.after(0.0)  # the backoff after failed start-ups
         self._start_estimate_s = 3.0
+        self._zygote: Zygote | None = None
+        self._zygote_by = Deadline.never()  # when a starting zygote must be ready
+        self._zygote_tries = 0 if zygote else ZYGOTE_TRIES
         self.counts: Counter[str] = Counter()
         self.heal_seconds: list[float] = []
         self._event("pool_start", world_size=world_size, spares=spares, replicas=replicas,
@@ -466,13 +477,76 @@ class Pool:
             return None
         if not self._next_start.passed():
             return self._next_start.wait_time()
+        waiting = self._zygote_waits()
+        if waiting is not None:
+            return waiting
         self._numbers += 1
+        zygote = self._zygote if self._zygote is not None and self._zygote.ready else None
         replica = Replica(self._numbers, self.world_size, self._setup,
                           os.path.join(self.log_dir, f"group{self._numbers}"), self._env,
-                          Deadline.after(self.start_timeout), self._changed)
+                          Deadline.after(self.start_timeout), self._changed,
+                          self._fork_rank if zygote is not None else None)
         self._starting.append(replica)
         self._event("group_start", group=replica.number, pids=replica.pids)
         return 0.0 if have + 1 < wanted else None
+
+    # -- the zygote -----------------------------------------------------------------------------
+
+    def _zygote_waits(self) -> float | None:
+        """Under the lock, in the supervisor: start a zygote if there should be one; how long
+        to wait for it before starting a replica (None: start now, forked or cold)."""
+        zygote = self._zygote
+        if zygote is None:
+            if self._zygote_tries >= ZYGOTE_TRIES:
+                return None  # cold starts only
+            self._zygote_tries += 1
+            env = {**os.environ, **leader_env.leader_context(), **self._env,
+                   "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+            try:
+                os.makedirs(self.log_dir, exist_ok=True)
+                self._zygote = Zygote(["torch", "torch.distributed", WORKER_MODULE], env,
+                                      os.path.join(self.log_dir, "zygote.log"), self._changed)
+            except OSError as error:
+                self._zygote_tries = ZYGOTE_TRIES
+                self.counts["zygote_failures"] += 1
+                self._event("zygote_failed", pid=None, detail=f"it could not start: {error}",
+                            cold=True)
+                return None
+            self._zygote_by = Deadline.after(self.start_timeout)
+            self._event("zygote_start", pid=self._zygote.proc.pid)
+            return self._zygote_by.wait_time()
+        if zygote.ready:
+            return None
+        if zygote.gone or self._zygote_by.passed():
+            self._zygote_failed(("it died" if zygote.imported else "it died while importing")
+                                if zygote.gone else
+                                f"it was not ready within {self.start_timeout:g} s")
+            return 0.0
+        return self._zygote_by.wait_time()
+
+    def _zygote_failed(self, why: str) -> None:
+        """Under the lock: drop the zygote (killed, with the ranks it forked that still run);
+        the next start-up makes a new one, or after ZYGOTE_TRIES starts ranks cold."""
+        zygote, self._zygote = self._zygote, None
+        if zygote is None:
+            return
+        zygote.proc.kill()
+        self.counts["zygote_failures"] += 1
+        self._event("zygote_failed", pid=zygote.proc.pid, detail=why,
+                    cold=self._zygote_tries >= ZYGOTE_TRIES)
+        threading.Thread(target=zygote.close, args=(Deadline.after(0.0),), daemon=True,
+                         name="rankguard-zygote-reap").start()
+
+    def _fork_rank(self, env: dict[str, str], log: str, channel_fd: int) -> Any:
+        """A replica's rank, forked by the zygote (cold when the zygote fails: it is dropped)."""
+        zygote = self._zygote
+        if zygote is not None:
+            try:
+                return zygote.fork(WORKER_MODULE, {**env, leader_env.LEADER: str(zygote.proc.pid)},
+                                   log, {leader_env.FD: channel_fd}, Deadline.after(FORK_S))
+            except ZygoteUnavailable as error:
+                self._zygote_failed(str(error))
+        return cold_start(env, log, channel_fd)
 
     # -- state ------------------------------------------------------------------------------------
 
@@ -587,6 +661,8 @@ class Pool:
             closer.start()
         for closer in closers:
             closer.join(joined_by.timeout())
+        if self._zygote is not None:
+            self._zygote.close(until)
 
     def __enter__(self) -> Pool:
         return self

@@ -41,7 +41,20 @@ from .budgets import (COLLECTIVE_MARGIN_S, EXIT_STATUS_S, POOL_RANK_GRACE_S, REA
 from .channel import ChannelClosed, LeaderEnd, dumps, pair
 from .verdict import Outcome, verdict
 
-_WORKER = [sys.executable, "-m", "rankguard.serving.worker"]
+WORKER_MODULE = "rankguard.serving.worker"
+_WORKER = [sys.executable, "-m", WORKER_MODULE]
+
+
+StartRank = Callable[[dict[str, str], str, int], Any]  # (env, log, channel fd) -> process
+
+
+def cold_start(env: dict[str, str], log: str, channel_fd: int) -> Any:
+    """A rank of a replica in a new Python process (``python -m rankguard.serving.worker``)."""
+    return spawn(_WORKER, env, log=log, pass_fds=(channel_fd,))
+
+
+def _launch(start_rank: StartRank, env: dict[str, str], *, log: str, fd: int) -> Any:
+    return start_rank(env, log, fd)
 
 
 @dataclass
@@ -70,11 +83,16 @@ class Replica:
         on_change: called, from the watcher thread and under no lock of the replica's, when the
             replica became ready, failed to start, or lost a rank. Must not wait for the
             replica.
+        start_rank: ``start_rank(env, log, channel_fd)`` starts one rank process running
+            ``serving.worker`` (a ``subprocess.Popen`` or a stand-in with ``pid``, ``poll`` and
+            ``wait``): its channel to the leader is ``channel_fd``, its output goes to ``log``.
+            Default: a new Python (:func:`cold_start`); a pool forks them from its zygote.
     """
 
     def __init__(self, number: int, world: int, setup: Callable[[int, int], Any] | None,
                  folder: str, env: dict[str, str], start_by: Deadline,
-                 on_change: Callable[[], None] = lambda: None) -> None:
+                 on_change: Callable[[], None] = lambda: None,
+                 start_rank: StartRank | None = None) -> None:
         self.number = number
         self.world = world
         self.folder = folder
@@ -112,7 +130,7 @@ class Replica:
                         leader_env.FD: str(theirs.fileno()), _ledger.PATH_ENV: files.ledger,
                         stacks.PATH_ENV: files.stacks}
             self._ranks.start(rank, files, rank_env, partial(
-                spawn, _WORKER, log=files.log, pass_fds=(theirs.fileno(),)))
+                _launch, start_rank or cold_start, log=files.log, fd=theirs.fileno()))
             theirs.close()
             end = LeaderEnd(mine)
             self.ends.append(end)
