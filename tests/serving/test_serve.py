@@ -450,6 +450,47 @@ def test_clients_that_drop_mid_body_cost_no_traceback_and_the_server_keeps_servi
     assert len(lines) <= 2 + dropped, server.output[:3000]  # start, stop, a line a client
 
 
+@pytest.mark.slow
+@pytest.mark.deadline(180)
+def test_a_client_that_leaves_while_its_request_waits_gives_up_its_place(
+        tmp_path: Path) -> None:
+    server = Server(tmp_path, app=SLEEPER)
+    try:
+        with running_signal(tmp_path / "running.sock") as wait_running:
+            first: list[Reply] = []
+            caller = threading.Thread(target=lambda: first.append(server.run(
+                {"sleep": 2, "notify": str(tmp_path / "running.sock")}, timeout=60)))
+            caller.start()
+            wait_running()
+            host, port = server.url.split("//")[1].split(":")
+            body = json.dumps({"sleep": 30}).encode()  # would hold the group 30 s
+            with socket.create_connection((host, int(port)), timeout=30) as leaving:
+                leaving.sendall(b"POST /run HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                                % (len(body), body))
+                deadline = time.monotonic() + START_S
+                while sample(server.get("/metrics").body, "rankguard_pool_waiting") != 1:
+                    assert time.monotonic() < deadline, "the request never queued"
+                    time.sleep(0.02)
+            deadline = time.monotonic() + START_S
+            while sample(server.get("/metrics").body, "rankguard_pool_waiting") != 0:
+                assert time.monotonic() < deadline, "the request kept its place"
+                time.sleep(0.02)
+            started = time.monotonic()
+            reply = server.run({"sleep": 0})  # served once the first ends, not 30 s later
+            took = time.monotonic() - started
+            caller.join(60)
+        metrics = server.get("/metrics").body
+    finally:
+        assert server.stop() == 0
+    assert reply.status == 200 and first[0].status == 200
+    assert took < 2 + 10, took
+    assert sample(metrics, "rankguard_http_client_disconnects_total") == 1
+    assert sample(metrics, "rankguard_pool_requests_total", outcome="abandoned") == 1
+    assert sample(metrics, "rankguard_request_seconds_count", outcome="abandoned") == 1
+    assert sample(metrics, "rankguard_pool_requests_total", outcome="ok") == 2
+    assert "Traceback" not in server.output, server.output
+
+
 @pytest.mark.deadline(180)
 @pytest.mark.serve_args("--spares", "0", "--on-healing", "fail", "--timeout", "2",
                         "--no-zygote")  # a cold start: long enough to answer 503s meanwhile

@@ -5,7 +5,6 @@ the descriptor named by ``ZYGOTE_TEST_FD``, then end as ``ZYGOTE_TEST_END`` says
 from __future__ import annotations
 
 import os
-import signal
 import sys
 
 

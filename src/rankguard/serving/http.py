@@ -26,8 +26,11 @@ Routes:
   ``serving.metrics``).
 
 Every response is counted by route and status code, as the client gets it (a middleware sees
-each one the application sends). A client that closes its connection before it sent the whole
-body is counted apart (``client_disconnects``) and not logged: it gets no response.
+each one the application sends). A client that closes its connection before its answer (while
+it sends the body, or while its request waits or runs) is counted apart
+(``client_disconnects``) and not logged: it gets no response. A request whose client left
+while it waited for a replica gives up its place at once (outcome ``abandoned``); one already
+running on the ranks runs on, since its ranks are mid-collective.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from ..errors import PoolClosed, PoolUnavailable, RequestFailed, UsageError
 from ..options import number
 from . import metrics
 from .budgets import CUT_CLOSE_S
-from .pool import Pool
+from .pool import Abandon, Pool
 from .service import Service
 
 TIMEOUT_HEADER = "x-request-timeout"
@@ -152,22 +155,43 @@ class _Server:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def _outcome(self, body: dict[str, Any], timeout: float
+    async def _outcome(self, request: Request, body: dict[str, Any], timeout: float
                        ) -> tuple[Any, BaseException | None]:
         """``(result, None)`` or ``(None, error)`` of the pool's call, run in a worker thread;
         raises _ShuttingDown when the requests are ended first. The call then goes on until
         the pool's close ends it, and its error must not escape the abandoned task (it would
-        be logged as never retrieved): hence the pair."""
+        be logged as never retrieved): hence the pair. A client that closes its connection
+        meanwhile is counted, and its call gives up its place in the pool's queue (a call
+        already on the ranks runs on)."""
         assert self.pool is not None
         pool = self.pool
+        abandon = Abandon()
 
         def call() -> tuple[Any, BaseException | None]:
             try:
-                return pool.run(self.service.handle, body, timeout=timeout), None
+                return pool.run(self.service.handle, body, timeout=timeout,
+                                abandon=abandon), None
             except Exception as error:  # noqa: BLE001 (answered by the caller)
                 return None, error
 
-        return await self._unless_ended(asyncio.ensure_future(run_in_threadpool(call)))
+        task = asyncio.ensure_future(run_in_threadpool(call))
+        gone = asyncio.ensure_future(_disconnected(request))
+        ended = asyncio.ensure_future(self._ended.wait())
+        try:
+            watched = {task, gone, ended}
+            while not task.done():
+                done, watched = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+                if ended in done and not task.done():
+                    task.cancel()
+                    raise _ShuttingDown
+                if gone in done and gone.result():
+                    abandon.set()
+                    self.client_disconnects += 1
+                    request.scope[_DROPPED] = True
+        finally:
+            gone.cancel()
+            ended.cancel()
+        return task.result()
 
     async def run(self, request: Request) -> Response:
         assert self.pool is not None
@@ -214,7 +238,7 @@ class _Server:
         started = time.monotonic()
         outcome = "ok"
         try:
-            result, failure = await self._outcome(body, timeout)
+            result, failure = await self._outcome(request, body, timeout)
             if failure is not None:
                 raise failure
         except _ShuttingDown:
@@ -230,7 +254,7 @@ class _Server:
                               cause=error.cause, victims=error.victims,
                               error_type=error.error_type)
         except PoolUnavailable as error:
-            outcome = "unavailable"
+            outcome = "abandoned" if error.state == "abandoned" else "unavailable"
             return self.error(503, "PoolUnavailable", str(error), state=error.state,
                               retry_after=error.retry_after)
         except PoolClosed as error:
@@ -306,6 +330,18 @@ def build(service: Service, *, max_body: int, **pool_options: Any) -> Starlette:
                     middleware=[Middleware(_Counted, codes=server.codes)])
     app.state.end_requests = server.end_requests
     return app
+
+
+async def _disconnected(request: Request) -> bool:
+    """Once the body was read: True when the client closes its connection (uvicorn's
+    ``http.disconnect``); it may never come."""
+    try:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return True
+    except Exception:  # noqa: BLE001 (the server's own way of saying the connection ended)
+        return True
 
 
 class _Counted:

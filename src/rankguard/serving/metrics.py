@@ -40,8 +40,8 @@ CAUSES = ("raised", "exited", "signalled", "frozen", "deadline")
 STATES = ("starting", "ready", "healing", "failed", "closed")
 REPLICA_STATES = ("idle", "serving", "suspect", "spare", "starting")
 # a call's outcome: its result; RequestFailed; PoolUnavailable; PoolClosed (before it started,
-# or cut by the pool's close)
-OUTCOMES = ("ok", "failed", "unavailable", "closed")
+# or cut by the pool's close); given up while it waited, its client gone
+OUTCOMES = ("ok", "failed", "unavailable", "closed", "abandoned")
 # seconds: a request is answered within its timeout (at most minutes); a heal takes a fraction
 # of a second with a ready spare, seconds without one
 REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -130,7 +130,8 @@ class _PoolCollector:
             responses.add_metric([route, str(code)], count)
         yield responses
         yield _counter("rankguard_http_client_disconnects", "Requests whose client closed the "
-                       "connection before it sent the whole body (not answered).", None,
+                       "connection before its answer: mid-body, or while the request waited "
+                       "or ran (not answered).", None,
                        {"": self._disconnects()})
 
 

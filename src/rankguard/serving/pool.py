@@ -84,6 +84,27 @@ class PoolStatus:
     replicas: int = 1
 
 
+class Abandon:
+    """What a caller sets to give up a call of :meth:`Pool.run` (``abandon=``) whose client is
+    gone: a call still waiting for a replica stops waiting at once, and raises
+    ``PoolUnavailable("abandoned")``; a call already running on a replica runs on (its ranks
+    are mid-collective), and its replica serves again when it is done. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._set = False
+        self._cond: threading.Condition | None = None  # the pool's, while the call waits
+
+    def set(self) -> None:
+        self._set = True
+        cond = self._cond
+        if cond is not None:
+            with cond:
+                cond.notify_all()
+
+    def is_set(self) -> bool:
+        return self._set
+
+
 class Pool:
     """Replicas of ``world_size`` rank processes that run calls, one each, and their spares;
     see the module docstring.
@@ -196,7 +217,7 @@ class Pool:
     # -- calls ----------------------------------------------------------------------------------
 
     def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None,
-            all_ranks: bool = False, **kwargs: Any) -> Any:
+            all_ranks: bool = False, abandon: Abandon | None = None, **kwargs: Any) -> Any:
         """Run ``fn(state, *args, **kwargs)`` on every rank; rank 0's result (a list of every
         rank's with ``all_ranks``). ``fn``, the arguments and the results are pickled; ``fn``
         must be importable by name.
@@ -213,7 +234,8 @@ class Pool:
                 the others, ``rank`` is None (cause ``deadline``): the replica finishes the call
                 and serves again. The pool heals by itself.
             PoolUnavailable: no healthy replica in time (``healing``, ``busy``), or at once
-                with ``on_healing="fail"`` or when start-ups keep failing (``failed``).
+                with ``on_healing="fail"`` or when start-ups keep failing (``failed``), or
+                ``abandon`` was set while the call waited (``abandoned``).
             PoolClosed: the pool was closed.
             UsageError: ``timeout`` is not a finite number of seconds of at least
                 ``min_call_s``, or the call cannot be pickled.
@@ -222,7 +244,7 @@ class Pool:
                                                                        timeout)
         started = time.monotonic()
         deadline = Deadline.after(limit)  # the call's one deadline, down to the ranks
-        replica = self._claim(deadline)
+        replica = self._claim(deadline, abandon)
         command = {"fn": fn, "args": args, "kwargs": kwargs, "all": all_ranks}
         try:
             results = replica.run(command, started, deadline)
@@ -268,7 +290,7 @@ class Pool:
                              f"give at least {self.min_call_s:g} s")
         return limit
 
-    def _claim(self, deadline: Deadline) -> Replica:
+    def _claim(self, deadline: Deadline, abandon: Abandon | None = None) -> Replica:
         """A replica for the call, marked busy: at once if one is free and no older call waits;
         else the call queues (at most ``max_queue`` calls do) and waits, bounded, but only until
         ``min_call_s`` before ``deadline``: a call that could start only later fails as
@@ -283,12 +305,18 @@ class Pool:
                 raise PoolUnavailable("busy", 1.0, f"{self._dispatch.waiting()} calls wait for "
                                       f"a replica already (max_queue={self.max_queue})")
             ticket = self._dispatch.enqueue()
+            if abandon is not None:
+                abandon._cond = self._cond
             first = True  # a free replica is taken at once (the deadline was checked on entry)
             try:
                 while True:
                     if self._closed:
                         self.counts["requests_closed"] += 1
                         raise PoolClosed("the pool was closed")
+                    if abandon is not None and abandon.is_set():
+                        self.counts["requests_abandoned"] += 1
+                        raise PoolUnavailable("abandoned", 0.0, "the caller gave the call up "
+                                              "while it waited for a replica")
                     now = time.monotonic()
                     for suspect in self._dispatch.newly_suspect(now):
                         self.counts["suspicions"] += 1
@@ -310,6 +338,8 @@ class Pool:
                                     min(wake, latest.wait_time()))
                     first = False
             finally:
+                if abandon is not None:
+                    abandon._cond = None
                 if ticket is not None:
                     self._dispatch.leave(ticket)
                     self._cond.notify_all()  # a younger call may be first now
