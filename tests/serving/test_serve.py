@@ -180,12 +180,11 @@ def test_each_fault_kind_answers_500_naming_the_rank_and_the_next_request_is_ser
 @pytest.mark.serve_args("--replicas", "2", "--spares", "1", "--timeout", "2",
                         "--suspect-after", "0.3")
 def test_replicas_serve_concurrent_clients_while_one_replica_hangs(server: Server) -> None:
-    status = server.get("/healthz").body
     deadline = time.monotonic() + START_S
-    while server.get("/readyz").body.get("idle", 0) < 2 or \
-            server.get("/healthz").body["spares_ready"] < 1:
+    while (status := server.get("/healthz").body)["idle"] < 2 or status["spares_ready"] < 1:
         assert time.monotonic() < deadline, status
         time.sleep(0.1)
+    assert (status["replicas"], status["serving"], status["waiting"]) == (2, 0, 0), status
     hung: list[Reply] = []
     hanging = threading.Thread(target=lambda: hung.append(
         server.run({"x": X, "fault": "hang:rank=1"})))

@@ -273,7 +273,9 @@ class _Server:
         if self.pool is None:
             return self.answer(503, {"state": "starting"})
         status = self.pool.status()
-        body = {"state": status.state, "spares_ready": status.spares_ready,
+        body = {"state": status.state, "replicas": status.replicas, "idle": status.idle,
+                "serving": status.serving, "suspect": status.suspect,
+                "waiting": status.waiting, "spares_ready": status.spares_ready,
                 "spares_starting": status.spares_starting,
                 "last_start_failure": status.last_start_failure}
         return self.answer(200 if status.state == "ready" else 503, body)
