@@ -15,3 +15,6 @@ def test_demo_recovers_from_a_hang_and_resumes_from_its_checkpoint(run_rankguard
     assert "done: 50 steps on 2 ranks" in run.stdout
     assert run.outcomes(1) == {0: "ok", 1: "ok"}
     assert "fault to first step of the restarted attempt" in run.stderr
+    # where each rank was, grouped: the blamed rank in the injected hang, its peer elsewhere
+    assert "      rank 1: perform (rankguard/inject/perform.py:" in run.stderr, run.stderr
+    assert "examples/train.py:" in run.stderr.split("      rank 0: ")[1].splitlines()[0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .. import stack_groups
 from .outcome import RankOutcome
 
 
@@ -35,6 +36,7 @@ def render(run_id: str, status: str, exit_code: int, reports: list[AttemptReport
             lines.append(f"    verdict: {report.verdict}")
         if report.stacks:
             lines.append(f"    stacks: {', '.join(sorted(set(report.stacks.values())))}")
+            lines.extend(_grouped(report.stacks))
         timings = []
         if report.detect_s is not None:
             timings.append(f"detected in {report.detect_s:.2f} s")
@@ -51,3 +53,13 @@ def render(run_id: str, status: str, exit_code: int, reports: list[AttemptReport
         lines.append(f"  {terminal_note}")
     lines.append(f"  logs: {log_dir}  journal: {journal_path}")
     return "\n".join(lines)
+
+
+def _grouped(stacks: dict[int, str]) -> list[str]:
+    """Where each rank's main thread was, ranks in the same place grouped (from the last dump
+    in each rank's stacks file); nothing when no file holds a dump."""
+    dumps = {rank: stack_groups.last_dump(path) for rank, path in stacks.items()}
+    groups = stack_groups.group(dumps, sorted(stacks))
+    if not any(g.frames for g in groups):
+        return []
+    return stack_groups.describe(groups, "      ")

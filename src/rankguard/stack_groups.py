@@ -1,0 +1,133 @@
+"""Stacks of many ranks, grouped by identical main-thread stack, so that the one that differs
+stands out: ``ranks 0,1,3 (3): backward (torch/_tensor.py:623) <- main (train.py:62)`` and
+``rank 2: perform (rankguard/inject/perform.py:41) <- main (train.py:62)``.
+
+Reads ``faulthandler`` dumps (what a rank writes on SIGUSR1, ``runtime.stacks``); a stacks file
+may hold several dumps, appended, and the last one counts. Pure functions: no process is asked
+anything here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import sysconfig
+from dataclasses import dataclass
+
+_THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ .*\(most recent call first\):$")
+_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+_LIBRARIES = tuple({os.path.abspath(p) for p in (sysconfig.get_paths()["stdlib"],
+                                                  sysconfig.get_paths()["purelib"],
+                                                  sysconfig.get_paths()["platlib"])})
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    function: str
+
+    @property
+    def user(self) -> bool:
+        """Whether it is in the user's own code (not Python's, a library's or rankguard's)."""
+        path = os.path.abspath(self.file)
+        return not (self.file.startswith("<") or path.startswith(_PACKAGE)
+                    or path.startswith(_LIBRARIES) or "site-packages" in path
+                    or "dist-packages" in path)
+
+    def short(self) -> str:
+        return f"{self.function} ({_short_path(self.file)}:{self.line})"
+
+
+@dataclass(frozen=True)
+class StackGroup:
+    """Ranks whose main threads were in the same place."""
+
+    ranks: tuple[int, ...]
+    frames: tuple[Frame, ...]  # innermost first; empty: no dump from these ranks
+
+    def summary(self, depth: int = 2) -> str:
+        """Where they are, in one line: the innermost ``depth`` frames, then the innermost
+        frame of the user's own code if it is further out."""
+        if not self.frames:
+            return "no stacks (it did not answer)"
+        shown = self.frames[:depth]
+        text = " <- ".join(f.short() for f in shown)
+        user = next((f for f in self.frames if f.user), None)
+        if user is not None and user not in shown:
+            gap = self.frames.index(user) > depth
+            text += (" <- ... <- " if gap else " <- ") + user.short()
+        return text
+
+    def label(self) -> str:
+        if len(self.ranks) == 1:
+            return f"rank {self.ranks[0]}"
+        return f"ranks {rank_list(self.ranks)} ({len(self.ranks)})"
+
+
+def _short_path(path: str) -> str:
+    for root in (*_LIBRARIES, os.path.dirname(_PACKAGE)):
+        if path.startswith(root + os.sep):
+            return os.path.relpath(path, root)
+    return os.path.basename(path) if path.startswith(sys.prefix) else path
+
+
+def rank_list(ranks: tuple[int, ...] | list[int]) -> str:
+    """``0-6,9`` for 0,1,2,3,4,5,6,9 (runs of three or more as ranges)."""
+    parts: list[str] = []
+    ordered = sorted(ranks)
+    start = 0
+    while start < len(ordered):
+        end = start
+        while end + 1 < len(ordered) and ordered[end + 1] == ordered[end] + 1:
+            end += 1
+        if end - start >= 2:
+            parts.append(f"{ordered[start]}-{ordered[end]}")
+        else:
+            parts.extend(str(r) for r in ordered[start:end + 1])
+        start = end + 1
+    return ",".join(parts)
+
+
+def main_thread(dump: str) -> tuple[Frame, ...]:
+    """The frames of the last dump's signalled (main) thread in ``dump``, innermost first;
+    the last thread of the text when no thread is marked current."""
+    threads: list[tuple[bool, list[Frame]]] = []
+    for line in dump.splitlines():
+        head = _THREAD.match(line)
+        if head:
+            threads.append((head.group(1) == "Current thread", []))
+            continue
+        frame = _FRAME.match(line)
+        if frame and threads:
+            threads[-1][1].append(Frame(frame["file"], int(frame["line"]), frame["func"]))
+    current = [frames for is_current, frames in threads if is_current]
+    chosen = current[-1] if current else (threads[-1][1] if threads else [])
+    return tuple(chosen)
+
+
+def group(dumps: dict[int, str], ranks: list[int] | None = None) -> list[StackGroup]:
+    """Ranks grouped by identical main-thread stack, the largest group first (then by lowest
+    rank); ``ranks``: every rank expected, those without a dump form a group of their own."""
+    by_stack: dict[tuple[Frame, ...], list[int]] = {}
+    for rank in sorted(set(dumps) | set(ranks or [])):
+        by_stack.setdefault(main_thread(dumps.get(rank, "")), []).append(rank)
+    groups = [StackGroup(tuple(members), frames) for frames, members in by_stack.items()]
+    return sorted(groups, key=lambda g: (not g.frames, -len(g.ranks), g.ranks[0]))
+
+
+def describe(groups: list[StackGroup], indent: str = "") -> list[str]:
+    """One line per group: ``ranks 0-6 (7): all_reduce (...) <- train_step (train.py:88)``."""
+    return [f"{indent}{g.label()}: {g.summary()}" for g in groups]
+
+
+def last_dump(path: str) -> str:
+    """The text of a stacks file (all its dumps; :func:`main_thread` takes the last), or "" when
+    it cannot be read."""
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""

@@ -1,0 +1,49 @@
+"""Grouping ranks by where their main threads are (``rankguard.stack_groups``), on dumps in the
+format faulthandler writes."""
+
+from __future__ import annotations
+
+import os
+
+from rankguard import stack_groups as sg
+
+USER = os.path.abspath("train.py")
+TORCH = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+
+
+def dump(*frames: tuple[str, int, str], thread: str = "Current thread") -> str:
+    lines = [f"{thread} 0x00007f0000000001 (most recent call first):"]
+    lines += [f'  File "{path}", line {line} in {func}' for path, line, func in frames]
+    helper = ['Thread 0x00007f0000000002 (most recent call first):',
+              '  File "/usr/lib/python3.11/threading.py", line 331 in wait']
+    return "\n".join(helper + [""] + lines) + "\n"
+
+
+WAITING = dump((TORCH, 2501, "all_reduce"), (USER, 88, "train_step"), (USER, 120, "<module>"))
+LOADING = dump(("/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", 630,
+                "__next__"), (USER, 80, "train_step"), (USER, 120, "<module>"))
+
+
+def test_the_outlier_stands_out_and_the_largest_group_comes_first() -> None:
+    dumps = {rank: WAITING for rank in range(7)} | {7: LOADING}
+    groups = sg.group(dumps, list(range(9)))  # rank 8 never answered
+    lines = sg.describe(groups)
+    assert lines[0].startswith("ranks 0-6 (7): all_reduce (") and \
+        lines[0].endswith(f"train_step ({USER}:88)"), lines
+    assert lines[1].startswith("rank 7: __next__ (") and "train_step" in lines[1], lines
+    assert lines[2] == "rank 8: no stacks (it did not answer)"
+
+
+def test_the_last_dump_of_a_file_counts_and_its_current_thread() -> None:
+    frames = sg.main_thread(LOADING + WAITING)
+    assert frames[0] == sg.Frame(TORCH, 2501, "all_reduce") and frames[1].user
+    assert not frames[0].user and not sg.Frame("<frozen runpy>", 88, "_run_code").user
+    unmarked = dump((USER, 5, "f"), thread="Thread")  # no current thread: the last one
+    assert sg.main_thread(unmarked) == (sg.Frame(USER, 5, "f"),)
+    assert sg.main_thread("") == () and sg.main_thread("garbage\n  File oops") == ()
+
+
+def test_rank_lists_show_runs_as_ranges() -> None:
+    assert sg.rank_list([9, 0, 1, 2, 3]) == "0-3,9"
+    assert sg.rank_list([1, 3]) == "1,3" and sg.rank_list([4, 5]) == "4,5"
+    assert sg.last_dump("/nonexistent/stacks.txt") == ""
