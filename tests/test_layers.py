@@ -30,7 +30,8 @@ MAY_IMPORT = {
     "launcher": BOTTOM | SHARED | {"launcher", "supervisor", "inject"},
     "serving": BOTTOM | SHARED | {"serving", "supervisor", "runtime"},
     "testing": BOTTOM | SHARED | {"testing", "supervisor", "runtime", "serving"},
-    "cli": BOTTOM | SHARED | {"launcher", "serving", "__init__"},
+    "observe": BOTTOM | SHARED | {"observe"},
+    "cli": BOTTOM | SHARED | {"launcher", "serving", "observe", "__init__"},
     "__main__": {"cli"},
     "__init__": BOTTOM | SHARED | {"runtime", "serving"},
 }

@@ -1,6 +1,6 @@
 """The ``rankguard`` command (also ``python -m rankguard``): ``rankguard run ...`` (the launcher),
 ``rankguard serve APP`` (an HTTP server in front of a rankguard.Pool; see
-``rankguard.serving.cli``).
+``rankguard.serving.cli``), ``rankguard stacks [RUN]`` (``rankguard.observe.stacks_cli``).
 
 Exit codes (stable, documented in the README): 0 every rank succeeded; 1 a rank failed (raised,
 exited non-zero, was killed) and restarts ran out; 2 bad usage, nothing started; 3 a rank hung
@@ -17,12 +17,15 @@ from .errors import UsageError
 USAGE = """usage: rankguard run [options] SCRIPT [ARGS...]
        rankguard run [options] -m MODULE [ARGS...]
        rankguard serve [options] APP
+       rankguard stacks [options] [RUN]
 
 Commands:
   run    launch a torch.distributed job on this node, protected against hangs
          (rankguard run --help for its options)
   serve  serve a rankguard.Service over HTTP on a self-healing pool of rank processes
-         (rankguard serve --help for its options)"""
+         (rankguard serve --help for its options)
+  stacks the Python stacks of every rank of a run, now, grouped by identical stack
+         (rankguard stacks --help)"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,9 +43,13 @@ def main(argv: list[str] | None = None) -> int:
         from .serving import cli as serve_cli
 
         return serve_cli.main(rest)
+    if command == "stacks":
+        from .observe import stacks_cli
+
+        return stacks_cli.main(rest)
     if command != "run":
-        print(f"rankguard: unknown command {command!r} (commands: run, serve; see rankguard "
-              "--help)", file=sys.stderr)
+        print(f"rankguard: unknown command {command!r} (commands: run, serve, stacks; see "
+              "rankguard --help)", file=sys.stderr)
         return 2
     return _run(rest)
 

@@ -1,0 +1,95 @@
+"""Finding a run of ``rankguard run`` on this machine and its live ranks, from its journal."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import psutil
+
+from .. import journal, private_files
+from ..errors import UsageError
+
+JOURNAL = "journal.jsonl"
+START_SLACK_S = 1.0  # a rank's process started at most this long after its rank_start event
+
+
+@dataclass(frozen=True)
+class Rank:
+    """A rank of the run's current attempt."""
+
+    rank: int
+    pid: int
+    stacks: str  # its stacks file
+    alive: bool
+
+
+@dataclass(frozen=True)
+class Run:
+    run_id: str
+    log_dir: str
+    journal: str
+    ended: bool  # the journal has its run_end
+    attempt: int | None  # the last attempt started
+    ranks: tuple[Rank, ...]  # that attempt's ranks on this node
+
+
+def find(target: str | None) -> Run:
+    """The run ``target`` names: a RUN_ID (its default log folder), a LOG_DIR or a journal
+    file; None: the run whose journal changed last among this user's default log folders.
+
+    Raises:
+        UsageError: nothing of that name, or no run at all; naming what was looked at.
+    """
+    path = _journal_path(target)
+    events = list(journal.read(path))
+    run_id = next((e.get("run_id", "") for e in events), "")
+    ended = any(e["event"] == "run_end" for e in events)
+    attempts = [e["attempt"] for e in events if e["event"] == "attempt_start"]
+    attempt = attempts[-1] if attempts else None
+    log_dir = os.path.dirname(os.path.abspath(path))
+    started = {e["rank"]: e for e in events
+               if e["event"] == "rank_start" and e.get("attempt") == attempt}
+    exited = {e["rank"] for e in events if e["event"] == "rank_exit" and e.get("attempt") == attempt}
+    ranks = tuple(Rank(rank, event["pid"],
+                       os.path.join(log_dir, f"attempt{attempt}", f"stacks_rank{rank}.txt"),
+                       rank not in exited and not ended and _same_process(event))
+                  for rank, event in sorted(started.items()))
+    return Run(run_id, log_dir, path, ended, attempt, ranks)
+
+
+def _same_process(event: dict) -> bool:
+    """Whether the pid of a rank_start event still is that rank's process (not a reused pid:
+    its process started before the event, give or take START_SLACK_S)."""
+    try:
+        process = psutil.Process(event["pid"])
+        return process.create_time() <= event["ts"] + START_SLACK_S and \
+            process.status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, KeyError, TypeError):
+        return False
+
+
+def _journal_path(target: str | None) -> str:
+    if target is None:
+        return _latest()
+    candidates = [target, os.path.join(target, JOURNAL),
+                  os.path.join(private_files.user_dir_path(), target, JOURNAL)]
+    for path in candidates:
+        if os.path.isfile(path) and (path.endswith(".jsonl") or path != target):
+            return path
+    raise UsageError("RUN", f"no run's journal at {target!r}",
+                     "give a RUN_ID, whose log folder is $TMPDIR/rankguard-UID/RUN_ID, the run's "
+                     "--log-dir, or its journal file")
+
+
+def _latest() -> str:
+    folder = private_files.user_dir_path()
+    try:
+        journals = [os.path.join(folder, name, JOURNAL) for name in os.listdir(folder)]
+    except OSError:
+        journals = []
+    found = [(os.path.getmtime(p), p) for p in journals if os.path.isfile(p)]
+    if not found:
+        raise UsageError("RUN", f"no run under {folder}",
+                         "give the RUN_ID, --log-dir or journal of the run")
+    return max(found)[1]

@@ -1,0 +1,58 @@
+"""``rankguard stacks [RUN]``: the Python stacks of every rank of a running job, now, without
+stopping it, grouped by identical stack so that the outlier stands out.
+
+Each live rank of the run's current attempt on this node is asked (SIGUSR1: the rank writes
+the stacks of all its threads from a C-level handler, even inside a collective); what it wrote
+is grouped by main-thread stack. A run that has ended shows the last stacks its ranks wrote.
+Exit codes: 0 stacks shown; 1 no rank answered; 2 bad usage or no such run.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from .. import stack_groups, stack_requests
+from ..errors import UsageError
+from ..options import Parser, number
+from . import runs
+
+PROG = "rankguard stacks"
+
+
+def build_parser() -> Parser:
+    p = Parser(prog=PROG, allow_abbrev=False, description="The Python stacks of every rank "
+               "of a run, now, grouped by identical stack; the job is not stopped.")
+    p.add_argument("run", metavar="RUN", nargs="?", default=None,
+                   help="the run's RUN_ID, --log-dir or journal file (default: the run of "
+                   "yours whose journal changed last)")
+    p.add_argument("--full", action="store_true",
+                   help="also print each rank's whole dump (every thread)")
+    p.add_argument("--timeout", default="5", help="seconds the ranks get to answer (default 5)")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        budget = number("--timeout", args.timeout, float, 0.01, "e.g. --timeout 5")
+        run = runs.find(args.run)
+    except UsageError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    live = [r for r in run.ranks if r.alive]
+    if live:
+        dumps = stack_requests.ask({r.rank: (r.pid, [r.stacks]) for r in live}, budget)
+        where = f"now, {len(dumps)} of {len(live)} live rank(s) answered"
+    else:
+        dumps = {r.rank: stack_groups.last_dump(r.stacks) for r in run.ranks}
+        dumps = {rank: text for rank, text in dumps.items() if text}
+        where = ("the run has ended" if run.ended else "no rank is running") + \
+            ("; the last stacks its ranks wrote" if dumps else "; no rank wrote stacks")
+    print(f"run {run.run_id}, attempt {run.attempt}: {where}")
+    groups = stack_groups.group(dumps, [r.rank for r in (live or run.ranks)])
+    for line in stack_groups.describe(groups, "  "):
+        print(line)
+    if args.full:
+        for rank in sorted(dumps):
+            print(f"\n--- rank {rank} ---\n{dumps[rank].rstrip()}")
+    return 0 if dumps else 1
