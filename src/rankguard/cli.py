@@ -18,6 +18,7 @@ USAGE = """usage: rankguard run [options] SCRIPT [ARGS...]
        rankguard run [options] -m MODULE [ARGS...]
        rankguard serve [options] APP
        rankguard stacks [options] [RUN]
+       rankguard status [options] [RUN]
 
 Commands:
   run    launch a torch.distributed job on this node, protected against hangs
@@ -25,7 +26,9 @@ Commands:
   serve  serve a rankguard.Service over HTTP on a self-healing pool of rank processes
          (rankguard serve --help for its options)
   stacks the Python stacks of every rank of a run, now, grouped by identical stack
-         (rankguard stacks --help)"""
+         (rankguard stacks --help)
+  status a live view of a run's ranks: where each is, who the others wait for
+         (rankguard status --help)"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,9 +50,13 @@ def main(argv: list[str] | None = None) -> int:
         from .observe import stacks_cli
 
         return stacks_cli.main(rest)
+    if command == "status":
+        from .observe import status_cli
+
+        return status_cli.main(rest)
     if command != "run":
-        print(f"rankguard: unknown command {command!r} (commands: run, serve, stacks; see "
-              "rankguard --help)", file=sys.stderr)
+        print(f"rankguard: unknown command {command!r} (commands: run, serve, stacks, status; "
+              "see rankguard --help)", file=sys.stderr)
         return 2
     return _run(rest)
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 from dataclasses import dataclass
 
 import psutil
 
 from .. import journal, private_files
 from ..errors import UsageError
+from ..options import Parser, number
 
 JOURNAL = "journal.jsonl"
 START_SLACK_S = 1.0  # a rank's process started at most this long after its rank_start event
@@ -93,3 +96,26 @@ def _latest() -> str:
         raise UsageError("RUN", f"no run under {folder}",
                          "give the RUN_ID, --log-dir or journal of the run")
     return max(found)[1]
+
+
+def parser(prog: str, description: str) -> Parser:
+    """A command's parser, with the RUN argument every command of observe/ takes."""
+    p = Parser(prog=prog, allow_abbrev=False, description=description)
+    p.add_argument("run", metavar="RUN", nargs="?", default=None,
+                   help="the run's RUN_ID, --log-dir or journal file (default: the run of "
+                   "yours whose journal changed last)")
+    return p
+
+
+def parse(p: Parser, argv: list[str], option: str, least: float
+          ) -> tuple[argparse.Namespace, float, Run] | None:
+    """The arguments, the seconds given by ``option`` (at least ``least``) and the run; None
+    (the error printed as one line) for bad usage or no such run."""
+    try:
+        args = p.parse_args(argv)
+        value = number(option, getattr(args, option.lstrip("-").replace("-", "_")), float,
+                       least, f"a number of seconds, e.g. {option} 1")
+        return args, value, find(args.run)
+    except UsageError as error:
+        print(f"{p.prog}: error: {error}", file=sys.stderr)
+        return None

@@ -9,22 +9,17 @@ Exit codes: 0 stacks shown; 1 no rank answered; 2 bad usage or no such run.
 
 from __future__ import annotations
 
-import sys
 
 from .. import stack_groups, stack_requests
-from ..errors import UsageError
-from ..options import Parser, number
+from ..options import Parser
 from . import runs
 
 PROG = "rankguard stacks"
 
 
 def build_parser() -> Parser:
-    p = Parser(prog=PROG, allow_abbrev=False, description="The Python stacks of every rank "
-               "of a run, now, grouped by identical stack; the job is not stopped.")
-    p.add_argument("run", metavar="RUN", nargs="?", default=None,
-                   help="the run's RUN_ID, --log-dir or journal file (default: the run of "
-                   "yours whose journal changed last)")
+    p = runs.parser(PROG, "The Python stacks of every rank of a run, now, grouped by identical "
+                    "stack; the job is not stopped.")
     p.add_argument("--full", action="store_true",
                    help="also print each rank's whole dump (every thread)")
     p.add_argument("--timeout", default="5", help="seconds the ranks get to answer (default 5)")
@@ -32,13 +27,10 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str]) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-        budget = number("--timeout", args.timeout, float, 0.01, "e.g. --timeout 5")
-        run = runs.find(args.run)
-    except UsageError as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
+    parsed = runs.parse(build_parser(), argv, "--timeout", 0.01)
+    if parsed is None:
         return 2
+    args, budget, run = parsed
     live = [r for r in run.ranks if r.alive]
     if live:
         dumps = stack_requests.ask({r.rank: (r.pid, [r.stacks]) for r in live}, budget)

@@ -1,8 +1,10 @@
-"""``rankguard stacks`` against a real run whose rank 1 hangs: the ranks grouped by where they
-are, the job untouched; then, once it ended, the last stacks; and bad input."""
+"""``rankguard stacks`` and ``rankguard status`` against a real run whose rank 1 hangs: the
+ranks grouped by where they are, each rank's state and the one the others wait for, the job
+untouched; then, once it ended, the last stacks; and bad input."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -16,18 +18,23 @@ from ..conftest import ROOT, finish, launch
 WAIT_S = 60.0
 
 
-def stacks(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rankguard.cli", "stacks", *args], cwd=ROOT,
+def command(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rankguard.cli", name, *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
+
+
+def stacks(*args: str) -> subprocess.CompletedProcess[str]:
+    return command("stacks", *args)
 
 
 @pytest.mark.slow
 @pytest.mark.deadline(180)
-def test_stacks_of_a_hung_run_group_the_ranks_and_leave_it_running(tmp_path: Path) -> None:
+def test_stacks_and_status_of_a_hung_run_show_the_outlier_and_leave_it_running(
+        tmp_path: Path) -> None:
     log_dir = tmp_path / "run"
     started = time.monotonic()
     proc = launch(["--nproc-per-node", "3", "--hang-timeout", "60", "--straggler-timeout", "90",
-                   "--inject", "hang:rank=1,at=op5", "examples/train.py", "--steps", "50"],
+                   "--inject", "hang:rank=1,at=op20", "examples/train.py", "--steps", "50"],
                   log_dir)
     try:
         deadline = time.monotonic() + WAIT_S
@@ -43,6 +50,15 @@ def test_stacks_of_a_hung_run_group_the_ranks_and_leave_it_running(tmp_path: Pat
         assert proc.poll() is None  # the job goes on
         full = stacks("--full", str(log_dir / "journal.jsonl"))
         assert full.stdout.count("--- rank ") == 3 and "Current thread" in full.stdout
+        table = command("status", str(log_dir)).stdout  # not a terminal: one snapshot
+        rows = {int(line.split()[0]): line for line in table.splitlines()[2:]}
+        assert "the others wait for it" in rows[1] and "computing, after" in rows[1], table
+        for rank in (0, 2):
+            assert "waiting in all_reduce #" in rows[rank] and "(world)" in rows[rank], table
+        view = json.loads(command("status", "--json", str(log_dir)).stdout)
+        assert [r["waited_for"] for r in view["ranks"]] == [False, True, False]
+        assert [r["state"] for r in view["ranks"]] == ["waiting", "computing", "waiting"]
+        assert view["ranks"][0]["seq"] == view["ranks"][1]["seq"] + 1 and not view["ended"]
     finally:
         proc.send_signal(signal.SIGTERM)
         run = finish(proc, log_dir, 60, started)
@@ -50,14 +66,18 @@ def test_stacks_of_a_hung_run_group_the_ranks_and_leave_it_running(tmp_path: Pat
     after = stacks(str(log_dir))
     assert "the run has ended; the last stacks its ranks wrote" in after.stdout, after.stdout
     assert "rank 1: perform" in after.stdout
+    ended = json.loads(command("status", "--json", str(log_dir)).stdout)
+    assert ended["ended"] and {r["state"] for r in ended["ranks"]} == {"exited"}
+    assert ended["last_fault"] == "the launcher received SIGTERM", ended
 
 
+@pytest.mark.parametrize("name, option", [("stacks", "--timeout"), ("status", "--interval")])
 def test_a_run_that_does_not_exist_or_a_bad_option_is_one_line_and_exit_2(
-        tmp_path: Path) -> None:
+        name: str, option: str, tmp_path: Path) -> None:
     for args, what in ((["no-such-run-anywhere"], "RUN: no run's journal"),
-                       (["--timeout", "soon", str(tmp_path)], "--timeout"),
+                       ([option, "soon", str(tmp_path)], option),
                        ([str(tmp_path)], "RUN: no run's journal")):
-        result = stacks(*args)
+        result = command(name, *args)
         assert result.returncode == 2 and result.stdout == "", result
-        assert result.stderr.startswith(f"rankguard stacks: error: {what}"), result.stderr
+        assert result.stderr.startswith(f"rankguard {name}: error: {what}"), result.stderr
         assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr

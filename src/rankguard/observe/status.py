@@ -1,0 +1,153 @@
+"""A snapshot of a run of ``rankguard run``, from its journal, its ranks' ledgers and /proc,
+without touching it: each rank's state (in which collective, on which group, since when;
+computing; exited), its process (running, sleeping, stopped), the ranks the others wait for,
+restarts and the last fault. Read-only: the ledgers are mapped read-only, nothing is signalled.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import psutil
+
+from .. import journal, ledger
+from . import runs
+
+
+@dataclass(frozen=True)
+class RankView:
+    rank: int
+    pid: int
+    state: str  # waiting, computing, starting, exited
+    process: str  # running, sleeping, stopped, zombie, gone
+    op: str = ""  # the operation it waits in, or the last it completed
+    seq: int = 0
+    group: str = "world"
+    since_s: float | None = None  # in that state for
+    waited_for: bool = False  # the others wait for this rank
+
+
+@dataclass(frozen=True)
+class StatusView:
+    run_id: str
+    attempt: int | None
+    ended: bool
+    restarts: int
+    last_fault: str | None
+    ranks: tuple[RankView, ...] = field(default_factory=tuple)
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def snapshot(run: runs.Run) -> StatusView:
+    """Where ``run`` stands now."""
+    events = list(journal.read(run.journal))
+    restarts = sum(1 for e in events if e["event"] == "restart")
+    faults = [e["root_cause"] for e in events
+              if e["event"] in ("restart", "run_end") and e.get("root_cause")]
+    hangs = [e for e in events if e["event"] == "hang_detected" and e.get("attempt") == run.attempt]
+    last_fault = faults[-1] if faults else (_hang_line(hangs[-1]) if hangs else None)
+    progress = _ledgers(run)
+    now = time.monotonic()
+    entries = {rank: g for rank, p in progress.items() if p is not None
+               for g in p.groups if g.is_world}
+    waited_for: set[int] = set()
+    if any(g.waiting for g in entries.values()):
+        late, _ = ledger.behind([r.rank for r in run.ranks], entries)
+        waited_for = set(late)
+    views = []
+    world_size = len(run.ranks)
+    for rank in run.ranks:
+        process = _process(rank.pid) if rank.alive else "gone"
+        mine = progress.get(rank.rank)
+        slot = _current(mine.groups) if mine is not None else None
+        marked = rank.rank in waited_for
+        if not rank.alive:
+            views.append(RankView(rank.rank, rank.pid, "exited", process))
+        elif slot is None:
+            views.append(RankView(rank.rank, rank.pid, "starting", process, waited_for=marked))
+        else:
+            group = "world" if slot.is_world else \
+                f"ranks {','.join(map(str, slot.member_ranks(world_size)))}"
+            entry = slot.entered if slot.waiting else slot.done
+            since = now - (slot.t_enter if slot.waiting else slot.t_done)
+            views.append(RankView(rank.rank, rank.pid,
+                                  "waiting" if slot.waiting else "computing", process,
+                                  slot.kind, ledger.seq_of(entry, slot.is_world), group,
+                                  since if (slot.waiting or slot.t_done) else None, marked))
+    return StatusView(run.run_id, run.attempt, run.ended, restarts, last_fault, tuple(views))
+
+
+def _current(groups: tuple[ledger.GroupProgress, ...]) -> ledger.GroupProgress | None:
+    """The group a rank is in now: the one it waits in (the latest entered), else its world
+    group."""
+    waiting = [g for g in groups if g.waiting]
+    if waiting:
+        return max(waiting, key=lambda g: g.t_enter)
+    return next((g for g in groups if g.is_world), None)
+
+
+def _hang_line(event: dict[str, Any]) -> str:
+    blamed = ",".join(str(r) for r in event.get("blamed", []))
+    return (f"hang: rank(s) {blamed} did not reach {event.get('op')} #{event.get('seq')} "
+            f"({event.get('group', 'world')}); the others waited {event.get('waited_s', 0):.1f} s")
+
+
+def _ledgers(run: runs.Run) -> dict[int, ledger.RankProgress | None]:
+    """Each rank's ledger of the run's current attempt, if it can still be read."""
+    folders = sorted(glob.glob(os.path.join(ledger.default_dir(),
+                                            f"rankguard-ledgers-{run.run_id}-*")),
+                     key=lambda p: os.path.getmtime(p) if os.path.exists(p) else 0)
+    found: dict[int, ledger.RankProgress | None] = {}
+    for rank in run.ranks:
+        found[rank.rank] = None
+        for folder in reversed(folders):
+            path = os.path.join(folder, f"attempt{run.attempt}-rank{rank.rank}.ledger")
+            try:
+                reader = ledger.LedgerReader(path)
+            except ledger.LedgerError:
+                continue
+            try:
+                progress = reader.read()
+            finally:
+                reader.close()
+            if progress.pid in (0, rank.pid):
+                found[rank.rank] = progress
+                break
+    return found
+
+
+def _process(pid: int) -> str:
+    try:
+        status = psutil.Process(pid).status()
+    except psutil.Error:
+        return "gone"
+    return {psutil.STATUS_RUNNING: "running", psutil.STATUS_STOPPED: "stopped",
+            psutil.STATUS_TRACING_STOP: "stopped", psutil.STATUS_ZOMBIE: "zombie",
+            psutil.STATUS_DISK_SLEEP: "in I/O"}.get(status, "sleeping")
+
+
+def render(view: StatusView) -> str:
+    """The snapshot as a table for a terminal."""
+    head = (f"run {view.run_id}  attempt {view.attempt}  restarts {view.restarts}"
+            f"{'  (ended)' if view.ended else ''}")
+    lines = [head, f"{'rank':>4}  {'pid':>7}  {'state':<40} {'for':>8}  process"]
+    for r in view.ranks:
+        label = r.op if r.op == "init_process_group" else f"{r.op} #{r.seq}"
+        if r.state == "waiting":
+            what = f"waiting in {label} ({r.group})"
+        elif r.state == "computing":
+            what = f"computing, after {label}" if r.op else "computing"
+        else:
+            what = r.state
+        since = f"{r.since_s:.1f} s" if r.since_s is not None else ""
+        mark = "  <- the others wait for it" if r.waited_for else ""
+        lines.append(f"{r.rank:>4}  {r.pid:>7}  {what:<40} {since:>8}  {r.process}{mark}")
+    if view.last_fault:
+        lines.append(f"last fault: {view.last_fault}")
+    return "\n".join(lines)
