@@ -70,8 +70,8 @@ class Zygote:
         modules: what it imports before it forks (torch, the ranks' entry module).
         env: its environment (a fork's own environment is given to :meth:`fork`).
         log: where its own output goes.
-        on_change: called (from its reader thread, under no lock of its own) when it became
-            ready or was lost.
+        on_change: called (from a thread of its own, under no lock of the zygote's) when it
+            became ready or was lost.
 
     Start it from a thread that outlives it: it dies with that thread (PR_SET_PDEATHSIG).
     """
@@ -176,7 +176,7 @@ class Zygote:
                         fork._ended(message["code"])
                 self._cond.notify_all()
             if op == "ready":
-                self._on_change()
+                self._tell()
             if op == "exit":
                 try:
                     self._send(pickle.dumps({"op": "release", "pid": message["pid"]}), [])
@@ -190,7 +190,13 @@ class Zygote:
             self._cond.notify_all()
         for fork in forks:  # they die with it (PR_SET_PDEATHSIG)
             fork._ended(LOST_CODE)
-        self._on_change()
+        self._tell()
+
+    def _tell(self) -> None:
+        """Call ``on_change`` from a thread of its own: the owner may take a lock that a
+        caller of :meth:`fork` holds while it waits for this reader to read the reply."""
+        threading.Thread(target=self._on_change, name="rankguard-zygote-change",
+                         daemon=True).start()
 
     def close(self, until: Deadline) -> None:
         """Close its socket (it exits, and its ranks with it), kill it if it has not by
