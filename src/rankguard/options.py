@@ -20,7 +20,11 @@ class Parser(argparse.ArgumentParser):
     """An argparse parser whose errors are UsageErrors (one line, exit 2), not usage dumps."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(self.prog, message, f"see {self.prog} --help")
+        option, colon, problem = message.partition(": ")
+        if option.startswith("argument ") and colon:  # "argument --x: invalid choice: ..."
+            raise UsageError(option.removeprefix("argument "), problem,
+                             f"see {self.prog} --help")
+        raise UsageError("command line", message, f"see {self.prog} --help")
 
 
 # Plain decimal spellings only: Python's int() and float() also take "1_0", " 5", "١٢",

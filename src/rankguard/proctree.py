@@ -64,6 +64,17 @@ def is_stopped(pid: int) -> bool:
         return False
 
 
+def catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (``SigCgt`` in /proc): sending it a
+    signal it does not catch would, for most signals, end it."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(line for line in f if line.startswith("SigCgt:")).split()[1]
+    except (OSError, StopIteration, IndexError):
+        return False
+    return bool(int(mask, 16) >> (sig - 1) & 1)
+
+
 def alive(pid: int) -> bool:
     """Whether ``pid`` exists and is not a zombie."""
     try:

@@ -42,6 +42,7 @@ def test_stacks_and_status_of_a_hung_run_show_the_outlier_and_leave_it_running(
             shown = stacks(str(log_dir))
             if "rank 1: perform (rankguard/inject/perform.py:" in shown.stdout:
                 break
+            assert proc.poll() is None, proc.communicate(timeout=10)[1][-3000:]
             assert time.monotonic() < deadline, shown.stdout + shown.stderr
             time.sleep(0.5)
         assert shown.returncode == 0 and "now, 3 of 3 live rank(s) answered" in shown.stdout
@@ -52,13 +53,15 @@ def test_stacks_and_status_of_a_hung_run_show_the_outlier_and_leave_it_running(
         assert full.stdout.count("--- rank ") == 3 and "Current thread" in full.stdout
         table = command("status", str(log_dir)).stdout  # not a terminal: one snapshot
         rows = {int(line.split()[0]): line for line in table.splitlines()[2:]}
-        assert "the others wait for it" in rows[1] and "computing, after" in rows[1], table
+        assert "the others wait for it" in rows[1], table
         for rank in (0, 2):
             assert "waiting in all_reduce #" in rows[rank] and "(world)" in rows[rank], table
         view = json.loads(command("status", "--json", str(log_dir)).stdout)
         assert [r["waited_for"] for r in view["ranks"]] == [False, True, False]
-        assert [r["state"] for r in view["ranks"]] == ["waiting", "computing", "waiting"]
-        assert view["ranks"][0]["seq"] == view["ranks"][1]["seq"] + 1 and not view["ended"]
+        # rank 1 is behind: it computes after #N-1, or (DDP's bucket all_reduce is async, its
+        # completion recorded by another thread) still counts as in it
+        seqs = [r["seq"] for r in view["ranks"]]
+        assert seqs[0] == seqs[2] == seqs[1] + 1 and not view["ended"], view
     finally:
         proc.send_signal(signal.SIGTERM)
         run = finish(proc, log_dir, 60, started)

@@ -129,3 +129,12 @@ def report_then_sleep(state: Any, address: str, seconds: float) -> None:
             sock.connect(address)
             sock.sendall(b"running")
     time.sleep(seconds)
+
+
+def fork_sleeper(state: Any) -> int:
+    """Fork a child (no exec) that sleeps 120 s and outlives this call; its pid."""
+    child = os.fork()
+    if child == 0:
+        time.sleep(120)
+        os._exit(0)
+    return child

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -91,8 +93,17 @@ def test_a_pool_whose_zygote_is_killed_or_frozen_goes_on_serving(fault: str,
         os.kill(zygote, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
         try:
             if fault == "stop":  # its forks still run: a fault makes the pool fork again
-                with pytest.raises(rankguard.RequestFailed):
+                started = time.monotonic()
+                with pytest.raises(rankguard.RequestFailed) as caught:
                     pool.run(rf.forward, 1.0, fault=(1, "kill"))
+                # the rank's end is known from its zombie, not from the frozen zygote
+                assert (caught.value.rank, caught.value.cause) == (1, "signalled")
+                assert time.monotonic() - started < 1.0
+                for _ in range(20):  # while the supervisor waits for the frozen zygote to fork
+                    asked = time.monotonic()
+                    pool.status()
+                    assert time.monotonic() - asked < 0.5, "status() waited for a fork"
+                    time.sleep(0.05)
             started = time.monotonic()
             wait_for(lambda: len(events(log, "zygote_start")) == 2, SPARE_WAIT_S,
                      "a new zygote")
@@ -106,3 +117,25 @@ def test_a_pool_whose_zygote_is_killed_or_frozen_goes_on_serving(fault: str,
     assert len(failed) == 1 and failed[0]["pid"] == zygote, failed
     assert len(events(log, "zygote_start")) == 2  # a new zygote, not cold starts
     assert took < SPARE_WAIT_S
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(120)
+@pytest.mark.parametrize("zygote", [True, False])
+def test_processes_a_rank_forked_do_not_outlive_the_pool(zygote: bool) -> None:
+    with rankguard.Pool(1, spares=0, zygote=zygote) as pool:
+        child = pool.run(rf.fork_sleeper)  # a child by os.fork: no exec, no environ of its own
+        assert proctree.alive(child)
+    wait_for(lambda: not proctree.alive(child), 10, f"the rank's forked child {child} to end")
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(120)
+def test_a_pool_short_of_file_descriptors_retries_and_heals_once_it_has_them() -> None:
+    script = Path(__file__).with_name("fd_starved_pool.py")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=100, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "healed" in done.stdout and "Traceback" not in done.stderr, done.stdout + done.stderr
+    # "Too many open files", or the store's own words for it ("Failed to init uv loop")
+    assert "group_start_failed could not be started: " in done.stdout, done.stdout

@@ -53,7 +53,8 @@ def find(target: str | None) -> Run:
     log_dir = os.path.dirname(os.path.abspath(path))
     started = {e["rank"]: e for e in events
                if e["event"] == "rank_start" and e.get("attempt") == attempt}
-    exited = {e["rank"] for e in events if e["event"] == "rank_exit" and e.get("attempt") == attempt}
+    exited = {e["rank"] for e in events
+              if e["event"] == "rank_exit" and e.get("attempt") == attempt}
     ranks = tuple(Rank(rank, event["pid"],
                        os.path.join(log_dir, f"attempt{attempt}", f"stacks_rank{rank}.txt"),
                        rank not in exited and not ended and _same_process(event))

@@ -9,8 +9,9 @@ Exit codes: 0 stacks shown; 1 no rank answered; 2 bad usage or no such run.
 
 from __future__ import annotations
 
+import signal
 
-from .. import stack_groups, stack_requests
+from .. import proctree, stack_groups, stack_requests
 from ..options import Parser
 from . import runs
 
@@ -33,8 +34,13 @@ def main(argv: list[str]) -> int:
     args, budget, run = parsed
     live = [r for r in run.ranks if r.alive]
     if live:
-        dumps = stack_requests.ask({r.rank: (r.pid, [r.stacks]) for r in live}, budget)
+        # only ranks whose runtime catches the request: a rank still starting would die of it
+        ready = [r for r in live if proctree.catches(r.pid, signal.SIGUSR1)]
+        dumps = stack_requests.ask({r.rank: (r.pid, [r.stacks]) for r in ready}, budget)
         where = f"now, {len(dumps)} of {len(live)} live rank(s) answered"
+        if len(ready) < len(live):
+            where += (f" ({len(live) - len(ready)} still starting, not asked: "
+                      "no stacks handler yet)")
     else:
         dumps = {r.rank: stack_groups.last_dump(r.stacks) for r in run.ranks}
         dumps = {rank: text for rank, text in dumps.items() if text}

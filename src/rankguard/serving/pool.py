@@ -26,6 +26,7 @@ Every fault, retirement, heal and spare start is a journal event (``rankguard.jo
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import tempfile
 import threading
@@ -33,9 +34,10 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from ..deadline import Deadline
+from .. import proctree
 from ..errors import PoolClosed, PoolUnavailable, RequestFailed, UsageError, shown
 from ..journal import Journal
 from ..options import MAX_LOCAL_RANKS, seconds, writable_file
@@ -49,6 +51,7 @@ from .replica import WORKER_MODULE, Replica, StartFailure, cold_start
 HEALING_MODES = ("wait", "fail")
 FAILED_AFTER = 3  # start-ups failing in a row (a rank died, or was late) before calls fail fast
 CLOSE_JOIN_S = 1.0  # at close, how long past its timeout the leader waits for the replicas
+ZYGOTE_TOKEN_VAR = "RANKGUARD_ZYGOTE_TOKEN"  # in the zygote's environ, and so in /proc of its forks
 ZYGOTE_TRIES = 3  # zygotes that may fail (die, stop answering) before ranks start cold only
 FORK_S = 2.0  # how long a zygote may take to fork a rank (it answers in milliseconds)
 QUEUE_PER_REPLICA = 32  # the default bound on the calls waiting for a replica, per replica
@@ -82,6 +85,13 @@ class PoolStatus:
     suspect: int = 0
     waiting: int = 0
     replicas: int = 1
+
+
+class _Start(NamedTuple):
+    """A replica the supervisor is to start: its number, and whether from the zygote."""
+
+    number: int
+    fork: bool
 
 
 class Abandon:
@@ -153,6 +163,8 @@ class Pool:
                  log_dir: str | None = None, env: dict[str, str] | None = None,
                  zygote: bool = True, wait: bool = True) -> None:
         check_size(world_size, spares, replicas)
+        if not isinstance(zygote, bool):
+            raise UsageError("Pool(zygote)", f"expected True or False, got {shown(zygote)}")
         self.timeout = seconds("Pool(timeout)", timeout)
         self.suspect_after = self.timeout * SUSPECT_FRACTION if suspect_after is None else \
             seconds("Pool(suspect_after)", suspect_after)
@@ -167,7 +179,8 @@ class Pool:
                              f"{shown(max_queue)}")
         self.start_timeout = seconds("Pool(start_timeout)", start_timeout)
         self.max_backoff = seconds("Pool(max_backoff)", max_backoff)
-        self.min_call_s = self.timeout * MIN_CALL_FRACTION
+        # rounded: 3 s x 0.1 is 0.30000000000000004, and a deadline of 0.3 s must be allowed
+        self.min_call_s = round(self.timeout * MIN_CALL_FRACTION, 9)
         if on_healing not in HEALING_MODES:
             raise UsageError("Pool(on_healing)", f"{on_healing!r} is not one of "
                              f"{', '.join(HEALING_MODES)}")
@@ -200,6 +213,8 @@ class Pool:
         self._zygote: Zygote | None = None
         self._zygote_by = Deadline.never()  # when a starting zygote must be ready
         self._zygote_tries = 0 if zygote else ZYGOTE_TRIES
+        self._zygote_token = secrets.token_hex(8)  # marks every process forked from it
+        self._creating = 0  # replicas the supervisor is creating, outside the lock
         self.counts: Counter[str] = Counter()
         self.heal_seconds: list[float] = []
         self._event("pool_start", world_size=world_size, spares=spares, replicas=replicas,
@@ -447,11 +462,26 @@ class Pool:
         shut the replicas down, here: the ranks die with the thread that started them
         (PR_SET_PDEATHSIG follows the thread, not the process), so this thread must outlive
         them, or a close would SIGKILL them at once, mid-call and without their shutdown."""
-        with self._cond:
-            while not self._closed:
+        while True:
+            with self._cond:
+                if self._closed:
+                    break
                 self._check_starting()
                 self._check_idle()
-                self._cond.wait(self._start_more())
+                plan = self._plan()
+                if not isinstance(plan, _Start):
+                    self._cond.wait(plan)
+                    continue
+                self._creating += 1
+            # outside the lock: starting ranks takes a while (the first store imports torch,
+            # a fork waits for the zygote), and calls, probes and metrics must not wait for it
+            replica = self._create(plan)
+            with self._cond:
+                self._creating -= 1
+                if replica is not None:
+                    self._starting.append(replica)
+                    self._event("group_start", group=replica.number, pids=replica.pids)
+                self._cond.notify_all()
         self._shut_down()
 
     def _changed(self) -> None:
@@ -476,16 +506,19 @@ class Pool:
                 self._count_heals()
             else:
                 replica.kill()
-                self._start_failures += 1
-                self._last_start_failure = replica.failure
-                pause = min(self.max_backoff, BACKOFF_FIRST_S * 2 ** (self._start_failures - 1))
-                self._next_start = Deadline.after(pause)
-                self.counts["start_failures"] += 1
-                failure = replica.failure or StartFailure(None, "failed")
-                self._event("group_start_failed", group=replica.number, rank=failure.rank,
-                            detail=failure.detail, traceback=failure.remote_traceback,
-                            consecutive=self._start_failures, backoff_s=pause)
+                self._start_failed(replica.number, replica.failure or StartFailure(None, "failed"))
             self._cond.notify_all()
+
+    def _start_failed(self, number: int, failure: StartFailure) -> None:
+        """Under the lock: replica ``number`` did not start; the next try waits a backoff."""
+        self._start_failures += 1
+        self._last_start_failure = failure
+        pause = min(self.max_backoff, BACKOFF_FIRST_S * 2 ** (self._start_failures - 1))
+        self._next_start = Deadline.after(pause)
+        self.counts["start_failures"] += 1
+        self._event("group_start_failed", group=number, rank=failure.rank,
+                    detail=failure.detail, traceback=failure.remote_traceback,
+                    consecutive=self._start_failures, backoff_s=pause)
 
     def _check_idle(self) -> None:
         for replica in list(self._dispatch.ready):
@@ -496,29 +529,45 @@ class Pool:
                             reason="a rank of an idle replica died")
         self._count_heals()
 
-    def _start_more(self) -> float | None:
-        """Start a replica if one is missing and no backoff holds it back; returns how long
-        the supervisor may sleep before it must look again (None: until something changes)."""
+    def _plan(self) -> _Start | float | None:
+        """Under the lock: the replica to start next, if one is missing and no backoff holds it
+        back; else how long the supervisor may sleep before it must look again (None: until
+        something changes)."""
         wanted = self.replicas + self.spares
-        have = self._dispatch.healthy() + len(self._starting) + len(self._retired)
+        have = self._dispatch.healthy() + len(self._starting) + len(self._retired) + \
+            self._creating
         if have >= wanted:
             return None
-        if self._starting and self._start_failures:  # failing: one attempt at a time
-            return None
+        if (self._starting or self._creating) and self._start_failures:
+            return None  # failing: one attempt at a time
         if not self._next_start.passed():
             return self._next_start.wait_time()
         waiting = self._zygote_waits()
         if waiting is not None:
             return waiting
         self._numbers += 1
-        zygote = self._zygote if self._zygote is not None and self._zygote.ready else None
-        replica = Replica(self._numbers, self.world_size, self._setup,
-                          os.path.join(self.log_dir, f"group{self._numbers}"), self._env,
-                          Deadline.after(self.start_timeout), self._changed,
-                          self._fork_rank if zygote is not None else None)
-        self._starting.append(replica)
-        self._event("group_start", group=replica.number, pids=replica.pids)
-        return 0.0 if have + 1 < wanted else None
+        return _Start(self._numbers, self._zygote is not None and self._zygote.ready)
+
+    def _create(self, start: _Start) -> Replica | None:
+        """Not under the lock: the replica ``start`` describes, starting; None if its ranks
+        could not even be started (no file descriptor, no memory...): a failed start-up."""
+        try:
+            replica = Replica(start.number, self.world_size, self._setup,
+                              os.path.join(self.log_dir, f"group{start.number}"), self._env,
+                              Deadline.after(self.start_timeout), self._changed,
+                              self._fork_rank if start.fork else None)
+        except Exception as error:  # noqa: BLE001 (no descriptor, no memory, the store's
+            # "Failed to init uv loop"...: whatever it is, a start-up that failed, retried with
+            # backoff; the supervisor must not die of it)
+            with self._cond:
+                self._start_failed(start.number, StartFailure(
+                    None, f"could not be started: {getattr(error, 'strerror', None) or error}"))
+            return None
+        with self._cond:
+            if self._closed:
+                replica.kill()
+                return None
+        return replica
 
     # -- the zygote -----------------------------------------------------------------------------
 
@@ -531,12 +580,13 @@ class Pool:
                 return None  # cold starts only
             self._zygote_tries += 1
             env = {**os.environ, **leader_env.leader_context(), **self._env,
-                   "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+                   "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+                   ZYGOTE_TOKEN_VAR: self._zygote_token}
             try:
                 os.makedirs(self.log_dir, exist_ok=True)
                 self._zygote = Zygote(["torch", "torch.distributed", WORKER_MODULE], env,
                                       os.path.join(self.log_dir, "zygote.log"), self._changed)
-            except OSError as error:
+            except Exception as error:  # noqa: BLE001 (see _create): ranks start cold
                 self._zygote_tries = ZYGOTE_TRIES
                 self.counts["zygote_failures"] += 1
                 self._event("zygote_failed", pid=None, detail=f"it could not start: {error}",
@@ -575,7 +625,9 @@ class Pool:
                 return zygote.fork(WORKER_MODULE, {**env, leader_env.LEADER: str(zygote.proc.pid)},
                                    log, {leader_env.FD: channel_fd}, Deadline.after(FORK_S))
             except ZygoteUnavailable as error:
-                self._zygote_failed(str(error))
+                with self._cond:
+                    if self._zygote is zygote:
+                        self._zygote_failed(str(error))
         return cold_start(env, log, channel_fd)
 
     # -- state ------------------------------------------------------------------------------------
@@ -693,6 +745,8 @@ class Pool:
             closer.join(joined_by.timeout())
         if self._zygote is not None:
             self._zygote.close(until)
+        if self._zygote_tries:  # what the ranks forked without exec shows the zygote's environ
+            proctree.kill_all(proctree.with_env(ZYGOTE_TOKEN_VAR, self._zygote_token))
 
     def __enter__(self) -> Pool:
         return self

@@ -121,21 +121,25 @@ class Replica:
         self._ranks = RankProcesses(number, world)
         self.ends: list[LeaderEnd] = []
         self._ledgers: list[LedgerReader] = []
-        for rank in range(world):
-            files = RankFiles(log=os.path.join(folder, f"rank{rank}.log"),
-                              stacks=os.path.join(folder, f"rank{rank}.stacks"),
-                              ledger=os.path.join(folder, f"rank{rank}.ledger"))
-            mine, theirs = pair()
-            rank_env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank),
-                        leader_env.FD: str(theirs.fileno()), _ledger.PATH_ENV: files.ledger,
-                        stacks.PATH_ENV: files.stacks}
-            self._ranks.start(rank, files, rank_env, partial(
-                _launch, start_rank or cold_start, log=files.log, fd=theirs.fileno()))
-            theirs.close()
-            end = LeaderEnd(mine)
-            self.ends.append(end)
-            self._ledgers.append(LedgerReader(files.ledger))
-            self._ranks.add_reader(end.fileno(), partial(self._on_readable, rank))
+        try:
+            for rank in range(world):
+                files = RankFiles(log=os.path.join(folder, f"rank{rank}.log"),
+                                  stacks=os.path.join(folder, f"rank{rank}.stacks"),
+                                  ledger=os.path.join(folder, f"rank{rank}.ledger"))
+                mine, theirs = pair()
+                rank_env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank),
+                            leader_env.FD: str(theirs.fileno()), _ledger.PATH_ENV: files.ledger,
+                            stacks.PATH_ENV: files.stacks}
+                self._ranks.start(rank, files, rank_env, partial(
+                    _launch, start_rank or cold_start, log=files.log, fd=theirs.fileno()))
+                theirs.close()
+                end = LeaderEnd(mine)
+                self.ends.append(end)
+                self._ledgers.append(LedgerReader(files.ledger))
+                self._ranks.add_reader(end.fileno(), partial(self._on_readable, rank))
+        except BaseException:  # no descriptor, no memory: what started goes
+            self._abandon_start()
+            raise
         self._ranks.call_at(start_by, self._start_overdue)
         self._ranks.watch(self._on_exit, f"rankguard-replica{number}")
         for end in self.ends:
@@ -143,6 +147,19 @@ class Replica:
                 end.send({"op": "start", "setup": setup}, Deadline.after(SEND_S))
             except (ChannelClosed, TimeoutError):
                 pass  # that rank is gone already: its exit says so
+
+    def _abandon_start(self) -> None:
+        """The ranks could not all be started: kill and reap those that were, release the
+        rest (bounded by REAP_S)."""
+        self.killed = True
+        until = Deadline.after(REAP_S)
+        self._ranks.kill(until)
+        self._ranks.close(until)
+        for end in self.ends:
+            end.close()
+        for reader in self._ledgers:
+            reader.close()
+        self._store = None
 
     # -- what it is -------------------------------------------------------------------------
 
@@ -277,8 +294,9 @@ class Replica:
                 return
             self._dead[rank] = detail
             if self.start_state() == "starting":
-                self.failure = StartFailure(rank, f"exited during start-up ({detail}):\n"
-                                            f"{self.log_since(rank, limit=2000)}")
+                output = self.log_since(rank, limit=2000).strip()
+                self.failure = StartFailure(rank, f"exited during start-up ({detail})"
+                                            + (f":\n{output}" if output else ""))
             outcome = self._current
             if outcome is not None and rank not in outcome.dead:
                 outcome.dead[rank] = detail

@@ -49,9 +49,13 @@ class ForkedProcess:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        """The exit code, once the zygote reported it; past ``timeout`` (default
-        ``EXIT_STATUS_S``: call it once the process is known to have exited) or when the
-        zygote is gone, it counts as killed with SIGKILL."""
+        """The exit code, once the process has exited (call it then: its pidfd said so): as
+        the kernel keeps it for its zombie, which the zygote holds until it has reported it,
+        or as the zygote reported it; past ``timeout`` (default ``EXIT_STATUS_S``) without
+        either, or when the zygote is gone, it counts as killed with SIGKILL."""
+        code = _zombie_code(self.pid)
+        if code is not None:
+            self._ended(code)
         if not self._exited.wait(EXIT_STATUS_S if timeout is None else timeout):
             self._ended(LOST_CODE)
         assert self.returncode is not None
@@ -61,6 +65,21 @@ class ForkedProcess:
         if self.returncode is None:
             self.returncode = code
         self._exited.set()
+
+
+def _zombie_code(pid: int) -> int | None:
+    """The exit status of ``pid`` while it is a zombie (``/proc/PID/stat``'s exit_code, as
+    Popen's returncode: negative for a signal); None if it is not one or cannot be read. Its
+    parent (the zygote) has not reaped it, so the pid still names that process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if len(fields) < 50 or fields[0] != b"Z":
+        return None
+    status = int(fields[49])  # field 52 of stat, counted from the state (field 3)
+    return os.waitstatus_to_exitcode(status)
 
 
 class Zygote:
@@ -141,7 +160,7 @@ class Zygote:
                                         else "the zygote is gone")
             if reply["op"] != "forked":
                 raise ZygoteUnavailable(f"the zygote could not fork: {reply['error']}")
-            return self._forks[reply["pid"]]
+            return reply["process"]
 
     def _send(self, message: bytes, fds: list[int]) -> None:
         try:
@@ -165,9 +184,10 @@ class Zygote:
             with self._cond:
                 if op == "ready":
                     self._ready = True
-                elif op == "forked":
-                    self._forks[message["pid"]] = ForkedProcess(message["pid"], self)
-                    self._replies[message["id"]] = message
+                elif op == "forked":  # kept in the reply too: its exit may come first
+                    fork = ForkedProcess(message["pid"], self)
+                    self._forks[message["pid"]] = fork
+                    self._replies[message["id"]] = {**message, "process": fork}
                 elif op == "fork_failed":
                     self._replies[message["id"]] = message
                 elif op == "exit":
