@@ -137,8 +137,8 @@ class Replica:
                 self.ends.append(end)
                 self._ledgers.append(LedgerReader(files.ledger))
                 self._ranks.add_reader(end.fileno(), partial(self._on_readable, rank))
-        except BaseException:  # no descriptor, no memory: what started goes
-            self._abandon_start()
+        except BaseException:  # no descriptor, no memory: what started goes, reaped
+            self.kill(wait=True)
             raise
         self._ranks.call_at(start_by, self._start_overdue)
         self._ranks.watch(self._on_exit, f"rankguard-replica{number}")
@@ -147,19 +147,6 @@ class Replica:
                 end.send({"op": "start", "setup": setup}, Deadline.after(SEND_S))
             except (ChannelClosed, TimeoutError):
                 pass  # that rank is gone already: its exit says so
-
-    def _abandon_start(self) -> None:
-        """The ranks could not all be started: kill and reap those that were, release the
-        rest (bounded by REAP_S)."""
-        self.killed = True
-        until = Deadline.after(REAP_S)
-        self._ranks.kill(until)
-        self._ranks.close(until)
-        for end in self.ends:
-            end.close()
-        for reader in self._ledgers:
-            reader.close()
-        self._store = None
 
     # -- what it is -------------------------------------------------------------------------
 
