@@ -451,6 +451,7 @@ def _teardown_s(hang_s: float) -> float:
             + 15)
 
 
+@pytest.mark.slow  # 5 to 11 s: the quick set stays within 5 minutes
 @pytest.mark.deadline(240)
 def test_a_frozen_node_is_named_by_the_other_within_the_hang_timeout(tmp_path):
     hang_s = 3

@@ -50,6 +50,7 @@ def _assert_logs_complete(log_dir: Path, ranks: int, steps: int) -> None:
         assert f"step {steps - 1} " in log and f"DONE rank={rank}" in log
 
 
+@pytest.mark.slow  # 5 to 11 s: the quick set stays within 5 minutes
 def test_healthy_job_with_a_reader_that_never_reads_ends_0_without_a_verdict(tmp_path):
     # 2 ranks x 1000 lines of 1 kB: more than a pipe and the launcher's buffer hold, for
     # several --hang-timeout

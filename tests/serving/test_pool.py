@@ -121,6 +121,7 @@ def test_a_setup_that_always_fails_is_reported_with_backoff(tmp_path: Path) -> N
             (failure, later[0])
 
 
+@pytest.mark.slow  # 5 to 11 s: the quick set stays within 5 minutes
 @pytest.mark.deadline(150)
 def test_calls_during_healing_wait_or_fail_fast_and_a_fault_while_healing_is_survived(
         tmp_path: Path) -> None:

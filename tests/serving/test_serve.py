@@ -519,6 +519,7 @@ def test_metrics_count_every_response_a_client_saw_by_route_and_code(server: Ser
         assert sample(metrics, "rankguard_request_seconds_count", outcome=outcome) == count
 
 
+@pytest.mark.slow  # 5 to 11 s: the quick set stays within 5 minutes
 @pytest.mark.deadline(180)
 def test_probes_live_while_a_request_runs_not_ready_until_it_ends(tmp_path: Path) -> None:
     server = Server(tmp_path, app=SLEEPER)
