@@ -419,6 +419,18 @@ def test_sigterm_with_a_grace_shorter_than_a_request_answers_it_503_json_and_exi
     assert took < grace + HTTP_ANSWER_S + CUT_CLOSE_S + CLOSE_JOIN_S + EXIT_S, took
 
 
+@pytest.mark.slow
+@pytest.mark.deadline(120)
+@pytest.mark.serve_args("--timeout", "2")
+def test_a_body_that_does_not_arrive_within_the_timeout_gets_408(server: Server) -> None:
+    started = time.monotonic()
+    status = raw_request(server.url, "POST /run HTTP/1.1\r\nHost: x\r\n"
+                         "Content-Length: 100\r\n", [b'{"x": '])  # and the rest never comes
+    assert status.split()[1] == "408", status
+    assert 2 <= time.monotonic() - started < 2 + 3
+    assert_served(server.run({"x": X}))
+
+
 @pytest.mark.deadline(180)
 def test_clients_that_drop_mid_body_cost_no_traceback_and_the_server_keeps_serving(
         tmp_path: Path) -> None:

@@ -12,10 +12,11 @@ Routes:
   pool's ``min_call_s`` to the service's timeout; 413 a body over ``max_body`` bytes (refused
   from its Content-Length before it is read, or as soon as a streamed body passes the limit);
   422 a body that is not an object, holds NaN or an infinity, cannot be sent to the ranks, or that
-  ``validate`` refused; 500 a rank failed the request (``{"error": {"type", "rank", "cause",
-  "detail", "victims"}}``); 503 the pool is healing, starting, busy or failing to start (with
-  ``Retry-After``), or closed (``PoolClosed``: also every request still running when the
-  server's ``--grace`` after SIGTERM ends, answered then, with a reason saying so).
+  ``validate`` refused; 408 a body that did not arrive within the service's timeout; 500 a rank
+  failed the request (``{"error": {"type", "rank", "cause", "detail", "victims"}}``); 503 the
+  pool is healing, starting, busy or failing to start (with ``Retry-After``), or closed
+  (``PoolClosed``: also every request still running when the server's ``--grace`` after
+  SIGTERM ends, answered then, with a reason saying so).
 - ``GET /healthz``: 200 ``{"state": "ready", ...}``; 503 while ``starting``, ``healing``,
   ``failed`` or ``closed``.
 - ``GET /livez`` (Kubernetes' liveness probe): 200 ``{"live": true, "state": ...}`` whenever
@@ -196,10 +197,17 @@ class _Server:
     async def run(self, request: Request) -> Response:
         assert self.pool is not None
         try:
-            raw = await self._unless_ended(asyncio.ensure_future(self._body(request)))
+            # a body that takes longer to arrive than a request may run is cut (slowloris)
+            raw = await self._unless_ended(asyncio.ensure_future(asyncio.wait_for(
+                self._body(request), self.service.timeout)))
             body = json.loads(raw, parse_float=_finite, parse_constant=_not_finite)
         except _ShuttingDown:
             return self.error(503, "PoolClosed", self._end_reason)
+        except asyncio.TimeoutError:
+            response = self.error(408, "RequestTimeout", "the body did not arrive within the "
+                                  f"service's timeout of {self.service.timeout:g} s")
+            response.headers["Connection"] = "close"  # the rest of the body is never read
+            return response
         except ClientDisconnect:  # nobody to answer, nothing to log
             self.client_disconnects += 1
             request.scope[_DROPPED] = True
