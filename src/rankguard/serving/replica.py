@@ -387,7 +387,11 @@ class Replica:
         """Each rank's world group, from its ledger (ranks without one are left out)."""
         positions = {}
         for rank, reader in enumerate(self._ledgers):
-            slot = next((g for g in reader.read().groups if g.is_world), None)
+            try:
+                groups = reader.read().groups
+            except ValueError:  # the replica was closed meanwhile: its ledgers are unmapped
+                continue
+            slot = next((g for g in groups if g.is_world), None)
             if slot is not None:
                 positions[rank] = slot
         return positions
