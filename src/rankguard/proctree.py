@@ -64,6 +64,17 @@ def is_stopped(pid: int) -> bool:
         return False
 
 
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` from the state (field 3) on, after the command name
+    (which may hold spaces and parentheses); None if it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2:].split()
+
+
 def catches(pid: int, sig: int) -> bool:
     """Whether process ``pid`` has a handler for ``sig`` (``SigCgt`` in /proc): sending it a
     signal it does not catch would, for most signals, end it."""

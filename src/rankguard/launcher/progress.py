@@ -24,6 +24,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
+from .. import proctree
 from ..ledger import RankProgress
 
 BUSY_SHARE = 0.05
@@ -38,14 +39,14 @@ class _Sample:
 
 
 def _read(pid: int) -> _Sample | None:
+    fields = proctree.stat_fields(pid)
+    if fields is None:
+        return None
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
         with open(f"/proc/{pid}/task/{pid}/status") as f:
             status = f.read()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()
     cpu = (int(fields[11]) + int(fields[12])) / _TICKS  # utime + stime, all threads
     switches = 0
     main_state = fields[0]

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 
@@ -35,6 +36,7 @@ class Run:
     ended: bool  # the journal has its run_end
     attempt: int | None  # the last attempt started
     ranks: tuple[Rank, ...]  # that attempt's ranks on this node
+    events: tuple[dict[str, Any], ...] = ()  # the journal, as read
 
 
 def find(target: str | None) -> Run:
@@ -59,7 +61,7 @@ def find(target: str | None) -> Run:
                        os.path.join(log_dir, f"attempt{attempt}", f"stacks_rank{rank}.txt"),
                        rank not in exited and not ended and _same_process(event))
                   for rank, event in sorted(started.items()))
-    return Run(run_id, log_dir, path, ended, attempt, ranks)
+    return Run(run_id, log_dir, path, ended, attempt, ranks, tuple(events))
 
 
 def _same_process(event: dict) -> bool:

@@ -14,7 +14,7 @@ from typing import Any
 
 import psutil
 
-from .. import journal, ledger
+from .. import ledger
 from . import runs
 
 
@@ -46,7 +46,7 @@ class StatusView:
 
 def snapshot(run: runs.Run) -> StatusView:
     """Where ``run`` stands now."""
-    events = list(journal.read(run.journal))
+    events = run.events
     restarts = sum(1 for e in events if e["event"] == "restart")
     faults = [e["root_cause"] for e in events
               if e["event"] in ("restart", "run_end") and e.get("root_cause")]

@@ -175,24 +175,19 @@ class _Server:
             except Exception as error:  # noqa: BLE001 (answered by the caller)
                 return None, error
 
-        task = asyncio.ensure_future(run_in_threadpool(call))
-        gone = asyncio.ensure_future(_disconnected(request))
-        ended = asyncio.ensure_future(self._ended.wait())
+        watcher = asyncio.ensure_future(self._give_up_when_gone(request, abandon))
         try:
-            watched = {task, gone, ended}
-            while not task.done():
-                done, watched = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
-                if ended in done and not task.done():
-                    task.cancel()
-                    raise _ShuttingDown
-                if gone in done and gone.result():
-                    abandon.set()
-                    self.client_disconnects += 1
-                    request.scope[_DROPPED] = True
+            return await self._unless_ended(asyncio.ensure_future(run_in_threadpool(call)))
         finally:
-            gone.cancel()
-            ended.cancel()
-        return task.result()
+            watcher.cancel()
+
+    async def _give_up_when_gone(self, request: Request, abandon: Abandon) -> None:
+        """Once the client of ``request`` closes its connection: count it, and have its call
+        give up its place in the pool's queue."""
+        if await _disconnected(request):
+            abandon.set()
+            self.client_disconnects += 1
+            request.scope[_DROPPED] = True
 
     async def run(self, request: Request) -> Response:
         assert self.pool is not None

@@ -172,11 +172,8 @@ class Pool:
             raise UsageError("Pool(suspect_after)", f"{self.suspect_after:g} s is longer than "
                              f"the pool's timeout of {self.timeout:g} s",
                              "give at most the timeout")
-        self.max_queue = QUEUE_PER_REPLICA * replicas if max_queue is None else max_queue
-        if not isinstance(self.max_queue, int) or isinstance(self.max_queue, bool) or \
-                self.max_queue < 0:
-            raise UsageError("Pool(max_queue)", f"expected a whole number >= 0, got "
-                             f"{shown(max_queue)}")
+        self.max_queue = QUEUE_PER_REPLICA * replicas if max_queue is None else \
+            _whole_number("Pool(max_queue)", max_queue, 0)
         self.start_timeout = seconds("Pool(start_timeout)", start_timeout)
         self.max_backoff = seconds("Pool(max_backoff)", max_backoff)
         # rounded: 3 s x 0.1 is 0.30000000000000004, and a deadline of 0.3 s must be allowed
@@ -189,6 +186,7 @@ class Pool:
         self.world_size = world_size
         self.spares = spares
         self.replicas = replicas
+        self.zygote = zygote
         self.on_healing = on_healing
         self._setup = setup
         self._env = dict(env or {})
@@ -745,7 +743,7 @@ class Pool:
             closer.join(joined_by.timeout())
         if self._zygote is not None:
             self._zygote.close(until)
-        if self._zygote_tries:  # what the ranks forked without exec shows the zygote's environ
+        if self.zygote:  # what the ranks forked without exec shows the zygote's environ
             proctree.kill_all(proctree.with_env(ZYGOTE_TOKEN_VAR, self._zygote_token))
 
     def __enter__(self) -> Pool:
@@ -776,8 +774,7 @@ def check_size(world_size: Any, spares: Any, replicas: Any = 1,
     """
     for what, value, least in ((names[0], world_size, 1), (names[1], spares, 0),
                                (names[2], replicas, 1)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise UsageError(what, f"expected a whole number >= {least}, got {shown(value)}")
+        _whole_number(what, value, least)
         if value > MAX_LOCAL_RANKS:
             raise UsageError(what, f"{shown(value)} is above {MAX_LOCAL_RANKS}",
                              f"start at most {MAX_LOCAL_RANKS} rank processes on one machine")
@@ -788,3 +785,14 @@ def check_size(world_size: Any, spares: Any, replicas: Any = 1,
                          f"serving and {spares} spare(s)) is more than {MAX_LOCAL_RANKS} rank "
                          "processes", f"start at most {MAX_LOCAL_RANKS} rank processes on one "
                          "machine")
+
+
+def _whole_number(what: str, value: Any, least: int) -> int:
+    """``value`` if it is an int (not a bool) of at least ``least``.
+
+    Raises:
+        UsageError: naming ``what``.
+    """
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise UsageError(what, f"expected a whole number >= {least}, got {shown(value)}")
+    return value

@@ -53,10 +53,6 @@ def cold_start(env: dict[str, str], log: str, channel_fd: int) -> Any:
     return spawn(_WORKER, env, log=log, pass_fds=(channel_fd,))
 
 
-def _launch(start_rank: StartRank, env: dict[str, str], *, log: str, fd: int) -> Any:
-    return start_rank(env, log, fd)
-
-
 @dataclass
 class StartFailure:
     """Why a replica did not become ready."""
@@ -131,7 +127,7 @@ class Replica:
                             leader_env.FD: str(theirs.fileno()), _ledger.PATH_ENV: files.ledger,
                             stacks.PATH_ENV: files.stacks}
                 self._ranks.start(rank, files, rank_env, partial(
-                    _launch, start_rank or cold_start, log=files.log, fd=theirs.fileno()))
+                    start_rank or cold_start, log=files.log, channel_fd=theirs.fileno()))
                 theirs.close()
                 end = LeaderEnd(mine)
                 self.ends.append(end)

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .. import proctree
 from ..deadline import Deadline
 from .rank_processes import spawn
 
@@ -71,12 +72,8 @@ def _zombie_code(pid: int) -> int | None:
     """The exit status of ``pid`` while it is a zombie (``/proc/PID/stat``'s exit_code, as
     Popen's returncode: negative for a signal); None if it is not one or cannot be read. Its
     parent (the zygote) has not reaped it, so the pid still names that process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    if len(fields) < 50 or fields[0] != b"Z":
+    fields = proctree.stat_fields(pid)
+    if fields is None or len(fields) < 50 or fields[0] != "Z":
         return None
     status = int(fields[49])  # field 52 of stat, counted from the state (field 3)
     return os.waitstatus_to_exitcode(status)
