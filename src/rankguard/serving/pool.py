@@ -67,7 +67,8 @@ class PoolStatus:
             is starting), ``failed`` (the setup raised, or start-ups failed 3 times in a row;
             see ``last_start_failure``; start-ups go on, with backoff) or ``closed``.
         spares_ready: ready replicas beyond those that can take a call now.
-        spares_starting: replicas starting.
+        spares_starting: replicas starting (their ranks being started, or their setup
+            running).
         last_start_failure: why the last start-up failed, or None.
         idle: replicas that can take a call now (ready, running none, within ``replicas``).
         serving: replicas running a call, suspects included.
@@ -648,7 +649,8 @@ class Pool:
             now = time.monotonic()
             serving = state == "ready"
             return PoolStatus(state, self._dispatch.spares(now) if serving else 0,
-                              len(self._starting), failure.describe() if failure else None,
+                              len(self._starting) + self._creating,
+                              failure.describe() if failure else None,
                               idle=self._dispatch.free(now) if serving else 0,
                               serving=len(self._dispatch.busy),
                               suspect=len(self._dispatch.suspects(now)),
@@ -685,7 +687,7 @@ class Pool:
         with self._cond:
             values: dict[str, float] = dict(self.counts)
             values["spares_ready"] = self._dispatch.spares()
-            values["spares_starting"] = len(self._starting)
+            values["spares_starting"] = len(self._starting) + self._creating
             values["serving"] = len(self._dispatch.busy)
             values["heal_seconds_sum"] = sum(self.heal_seconds)
             values["heal_seconds_count"] = len(self.heal_seconds)
