@@ -183,6 +183,16 @@ def test_blamed_rank_waiting_in_another_group_is_named_with_where_it_waits() -> 
         "rank 1 is in barrier #1 on group ranks 1,2")
 
 
+def test_blamed_rank_still_in_an_earlier_operation_of_the_group_is_named_with_it() -> None:
+    """gloo's ring completes on some ranks first: rank 1 still waits in all_reduce #9, which
+    rank 0 got past (its data is due from a peer, perhaps on a node that went silent)."""
+    case = CASES["a rank frozen before recording its last completion is behind, not waiting"]
+    [verdict] = _judge(case)
+    assert verdict.elsewhere == ((1, "all_reduce #9"),)
+    assert verdict.describe() == ("rank 1 never reached all_reduce #10 (made no progress); "
+                                  "rank 0 waited 3.0 s; rank 1 is in all_reduce #9")
+
+
 def test_mismatch_names_each_ranks_operation() -> None:
     case = CASES["a mismatch blames the minority's operation"]
     [verdict] = _judge(case)

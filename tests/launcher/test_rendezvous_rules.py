@@ -128,6 +128,9 @@ _IN_PAIR = ((1, "all_reduce #1 on group ranks 1,3"),)
     (_stuck(reason="no_progress", blamed=(1,), elsewhere=_IN_PAIR, waited=6.0), 2, False),
     (_stuck(reason="no_progress", blamed=(1,), elsewhere=_IN_PAIR), 1, False),  # one node
     (_stuck(reason="no_progress", blamed=(0, 1), elsewhere=_IN_PAIR), 2, False),  # 0 is not
+    # rank 1 is still in the world's previous all_reduce, which rank 0 got past: its data is
+    # due from the other node, which may have gone silent (named there, or here by the beats)
+    (_stuck(reason="no_progress", blamed=(1,), elsewhere=((1, "all_reduce #4"),)), 2, True),
 ])
 def test_a_stuck_collective_spanning_nodes_is_left_to_the_other_node_for_a_while(
         verdict, nodes, left):

@@ -69,7 +69,8 @@ class Verdict:
     group_key: int = 0
     group: str = "world"  # see group_label
     ops: tuple[tuple[int, str], ...] = ()  # a mismatch: (rank, the operation it is in)
-    # blamed ranks waiting in an operation of another group: (rank, its op_label)
+    # blamed ranks waiting in an operation of another group, or in an earlier one of this
+    # group: (rank, its op_label)
     elsewhere: tuple[tuple[int, str], ...] = ()
 
     @property
@@ -103,14 +104,16 @@ def _ranks(ranks: tuple[int, ...]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, ranks))
 
 
-def _elsewhere(ranks: list[int], key: int,
-               snaps: dict[int, RankProgress]) -> tuple[tuple[int, str], ...]:
-    """Of ``ranks``, those waiting in an operation of another group than ``key``, with it."""
+def _elsewhere(ranks: list[int], key: int, target: int,
+               snaps: Mapping[int, RankProgress]) -> tuple[tuple[int, str], ...]:
+    """Of ``ranks``, those waiting in an operation of another group than ``key``, or in one of
+    group ``key`` before its entry ``target`` (one the others got past: what it waits for may
+    be a peer on another node, or its completion is not recorded yet), with that operation."""
     found = []
     for rank in ranks:
         snap = snaps.get(rank)
         for group in snap.groups if snap is not None else ():
-            if group.key != key and group.waiting:
+            if group.waiting and (group.key != key or group.entered < target):
                 found.append((rank, op_label(group.kind, seq_of(group.entered, group.is_world),
                                              group_label(group))))
     return tuple(found)
@@ -212,7 +215,7 @@ class HangRules:
                     ops: tuple[tuple[int, str], ...] = ()) -> Verdict:
             return Verdict(hung, tuple(sorted(blamed)), tuple(sorted(waiters)), kind, seq,
                            round(waited, 3), reason, key, group_label(sample), ops,
-                           _elsewhere(sorted(blamed), key, snaps))
+                           _elsewhere(sorted(blamed), key, target, snaps))
 
         if not absent:
             ops = tuple((r, entries[r].kind) for r in members if entries[r].entered == target)

@@ -61,10 +61,12 @@ def left_to_another_node(verdict: Verdict, local: set[int], nodes: int,
     - When this node's ranks all entered a collective of a group spanning nodes that never
       completed (``stuck_in_collective``), the rank that holds it up is most likely on another
       node: the same two hang timeouts apply.
-    - So too when every rank blamed waits in a collective of another group (``elsewhere``):
-      what holds that one up may be on another node, whose agent names it within one hang
-      timeout (it sees the waiters through the beats); when it is on this node, this node's
-      verdict on that group comes first.
+    - So too when every rank blamed waits in a collective of another group, or in an earlier
+      one of the same group that the others got past (``elsewhere``; gloo's ring completes on
+      some ranks before others): what holds that one up may be on another node, whose agent
+      names it within one hang timeout (it sees the waiters through the beats), or the whole
+      node may have gone silent (named after one hang timeout too); when it is on this node,
+      this node's verdict on that group comes first.
     """
     if verdict.blamed and not set(verdict.blamed) & local:
         return not verdict.hung or verdict.waited_s < 2 * hang_timeout
