@@ -1,6 +1,7 @@
 """The ``rankguard`` command (also ``python -m rankguard``): ``rankguard run ...`` (the launcher),
 ``rankguard serve APP`` (an HTTP server in front of a rankguard.Pool; see
-``rankguard.serving.cli``), ``rankguard stacks [RUN]`` (``rankguard.observe.stacks_cli``).
+``rankguard.serving.cli``), and the commands that look at a run (``OBSERVE``, in
+``rankguard.observe``).
 
 Exit codes (stable, documented in the README): 0 every rank succeeded; 1 a rank failed (raised,
 exited non-zero, was killed) and restarts ran out; 2 bad usage, nothing started; 3 a rank hung
@@ -10,15 +11,22 @@ received SIGINT / SIGTERM.
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 from .errors import UsageError
+
+# command -> its module in rankguard.observe (each has ``main(argv) -> exit code``)
+OBSERVE = {"stacks": "stacks_cli", "status": "status_cli", "report": "report_cli",
+           "flight-recorder": "flight_recorder_cli"}
 
 USAGE = """usage: rankguard run [options] SCRIPT [ARGS...]
        rankguard run [options] -m MODULE [ARGS...]
        rankguard serve [options] APP
        rankguard stacks [options] [RUN]
        rankguard status [options] [RUN]
+       rankguard report [options] [RUN]
+       rankguard flight-recorder [options] [RUN]
 
 Commands:
   run    launch a torch.distributed job on this node, protected against hangs
@@ -28,7 +36,11 @@ Commands:
   stacks the Python stacks of every rank of a run, now, grouped by identical stack
          (rankguard stacks --help)
   status a live view of a run's ranks: where each is, who the others wait for
-         (rankguard status --help)"""
+         (rankguard status --help)
+  report a run as one HTML file with a timeline of every rank (rankguard report --help)
+  flight-recorder
+         an attempt's recent operations as PyTorch Flight Recorder dumps, for torch's trace
+         analyser (rankguard flight-recorder --help)"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,17 +58,12 @@ def main(argv: list[str] | None = None) -> int:
         from .serving import cli as serve_cli
 
         return serve_cli.main(rest)
-    if command == "stacks":
-        from .observe import stacks_cli
-
-        return stacks_cli.main(rest)
-    if command == "status":
-        from .observe import status_cli
-
-        return status_cli.main(rest)
+    if command in OBSERVE:
+        module = importlib.import_module(f".observe.{OBSERVE[command]}", __package__)
+        return int(module.main(rest))
     if command != "run":
-        print(f"rankguard: unknown command {command!r} (commands: run, serve, stacks, status; "
-              "see rankguard --help)", file=sys.stderr)
+        print(f"rankguard: unknown command {command!r} (commands: run, serve, "
+              f"{', '.join(OBSERVE)}; see rankguard --help)", file=sys.stderr)
         return 2
     return _run(rest)
 

@@ -49,7 +49,8 @@ class UsageError(RankguardError):
 
 
 class LedgerError(RankguardError):
-    """A progress ledger that cannot be used (wrong size, wrong magic number, missing file)."""
+    """A progress ledger, or the copy of its recent operations kept in a run's logs
+    (``recent_file``), that cannot be used (wrong size or format, missing file)."""
 
 
 def _ranks(ranks: Sequence[int]) -> str:

@@ -25,6 +25,7 @@ EVENTS = (
     "hang_detected",
     "stacks",
     "escalate",
+    "attempt_end",
     "restart",
     "leftover",
     "rendezvous",

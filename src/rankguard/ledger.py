@@ -30,6 +30,8 @@ Layout (little-endian):
   times before counts (``_SlotWriter``), so a reader that sees a new count also sees the time
   that came with it (on a machine that keeps stores in order, as x86 does); the reader reads the
   second line before the first, so it never sees more completions than entries.
+- a ring of recent operations per slot (``ledger_ring``): each operation entered, with its
+  times.
 
 Sequence numbers: in the world group, entry 1 is ``init_process_group`` and entry ``k + 1`` is
 the ``k``-th collective, so ``seq`` as shown to people (``all_reduce #k``) is ``entered - 1``.
@@ -37,6 +39,7 @@ the ``k``-th collective, so ``seq`` as shown to people (``all_reduce #k``) is ``
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import mmap
 import os
@@ -49,10 +52,12 @@ import zlib
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from . import ledger_ring as _ring
 from .errors import LedgerError
 
 MAGIC = 0x52474C31  # "RGL1"
-VERSION = 3  # 2: the slot's times come before its counts; 3: a line per writer
+# 2: the slot's times come before its counts; 3: a line per writer; 4: the ring
+VERSION = 4
 MAX_GROUPS = 64  # the world group and 63 sub-groups
 # magic version pid flags fault in_coll exit_code t_fault t_start blamed
 HEADER = struct.Struct("<IIqIIIiddQ8x")
@@ -63,7 +68,9 @@ _SWEPT = struct.Struct("<dQ")  # its second line: completions recorded by other 
 _OFF_SWEPT = 64
 _KEY = struct.Struct("<Q")  # a slot's group key: 0 while no group has taken it
 SLOT_SIZE = 128
-SIZE = HEADER.size + MAX_GROUPS * SLOT_SIZE
+RING_OFFSET = HEADER.size + MAX_GROUPS * SLOT_SIZE
+SIZE = RING_OFFSET + _ring.size(MAX_GROUPS)
+_RECORD = _ring.RECORD_SIZE
 WORLD_SLOT = 0
 
 # header flag bits
@@ -254,10 +261,16 @@ class _SlotWriter:
     """
 
     __slots__ = ("_buf", "_offset", "_swept_offset", "_lock", "_kind", "_t_enter", "_t_done",
-                 "_entered", "_done", "_t_swept", "_swept")
+                 "_entered", "_done", "_t_swept", "_swept", "_index", "_ring_base",
+                 "_ring_mask", "_pack_record")
 
-    def __init__(self, buf: mmap.mmap, offset: int) -> None:
+    def __init__(self, buf: mmap.mmap, index: int) -> None:
+        offset = HEADER.size + index * SLOT_SIZE
         self._buf = buf
+        self._index = index
+        self._ring_base = RING_OFFSET + _ring.offset(index)
+        self._ring_mask = _ring.capacity(index) - 1
+        self._pack_record = _ring.RECORD.pack_into
         self._offset = offset + _OFF_STATE
         self._swept_offset = offset + _OFF_SWEPT
         self._lock = threading.Lock()
@@ -278,6 +291,9 @@ class _SlotWriter:
         self._kind, self._t_enter = kind, now
         _STATE.pack_into(self._buf, self._offset, kind, now, self._t_done, self._entered,
                          self._done)
+        entered = self._entered
+        self._pack_record(self._buf, self._ring_base + (entered & self._ring_mask) * _RECORD, now,
+                          entered, self._done + self._swept, kind)
         return self._entered
 
     def enter(self, kind: int) -> int:
@@ -307,6 +323,7 @@ class _SlotWriter:
         The issuing thread calls it, once the group's completions are flushed."""
         with self._lock:
             self._entered = self._done = self._swept = 0
+            _ring.clear(self._buf, self._ring_base, self._index)
             _SWEPT.pack_into(self._buf, self._swept_offset, self._t_swept, 0)
             _STATE.pack_into(self._buf, self._offset, self._kind, self._t_enter, self._t_done,
                              0, 0)
@@ -396,7 +413,7 @@ class LedgerWriter:
     def slot(self, index: int) -> _SlotWriter:
         writer = self._slots.get(index)
         if writer is None:
-            writer = self._slots[index] = _SlotWriter(self._buf, HEADER.size + index * SLOT_SIZE)
+            writer = self._slots[index] = _SlotWriter(self._buf, index)
         return writer
 
     def add_group(self, name: str, global_ranks: list[int]) -> _SlotWriter | None:
@@ -466,6 +483,20 @@ class RankProgress:
         return bool(self.flags & FLAG_STACKS_READY)
 
 
+@dataclass(frozen=True)
+class RecentOp:
+    """One of a rank's recent operations (the ledger's ring), with its group's identity."""
+
+    number: int  # in the rank's order of entry among those kept, from 1
+    op: str  # all_reduce, barrier, ...
+    seq: int  # its number in its group, as people see it (``all_reduce #57``)
+    group_key: int
+    members: int  # the group's ranks, a bitmask (ranks 0 to 63)
+    is_world: bool
+    t_enter: float  # monotonic, on the machine's clock
+    t_done: float | None  # when it was seen completed (monotonic); None: it was not
+
+
 def behind(members: Iterable[int], entries: Mapping[int, GroupProgress],
            target: int | None = None) -> tuple[list[int], int]:
     """Who is behind in one group: the members that have not entered operation number
@@ -515,6 +546,25 @@ class LedgerReader:
         return RankProgress(pid, flags, fault, bool(fault_in_coll), t_fault, t_start,
                             tuple(groups), tuple(r for r in range(64) if blamed >> r & 1),
                             exit_code)
+
+    def recent(self) -> list[RecentOp]:
+        """The rank's recent operations in every group, in the order it entered them (the
+        latest ``ledger_ring.capacity`` of each group), numbered from 1 in that order."""
+        found = []
+        for index in range(MAX_GROUPS):
+            offset = HEADER.size + index * SLOT_SIZE
+            t_swept, swept = _SWEPT.unpack_from(self._buf, offset + _OFF_SWEPT)
+            key, members, is_world, _, _, _, t_done, _, done = SLOT.unpack_from(self._buf, offset)
+            if not key:
+                continue
+            for record in _ring.read(self._buf, RING_OFFSET + _ring.offset(index), index,
+                                     done + swept, max(t_done, t_swept)):
+                found.append(((record.t_enter, index, record.entry), RecentOp(
+                    0, op_name(record.kind), seq_of(record.entry, bool(is_world)), key, members,
+                    bool(is_world), record.t_enter, record.t_done)))
+        found.sort(key=lambda pair: pair[0])
+        return [dataclasses.replace(op, number=number)
+                for number, (_, op) in enumerate(found, 1)]
 
     def close(self) -> None:
         self._buf.close()

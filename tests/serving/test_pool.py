@@ -72,6 +72,9 @@ def test_each_fault_kind_mid_forward_fails_only_that_request_and_the_next_succee
     for event in stacks:
         culprit = Path(event["stacks"][str(rank)]).read_text()
         assert "rank_functions.py" in culprit and "in inject" in culprit, culprit
+        # grouped by stack: the culprit apart from the others, in the journal itself
+        alone = [line for line in event["grouped"] if line.startswith(f"rank {rank}: ")]
+        assert len(alone) == 1 and "inject (" in alone[0], event["grouped"]
     retired = events(log, "group_retire")
     assert [e["action"] for e in retired[:len(rf.KINDS)]] == [
         "regroup" if c == "raised" else "kill" for c in rf.KINDS.values()]

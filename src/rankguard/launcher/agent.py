@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import ledger as _ledger
-from .. import margins, proctree
+from .. import ledger_ring, margins, proctree, recent_file
 from ..deadline import Deadline
 from ..journal import Journal
 from ..proctree import MARKER
@@ -37,7 +37,7 @@ from . import store as _store
 from . import guardian, teardown
 from .config import RunConfig
 from .ranks import Layout, start_attempt
-from .monitor import HangMonitor, Verdict
+from .monitor import HangMonitor, Verdict, op_label
 from .spares import Spares
 from .outcome import (EXIT_INTERNAL, FINAL_KINDS, Fault, RankOutcome, RankState, classify,
                       deadline_verdict, first_fault, run_status)
@@ -45,6 +45,7 @@ from .summary import AttemptReport, render
 from .terminal import Terminal
 
 TICK_S = 0.2
+STATUS_PERIOD_S = 1.0  # the terminal's status line is redrawn at most this often
 
 
 @dataclass
@@ -72,7 +73,8 @@ class Launcher:
         self._cascade_window = margins.CASCADE_WINDOW_S
         self._token = uuid.uuid4().hex
         self._journal = Journal(config.journal_path, config.run_id)
-        self._terminal = Terminal()
+        self._terminal = Terminal(status=config.tee)
+        self._status_at = -math.inf  # when the status line was last drawn (monotonic)
         self._store: Any = None
         self._signal: int | None = None
         self._wakeup_r, self._wakeup_w = os.pipe()
@@ -142,6 +144,7 @@ class Launcher:
         status, code = self._run_status(attempt_result.fault)
         root = next((r.root_cause for r in reports if r.root_cause), None)
         # rank output first, then count what was lost
+        self._terminal.end_status()
         self._terminal.out.flush(Deadline.after(margins.FLUSH_S))
         self._journal.write("run_end", status=status.split()[-1], exit_code=code,
                             root_cause=root, attempts=len(reports),
@@ -193,7 +196,8 @@ class Launcher:
                         "hang_detected", attempt=attempt, blamed=list(hang.blamed),
                         waiting=list(hang.waiting), op=hang.op, seq=hang.seq,
                         waited_s=hang.waited_s, reason=hang.reason, stacks=report.stacks,
-                        group=hang.group, ops=dict(hang.ops), elsewhere=dict(hang.elsewhere))
+                        group=hang.group, ops=dict(hang.ops), elsewhere=dict(hang.elsewhere),
+                        verdict=hang.describe())
                     report.verdict = hang.describe()
                 elif report.stacks:
                     self._journal.write("stacks", attempt=attempt, stacks=report.stacks)
@@ -210,6 +214,7 @@ class Launcher:
         teardown.sweep(self._tracking, self._journal, attempt,
                        tuple(self._spares.pids()) if self._spares is not None else ())
         last = {rank: reader.read() for rank, reader in readers.items()}
+        self._keep_recent(ranks, readers)
         for reader in readers.values():
             reader.close()
         result.outcomes = classify([RankState.of(m, last.get(m.rank)) for m in ranks],
@@ -220,6 +225,11 @@ class Launcher:
         report.root_cause = result.fault.describe() if result.fault else None
         if result.first_step_at is not None:
             report.first_step_s = result.first_step_at - started
+        self._journal.write("attempt_end", attempt=attempt, root_cause=report.root_cause,
+                            fault=result.fault.kind if result.fault else None,
+                            rank=result.fault.rank if result.fault else None,
+                            at=round(result.fault.at + ledger_ring.wall_offset(), 6)
+                            if result.fault else None)
         result.report = report
         return result
 
@@ -260,6 +270,7 @@ class Launcher:
                                      f"the launcher received {name}")
             if result.fault is not None or not ticked:
                 continue
+            self._show_status(ranks, snaps, now)
             self._check_raised(ranks, snaps, result, now)
             if result.fault is None:
                 self._decide(ranks, snaps, result, now)
@@ -268,6 +279,41 @@ class Launcher:
                 self._on_verdict(verdict, result, now)
         if result.fault is None:  # every rank has exited: nothing more will show
             self._decide(ranks, self._read_all(ranks, readers), result, math.inf)
+
+    def _show_status(self, ranks: RankProcesses, snaps: dict[int, _ledger.RankProgress],
+                     now: float) -> None:
+        """Redraw the terminal's status line (once per ``STATUS_PERIOD_S``): the attempt, the
+        ranks running, how long ago the furthest collective began, and which it is."""
+        if now - self._status_at < STATUS_PERIOD_S:
+            return
+        self._status_at = now
+        worlds = [g for snap in snaps.values() for g in snap.groups if g.is_world and g.entered]
+        attempt = f"attempt {ranks.number}"
+        if self.config.max_restarts:
+            attempt += f" (restarts left {self.config.max_restarts - ranks.number})"
+        text = f"rankguard: {attempt} · {len(ranks.live())}/{len(ranks)} ranks running · "
+        if not worlds:
+            started = min((m.started_at for m in ranks), default=now)
+            text += f"starting for {now - started:.0f} s"
+        else:
+            furthest = max(worlds, key=lambda g: g.entered)
+            label = op_label(furthest.kind, _ledger.seq_of(furthest.entered, True))
+            text += f"{label}, entered {now - furthest.t_enter:.1f} s ago"
+        self._terminal.status(text)
+
+    def _keep_recent(self, ranks: RankProcesses,
+                     readers: dict[int, _ledger.LedgerReader]) -> None:
+        """Copy each rank's recent operations from its ledger into its attempt's folder
+        (``recent_file``), for ``rankguard report`` and ``rankguard flight-recorder``."""
+        offset = ledger_ring.wall_offset()
+        for member in ranks:
+            try:
+                recent_file.write(os.path.dirname(member.log_path), member.rank, ranks.number,
+                                  member.pid, readers[member.rank].recent(), offset)
+            except Exception as exc:  # noqa: BLE001 (keeping them must not fail the run)
+                self._say(f"rankguard: cannot keep rank {member.rank}'s recent operations: "
+                          f"{type(exc).__name__}: {exc}")
+                return
 
     @staticmethod
     def _tell_why(ranks: RankProcesses, culprits: set[int], hung: bool) -> None:

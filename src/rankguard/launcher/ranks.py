@@ -149,7 +149,7 @@ def start_attempt(config: RunConfig, attempt: int, token: str, layout: Layout,
     """
     attempt_dir = os.path.join(config.log_dir, f"attempt{attempt}")
     os.makedirs(attempt_dir, mode=0o700, exist_ok=True)
-    tee = (terminal.out.write, terminal.err.write) if terminal is not None and config.tee \
+    tee = (terminal.rank_out, terminal.rank_err) if terminal is not None and config.tee \
         else None
     ranks = RankProcesses(attempt, layout.world, tee)
     for local_rank in range(config.nproc):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import os
+import shutil
 import stat
 import threading
 
@@ -124,6 +125,17 @@ def _write_all(fd: int, data: bytes) -> int:
     return 0
 
 
+_ERASE = b"\r\x1b[K"  # to the line's start, and clear it
+
+
+def _is_terminal(fd: int) -> bool:
+    """Whether ``fd`` is a terminal that can take the status line (not ``TERM=dumb``)."""
+    try:
+        return os.isatty(fd) and os.environ.get("TERM", "") not in ("", "dumb")
+    except OSError:
+        return False
+
+
 def _never_blocks(fd: int) -> bool:
     """Whether ``fd`` is a regular file or ``/dev/null``: writes there wait for no reader."""
     try:
@@ -134,11 +146,49 @@ def _never_blocks(fd: int) -> bool:
 
 
 class Terminal:
-    """The launcher's stdout and stderr (see the module doc)."""
+    """The launcher's stdout and stderr (see the module doc), and, where stderr is a terminal,
+    a status line under the output (``status``).
 
-    def __init__(self, out_fd: int = 1, err_fd: int = 2) -> None:
+    The status line is stderr's last line, without a newline: every other write (rank output,
+    the launcher's own lines) first erases it, through the stream it goes to (the status line is
+    drawn again at the next ``status``). Only the thread that runs the launcher's loop writes
+    here, so the erasing and the output are in order within each stream.
+    """
+
+    def __init__(self, out_fd: int = 1, err_fd: int = 2, status: bool = False) -> None:
         self.out = Output(out_fd, "stdout")
         self.err = Output(err_fd, "stderr")
+        self._status_on = status and _is_terminal(err_fd)
+        self._status_shown = False
+
+    def rank_out(self, data: bytes) -> None:
+        """Rank output for stdout."""
+        self._erase_status(self.out)
+        self.out.write(data)
+
+    def rank_err(self, data: bytes) -> None:
+        """Rank output for stderr."""
+        self._erase_status(self.err)
+        self.err.write(data)
+
+    def status(self, text: str) -> None:
+        """Show ``text`` as the status line (cut to the terminal's width); nothing where stderr
+        is not a terminal or the status line is off."""
+        if not self._status_on:
+            return
+        width = shutil.get_terminal_size((80, 24)).columns
+        self.err.write(_ERASE + text[:max(width - 1, 10)].encode(errors="replace"))
+        self._status_shown = True
+
+    def end_status(self) -> None:
+        """Erase the status line for good (before the summary)."""
+        self._erase_status(self.err)
+        self._status_on = False
+
+    def _erase_status(self, stream: Output) -> None:
+        if self._status_shown:
+            self._status_shown = False
+            stream.write(_ERASE)
 
     def flush(self, deadline: Deadline) -> bool:
         """Wait until ``deadline`` at most for both streams to be written out (their threads
@@ -147,6 +197,7 @@ class Terminal:
 
     def say(self, line: str) -> None:
         """One line of the launcher's own to stderr, best effort."""
+        self._erase_status(self.err)
         self.err.write(line.encode(errors="replace") + b"\n")
 
     def dropped(self) -> dict[str, int]:

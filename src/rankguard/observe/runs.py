@@ -64,6 +64,29 @@ def find(target: str | None) -> Run:
     return Run(run_id, log_dir, path, ended, attempt, ranks, tuple(events))
 
 
+def hang_text(event: dict[str, Any]) -> str:
+    """A ``hang_detected`` event's verdict in words, as the launcher's summary gives it."""
+    if event.get("verdict"):
+        return str(event["verdict"])
+    blamed = ",".join(str(r) for r in event.get("blamed", []))  # a journal of an older version
+    group = event.get("group", "world")
+    where = f"{event.get('op')} #{event.get('seq')}" + ("" if group == "world" else
+                                                        f" on group {group}")
+    return (f"rank(s) {blamed} never reached {where} ({event.get('reason')}); the others "
+            f"waited {float(event.get('waited_s') or 0):.1f} s")
+
+
+def last_fault(events: list[dict[str, Any]]) -> str | None:
+    """The root cause of the run's latest failed attempt (or, while an attempt is being torn
+    down after a hang verdict, that verdict), as the launcher's summary words it."""
+    for event in reversed(events):
+        if event["event"] in ("attempt_end", "restart", "run_end") and event.get("root_cause"):
+            return str(event["root_cause"])
+        if event["event"] == "hang_detected":
+            return "hang: " + hang_text(event)
+    return None
+
+
 def _same_process(event: dict) -> bool:
     """Whether the pid of a rank_start event still is that rank's process (not a reused pid:
     its process started before the event, give or take START_SLACK_S)."""

@@ -48,10 +48,7 @@ def snapshot(run: runs.Run) -> StatusView:
     """Where ``run`` stands now."""
     events = run.events
     restarts = sum(1 for e in events if e["event"] == "restart")
-    faults = [e["root_cause"] for e in events
-              if e["event"] in ("restart", "run_end") and e.get("root_cause")]
-    hangs = [e for e in events if e["event"] == "hang_detected" and e.get("attempt") == run.attempt]
-    last_fault = faults[-1] if faults else (_hang_line(hangs[-1]) if hangs else None)
+    last_fault = runs.last_fault(list(events))
     progress = _ledgers(run)
     now = time.monotonic()
     entries = {rank: g for rank, p in progress.items() if p is not None
@@ -90,12 +87,6 @@ def _current(groups: tuple[ledger.GroupProgress, ...]) -> ledger.GroupProgress |
     if waiting:
         return max(waiting, key=lambda g: g.t_enter)
     return next((g for g in groups if g.is_world), None)
-
-
-def _hang_line(event: dict[str, Any]) -> str:
-    blamed = ",".join(str(r) for r in event.get("blamed", []))
-    return (f"hang: rank(s) {blamed} did not reach {event.get('op')} #{event.get('seq')} "
-            f"({event.get('group', 'world')}); the others waited {event.get('waited_s', 0):.1f} s")
 
 
 def _ledgers(run: runs.Run) -> dict[int, ledger.RankProgress | None]:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
 from ..deadline import Deadline
-from .. import proctree
+from .. import proctree, stack_groups
 from ..errors import PoolClosed, PoolUnavailable, RequestFailed, UsageError, shown
 from ..journal import Journal
 from ..options import MAX_LOCAL_RANKS, seconds, writable_file
@@ -423,7 +423,9 @@ class Pool:
         try:
             dumps = replica.capture_stacks(Deadline.after(max(STACKS_S, self.timeout)))
             self._event("stacks", group=replica.number,
-                        stacks={rank: replica.stacks_path(rank) for rank in dumps})
+                        stacks={rank: replica.stacks_path(rank) for rank in dumps},
+                        grouped=stack_groups.describe(
+                            stack_groups.group(dumps, sorted(dumps)), ""))
         finally:
             replica.kill()
 

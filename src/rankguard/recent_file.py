@@ -1,0 +1,137 @@
+"""A rank's recent operations kept after its attempt: ``LOG_DIR/attemptN/recent_rankR.json``.
+
+The ledgers live in memory and go with the run; when an attempt ends, the launcher copies each
+rank's ring (``ledger.LedgerReader.recent``) into this file, with wall-clock times, for
+``rankguard report`` and ``rankguard flight-recorder`` to read later. One JSON object:
+
+``{"format": 1, "rank": R, "attempt": N, "pid": P, "earlier": E, "ops": [OP, ...]}`` (``E``:
+whether older operations were not kept) with each OP, in the order the rank entered them,
+``{"n": number in the rank's order, "op": "all_reduce", "seq": 57, "world": true,
+"group": "3a9f...", "members": [0, 1], "t_enter": wall seconds, "t_done": wall seconds or
+null}`` (``group``: the group's key in hex, the same on every rank; ``t_done``: when the rank
+was seen to have completed it, null if it never was).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from . import ledger as _ledger
+from .errors import LedgerError
+
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Op:
+    """One recent operation of one rank, times on the wall clock."""
+
+    number: int
+    op: str
+    seq: int
+    world: bool
+    group: str  # the group's key, hex
+    members: tuple[int, ...]
+    t_enter: float
+    t_done: float | None
+
+    @property
+    def group_label(self) -> str:
+        """``world``, or ``ranks 0,2`` for a sub-group."""
+        return "world" if self.world else "ranks " + ",".join(map(str, self.members))
+
+    @property
+    def label(self) -> str:
+        """``all_reduce #57``, ``init_process_group``, ``barrier #3 on group ranks 0,2``."""
+        text = self.op if self.op == "init_process_group" else f"{self.op} #{self.seq}"
+        return text if self.world else f"{text} on group {self.group_label}"
+
+
+@dataclass(frozen=True)
+class RankRecent:
+    """One rank's file."""
+
+    rank: int
+    attempt: int
+    pid: int
+    ops: tuple[Op, ...]
+    earlier: bool = False  # older operations were not kept (the rings wrapped)
+
+
+def path(attempt_dir: str, rank: int) -> str:
+    return os.path.join(attempt_dir, f"recent_rank{rank}.json")
+
+
+def write(attempt_dir: str, rank: int, attempt: int, pid: int,
+          ops: list[_ledger.RecentOp], wall_offset: float) -> None:
+    """Write rank ``rank``'s recent operations (monotonic times + ``wall_offset`` = wall).
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    def wall(t: float | None) -> float | None:
+        return None if t is None else round(t + wall_offset, 6)
+
+    oldest: dict[int, int] = {}
+    for op in ops:
+        oldest.setdefault(op.group_key, op.seq - (0 if op.is_world else 1))
+    record = {"format": FORMAT, "rank": rank, "attempt": attempt, "pid": pid,
+              "earlier": any(oldest.values()), "ops": [
+        {"n": op.number, "op": op.op, "seq": op.seq, "world": op.is_world,
+         "group": f"{op.group_key:016x}",
+         "members": [r for r in range(64) if op.members >> r & 1], "t_enter": wall(op.t_enter),
+         "t_done": wall(op.t_done)} for op in ops]}
+    target = path(attempt_dir, rank)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(record, out, separators=(",", ":"))
+
+
+def read(file: str) -> RankRecent:
+    """One rank's file.
+
+    Raises:
+        LedgerError: it cannot be read, or is not a recent-operations file of this format.
+    """
+    try:
+        with open(file) as source:
+            record = json.load(source)
+    except (OSError, ValueError) as exc:
+        raise LedgerError(f"cannot read {file}: {exc}") from exc
+    try:
+        if record.get("format") != FORMAT:
+            raise LedgerError(f"{file} is not a recent-operations file of format {FORMAT}")
+        return RankRecent(int(record["rank"]), int(record["attempt"]), int(record["pid"]),
+                          tuple(_op(entry) for entry in record["ops"]),
+                          bool(record.get("earlier", False)))
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise LedgerError(f"{file} is damaged ({type(exc).__name__}: {exc})") from exc
+
+
+def _op(entry: dict[str, Any]) -> Op:
+    done = entry["t_done"]
+    return Op(int(entry["n"]), str(entry["op"]), int(entry["seq"]), bool(entry["world"]),
+              str(entry["group"]), tuple(int(r) for r in entry["members"]),
+              float(entry["t_enter"]), None if done is None else float(done))
+
+
+def read_attempt(attempt_dir: str) -> dict[int, RankRecent]:
+    """Every rank's file of one attempt's folder, by rank (files that cannot be read are
+    skipped: a rank whose ledger could not be read at the end has none)."""
+    found = {}
+    try:
+        names = sorted(os.listdir(attempt_dir))
+    except OSError:
+        return {}
+    for name in names:
+        if name.startswith("recent_rank") and name.endswith(".json"):
+            try:
+                recent = read(os.path.join(attempt_dir, name))
+            except LedgerError:
+                continue
+            found[recent.rank] = recent
+    return found

@@ -1,0 +1,192 @@
+"""``rankguard report``: the timeline's rules over a plain journal, the page it renders, and the
+real thing: a run whose rank hangs, reported, and the page shown in a real headless Chromium
+(lanes laid out, the never-completed operation drawn, the verdict on screen)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rankguard import recent_file
+from rankguard.observe import flight_recorder, report, timeline
+
+from ..conftest import ROOT
+from . import browser
+
+T = 1_800_000_000.0  # a wall-clock time
+
+
+def _op(n: int, seq: int, t0: float, t1: float | None, op: str = "all_reduce"
+        ) -> recent_file.Op:
+    return recent_file.Op(n, op, seq, True, "ab", (0, 1), T + t0, None if t1 is None else T + t1)
+
+
+HUNG_RUN = [
+    {"event": "run_start", "ts": T, "run_id": "r<1>"},
+    {"event": "attempt_start", "ts": T + 0.1, "attempt": 0},
+    {"event": "rank_start", "ts": T + 0.1, "attempt": 0, "rank": 0, "pid": 10},
+    {"event": "rank_start", "ts": T + 0.1, "attempt": 0, "rank": 1, "pid": 11},
+    {"event": "first_step", "ts": T + 2.0, "attempt": 0},
+    {"event": "hang_detected", "ts": T + 6.0, "attempt": 0, "blamed": [1], "op": "all_reduce",
+     "seq": 3, "reason": "no_progress", "group": "world", "stacks": {},
+     "verdict": "rank 1 never reached all_reduce #3 (made no progress); rank 0 waited 3.0 s"},
+    {"event": "escalate", "ts": T + 6.0, "attempt": 0, "step": "term", "ranks": [0, 1],
+     "reason": "hung"},
+    {"event": "rank_exit", "ts": T + 6.2, "attempt": 0, "rank": 0, "outcome": "victim"},
+    {"event": "rank_exit", "ts": T + 6.21, "attempt": 0, "rank": 1, "outcome": "hung"},
+    {"event": "attempt_end", "ts": T + 6.3, "attempt": 0, "fault": "hung", "rank": 1,
+     "at": T + 3.0, "root_cause": "hang: rank 1 never reached all_reduce #3"},
+    {"event": "restart", "ts": T + 6.4, "attempt": 1, "root_cause": "hang"},
+    {"event": "attempt_start", "ts": T + 6.5, "attempt": 1},
+    {"event": "rank_start", "ts": T + 6.5, "attempt": 1, "rank": 0, "pid": 20},
+    {"event": "run_end", "ts": T + 9.0, "status": "failed", "exit_code": 3,
+     "root_cause": "hang: rank 1 never reached all_reduce #3"},
+]
+RECENT = {0: {
+    0: recent_file.RankRecent(0, 0, 10, (_op(2, 1, 2.0, 2.5), _op(3, 2, 2.5, 2.9),
+                                         _op(4, 3, 3.0, None)), earlier=True),
+    1: recent_file.RankRecent(1, 0, 11, (_op(2, 1, 2.0, 2.5), _op(3, 2, 2.5, 2.9)))}}
+
+
+def test_a_run_becomes_a_section_per_attempt_with_lanes_ops_and_moments() -> None:
+    view = timeline.of_run(HUNG_RUN, RECENT)
+    assert view.title == "run r<1>" and view.summary.startswith("failed, exit code 3; root ")
+    first, second = view.sections
+    assert [lane.title for lane in first.lanes] == ["rank 0 (pid 10)", "rank 1 (pid 11)"]
+    assert [lane.outcome for lane in first.lanes] == ["victim", "hung"]
+    assert first.lanes[0].spans[-1] == timeline.Span(T + 3.0, None, "all_reduce #3",
+                                                     "all_reduce")
+    assert first.lanes[0].earlier and not first.lanes[1].earlier
+    assert first.verdict == HUNG_RUN[5]["verdict"]
+    assert first.cause == "hang: rank 1 never reached all_reduce #3"
+    kinds = [(mark.kind, round(mark.t - T, 2)) for mark in first.marks]
+    assert kinds == [("first_step", 2.0), ("fault", 3.0), ("verdict", 6.0), ("escalate", 6.0),
+                     ("exit", 6.2), ("restart", 6.4)], kinds
+    assert first.marks[4].text == "exits: rank 0 victim, rank 1 hung"  # one moment, one mark
+    assert [lane.title for lane in second.lanes] == ["rank 0 (pid 20)"]
+    assert second.lanes[0].spans == [] and second.lanes[0].t_end is None
+
+
+def test_the_page_draws_every_lane_and_operation_and_escapes_what_it_shows() -> None:
+    page = report.render(timeline.of_run(HUNG_RUN, RECENT))
+    assert page.count('class="lane"') == 3
+    assert page.count('class="op"') == 4 and page.count('class="op open"') == 1
+    assert "r&lt;1&gt;" in page and "r<1>" not in page
+    assert "rank 1 never reached all_reduce #3 (made no progress)" in page
+    assert "http" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")  # self-contained
+
+
+def test_a_pool_journal_becomes_lanes_per_group_with_faults_and_heals() -> None:
+    events = [
+        {"event": "pool_start", "ts": T, "run_id": "pool-1"},
+        {"event": "group_start", "ts": T + 0.1, "group": 0, "pids": [1, 2]},
+        {"event": "group_ready", "ts": T + 1.0, "group": 0, "role": "started", "took_s": 0.9},
+        {"event": "group_start", "ts": T + 1.1, "group": 1, "pids": [3, 4]},
+        {"event": "request_fault", "ts": T + 2.0, "group": 0, "rank": 1, "cause": "crashed",
+         "detail": "exit code 3"},
+        {"event": "group_retire", "ts": T + 2.1, "group": 0, "action": "kill",
+         "reason": "crashed"},
+        {"event": "heal", "ts": T + 2.5, "healthy": 1, "took_s": 0.5},
+        {"event": "pool_close", "ts": T + 3.0, "groups": 1},
+    ]
+    view = timeline.of_pool(events)
+    (section,) = view.sections
+    assert [(lane.title, lane.outcome) for lane in section.lanes] == [
+        ("group 0", "retired (kill)"), ("group 1", "closed")]
+    assert [mark.kind for mark in section.marks] == ["ready", "fault", "retire", "heal"]
+    assert view.summary == "2 group(s) started, 1 request fault(s); closed"
+
+
+def test_flight_recorder_dumps_map_each_kept_collective_and_leave_out_what_torch_cannot_match(
+        ) -> None:
+    ops = (_op(1, 0, 0.0, 0.1, "init_process_group"), _op(2, 1, 0.1, 0.2, "all_gather"),
+           _op(3, 1, 0.2, None, "send"),
+           recent_file.Op(4, "barrier", 1, False, "cd", (0, 2), T + 0.3, None))
+    dump = flight_recorder.dump(recent_file.RankRecent(0, 0, 10, ops), 4)
+    assert dump["version"] == flight_recorder.VERSION
+    assert [(e["record_id"], e["profiling_name"], e["collective_seq_id"], e["state"],
+             e["process_group"]) for e in dump["entries"]] == [
+        (1, "gloo:all_gather", 1, "completed", ("world", "default_pg")),
+        (3, "gloo:barrier", 1, "started", ("cd", "ranks 0,2"))]
+    gather = dump["entries"][0]
+    assert gather["output_sizes"] == [[4]] and gather["input_sizes"] == [[]]
+    assert gather["time_discovered_completed_ns"] == int((T + 0.2) * 1e9)
+    assert dump["pg_config"] == {
+        "world": {"name": "world", "desc": "default_pg", "ranks": "[0, 1, 2, 3]"},
+        "cd": {"name": "cd", "desc": "ranks 0,2", "ranks": "[0, 2]"}}
+
+
+def _report(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rankguard.cli", "report", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_bad_input_is_one_line_naming_the_fix(tmp_path: Path) -> None:
+    missing = _report(str(tmp_path / "nothing"))
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1, missing.stderr
+    assert "no run's journal" in missing.stderr
+    (tmp_path / "journal.jsonl").write_text(json.dumps(HUNG_RUN[0]) + "\n")
+    unwritable = _report(str(tmp_path), "-o", str(tmp_path / "no" / "such" / "report.html"))
+    assert unwritable.returncode == 2 and "give another file with -o" in unwritable.stderr
+    assert "Traceback" not in missing.stderr + unwritable.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(150)
+def test_a_hung_runs_report_shows_its_lanes_the_open_operation_and_the_verdict_in_chromium(
+        tmp_path: Path, run_rankguard) -> None:
+    run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "2",
+                         "--inject", "hang:rank=1,at=op8", "examples/train.py", "--steps", "30"],
+                        timeout=90)
+    assert run.code == 3, run.stderr[-3000:]
+    verdict = run.event("hang_detected")["verdict"]
+    assert f"verdict: {verdict}" in run.stdout + run.stderr  # the summary says the same
+    made = _report(str(run.log_dir))
+    assert made.returncode == 0, made.stderr
+    page = run.log_dir / "report.html"
+    assert f"wrote {page}" in made.stdout
+    kept = recent_file.read_attempt(str(run.log_dir / "attempt0"))
+    assert sorted(kept) == [0, 1]
+    # rank 0 entered the operation rank 1 never reached, and it never completed
+    assert kept[0].ops[-1].t_done is None and kept[0].ops[-1].label in verdict
+    with browser.chromium() as chrome:
+        chrome.open(page.as_uri())
+        seen = chrome.run("""
+            const box = e => e.getBoundingClientRect();
+            const lanes = [...document.querySelectorAll('g.lane')];
+            return {
+              lanes: lanes.map(l => [l.dataset.lane, l.dataset.outcome, box(l).height]),
+              bars: [...document.querySelectorAll('rect.op')].map(r => box(r).width),
+              open: [...document.querySelectorAll('rect.op.open')].map(
+                  r => [r.closest('g.lane').dataset.lane, r.querySelector('title').textContent]),
+              verdict: document.querySelector('p.verdict').innerText,
+              shown: box(document.querySelector('p.verdict')).height > 0,
+              flags: document.querySelectorAll('g.flag').length,
+            };""")
+        chrome.screenshot(str(tmp_path / "report.png"))
+    assert [(lane, outcome) for lane, outcome, _ in seen["lanes"]] == [("0", "victim"),
+                                                                      ("1", "hung")], seen
+    assert all(height > 0 for _, _, height in seen["lanes"])
+    assert len(seen["bars"]) >= 8 and all(width > 0 for width in seen["bars"])
+    ((lane, title),) = seen["open"]
+    assert lane == "0" and title.startswith(f"{kept[0].ops[-1].label}: entered at +"), seen
+    assert title.endswith(", never seen completed"), seen
+    assert seen["verdict"] == verdict and seen["shown"]
+    assert seen["flags"] >= 3  # the fault, the verdict, the teardown
+    assert (tmp_path / "report.png").stat().st_size > 10_000
+    # torch's own trace analyser, on the Flight Recorder dumps, names the same rank and operation
+    dumped = subprocess.run([sys.executable, "-m", "rankguard.cli", "flight-recorder",
+                             str(run.log_dir), "-o", str(tmp_path / "fr")], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert dumped.returncode == 0, dumped.stderr
+    analysed = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace",
+                               str(tmp_path / "fr")], capture_output=True, text=True, timeout=120)
+    assert analysed.returncode == 0, analysed.stderr[-3000:]
+    seq = run.event("hang_detected")["seq"]
+    found = analysed.stdout + analysed.stderr
+    assert f"Not all ranks joining collective, sequence number: {seq}" in found, found[-3000:]
+    assert "missing ranks: {1}" in found and "has errors" not in found, found[-3000:]
