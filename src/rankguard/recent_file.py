@@ -15,7 +15,9 @@ was seen to have completed it, null if it never was).
 from __future__ import annotations
 
 import json
+import math
 import os
+import stat
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,24 +93,34 @@ def write(attempt_dir: str, rank: int, attempt: int, pid: int,
         json.dump(record, out, separators=(",", ":"))
 
 
+LIMIT = 16 << 20  # bytes: a file of 64 groups' rings is well under 1 MB
+
+
 def read(file: str) -> RankRecent:
-    """One rank's file.
+    """One rank's file: a regular file only (a FIFO is not waited on), at most ``LIMIT`` bytes.
 
     Raises:
         LedgerError: it cannot be read, or is not a recent-operations file of this format.
     """
     try:
-        with open(file) as source:
-            record = json.load(source)
-    except (OSError, ValueError) as exc:
-        raise LedgerError(f"cannot read {file}: {exc}") from exc
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_size > LIMIT:
+                raise LedgerError(f"{file} is not a regular file of at most {LIMIT} bytes")
+            with os.fdopen(fd, "rb", closefd=False) as source:
+                record = json.loads(source.read(LIMIT))
+        finally:
+            os.close(fd)
+    except (OSError, ValueError, RecursionError) as exc:
+        raise LedgerError(f"cannot read {file}: {type(exc).__name__}: {exc}") from None
     try:
         if record.get("format") != FORMAT:
             raise LedgerError(f"{file} is not a recent-operations file of format {FORMAT}")
         return RankRecent(int(record["rank"]), int(record["attempt"]), int(record["pid"]),
                           tuple(_op(entry) for entry in record["ops"]),
                           bool(record.get("earlier", False)))
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+    except (AttributeError, KeyError, TypeError, ValueError, OverflowError) as exc:
         raise LedgerError(f"{file} is damaged ({type(exc).__name__}: {exc})") from exc
 
 
@@ -116,12 +128,20 @@ def _op(entry: dict[str, Any]) -> Op:
     done = entry["t_done"]
     return Op(int(entry["n"]), str(entry["op"]), int(entry["seq"]), bool(entry["world"]),
               str(entry["group"]), tuple(int(r) for r in entry["members"]),
-              float(entry["t_enter"]), None if done is None else float(done))
+              _finite(entry["t_enter"]), None if done is None else _finite(done))
+
+
+def _finite(value: Any) -> float:
+    number = float(value)
+    if not math.isfinite(number) or isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a time")
+    return number
 
 
 def read_attempt(attempt_dir: str) -> dict[int, RankRecent]:
-    """Every rank's file of one attempt's folder, by rank (files that cannot be read are
-    skipped: a rank whose ledger could not be read at the end has none)."""
+    """Every rank's file of one attempt's folder, by rank (files that cannot be read, or that
+    name another rank than their name does, are skipped: a rank whose ledger could not be read
+    at the end has none)."""
     found = {}
     try:
         names = sorted(os.listdir(attempt_dir))
@@ -133,5 +153,6 @@ def read_attempt(attempt_dir: str) -> dict[int, RankRecent]:
                 recent = read(os.path.join(attempt_dir, name))
             except LedgerError:
                 continue
-            found[recent.rank] = recent
+            if name == f"recent_rank{recent.rank}.json":  # a file naming another rank is not
+                found[recent.rank] = recent
     return found

@@ -106,24 +106,25 @@ def seal(name: str, payload: str) -> str:
     return f"{_mac(key_, name, payload) if key_ is not None else _UNSEALED}.{payload}"
 
 
-def unseal(name: str, value: str | bytes) -> str | None:
-    """The payload of a value read from ``name``, or None (dropped and counted) when it was not
-    sealed for ``name`` with this run's key."""
+def unseal(name: str, value: str | bytes, report: bool = True) -> str | None:
+    """The payload of a value read from ``name``, or None (dropped and counted; the first one
+    said on stderr, unless ``report`` is False) when it was not sealed for ``name`` with this
+    run's key."""
     text = value.decode(errors="replace") if isinstance(value, bytes) else value
     mac, dot, payload = text.partition(".")
     key_ = key()
     expected = _mac(key_, name, payload) if key_ is not None else _UNSEALED
     if dot and hmac.compare_digest(mac.encode(), expected.encode()):  # any text, no TypeError
         return payload
-    _drop(name)
+    _drop(name, report)
     return None
 
 
-def _drop(name: str) -> None:
+def _drop(name: str, report: bool) -> None:
     with _key.lock:
         _key.dropped += 1
-        first = not _key.reported
-        _key.reported = True
+        first = report and not _key.reported
+        _key.reported = _key.reported or report
     if first:
         who = f"rank {os.environ['RANK']}" if "RANK" in os.environ else f"pid {os.getpid()}"
         os.write(2, f"rankguard: {who}: ignored a value of {name!r} in the store without this "

@@ -214,16 +214,18 @@ def test_an_endpoint_that_accepts_and_never_answers_is_a_bounded_join_failure(tm
     assert join <= took < join + 30, took  # + starting Python and torch on a loaded machine
 
 
-def _start_agents(tmp_path, args, nodes=2, nnodes=None, steps=100000, conf="", etcd=None):
+def _start_agents(tmp_path, args, nodes=2, nnodes=None, steps=100000, conf="", etcd=None,
+                  envs=None):
     """Start ``nodes`` agents of one job (node_env.py doing ``steps`` steps of 20 ms); returns
-    [(proc, log_dir)]. ``etcd``: as in ``_agents``."""
+    [(proc, log_dir)]. ``etcd`` and ``envs``: as in ``_agents``."""
     port = _free_port()
     common = ["--nnodes", nnodes or str(nodes), *_backend(port, etcd), "--rdzv-id",
               f"mn{port}", "--rdzv-conf",
               f"join_timeout={JOIN_S},close_timeout=10{conf}", "--local-addr", "127.0.0.1",
               "--nproc-per-node", "2", "--grace", str(GRACE_S)]
     return [(launch([*common, *args, script("node_env.py"), str(steps), "0.02"],
-                    tmp_path / f"node{i}"), tmp_path / f"node{i}") for i in range(nodes)]
+                    tmp_path / f"node{i}", env=envs[i] if envs else None), tmp_path / f"node{i}")
+            for i in range(nodes)]
 
 
 def _await_output(procs, text: str, until: float) -> None:

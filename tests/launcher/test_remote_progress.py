@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from rankguard import ledger as L
+from rankguard.beats import beat_entry, decode_ranks, encode
 from rankguard.launcher.monitor import Activity, HangRules
-from rankguard.launcher.node_beats import encode
-from rankguard.launcher.remote_progress import RemoteProgress, beat_entry, decode_ranks
+from rankguard.launcher.remote_progress import RemoteProgress
 from tests.launcher.snapshots import ledger, world
 
 ALL_REDUCE = L.OP_CODES["all_reduce"]

@@ -22,14 +22,19 @@ ERASE = b"\r\x1b[K"
 RUN_S = 90.0
 
 
-def _run_on_terminal(args: list[str], log_dir: Path) -> tuple[int, bytes]:
-    """``rankguard run ARGS`` with stdout and stderr on one pseudo-terminal; its exit code and
-    every byte it wrote there."""
+def _run_on_terminal(args: list[str], log_dir: Path, stdout: Path | None = None
+                     ) -> tuple[int, bytes]:
+    """``rankguard run ARGS`` with stdout (unless redirected to the file ``stdout``) and stderr
+    on one pseudo-terminal; its exit code and every byte it wrote there."""
     master, slave = pty.openpty()
     cmd = [sys.executable, "-m", "rankguard.cli", "run", "--master-port", "0", "--log-dir",
            str(log_dir), *args]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
+    out = open(stdout, "wb") if stdout is not None else None  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL,
+                            stdout=out if out is not None else slave, stderr=slave,
                             env={**os.environ, "TERM": "xterm"})
+    if out is not None:
+        out.close()
     os.close(slave)
     seen = bytearray()
     deadline = time.monotonic() + RUN_S
@@ -92,3 +97,19 @@ def test_no_status_line_with_no_tee_or_off_a_terminal(tmp_path):
                   tmp_path / "piped")
     out, err = proc.communicate(timeout=RUN_S)
     assert proc.returncode == 0 and "\x1b[K" not in out + err, err[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(120)
+def test_stdout_redirected_to_a_file_gets_no_terminal_codes(tmp_path):
+    """The status line lives on stderr's terminal: a stdout redirected to a file keeps the rank
+    output byte for byte, and the terminal's status line is still erased before each line."""
+    code, raw = _run_on_terminal(["--nproc-per-node", "2", "examples/train.py", "--steps", "60",
+                                  "--step-time", "0.05"], tmp_path / "run",
+                                 stdout=tmp_path / "out.txt")
+    assert code == 0, raw[-3000:]
+    kept = (tmp_path / "out.txt").read_bytes()
+    assert b"\x1b" not in kept and b"\r" not in kept and b"[rank0]:step 0 loss" in kept
+    assert ERASE in raw
+    screen = _screen_lines(raw)
+    assert not [line for line in screen if line.startswith("rankguard: attempt 0 · ")], screen

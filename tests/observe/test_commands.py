@@ -5,6 +5,7 @@ untouched; then, once it ended, the last stacks; and bad input."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -18,9 +19,14 @@ from ..conftest import ROOT, finish, launch
 WAIT_S = 60.0
 
 
-def command(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+def command(name: str, *args: str, env_secret: str | None = None
+            ) -> subprocess.CompletedProcess[str]:
+    """``rankguard NAME ARGS``, without the job's secret in its environment unless given."""
+    env = {k: v for k, v in os.environ.items() if k != "RANKGUARD_SECRET"}
+    if env_secret is not None:
+        env["RANKGUARD_SECRET"] = env_secret
     return subprocess.run([sys.executable, "-m", "rankguard.cli", name, *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, env=env)
 
 
 def stacks(*args: str) -> subprocess.CompletedProcess[str]:
@@ -84,3 +90,43 @@ def test_a_run_that_does_not_exist_or_a_bad_option_is_one_line_and_exit_2(
         assert result.returncode == 2 and result.stdout == "", result
         assert result.stderr.startswith(f"rankguard {name}: error: {what}"), result.stderr
         assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(240)
+def test_status_on_one_node_shows_the_other_nodes_ranks_and_the_one_they_wait_for(
+        tmp_path: Path) -> None:
+    """Two agents of one job, sealed with a shared secret; rank 2 (node 1) hangs before its
+    5th all_reduce. ``rankguard status`` on node 0, without the secret in its environment (it
+    takes its agent's), shows ranks 2 and 3 from node 1's beats, rank 2 the one waited for; with
+    a wrong secret it says the beats do not open."""
+    from tests.launcher.test_multinode import _kill_all, _start_agents
+
+    secret = "5e" * 32
+    procs = _start_agents(tmp_path, ["--hang-timeout", "120", "--straggler-timeout", "150",
+                                     "--inject", "hang:rank=2,at=op5"], steps=100000,
+                          envs=[{"RANKGUARD_SECRET": secret}] * 2)
+    node0 = str(procs[0][1])
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            shown = command("status", "--json", node0)
+            view = json.loads(shown.stdout) if shown.returncode == 0 else {}
+            rows = {row["rank"]: row for row in view.get("ranks", [])}
+            if rows.get(2, {}).get("waited_for"):
+                break
+            assert time.monotonic() < deadline, shown.stdout + shown.stderr
+            time.sleep(0.5)
+        assert sorted(rows) == [0, 1, 2, 3], rows
+        assert rows[2]["node"] == rows[3]["node"] == "node 1 (127.0.0.1)", rows
+        assert rows[0]["node"] == "" and rows[0]["pid"] > 0
+        assert rows[3]["state"] == "waiting" and rows[3]["op"] == "all_reduce", rows
+        assert "from their beats in the round's store at" in view["nodes"], view
+        table = command("status", node0).stdout
+        assert "node 1 (127.0.0.1)  <- the others wait for it" in table, table
+        wrong = command("status", "--json", node0, env_secret="ab" * 32)
+        wrong_view = json.loads(wrong.stdout)
+        assert "do not carry this job's seal" in wrong_view["nodes"], wrong_view
+        assert sorted(r["rank"] for r in wrong_view["ranks"]) == [0, 1]
+    finally:
+        _kill_all(procs)

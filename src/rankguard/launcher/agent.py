@@ -115,7 +115,7 @@ class Launcher:
         self._journal.write("run_start", nproc=cfg.nproc, command=list(cfg.command),
                             max_restarts=cfg.max_restarts, hang_timeout=cfg.hang_timeout,
                             straggler_timeout=cfg.straggler_timeout, grace=cfg.grace,
-                            master_port=self._port, log_dir=cfg.log_dir,
+                            master_port=self._port, log_dir=cfg.log_dir, pid=os.getpid(),
                             injections=[s.text for s in cfg.injections], **self._run_fields())
         reports: list[AttemptReport] = []
         restart_s: list[float] = []

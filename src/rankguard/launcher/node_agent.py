@@ -44,10 +44,11 @@ from .outcome import Fault
 from .ranks import Layout
 from .rendezvous import (JobStore, Rendezvous, RendezvousClosed, Round, agents_namespace,
                          connect, round_namespace)
-from .remote_progress import RemoteProgress, beat_entry
+from .remote_progress import RemoteProgress
 from .round_end import RoundChannel, RoundEnd
 from .summary import AttemptReport
 from .. import margins
+from ..beats import beat_entry
 
 
 def left_to_another_node(verdict: Verdict, local: set[int], nodes: int,
@@ -222,7 +223,10 @@ class NodeAgent(Launcher):
         self._journal.context(round=joined.number)
         self._journal.write("rendezvous", attempt=attempt, group_rank=joined.group_rank,
                             group_world_size=joined.group_world, base_rank=joined.base,
-                            world_size=joined.world, endpoint=cfg.endpoint)
+                            world_size=joined.world, endpoint=cfg.endpoint,
+                            beats={"store": endpoint(*self._round_addr),
+                                   "prefix": agents_namespace(self.config.run_id, joined.number),
+                                   "nodes": joined.group_world})
         last = joined.base + self.config.nproc - 1
         self._say(f"rankguard: round {joined.number}: node {joined.group_rank} of "
                   f"{joined.group_world}, ranks {joined.base} to {last} of {joined.world}")

@@ -23,14 +23,13 @@ recorded; a request that has been outstanding for ``limit`` seconds means the st
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from .. import sealed
+from .. import beats, sealed
 from ..errors import first_line
 
 # A gap this long (or half the limit) between two questions means the asking agent itself was
@@ -124,7 +123,7 @@ class NodeBeats:
                  period: float, host: str,
                  progress: Callable[[], list[list[int]]] = list) -> None:
         self._connect = connect
-        self._keys = [f"{prefix}beat{n}" for n in range(nodes)]
+        self._keys = [beats.key(prefix, n) for n in range(nodes)]
         self._node = node
         self._period = period
         self._host = host
@@ -187,7 +186,7 @@ class NodeBeats:
         with self._lock:
             self._pending_since = began = time.monotonic()
         mine = self._keys[self._node]
-        client.set(mine, sealed.seal(mine, encode(sequence, self._host, self._progress())))
+        client.set(mine, sealed.seal(mine, beats.encode(sequence, self._host, self._progress())))
         others = [n for n in self._heard]
         if client.check([self._keys[n] for n in others]):
             values = dict(zip(others, client.multi_get([self._keys[n] for n in others])))
@@ -205,7 +204,7 @@ class NodeBeats:
                 seen = self._heard[node]
                 if value != seen.value:
                     seen.alive_after = seen.read_at
-                    seen.value, seen.since, seen.host = value, now, _host_of(value)
+                    seen.value, seen.since, seen.host = value, now, beats.host_of(value)
                 seen.read_at = began
             self._last_exchange = now
             self._pending_since = None
@@ -215,17 +214,3 @@ class NodeBeats:
         with self._lock:
             self._pending_since = None
             self._last_exchange = time.monotonic()
-
-
-def encode(sequence: int, host: str, progress: list[list[int]]) -> str:
-    """A beat: its sequence number (it changes every beat), the node's host and its ranks'
-    progress (``[rank, entered, done, kind]`` in the world group, each)."""
-    return json.dumps({"seq": sequence, "host": host, "ranks": progress},
-                      separators=(",", ":"))
-
-
-def _host_of(value: bytes) -> str:
-    try:
-        return str(json.loads(value).get("host", ""))[:100]
-    except (ValueError, AttributeError):
-        return ""

@@ -1,6 +1,6 @@
 """The other nodes' ranks as this node's hang rules see them, from the progress in their beats.
 
-Each node's beat carries its ranks' progress (:func:`beat_entry`): per rank, the world group's
+Each node's beat carries its ranks' progress (``beats.beat_entry``): per rank, the world group's
 ``entered, done, kind``, then one ``key, members, entered, done, kind`` per sub-group in its
 ledger (``members``: the bit mask of the ledger, ranks below 64). :class:`RemoteProgress` turns
 the beats heard into the ledger records the hang rules judge (``monitor.HangRules``), so that a
@@ -16,10 +16,10 @@ frozen by a node that cannot see it); its own node judges it.
 
 from __future__ import annotations
 
-import json
 from typing import Mapping
 
-from ..ledger import FAULT_NONE, OP_CODES, GroupProgress, RankProgress, group_key, op_name
+from ..beats import GROUP_FIELDS, WORLD_FIELDS, decode_ranks
+from ..ledger import FAULT_NONE, GroupProgress, RankProgress, group_key, op_name
 
 _WORLD_KEY = group_key("world")
 # The world group's first entry is init_process_group. A remote rank waiting in it is not shown
@@ -28,41 +28,6 @@ _WORLD_KEY = group_key("world")
 # timeout while nothing is wrong; a node whose agent is alive is starting them. A rank that
 # never gets there is still judged by its own node, beside its own ranks.
 _INIT_ENTRY = 1
-
-
-_WORLD_FIELDS = 4  # rank, entered, done, kind
-_GROUP_FIELDS = 5  # key, members, entered, done, kind
-
-
-def beat_entry(rank: int, snap: RankProgress) -> list[int]:
-    """Rank ``rank``'s progress in a beat: its world group, then each sub-group. Pure."""
-    world = snap.groups[0]
-    entry = [rank, world.entered, world.done, OP_CODES.get(world.kind, 0)]
-    for group in snap.groups[1:]:
-        entry += [group.key, group.members, group.entered, group.done,
-                  OP_CODES.get(group.kind, 0)]
-    return entry
-
-
-def decode_ranks(value: bytes) -> list[list[int]]:
-    """Each rank's entry in a beat (:func:`beat_entry`); an entry (or a beat) that is not one of
-    ours is left out. The world group's fields are checked here; a sub-group's where it is used
-    (:meth:`RemoteProgress.snapshots` leaves out one whose fields are not all whole numbers).
-    Pure."""
-    try:
-        entries = json.loads(value)["ranks"]
-    except (ValueError, KeyError, TypeError):
-        return []
-    if not isinstance(entries, list):
-        return []
-    found = []
-    for entry in entries:
-        if (type(entry) is list and len(entry) >= _WORLD_FIELDS
-                and (len(entry) - _WORLD_FIELDS) % _GROUP_FIELDS == 0
-                and type(entry[0]) is int and type(entry[1]) is int and type(entry[2]) is int
-                and type(entry[3]) is int):
-            found.append(entry)
-    return found
 
 
 class RemoteProgress:
@@ -100,8 +65,8 @@ class RemoteProgress:
                 if known is None or known[0] != entered or known[1] != done:
                     ranks[rank] = (entered, done, entry[3], seen)
                     stale.add(rank)
-                if len(entry) > _WORLD_FIELDS:
-                    self._take_subs(rank, entry[_WORLD_FIELDS:], seen)
+                if len(entry) > WORLD_FIELDS:
+                    self._take_subs(rank, entry[WORLD_FIELDS:], seen)
 
     def _take_subs(self, rank: int, fields: list[int], seen: float) -> None:
         was = self._subs.get(rank)
@@ -109,7 +74,7 @@ class RemoteProgress:
             return
         try:
             waiting = any(entered > done for entered, done in
-                          zip(fields[2::_GROUP_FIELDS], fields[3::_GROUP_FIELDS]))
+                          zip(fields[2::GROUP_FIELDS], fields[3::GROUP_FIELDS]))
         except TypeError:  # not numbers: not ours
             return
         self._subs[rank] = (fields, seen, waiting)
@@ -141,8 +106,8 @@ class RemoteProgress:
         groups = [GroupProgress(_WORLD_KEY, self._members, True, self._world, entered, done,
                                 op_name(kind), since, since)]
         fields, since, _ = self._subs.get(rank, ([], 0.0, False))
-        for at in range(0, len(fields), _GROUP_FIELDS):
-            key, members, entered, done, kind = group = fields[at:at + _GROUP_FIELDS]
+        for at in range(0, len(fields), GROUP_FIELDS):
+            key, members, entered, done, kind = group = fields[at:at + GROUP_FIELDS]
             if all(type(field) is int for field in group):
                 groups.append(GroupProgress(key, members, False, bin(members).count("1"),
                                             entered, done, op_name(kind), since, since))

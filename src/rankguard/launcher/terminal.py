@@ -136,6 +136,13 @@ def _is_terminal(fd: int) -> bool:
         return False
 
 
+def _same_file(fd: int, other: int) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.fstat(other))
+    except OSError:
+        return False
+
+
 def _never_blocks(fd: int) -> bool:
     """Whether ``fd`` is a regular file or ``/dev/null``: writes there wait for no reader."""
     try:
@@ -160,10 +167,13 @@ class Terminal:
         self.err = Output(err_fd, "stderr")
         self._status_on = status and _is_terminal(err_fd)
         self._status_shown = False
+        # rank stdout erases the status line itself only when it goes to the same terminal
+        # (in order with its own output); else through stderr
+        self._erase_via_out = self._status_on and _same_file(out_fd, err_fd)
 
     def rank_out(self, data: bytes) -> None:
         """Rank output for stdout."""
-        self._erase_status(self.out)
+        self._erase_status(self.out if self._erase_via_out else self.err)
         self.out.write(data)
 
     def rank_err(self, data: bytes) -> None:

@@ -29,6 +29,8 @@ import pickle
 from typing import Any, Mapping
 
 from .. import recent_file
+from ..errors import UsageError
+from . import files
 
 VERSION = "2.10"
 PREFIX = "rank_"
@@ -97,15 +99,18 @@ def write(folder: str, recent: Mapping[int, recent_file.RankRecent], world_size:
     returns the files.
 
     Raises:
-        OSError: the folder or a file cannot be written.
+        UsageError: ``folder`` is not a folder, or it or a file in it cannot be written.
     """
-    os.makedirs(folder, mode=0o700, exist_ok=True)
+    if os.path.lexists(folder) and not os.path.isdir(folder):
+        raise UsageError("-o", f"{folder} is not a folder", "give a folder for the dumps")
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise UsageError("-o", f"cannot make {folder}: {exc.strerror}",
+                         "give another folder") from None
     written = []
     for rank, kept in sorted(recent.items()):
         path = os.path.join(folder, f"{PREFIX}{rank}")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
-        with os.fdopen(fd, "wb") as out:
-            pickle.dump(dump(kept, world_size), out)
+        files.write_new(path, "-o", pickle.dumps(dump(kept, world_size)))
         written.append(path)
     return written

@@ -14,9 +14,10 @@ import sys
 from .. import recent_file
 from ..errors import UsageError
 from ..options import number
-from . import flight_recorder, runs
+from . import files, flight_recorder, runs
 
 PROG = "rankguard flight-recorder"
+MAX_WORLD = 1 << 16
 
 
 def main(argv: list[str]) -> int:
@@ -40,16 +41,35 @@ def main(argv: list[str]) -> int:
         print(f"{PROG}: run {run.run_id}, attempt {attempt}: no rank's recent operations were "
               "kept (ranks that never started, or a run of an older rankguard)", file=sys.stderr)
         return 1
-    folder = args.output or os.path.join(run.log_dir, "flight_recorder", f"attempt{attempt}")
+    folder = os.path.join(run.log_dir, "flight_recorder", f"attempt{attempt}") \
+        if args.output is None else args.output
+    world = _world_size(events, kept)
     try:
-        files = flight_recorder.write(folder, kept, _world_size(events, kept))
-    except OSError as exc:
-        print(f"{PROG}: error: cannot write {folder}: {exc.strerror or exc} (give another "
-              "folder with -o)", file=sys.stderr)
+        written = flight_recorder.write(folder, kept, world)
+    except UsageError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
-    print(f"{PROG}: run {run.run_id}, attempt {attempt}: {len(files)} dump(s) in {folder}\n"
-          f"  analyse them with: python -m torch.distributed.flight_recorder.fr_trace {folder}")
+    analyse = f"python -m torch.distributed.flight_recorder.fr_trace {folder}"
+    local = _local_ranks(events, attempt)
+    missing = sorted(set(local) - set(kept))
+    print(files.printable(f"{PROG}: run {run.run_id}, attempt {attempt}: ") +
+          f"{len(written)} dump(s) in {folder}")
+    if missing:
+        print(f"  rank(s) {','.join(map(str, missing))} kept no recent operations (they never "
+              "started, or their ledger could not be read): the analyser needs "
+              "--allow-incomplete-ranks")
+        analyse += " --allow-incomplete-ranks"
+    if len(local) < world:
+        print(f"  this node's ranks only ({len(local)} of {world}): put every node's dumps in "
+              "one folder for the whole job")
+    print(f"  analyse them with: {analyse}")
     return 0
+
+
+def _local_ranks(events: list[dict], attempt: int) -> list[int]:
+    """The ranks this node started in attempt ``attempt``."""
+    return sorted({e["rank"] for e in events if e["event"] == "rank_start"
+                   and e.get("attempt") == attempt and isinstance(e.get("rank"), int)})
 
 
 def _attempt(events: list[dict], given: str | None) -> int:
@@ -67,9 +87,10 @@ def _attempt(events: list[dict], given: str | None) -> int:
 
 
 def _world_size(events: list[dict], kept: dict[int, recent_file.RankRecent]) -> int:
-    """The job's world size: a round's (several nodes), else the node's ranks."""
-    rounds = [e["world_size"] for e in events if e["event"] == "rendezvous" and "world_size" in e]
-    if rounds:
-        return int(rounds[-1])
+    """The job's world size: a round's (several nodes), else the node's ranks; never fewer
+    than the ranks kept, and not more than ``MAX_WORLD`` (a journal may say anything)."""
+    least = max(kept) + 1
+    rounds = [e.get("world_size") for e in events if e["event"] == "rendezvous"]
     start = next((e for e in events if e["event"] == "run_start"), {})
-    return int(start.get("nproc") or max(kept) + 1)
+    said = rounds[-1] if rounds else start.get("nproc")
+    return said if isinstance(said, int) and least <= said <= MAX_WORLD else least

@@ -19,6 +19,7 @@ WIDTH = 1100  # the drawing's width, in CSS pixels
 LABEL_W = 190  # the lane titles' column
 RIGHT_W = 110  # the outcomes' column
 LANE_H = 26
+FLAG_GAP = 14  # flags closer than this (pixels) are drawn one under the other
 AXIS_H = 34
 OP_COLORS = {"all_reduce": "#4e79a7", "broadcast": "#59a14f", "all_gather": "#76b7b2",
              "barrier": "#b07aa1", "reduce_scatter": "#edc948", "send": "#9c755f",
@@ -61,7 +62,7 @@ def _e(text: object) -> str:
 def _legend() -> str:
     ops = [("all_reduce", OP_COLORS["all_reduce"]), ("broadcast", OP_COLORS["broadcast"]),
            ("all_gather", OP_COLORS["all_gather"]), ("barrier", OP_COLORS["barrier"]),
-           ("other", OTHER_OP), ("never completed", "#d62728")]
+           ("other", OTHER_OP), ("never seen completed", "#d62728")]
     return '<p class="legend">' + "".join(
         f'<span><i style="background:{color}"></i>{_e(name)}</span>' for name, color in ops
     ) + "</p>"
@@ -104,8 +105,12 @@ def _drawing(section: Section) -> str:
              _axis(scale, height)]
     for index, lane in enumerate(section.lanes):
         parts.append(_lane(lane, AXIS_H + index * LANE_H, scale, section.t_end))
+    placed: list[float] = []  # the flags' x so far: a flag too close to one goes lower
     for number, mark in enumerate(section.marks, 1):
-        parts.append(_flag(number, mark, scale, height, section))
+        x = scale.x(mark.t)
+        row = sum(1 for other in placed[-3:] if abs(other - x) < FLAG_GAP)
+        placed.append(x)
+        parts.append(_flag(number, mark, scale, height, section, row))
     if not section.lanes:
         parts.append(f'<text x="{LABEL_W}" y="{AXIS_H + 16}">no rank started</text>')
     parts.append("</svg>")
@@ -116,7 +121,7 @@ def _axis(scale: _Scale, height: float) -> str:
     step = _tick_step(scale.span)
     ticks = []
     value = 0.0
-    while value <= scale.span + 1e-9:
+    while value <= scale.span + 1e-9 and len(ticks) <= 30:
         x = scale.x(scale.t0 + value)
         ticks.append(f'<line x1="{x:.1f}" y1="{AXIS_H - 6}" x2="{x:.1f}" y2="{height - 4}" '
                      'stroke="#eee"/>'
@@ -137,7 +142,7 @@ def _tick_step(span: float) -> float:
 def _lane(lane: Lane, y: float, scale: _Scale, t_end: float) -> str:
     end = lane.t_end if lane.t_end is not None else t_end
     x0, x1 = scale.x(lane.t_start), scale.x(end)
-    parts = [f'<g class="lane" data-lane="{lane.key}" data-outcome="{_e(lane.outcome)}">',
+    parts = [f'<g class="lane" data-lane="{_e(lane.key)}" data-outcome="{_e(lane.outcome)}">',
              f'<text x="6" y="{y + 17}">{_e(lane.title)}</text>',
              f'<rect class="life" x="{x0:.1f}" y="{y + 4}" width="{max(x1 - x0, 1):.1f}" '
              f'height="{LANE_H - 8}" fill="#f1f1f1"/>']
@@ -171,7 +176,8 @@ def _bar(span: Span, y: float, scale: _Scale, lane_end: float, t0: float) -> str
             "seen completed</title></rect>")
 
 
-def _flag(number: int, mark: Mark, scale: _Scale, height: float, section: Section) -> str:
+def _flag(number: int, mark: Mark, scale: _Scale, height: float, section: Section,
+          row: int) -> str:
     x = scale.x(mark.t)
     color = MARK_COLORS.get(mark.kind, "#555")
     lanes = [lane.key for lane in section.lanes]
@@ -182,7 +188,7 @@ def _flag(number: int, mark: Mark, scale: _Scale, height: float, section: Sectio
         top, bottom = AXIS_H - 4, height - 4
     return (f'<g class="flag flag-{_e(mark.kind)}"><line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" '
             f'y2="{bottom}" stroke="{color}" stroke-width="2" stroke-dasharray="4 2"/>'
-            f'<circle cx="{x:.1f}" cy="{top + 6}" r="7" fill="{color}"/>'
-            f'<text x="{x:.1f}" y="{top + 10}" text-anchor="middle" fill="#fff" '
+            f'<circle cx="{x:.1f}" cy="{top + 6 + 15 * row}" r="7" fill="{color}"/>'
+            f'<text x="{x:.1f}" y="{top + 10 + 15 * row}" text-anchor="middle" fill="#fff" '
             f'font-size="10">{number}</text>'
             f"<title>{number}. +{mark.t - section.t_start:.3f} s: {_e(mark.text)}</title></g>")

@@ -12,7 +12,7 @@ import sys
 
 from .. import recent_file
 from ..errors import UsageError
-from . import report, runs, timeline
+from . import files, report, runs, timeline
 
 PROG = "rankguard report"
 FILE = "report.html"
@@ -37,15 +37,12 @@ def main(argv: list[str]) -> int:
         recent = {n: recent_file.read_attempt(os.path.join(run.log_dir, f"attempt{n}"))
                   for n in attempts}
         view = timeline.of_run(events, recent)
-    target = args.output or os.path.join(run.log_dir, FILE)
+    target = os.path.join(run.log_dir, FILE) if args.output is None else args.output
+    page = report.render(view).encode("utf-8", errors="replace")
     try:
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(report.render(view))
-    except OSError as exc:
-        print(f"{PROG}: error: cannot write {target}: {exc.strerror or exc} (give another "
-              "file with -o)", file=sys.stderr)
+        files.write_new(target, "-o", page)
+    except UsageError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
-    print(f"{PROG}: {view.title}: {view.summary}\n  wrote {target}")
+    print(files.printable(f"{PROG}: {view.title}: {view.summary}") + f"\n  wrote {target}")
     return 0

@@ -10,7 +10,8 @@ from typing import Any
 
 import psutil
 
-from .. import journal, private_files
+from .. import private_files
+from . import files
 from ..errors import UsageError
 from ..options import Parser, number
 
@@ -47,7 +48,10 @@ def find(target: str | None) -> Run:
         UsageError: nothing of that name, or no run at all; naming what was looked at.
     """
     path = _journal_path(target)
-    events = list(journal.read(path))
+    events = files.events(path)
+    if not events:
+        raise UsageError("RUN", f"{path} holds no event of a run",
+                         "give the journal of a run of rankguard")
     run_id = next((e.get("run_id", "") for e in events), "")
     ended = any(e["event"] == "run_end" for e in events)
     attempts = [e["attempt"] for e in events if e["event"] == "attempt_start"]

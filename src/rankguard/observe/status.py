@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 
 from .. import ledger
-from . import runs
+from . import remote, runs
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class RankView:
     group: str = "world"
     since_s: float | None = None  # in that state for
     waited_for: bool = False  # the others wait for this rank
+    node: str = ""  # another node's rank: ``node N (HOST)``; its process is not seen from here
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class StatusView:
     restarts: int
     last_fault: str | None
     ranks: tuple[RankView, ...] = field(default_factory=tuple)
+    nodes: str | None = None  # several nodes: where the others' ranks were read, what failed
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,9 +55,13 @@ def snapshot(run: runs.Run) -> StatusView:
     now = time.monotonic()
     entries = {rank: g for rank, p in progress.items() if p is not None
                for g in p.groups if g.is_world}
+    others = remote.read(list(events)) if not run.ended else None
+    far = others.ranks if others is not None else ()
+    entries.update((r.rank, _world(r)) for r in far)
     waited_for: set[int] = set()
     if any(g.waiting for g in entries.values()):
-        late, _ = ledger.behind([r.rank for r in run.ranks], entries)
+        late, _ = ledger.behind(sorted({r.rank for r in run.ranks} | {r.rank for r in far}),
+                                entries)
         waited_for = set(late)
     views = []
     world_size = len(run.ranks)
@@ -77,7 +83,27 @@ def snapshot(run: runs.Run) -> StatusView:
                                   "waiting" if slot.waiting else "computing", process,
                                   slot.kind, ledger.seq_of(entry, slot.is_world), group,
                                   since if (slot.waiting or slot.t_done) else None, marked))
-    return StatusView(run.run_id, run.attempt, run.ended, restarts, last_fault, tuple(views))
+    for other in far:
+        waiting = other.entered > other.done
+        views.append(RankView(other.rank, 0, "waiting" if waiting else "computing", "",
+                              other.kind, ledger.seq_of(other.entered if waiting else other.done,
+                                                        True), "world", None,
+                              other.rank in waited_for,
+                              f"node {other.node}" + (f" ({other.host})" if other.host else "")))
+    views.sort(key=lambda view: view.rank)
+    nodes = None
+    if others is not None:
+        nodes = f"other nodes' ranks from their beats in the round's store at {others.store}"
+        if others.problem:
+            nodes += f"; {others.problem}"
+    return StatusView(run.run_id, run.attempt, run.ended, restarts, last_fault, tuple(views),
+                      nodes)
+
+
+def _world(other: remote.RemoteRank) -> ledger.GroupProgress:
+    """Another node's rank's world group, as far as its beat tells (no times)."""
+    return ledger.GroupProgress(ledger.group_key("world"), 0, True, 0, other.entered, other.done,
+                                other.kind, 0.0, 0.0)
 
 
 def _current(groups: tuple[ledger.GroupProgress, ...]) -> ledger.GroupProgress | None:
@@ -92,7 +118,7 @@ def _current(groups: tuple[ledger.GroupProgress, ...]) -> ledger.GroupProgress |
 def _ledgers(run: runs.Run) -> dict[int, ledger.RankProgress | None]:
     """Each rank's ledger of the run's current attempt, if it can still be read."""
     folders = sorted(glob.glob(os.path.join(ledger.default_dir(),
-                                            f"rankguard-ledgers-{run.run_id}-*")),
+                                            f"rankguard-ledgers-{glob.escape(run.run_id)}-*")),
                      key=lambda p: os.path.getmtime(p) if os.path.exists(p) else 0)
     found: dict[int, ledger.RankProgress | None] = {}
     for rank in run.ranks:
@@ -138,7 +164,11 @@ def render(view: StatusView) -> str:
             what = r.state
         since = f"{r.since_s:.1f} s" if r.since_s is not None else ""
         mark = "  <- the others wait for it" if r.waited_for else ""
-        lines.append(f"{r.rank:>4}  {r.pid:>7}  {what:<40} {since:>8}  {r.process}{mark}")
+        pid = str(r.pid) if r.pid else "-"
+        lines.append(f"{r.rank:>4}  {pid:>7}  {what:<40} {since:>8}  {r.node or r.process}"
+                     f"{mark}")
+    if view.nodes:
+        lines.append(view.nodes)
     if view.last_fault:
         lines.append(f"last fault: {view.last_fault}")
     return "\n".join(lines)

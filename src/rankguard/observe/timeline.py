@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from .. import recent_file, stack_groups
-from . import runs
+from . import files, runs
 
 _SAME_MOMENT_S = 0.05  # rank exits this close together are shown as one mark
 
@@ -122,18 +122,18 @@ def _attempt(number: int, events: list[dict[str, Any]],
         elif kind == "stacks":
             section.stacks = _grouped_stacks(event.get("stacks"), sorted(lanes))
         elif kind == "straggler":
-            marks.append(Mark(ts, "straggler", f"straggler: ranks {event.get('ranks')} in "
+            marks.append(Mark(ts, "straggler", f"straggler: {_ranks(event.get('ranks'))} in "
                               f"{event.get('op')} #{event.get('seq')}"))
         elif kind == "escalate":
-            marks.append(Mark(ts, "escalate", f"{event.get('step')}: ranks {event.get('ranks')} "
-                              f"({event.get('reason')})"))
+            marks.append(Mark(ts, "escalate", f"{event.get('step')}: "
+                              f"{_ranks(event.get('ranks'))} ({event.get('reason')})"))
         elif kind == "spares":
             marks.append(Mark(ts, "spares", f"{event.get('started')} warm spare(s) started"))
         elif kind == "attempt_end":
             section.cause = event.get("root_cause")
-            if event.get("fault") and event.get("at"):
-                marks.append(Mark(float(event["at"]), "fault", f"fault: {section.cause}",
-                                  event.get("rank")))
+            at = files.finite(event.get("at"))
+            if event.get("fault") and at is not None:
+                marks.append(Mark(at, "fault", f"fault: {section.cause}", event.get("rank")))
         elif kind == "restart":
             marks.append(Mark(ts, "restart", "restart"))
     for rank, lane in lanes.items():
@@ -150,6 +150,13 @@ def _attempt(number: int, events: list[dict[str, Any]],
     section.lanes = [lanes[rank] for rank in sorted(lanes)]
     marks.sort(key=lambda mark: mark.t)
     return section
+
+
+def _ranks(ranks: Any) -> str:
+    """``ranks 0,1`` for a list of ranks (anything else as it is)."""
+    if isinstance(ranks, list):
+        return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, ranks))
+    return f"ranks {ranks}"
 
 
 def _merge_exits(marks: list[Mark]) -> None:
@@ -196,6 +203,8 @@ def of_pool(events: Iterable[dict[str, Any]]) -> Timeline:
     faults = 0
     for event in events:
         kind, ts, group = event["event"], event["ts"], event.get("group")
+        if isinstance(group, bool) or not isinstance(group, int):
+            group = None
         if kind == "group_start" and group is not None:
             lanes[group] = Lane(group, f"group {group}", ts)
         elif group is not None and group in lanes:

@@ -1,0 +1,67 @@
+"""A node's beat, as its agent publishes it in the round's store and anyone may read it back:
+the node's host and its ranks' progress (the launcher's ``node_beats`` and ``remote_progress``,
+and ``rankguard status`` from another node's point of view).
+
+A beat is ``{"seq": N, "host": H, "ranks": [ENTRY, ...]}`` (JSON), sealed with the job's secret
+(``sealed``) under the key ``key(prefix, node)``; each ENTRY is one rank's progress
+(:func:`beat_entry`). Pure functions.
+"""
+
+from __future__ import annotations
+
+import json
+
+from .ledger import OP_CODES, RankProgress
+
+WORLD_FIELDS = 4  # rank, entered, done, kind
+GROUP_FIELDS = 5  # key, members, entered, done, kind
+
+
+def beat_entry(rank: int, snap: RankProgress) -> list[int]:
+    """Rank ``rank``'s progress in a beat: its world group, then each sub-group. Pure."""
+    world = snap.groups[0]
+    entry = [rank, world.entered, world.done, OP_CODES.get(world.kind, 0)]
+    for group in snap.groups[1:]:
+        entry += [group.key, group.members, group.entered, group.done,
+                  OP_CODES.get(group.kind, 0)]
+    return entry
+
+
+def decode_ranks(value: bytes) -> list[list[int]]:
+    """Each rank's entry in a beat (:func:`beat_entry`); an entry (or a beat) that is not one of
+    ours is left out. The world group's fields are checked here; a sub-group's where it is used
+    (:meth:`RemoteProgress.snapshots` leaves out one whose fields are not all whole numbers).
+    Pure."""
+    try:
+        entries = json.loads(value)["ranks"]
+    except (ValueError, KeyError, TypeError):
+        return []
+    if not isinstance(entries, list):
+        return []
+    found = []
+    for entry in entries:
+        if (type(entry) is list and len(entry) >= WORLD_FIELDS
+                and (len(entry) - WORLD_FIELDS) % GROUP_FIELDS == 0
+                and type(entry[0]) is int and type(entry[1]) is int and type(entry[2]) is int
+                and type(entry[3]) is int):
+            found.append(entry)
+    return found
+
+
+def encode(sequence: int, host: str, progress: list[list[int]]) -> str:
+    """A beat: its sequence number (it changes every beat), the node's host and its ranks'
+    progress (``[rank, entered, done, kind]`` in the world group, each)."""
+    return json.dumps({"seq": sequence, "host": host, "ranks": progress},
+                      separators=(",", ":"))
+
+
+def host_of(value: bytes) -> str:
+    try:
+        return str(json.loads(value).get("host", ""))[:100]
+    except (ValueError, AttributeError):
+        return ""
+
+
+def key(prefix: str, node: int) -> str:
+    """Where node ``node``'s beat is, under the round's agents' prefix."""
+    return f"{prefix}beat{node}"

@@ -1,0 +1,132 @@
+"""Reading what a run left (its journal, its ranks' recent operations) and writing what the
+commands make (a report, dumps) as a user's files may be: damaged, hostile, or not files at all.
+
+- ``read_text`` takes a regular file only (a FIFO or a device is refused, never waited on) and
+  at most a size the caller names; bytes that are not UTF-8 are replaced.
+- ``events`` keeps a journal's lines that are events as rankguard writes them: an object with a
+  known-looking ``event``, a finite ``ts``, and whole numbers (or null) where rankguard writes
+  whole numbers; anything else is skipped, so every later rule may rely on those types.
+- ``write_new`` writes a file only where a regular file (or nothing) is: not through a symbolic
+  link, not into a FIFO; the content is made before the file is touched.
+- ``printable`` makes text from a run safe to print on a terminal (no control characters).
+
+Every failure is a ``UsageError`` naming the path and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+from typing import Any
+
+from ..errors import UsageError
+
+JOURNAL_LIMIT = 1 << 30  # bytes of a journal read at most
+# fields rankguard writes as whole numbers (or null)
+WHOLE = ("attempt", "rank", "pid", "round", "group_rank", "group_world_size", "base_rank",
+         "world_size", "nproc", "exit_code", "max_restarts", "attempts", "seq")
+_LARGEST = 1 << 53
+
+
+def read_text(path: str, what: str, limit: int) -> str:
+    """The text of regular file ``path`` (``what`` it is, for errors), at most ``limit`` bytes.
+
+    Raises:
+        UsageError: it cannot be opened, is not a regular file, or is larger than ``limit``.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UsageError(what, f"cannot read {path}: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UsageError(what, f"{path} is not a regular file", "give the file rankguard wrote")
+        if info.st_size > limit:
+            raise UsageError(what, f"{path} is larger than {limit} bytes: not one of ours")
+        with os.fdopen(fd, "rb", closefd=False) as source:
+            return source.read(limit + 1)[:limit].decode("utf-8", errors="replace")
+    finally:
+        os.close(fd)
+
+
+def events(path: str) -> list[dict[str, Any]]:
+    """A journal's events that look as rankguard writes them (see the module doc).
+
+    Raises:
+        UsageError: the file cannot be read (see ``read_text``).
+    """
+    found = []
+    for line in read_text(path, "RUN", JOURNAL_LIMIT).splitlines():
+        try:
+            event = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if _is_event(event):
+            found.append(event)
+    return found
+
+
+def _is_event(event: Any) -> bool:
+    if not isinstance(event, dict) or not isinstance(event.get("event"), str):
+        return False
+    ts = event.get("ts")
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+        return False
+    if not isinstance(event.get("run_id", ""), str):
+        return False
+    return all(_whole_or_null(event[name]) for name in WHOLE if name in event)
+
+
+def _whole_or_null(value: Any) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool)
+                             and -_LARGEST < value < _LARGEST)
+
+
+def finite(value: Any) -> float | None:
+    """``value`` as a finite float, or None when it is not one."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def write_new(path: str, what: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` (created 0600, or a regular file replaced in place).
+
+    Raises:
+        UsageError: ``path`` is empty, a symbolic link, not a regular file, or cannot be
+            written; naming ``what`` (the option) and the fix.
+    """
+    if not path:
+        raise UsageError(what, "is empty", "give a file name")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if os.path.islink(path):
+            problem = f"cannot write {path}: it is a symbolic link"
+        elif os.path.exists(path) and not os.path.isfile(path):
+            problem = f"{path} is not a regular file"
+        else:
+            problem = f"cannot write {path}: {exc.strerror}"
+        raise UsageError(what, problem, "give another file") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UsageError(what, f"{path} is not a regular file", "give another file")
+        os.ftruncate(fd, 0)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError as exc:
+        raise UsageError(what, f"cannot write {path}: {exc.strerror}",
+                         "give another file") from None
+    finally:
+        os.close(fd)
+
+
+def printable(text: str) -> str:
+    """``text`` without control characters (a run id, a cause), for a terminal."""
+    return "".join(c if c.isprintable() else "?" for c in text)
