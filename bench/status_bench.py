@@ -95,9 +95,9 @@ def main() -> int:
     a, w = statistics.median(alone), statistics.median(watched)
     print(f"{args.steps} steps of examples/train.py on 2 ranks, medians of {args.runs} runs each, "
           "alternating:")
-    print(f"  alone                                      {a:7.2f} s")
-    print(f"  with rankguard status --interval {args.interval:<5g} on a tty  {w:7.2f} s   "
-          f"ratio {w / a:.3f}")
+    watched_label = f"with rankguard status --interval {args.interval:g} on a tty"
+    print(f"  {'alone':<{len(watched_label)}}  {a:7.2f} s")
+    print(f"  {watched_label}  {w:7.2f} s   ratio {w / a:.3f}")
     print(f"  (each run alone: {', '.join(f'{x:.2f}' for x in alone)}; watched: "
           f"{', '.join(f'{x:.2f}' for x in watched)})")
     print(f"  the status view's CPU: {statistics.median(cpu) * 100:.1f}% of one core while it "
