@@ -259,3 +259,32 @@ def test_a_hostile_beats_field_costs_status_a_bounded_time_and_a_line(tmp_path: 
     assert shown.returncode == 0, shown.stderr
     assert "not one of ours" in json.loads(shown.stdout)["nodes"]
     assert clock.monotonic() - started < 30  # bounded: no billion keys, no long wait
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(180)
+def test_a_pools_journal_becomes_a_report_with_a_lane_per_group_its_faults_and_heals(
+        tmp_path: Path) -> None:
+    """A real Pool: a rank exits mid-call, another call sleeps past its deadline (its ranks'
+    stacks are taken, grouped, in the journal); the report draws every group the pool started,
+    the faults, the heals and the grouped stacks."""
+    import rankguard
+    from tests.serving import rank_functions as rf
+
+    log = tmp_path / "journal.jsonl"
+    with rankguard.Pool(2, rf.load, spares=1, timeout=2.0, journal=str(log),
+                        log_dir=str(tmp_path / "logs")) as pool:
+        for kind in ("exit", "sleep"):
+            with pytest.raises(rankguard.RequestFailed):
+                pool.run(rf.forward, 1.0, fault=(1, kind))
+            assert pool.run(rf.forward, 2.0) == rf.expected(2.0, 2)
+    made = _report(str(log), "-o", str(tmp_path / "pool.html"))
+    assert made.returncode == 0, made.stderr
+    assert "request fault(s); closed" in made.stdout
+    page = (tmp_path / "pool.html").read_text()
+    started = [json.loads(line) for line in log.read_text().splitlines()]
+    groups = {e["group"] for e in started if e["event"] == "group_start"}
+    assert page.count('class="lane"') == len(groups) >= 3
+    assert page.count('class="flag flag-fault"') == 2
+    assert page.count('class="flag flag-heal"') == 2
+    assert "rank 1: inject (" in page  # the hung call's ranks, grouped by stack
