@@ -106,3 +106,24 @@ def test_await_exits_wakes_on_the_exit_and_names_who_outlived_the_deadline() -> 
         for proc in (quick, stays):
             proc.kill()
             proc.wait(30)
+
+
+def test_a_process_with_no_file_descriptor_left_still_signals_a_tree(tmp_path) -> None:
+    """Looking up descendants reads /proc, which takes descriptors; a supervisor that has none
+    left (a pool starved of them) must still kill the process and its group."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                               start_new_session=True)
+    hogs = []
+    try:
+        try:
+            while True:
+                hogs.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError:
+            pass
+        proctree.signal_tree(sleeper.pid, 9)
+    finally:
+        for fd in hogs:
+            os.close(fd)
+        if sleeper.poll() is None:
+            sleeper.kill()
+    assert sleeper.wait(timeout=10) == -9

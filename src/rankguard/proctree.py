@@ -95,10 +95,12 @@ def alive(pid: int) -> bool:
 
 
 def descendants(pid: int) -> list[int]:
-    """PIDs of every live descendant of ``pid`` (empty when it is gone)."""
+    """PIDs of every live descendant of ``pid`` (empty when it is gone, or when this process
+    has no file descriptor left to read /proc with: ``signal_tree`` still signals the process
+    and its group, which needs none)."""
     try:
         return [child.pid for child in psutil.Process(pid).children(recursive=True)]
-    except psutil.Error:
+    except (psutil.Error, OSError):
         return []
 
 
