@@ -183,6 +183,7 @@ def test_a_spare_that_dies_while_waiting_is_replaced(tmp_path: Path) -> None:
     ({"world_size": 2, "replicas": 0}, "Pool(replicas)"),
     ({"world_size": 2, "replicas": 2.0}, "Pool(replicas)"),
     ({"world_size": 2, "max_queue": -1}, "Pool(max_queue)"),
+    ({"world_size": 2, "max_queue": 10 ** 18}, "Pool(max_queue)"),
     ({"world_size": 2, "zygote": "yes"}, "Pool(zygote)"),
     ({"world_size": 2, "timeout": 1, "suspect_after": 2}, "Pool(suspect_after)"),
 ])

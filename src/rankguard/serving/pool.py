@@ -55,6 +55,7 @@ ZYGOTE_TOKEN_VAR = "RANKGUARD_ZYGOTE_TOKEN"  # in the zygote's environ, and so i
 ZYGOTE_TRIES = 3  # zygotes that may fail (die, stop answering) before ranks start cold only
 FORK_S = 2.0  # how long a zygote may take to fork a rank (it answers in milliseconds)
 QUEUE_PER_REPLICA = 32  # the default bound on the calls waiting for a replica, per replica
+MAX_QUEUE = 10_000  # calls that may wait at most, whatever max_queue asks
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,10 @@ class Pool:
                              "give at most the timeout")
         self.max_queue = QUEUE_PER_REPLICA * replicas if max_queue is None else \
             _whole_number("Pool(max_queue)", max_queue, 0)
+        if self.max_queue > MAX_QUEUE:
+            raise UsageError("Pool(max_queue)", f"{shown(self.max_queue)} is above {MAX_QUEUE}",
+                             "each waiting call holds a thread (rankguard serve's, or the "
+                             "caller's): queue at most that many")
         self.start_timeout = seconds("Pool(start_timeout)", start_timeout)
         self.max_backoff = seconds("Pool(max_backoff)", max_backoff)
         # rounded: 3 s x 0.1 is 0.30000000000000004, and a deadline of 0.3 s must be allowed
