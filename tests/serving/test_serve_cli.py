@@ -28,6 +28,8 @@ BROKEN = "import nonexistent_module_xyz\n"
     (["{tmp}/broken.py:app"], "ModuleNotFoundError: No module named 'nonexistent_module_xyz'"),
     ([], "the following arguments are required: APP"),
     (["examples/serve_tp.py:app", "--port", "99999"], "--port: '99999' is above 65535"),
+    (["examples/serve_tp.py:app", "--max-queue", "1000000000000"],
+     "--max-queue: '1000000000000' is above 10000"),
     (["examples/serve_tp.py:app", "--journal", "{tmp}"], "is a folder"),
     (["examples/serve_tp.py:app", "--max-body", "0"], "--max-body: '0' is below 1"),
     (["examples/serve_tp.py:app", "--max-body", "1MB"], "--max-body: '1MB' is not an integer"),

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..options import Parser, number, writable_dir, writable_file
-from .pool import check_size
+from .pool import MAX_QUEUE, check_size
 from ..serving.budgets import HTTP_ANSWER_S
 from ..serving.pool import HEALING_MODES
 
@@ -104,7 +104,8 @@ def main(argv: list[str]) -> int:
                 maximum=served.timeout)
         if args.max_queue is not None:
             options["max_queue"] = int(number("--max-queue", args.max_queue, int, 0,
-                                              "e.g. --max-queue 64"))
+                                              f"at most {MAX_QUEUE}, e.g. --max-queue 64",
+                                              maximum=MAX_QUEUE))
         if args.log_dir:
             options["log_dir"] = writable_dir("--log-dir", args.log_dir)
         if args.journal:
