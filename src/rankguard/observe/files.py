@@ -130,3 +130,8 @@ def write_new(path: str, what: str, data: bytes) -> None:
 def printable(text: str) -> str:
     """``text`` without control characters (a run id, a cause), for a terminal."""
     return "".join(c if c.isprintable() else "?" for c in text)
+
+
+def printable_lines(text: str) -> str:
+    """``text``, each of its lines ``printable``."""
+    return "\n".join(printable(line) for line in text.split("\n"))

@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 
 from .. import ledger
-from . import remote, runs
+from . import files, remote, runs
 
 
 @dataclass(frozen=True)
@@ -171,4 +171,4 @@ def render(view: StatusView) -> str:
         lines.append(view.nodes)
     if view.last_fault:
         lines.append(f"last fault: {view.last_fault}")
-    return "\n".join(lines)
+    return files.printable_lines("\n".join(lines))
