@@ -278,6 +278,53 @@ def store_host_fault(fault: str, call: str) -> None:
         report(**error_fields(error, started))
 
 
+def share_state(fault: str) -> None:
+    """Two ranks hold a model and optimizer at step 7, one holds nothing (a replacement: rank
+    2); ``rankguard.runtime.peer_state.share`` gives it the state. With ``fault`` ``frozen``, rank
+    0 (the store's host) is the replacement and the source, rank 1, freezes before the exchange:
+    the others get a bounded error naming it."""
+    import random
+
+    from rankguard.runtime import peer_state
+
+    empty = 0 if fault == "frozen" else 2
+    torch, dist = group()
+    torch.manual_seed(1234 if RANK != empty else 99)
+    model = torch.nn.Linear(8, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    if RANK != empty:
+        for _ in range(7):
+            optimizer.zero_grad()
+            model(torch.ones(3, 8)).sum().backward()
+            optimizer.step()
+    step = 7 if RANK != empty else peer_state.NO_STATE
+    random.seed(5 if RANK != empty else 6)
+
+    def get_state():
+        return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "rng": torch.get_rng_state(), "step": step}
+
+    def load_state(state):
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+
+    if fault == "frozen" and RANK == 1:
+        freeze()
+    started = time.monotonic()
+    try:
+        shared = peer_state.share(step, get_state, load_state, timeout=3.0)
+    except rankguard.CollectiveError as error:
+        report(**error_fields(error, started))
+        return
+    digest = [round(float(p.double().sum().item()), 12) for p in model.parameters()]
+    momentum = [round(float(v["momentum_buffer"].double().sum().item()), 12)
+                for v in optimizer.state_dict()["state"].values()]
+    report(step=shared.step, source=shared.source, receivers=list(shared.receivers),
+           nbytes=shared.nbytes, took=shared.took, params=digest, momentum=momentum,
+           rng=int(torch.randint(0, 10 ** 9, (1,)).item()))
+
+
 SCENARIOS = {
     "sigterm_idle": sigterm_idle,
     "sigterm_cpu": sigterm_cpu,
@@ -291,6 +338,8 @@ SCENARIOS = {
     "outsider_writes": outsider_writes,
     "outsider_regroup": outsider_regroup,
     "outsider_shutdown": outsider_shutdown,
+    "share_state": lambda: share_state(""),
+    "share_state_source_frozen": lambda: share_state("frozen"),
     **{f"store_host_{fault}_{call}": (lambda fault=fault, call=call: store_host_fault(fault, call))
        for fault in ("frozen", "dead") for call in ("deadline", "shutdown", "regroup")},
 }

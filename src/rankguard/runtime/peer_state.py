@@ -1,0 +1,125 @@
+"""State from a peer, not from disk: the ranks of a group agree on the step to resume at, and
+the ranks that do not have that step's state receive it from one that does, over the group.
+
+The first building block of recovery inside the job (a replacement rank joins a new generation
+empty-handed; see ``generations``): every rank calls :func:`share` with the step its state is
+at (``NO_STATE``: it has none), a callable that gives its state and one that loads a state.
+
+1. **agree**: one ``all_gather`` of every rank's step. The step to resume at is the highest; the
+   **source** is the lowest rank at it. A rank at another step is a **receiver**.
+2. **send**: the source serializes its state once (``torch.save``, to memory) and sends it to
+   each receiver, its length first (point-to-point ``send``/``recv`` on the group: the ranks that
+   already hold the state move no byte). A receiver loads what it received.
+
+Every collective is bounded by ``timeout`` (``rankguard.deadline``): a peer that dies or
+freezes during the exchange raises a ``rankguard.CollectiveError`` on every rank waiting for it,
+within the timeout, naming it; nothing waits for torch's own timeout.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..deadline import check_seconds
+from ..errors import UsageError
+from .deadline import deadline
+
+NO_STATE = -1  # the step of a rank that holds no state (a replacement)
+
+
+@dataclass(frozen=True)
+class Shared:
+    """What :func:`share` did on this rank.
+
+    Attributes:
+        step: the step every rank resumes at.
+        source: the rank whose state the receivers loaded.
+        receivers: the ranks that received it.
+        nbytes: the serialized state's size (0 when no rank received it).
+        took: seconds the whole exchange took on this rank.
+    """
+
+    step: int
+    source: int
+    receivers: tuple[int, ...]
+    nbytes: int
+    took: float
+
+
+def share(step: int, get_state: Callable[[], Any], load_state: Callable[[Any], None], *,
+          timeout: float = 30.0, group: Any = None) -> Shared:
+    """Agree on the step to resume at and give its state to the ranks that lack it.
+
+    Every rank of ``group`` (default: the default group) must call it. ``get_state()`` is
+    called on the source only; ``load_state(state)`` on each receiver only.
+
+    Args:
+        step: the step this rank's state is at, or ``NO_STATE``.
+        timeout: seconds the exchange may take on any rank.
+
+    Raises:
+        UsageError: ``step`` is not a whole number >= ``NO_STATE``, no rank holds any state, or
+            ``timeout`` is not a positive number of seconds.
+        rankguard.CollectiveError: a peer failed or did not answer within ``timeout``.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if isinstance(step, bool) or not isinstance(step, int) or step < NO_STATE:
+        raise UsageError("rankguard share(step)", f"expected a whole number >= {NO_STATE}, "
+                         f"got {step!r}")
+    seconds = check_seconds("rankguard share(timeout)", timeout, text=False)
+    started = time.monotonic()
+    with deadline(seconds):
+        size = dist.get_world_size(group)
+        mine = torch.tensor([step], dtype=torch.int64)
+        steps = [torch.zeros(1, dtype=torch.int64) for _ in range(size)]
+        dist.all_gather(steps, mine, group=group)
+        known = [int(t.item()) for t in steps]
+        target = max(known)
+        if target == NO_STATE:
+            raise UsageError("rankguard share()", "no rank holds any state to share",
+                             "start from a checkpoint (or from scratch) instead")
+        source = known.index(target)
+        receivers = tuple(r for r, s in enumerate(known) if s != target)
+        rank = dist.get_rank(group)
+        nbytes = 0
+        if receivers and rank == source:
+            payload = _serialize(get_state())
+            nbytes = payload.numel()
+            length = torch.tensor([nbytes], dtype=torch.int64)
+            for receiver in receivers:
+                dist.send(length, _global(receiver, group), group=group)
+                dist.send(payload, _global(receiver, group), group=group)
+        elif rank in receivers:
+            length = torch.zeros(1, dtype=torch.int64)
+            dist.recv(length, _global(source, group), group=group)
+            nbytes = int(length.item())
+            payload = torch.empty(nbytes, dtype=torch.uint8)
+            dist.recv(payload, _global(source, group), group=group)
+            load_state(_deserialize(payload))
+    return Shared(target, source, receivers, nbytes, time.monotonic() - started)
+
+
+def _global(rank: int, group: Any) -> int:
+    """``rank`` of ``group`` as a rank of the default group (what send and recv take)."""
+    import torch.distributed as dist
+
+    return rank if group is None else dist.get_global_rank(group, rank)
+
+
+def _serialize(state: Any) -> Any:
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+
+def _deserialize(payload: Any) -> Any:
+    import torch
+
+    return torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=True)
