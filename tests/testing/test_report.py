@@ -43,3 +43,30 @@ def test_a_rank_that_ended_gets_a_section_with_its_output_and_no_stuck_stacks() 
     assert "----- rank 1: exited with code 0 during the test -----" in text
     assert "----- rank 1: output -----\nbye from rank 1" in text
     assert "stuck" not in text
+
+
+def test_stacks_files_of_killed_sessions_are_swept_and_live_ones_kept() -> None:
+    """A pytest session that was killed could not remove its stacks file; the next session
+    removes it (its pid is gone), never the file of a session still running."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from rankguard.testing import plugin
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, timeout=30)
+    dead_pid = int(gone.stdout)
+    made = []
+    for pid in (dead_pid, os.getpid()):
+        fd, path = tempfile.mkstemp(prefix=f"rankguard-pytest-{pid}-", suffix=".stacks")
+        os.close(fd)
+        made.append(path)
+    try:
+        plugin._sweep_stacks_files()
+        assert not os.path.exists(made[0]) and os.path.exists(made[1])
+    finally:
+        for path in made:
+            if os.path.exists(path):
+                os.unlink(path)

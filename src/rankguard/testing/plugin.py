@@ -184,7 +184,8 @@ class _Guard:
             return own
         import faulthandler
 
-        fd, path = tempfile.mkstemp(prefix=f"rankguard-pytest-{os.getpid()}-", suffix=".stacks")
+        _sweep_stacks_files()
+        fd, path = tempfile.mkstemp(prefix=f"{_STACKS_PREFIX}{os.getpid()}-", suffix=".stacks")
         os.close(fd)
         self._stacks = open(path, "a")  # noqa: SIM115 (lives as long as the session)
         faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True, chain=False)
@@ -379,6 +380,30 @@ class _Guard:
             self._stacks.close()
             os.unlink(self._stacks.name)
             self._stacks = None
+
+
+_STACKS_PREFIX = "rankguard-pytest-"
+
+
+def _sweep_stacks_files() -> None:
+    """Remove the stacks files of this user's pytest sessions that ended without cleaning up
+    (killed): their process, named in the file's name, is gone."""
+    folder = tempfile.gettempdir()
+    try:
+        names = [n for n in os.listdir(folder)
+                 if n.startswith(_STACKS_PREFIX) and n.endswith(".stacks")]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(_STACKS_PREFIX):].split("-", 1)[0]
+        path = os.path.join(folder, name)
+        try:
+            if (not pid.isdigit() or proctree.alive(int(pid))
+                    or os.lstat(path).st_uid != os.geteuid()):
+                continue
+            os.unlink(path)
+        except OSError:
+            continue
 
 
 _TAG = pytest.StashKey[str]()
