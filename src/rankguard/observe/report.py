@@ -10,7 +10,9 @@ listed under the drawing with their times. Hovering a tick, a bar or a flag show
 
 from __future__ import annotations
 
+import dataclasses
 import html
+import math
 import time
 
 from .timeline import Lane, Mark, Section, Span, Timeline
@@ -20,6 +22,7 @@ LABEL_W = 190  # the lane titles' column
 RIGHT_W = 110  # the outcomes' column
 LANE_H = 26
 FLAG_GAP = 14  # flags closer than this (pixels) are drawn one under the other
+ZOOM_SHARE = 0.3  # start-up longer than this share of an attempt: drawn again without it
 AXIS_H = 34
 OP_COLORS = {"all_reduce": "#4e79a7", "broadcast": "#59a14f", "all_gather": "#76b7b2",
              "barrier": "#b07aa1", "reduce_scatter": "#edc948", "send": "#9c755f",
@@ -75,7 +78,13 @@ def _section(section: Section) -> list[str]:
         out.append(f'<p class="cause">root cause: {_e(section.cause)}</p>')
     if section.verdict:
         out.append(f'<p class="verdict">{_e(section.verdict)}</p>')
-    out.append(_drawing(section))
+    out.append(_drawing(section, section.t_start))
+    zoomed = _from_first_collective(section)
+    if zoomed is not None:
+        since = zoomed.t_start - section.t_start
+        out.append(f'<p class="zoom">from the first collective on, +{since:.3f} s (before it: '
+                   "the ranks' start-up):</p>")
+        out.append(_drawing(zoomed, section.t_start))
     if section.marks:
         out.append('<ol class="marks">' + "".join(
             f'<li class="mark-{_e(m.kind)}">+{m.t - section.t_start:.3f} s: {_e(m.text)}</li>'
@@ -85,6 +94,18 @@ def _section(section: Section) -> list[str]:
                    f'<pre class="stacks">{_e(chr(10).join(section.stacks))}</pre>')
     out.append("</section>")
     return out
+
+
+def _from_first_collective(section: Section) -> Section | None:
+    """The section drawn again from its first collective on, when the ranks' start-up before
+    it takes most of the drawing (more than ``ZOOM_SHARE``); else None."""
+    firsts = [next(s.t0 for s in lane.spans if s.op != "init_process_group")
+              for lane in section.lanes if any(s.op != "init_process_group" for s in lane.spans)]
+    span = section.t_end - section.t_start
+    if not firsts or span <= 0 or (min(firsts) - section.t_start) / span < ZOOM_SHARE:
+        return None
+    start = min(firsts) - 0.02 * (section.t_end - min(firsts))
+    return dataclasses.replace(section, t_start=start)
 
 
 class _Scale:
@@ -97,16 +118,19 @@ class _Scale:
         return LABEL_W + min(max((t - self.t0) / self.span, 0.0), 1.0) * self.width
 
 
-def _drawing(section: Section) -> str:
+def _drawing(section: Section, origin: float) -> str:
+    """``section``'s lanes and flags, its axis in seconds since ``origin``."""
     scale = _Scale(section.t_start, section.t_end)
     height = AXIS_H + LANE_H * max(len(section.lanes), 1) + 8
     parts = [f'<svg class="timeline" width="{WIDTH}" height="{height}" '
              f'viewBox="0 0 {WIDTH} {height}" xmlns="http://www.w3.org/2000/svg">',
-             _axis(scale, height)]
+             _axis(scale, height, origin)]
     for index, lane in enumerate(section.lanes):
         parts.append(_lane(lane, AXIS_H + index * LANE_H, scale, section.t_end))
     placed: list[float] = []  # the flags' x so far: a flag too close to one goes lower
     for number, mark in enumerate(section.marks, 1):
+        if mark.t < section.t_start:
+            continue  # before a zoomed drawing's start (listed all the same)
         x = scale.x(mark.t)
         row = sum(1 for other in placed[-3:] if abs(other - x) < FLAG_GAP)
         placed.append(x)
@@ -117,16 +141,17 @@ def _drawing(section: Section) -> str:
     return "".join(parts)
 
 
-def _axis(scale: _Scale, height: float) -> str:
+def _axis(scale: _Scale, height: float, origin: float) -> str:
+    """Ticks at round numbers of seconds since ``origin``."""
     step = _tick_step(scale.span)
     ticks = []
-    value = 0.0
-    while value <= scale.span + 1e-9 and len(ticks) <= 30:
-        x = scale.x(scale.t0 + value)
+    value = math.ceil((scale.t0 - origin) / step - 1e-9) * step  # the first tick, from origin
+    while value <= scale.t0 - origin + scale.span + 1e-9 and len(ticks) <= 30:
+        x = scale.x(origin + value)
         ticks.append(f'<line x1="{x:.1f}" y1="{AXIS_H - 6}" x2="{x:.1f}" y2="{height - 4}" '
                      'stroke="#eee"/>'
                      f'<text x="{x:.1f}" y="{AXIS_H - 10}" text-anchor="middle">'
-                     f"{value:g} s</text>")
+                     f"{round(value, 6):g} s</text>")
         value += step
     return f'<g class="axis">{"".join(ticks)}</g>'
 
