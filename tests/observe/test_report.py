@@ -5,6 +5,7 @@ real thing: a run whose rank hangs, reported, and the page shown in a real headl
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -73,8 +74,12 @@ def test_a_run_becomes_a_section_per_attempt_with_lanes_ops_and_moments() -> Non
 
 def test_the_page_draws_every_lane_and_operation_and_escapes_what_it_shows() -> None:
     page = report.render(timeline.of_run(HUNG_RUN, RECENT))
-    assert page.count('class="lane"') == 3
-    assert page.count('class="op"') == 4 and page.count('class="op open"') == 1
+    main = "".join(re.findall(r'<svg class="timeline" .*?</svg>', page))  # not the zoomed ones
+    assert main.count('class="lane"') == 3
+    assert main.count('class="op"') == 4 and main.count('class="op open"') == 1
+    zoomed = re.findall(r'<svg class="timeline zoom" .*?</svg>', page)
+    assert len(zoomed) == 1  # attempt 0's start-up is most of it: drawn again from op 1
+    assert "all_reduce #3: entered at +2.900 s, never seen completed" in zoomed[0]
     assert "r&lt;1&gt;" in page and "r<1>" not in page
     assert "rank 1 never reached all_reduce #3 (made no progress)" in page
     assert "http" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")  # self-contained
@@ -157,15 +162,15 @@ def test_a_hung_runs_report_shows_its_lanes_the_open_operation_and_the_verdict_i
         chrome.open(page.as_uri())
         seen = chrome.run("""
             const box = e => e.getBoundingClientRect();
-            const lanes = [...document.querySelectorAll('g.lane')];
+            const lanes = [...document.querySelectorAll('svg.timeline:not(.zoom) g.lane')];
             return {
               lanes: lanes.map(l => [l.dataset.lane, l.dataset.outcome, box(l).height]),
               bars: [...document.querySelectorAll('rect.op')].map(r => box(r).width),
-              open: [...document.querySelectorAll('rect.op.open')].map(
+              open: [...document.querySelectorAll('svg.timeline:not(.zoom) rect.op.open')].map(
                   r => [r.closest('g.lane').dataset.lane, r.querySelector('title').textContent]),
               verdict: document.querySelector('p.verdict').innerText,
               shown: box(document.querySelector('p.verdict')).height > 0,
-              flags: document.querySelectorAll('g.flag').length,
+              flags: document.querySelectorAll('svg.timeline:not(.zoom) g.flag').length,
             };""")
         chrome.screenshot(str(tmp_path / "report.png"))
     assert [(lane, outcome) for lane, outcome, _ in seen["lanes"]] == [("0", "victim"),

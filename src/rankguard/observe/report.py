@@ -84,7 +84,7 @@ def _section(section: Section) -> list[str]:
         since = zoomed.t_start - section.t_start
         out.append(f'<p class="zoom">from the first collective on, +{since:.3f} s (before it: '
                    "the ranks' start-up):</p>")
-        out.append(_drawing(zoomed, section.t_start))
+        out.append(_drawing(zoomed, section.t_start, zoom=True))
     if section.marks:
         out.append('<ol class="marks">' + "".join(
             f'<li class="mark-{_e(m.kind)}">+{m.t - section.t_start:.3f} s: {_e(m.text)}</li>'
@@ -118,15 +118,16 @@ class _Scale:
         return LABEL_W + min(max((t - self.t0) / self.span, 0.0), 1.0) * self.width
 
 
-def _drawing(section: Section, origin: float) -> str:
-    """``section``'s lanes and flags, its axis in seconds since ``origin``."""
+def _drawing(section: Section, origin: float, zoom: bool = False) -> str:
+    """``section``'s lanes and flags, times in seconds since ``origin``."""
     scale = _Scale(section.t_start, section.t_end)
     height = AXIS_H + LANE_H * max(len(section.lanes), 1) + 8
-    parts = [f'<svg class="timeline" width="{WIDTH}" height="{height}" '
+    kind = "timeline zoom" if zoom else "timeline"
+    parts = [f'<svg class="{kind}" width="{WIDTH}" height="{height}" '
              f'viewBox="0 0 {WIDTH} {height}" xmlns="http://www.w3.org/2000/svg">',
              _axis(scale, height, origin)]
     for index, lane in enumerate(section.lanes):
-        parts.append(_lane(lane, AXIS_H + index * LANE_H, scale, section.t_end))
+        parts.append(_lane(lane, AXIS_H + index * LANE_H, scale, section.t_end, origin))
     placed: list[float] = []  # the flags' x so far: a flag too close to one goes lower
     for number, mark in enumerate(section.marks, 1):
         if mark.t < section.t_start:
@@ -164,7 +165,7 @@ def _tick_step(span: float) -> float:
     return span / 10
 
 
-def _lane(lane: Lane, y: float, scale: _Scale, t_end: float) -> str:
+def _lane(lane: Lane, y: float, scale: _Scale, t_end: float, origin: float) -> str:
     end = lane.t_end if lane.t_end is not None else t_end
     x0, x1 = scale.x(lane.t_start), scale.x(end)
     parts = [f'<g class="lane" data-lane="{_e(lane.key)}" data-outcome="{_e(lane.outcome)}">',
@@ -177,7 +178,7 @@ def _lane(lane: Lane, y: float, scale: _Scale, t_end: float) -> str:
                      "&#8230;<title>older operations were not kept (the ledger keeps the "
                      "latest 512 of the world group, 32 of each other group)</title></text>")
     for span in lane.spans:
-        parts.append(_bar(span, y, scale, end, scale.t0))
+        parts.append(_bar(span, y, scale, end, origin))
     outcome = lane.outcome or ("running" if lane.t_end is None else "")
     color = "#b00" if outcome in ("hung", "crashed", "failed", "killed") else "#444"
     parts.append(f'<text x="{WIDTH - RIGHT_W + 8}" y="{y + 17}" fill="{color}">'
