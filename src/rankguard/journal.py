@@ -37,6 +37,7 @@ EVENTS = (
     "group_start",
     "group_ready",
     "group_start_failed",
+    "request",
     "request_fault",
     "group_suspect",
     "group_retire",

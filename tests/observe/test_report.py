@@ -91,6 +91,8 @@ def test_a_pool_journal_becomes_lanes_per_group_with_faults_and_heals() -> None:
         {"event": "group_start", "ts": T + 0.1, "group": 0, "pids": [1, 2]},
         {"event": "group_ready", "ts": T + 1.0, "group": 0, "role": "started", "took_s": 0.9},
         {"event": "group_start", "ts": T + 1.1, "group": 1, "pids": [3, 4]},
+        {"event": "request", "ts": T + 1.5, "group": 0, "took_s": 0.3},
+        {"event": "request", "ts": T + 1.6, "group": 0, "took_s": 1e9},  # longer than the pool
         {"event": "request_fault", "ts": T + 2.0, "group": 0, "rank": 1, "cause": "crashed",
          "detail": "exit code 3"},
         {"event": "group_retire", "ts": T + 2.1, "group": 0, "action": "kill",
@@ -103,6 +105,8 @@ def test_a_pool_journal_becomes_lanes_per_group_with_faults_and_heals() -> None:
     assert [(lane.title, lane.outcome) for lane in section.lanes] == [
         ("group 0", "retired (kill)"), ("group 1", "closed")]
     assert [mark.kind for mark in section.marks] == ["ready", "fault", "retire", "heal"]
+    assert section.lanes[0].spans == [timeline.Span(T + 1.2, T + 1.5, "a call, 0.300 s",
+                                                    "request", True)]
     assert view.summary == "2 group(s) started, 1 request fault(s); closed"
 
 
@@ -287,9 +291,12 @@ def test_a_pools_journal_becomes_a_report_with_a_lane_per_group_its_faults_and_h
     assert made.returncode == 0, made.stderr
     assert "request fault(s); closed" in made.stdout
     page = (tmp_path / "pool.html").read_text()
+    main = "".join(re.findall(r'<svg class="timeline" .*?</svg>', page))  # not a zoomed one
     started = [json.loads(line) for line in log.read_text().splitlines()]
     groups = {e["group"] for e in started if e["event"] == "group_start"}
-    assert page.count('class="lane"') == len(groups) >= 3
-    assert page.count('class="flag flag-fault"') == 2
-    assert page.count('class="flag flag-heal"') == 2
+    assert main.count('class="lane"') == len(groups) >= 3
+    assert main.count('class="flag flag-fault"') == 2
+    assert main.count('class="flag flag-heal"') == 2
+    served = [e for e in started if e["event"] == "request"]
+    assert len(served) == 2 and main.count('class="op call"') == 2  # each call that succeeded
     assert "rank 1: inject (" in page  # the hung call's ranks, grouped by stack

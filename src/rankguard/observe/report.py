@@ -26,7 +26,8 @@ ZOOM_SHARE = 0.3  # start-up longer than this share of an attempt: drawn again w
 AXIS_H = 34
 OP_COLORS = {"all_reduce": "#4e79a7", "broadcast": "#59a14f", "all_gather": "#76b7b2",
              "barrier": "#b07aa1", "reduce_scatter": "#edc948", "send": "#9c755f",
-             "recv": "#9c755f", "init_process_group": "#bab0ac", "shutdown": "#bab0ac"}
+             "recv": "#9c755f", "init_process_group": "#bab0ac", "shutdown": "#bab0ac",
+             "request": "#4e79a7"}
 OTHER_OP = "#8cd17d"
 MARK_COLORS = {"fault": "#d62728", "verdict": "#d62728", "escalate": "#ff7f0e",
                "restart": "#1f77b4", "spares": "#17becf", "first_step": "#2ca02c",
@@ -82,7 +83,9 @@ def _section(section: Section) -> list[str]:
     zoomed = _from_first_collective(section)
     if zoomed is not None:
         since = zoomed.t_start - section.t_start
-        out.append(f'<p class="zoom">from the first collective on, +{since:.3f} s (before it: '
+        first = "call" if any(s.timed for lane in section.lanes for s in lane.spans) \
+            else "collective"
+        out.append(f'<p class="zoom">from the first {first} on, +{since:.3f} s (before it: '
                    "the ranks' start-up):</p>")
         out.append(_drawing(zoomed, section.t_start, zoom=True))
     if section.marks:
@@ -189,8 +192,14 @@ def _lane(lane: Lane, y: float, scale: _Scale, t_end: float, origin: float) -> s
 def _bar(span: Span, y: float, scale: _Scale, lane_end: float, t0: float) -> str:
     """A completed operation is a tick where it was entered (the rank learns of a completion
     only when it next looks, so the time between is no duration of the operation's); one never
-    completed is a red bar from its entry to the lane's end."""
+    completed is a red bar from its entry to the lane's end; a pool's call, whose duration is
+    known, a bar from its start to its end."""
     x0 = scale.x(span.t0)
+    if span.timed and span.t1 is not None:
+        return (f'<rect class="op call" x="{x0:.1f}" y="{y + 6}" '
+                f'width="{max(scale.x(span.t1) - x0, 2):.1f}" height="{LANE_H - 12}" '
+                f'fill="{OP_COLORS["request"]}"><title>{_e(span.label)}, from '
+                f"+{span.t0 - t0:.3f} s</title></rect>")
     if span.t1 is not None:
         return (f'<rect class="op" x="{x0 - 1:.1f}" y="{y + 6}" width="2" '
                 f'height="{LANE_H - 12}" fill="{OP_COLORS.get(span.op, OTHER_OP)}">'

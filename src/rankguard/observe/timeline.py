@@ -27,6 +27,7 @@ class Span:
     t1: float | None
     label: str  # all_reduce #57, barrier #3 on group ranks 0,2
     op: str  # all_reduce
+    timed: bool = False  # t0 to t1 is its real duration (a pool's request), not when it was seen
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,7 @@ def _grouped_stacks(files: Any, ranks: list[int]) -> list[str]:
 
 def of_pool(events: Iterable[dict[str, Any]]) -> Timeline:
     """A Pool's journal (``rankguard serve --journal``): a lane per group, from its start to
-    its retirement, with its faults, suspicions and the pool's heals."""
+    its retirement, with the calls it served, its faults, suspicions and the pool's heals."""
     events = list(events)
     pool_id = next((e.get("run_id", "") for e in events), "")
     start = events[0]["ts"] if events else 0.0
@@ -209,7 +210,10 @@ def of_pool(events: Iterable[dict[str, Any]]) -> Timeline:
             lanes[group] = Lane(group, f"group {group}", ts)
         elif group is not None and group in lanes:
             lane = lanes[group]
-            if kind == "group_ready":
+            took = files.finite(event.get("took_s"))
+            if kind == "request" and took is not None and 0 <= took <= ts - start:
+                lane.spans.append(Span(ts - took, ts, f"a call, {took:.3f} s", "request", True))
+            elif kind == "group_ready":
                 marks.append(Mark(ts, "ready", f"group {group} {event.get('role')} in "
                                   f"{event.get('took_s')} s", group))
             elif kind == "request_fault":

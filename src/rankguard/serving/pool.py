@@ -284,6 +284,7 @@ class Pool:
                            interrupted=True)
             raise
         self._release(replica, succeeded=True)
+        self._event("request", group=replica.number, took_s=round(time.monotonic() - started, 6))
         return [results[r] for r in range(self.world_size)] if all_ranks else results[0]
 
     def _release(self, replica: Replica, succeeded: bool) -> None:
