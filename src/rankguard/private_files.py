@@ -70,3 +70,29 @@ def opener(path: str, flags: int) -> int:
     """An ``opener`` for :func:`open`: a new file is created 0600, and a symlink at ``path`` is
     refused (``OSError`` ELOOP), never followed."""
     return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
+class NotRegular(ValueError):
+    """A path that is not a regular file, or one larger than the reader takes."""
+
+
+def read_regular(path: str, limit: int) -> bytes:
+    """The bytes of regular file ``path``, at most ``limit`` of them. A FIFO or a device is
+    refused at once, never waited on (it is opened non-blocking), as is a larger file: what a
+    user's folder holds may have been put there by anyone.
+
+    Raises:
+        OSError: it cannot be opened or read.
+        NotRegular: it is not a regular file, or is larger than ``limit`` bytes.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotRegular(f"{path} is not a regular file")
+        if info.st_size > limit:
+            raise NotRegular(f"{path} is larger than {limit} bytes")
+        with os.fdopen(fd, "rb", closefd=False) as source:
+            return source.read(limit + 1)[:limit]
+    finally:
+        os.close(fd)

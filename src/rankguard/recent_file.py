@@ -17,11 +17,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 from dataclasses import dataclass
 from typing import Any
 
 from . import ledger as _ledger
+from . import private_files
 from .errors import LedgerError
 
 FORMAT = 1
@@ -103,16 +103,8 @@ def read(file: str) -> RankRecent:
         LedgerError: it cannot be read, or is not a recent-operations file of this format.
     """
     try:
-        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode) or info.st_size > LIMIT:
-                raise LedgerError(f"{file} is not a regular file of at most {LIMIT} bytes")
-            with os.fdopen(fd, "rb", closefd=False) as source:
-                record = json.loads(source.read(LIMIT))
-        finally:
-            os.close(fd)
-    except (OSError, ValueError, RecursionError) as exc:
+        record = json.loads(private_files.read_regular(file, LIMIT))
+    except (OSError, ValueError, RecursionError) as exc:  # NotRegular is a ValueError
         raise LedgerError(f"cannot read {file}: {type(exc).__name__}: {exc}") from None
     try:
         if record.get("format") != FORMAT:

@@ -21,6 +21,7 @@ import os
 import stat
 from typing import Any
 
+from .. import private_files
 from ..errors import UsageError
 
 JOURNAL_LIMIT = 1 << 30  # bytes of a journal read at most
@@ -37,19 +38,11 @@ def read_text(path: str, what: str, limit: int) -> str:
         UsageError: it cannot be opened, is not a regular file, or is larger than ``limit``.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        return private_files.read_regular(path, limit).decode("utf-8", errors="replace")
     except OSError as exc:
         raise UsageError(what, f"cannot read {path}: {exc.strerror}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise UsageError(what, f"{path} is not a regular file", "give the file rankguard wrote")
-        if info.st_size > limit:
-            raise UsageError(what, f"{path} is larger than {limit} bytes: not one of ours")
-        with os.fdopen(fd, "rb", closefd=False) as source:
-            return source.read(limit + 1)[:limit].decode("utf-8", errors="replace")
-    finally:
-        os.close(fd)
+    except private_files.NotRegular as exc:
+        raise UsageError(what, str(exc), "give the file rankguard wrote") from None
 
 
 def events(path: str) -> list[dict[str, Any]]:

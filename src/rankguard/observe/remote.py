@@ -79,14 +79,15 @@ def read(events: list[dict[str, Any]], limit: float = READ_S) -> Nodes | None:
         if payload is None:
             unopened.append(node)
             continue
-        found.extend(RemoteRank(entry[0], node, beats.host_of(payload.encode()), entry[1],
-                                entry[2], op_name(entry[3]))
-                     for entry in beats.decode_ranks(payload.encode()))
+        beat = payload.encode()
+        host = beats.host_of(beat)
+        found.extend(RemoteRank(entry[0], node, host, entry[1], entry[2], op_name(entry[3]))
+                     for entry in beats.decode_ranks(beat))
     problem = None
     if unopened:
         problem = (f"the beats of node(s) {','.join(map(str, unopened))} do not carry this "
                    f"job's seal: set {sealed.ENV} as the job has it")
-    missing = [n for n in nodes if beats.key(prefix, n) not in values]
+    missing = [node for key, node in keys.items() if key not in values]
     if missing:
         problem = (problem + "; " if problem else "") + \
             f"node(s) {','.join(map(str, missing))} published no beat in this round yet"

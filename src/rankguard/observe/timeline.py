@@ -179,12 +179,12 @@ def _merge_exits(marks: list[Mark]) -> None:
                 m.text.replace(" exits:", "") for m in group)))
 
 
-def _grouped_stacks(files: Any, ranks: list[int]) -> list[str]:
+def _grouped_stacks(stacks: Any, ranks: list[int]) -> list[str]:
     """The grouped-stacks lines of a journal's ``stacks`` field (rank -> file)."""
-    if not isinstance(files, dict):
+    if not isinstance(stacks, dict):
         return []
     dumps = {}
-    for rank, path in files.items():
+    for rank, path in stacks.items():
         text = stack_groups.last_dump(str(path)) if os.path.isfile(str(path)) else ""
         if text:
             dumps[int(rank)] = text
