@@ -220,7 +220,10 @@ def test_hostile_or_damaged_journals_give_a_report_or_one_line_never_a_traceback
         "[1, 2]", "{}", '{"event": "rank_start", "ts": Infinity, "attempt": 1, "rank": 5}',
         "[" * 100000 + "]" * 100000, '{"event": "attempt_start", "ts": 1, "attempt": "zero"}',
         json.dumps({"event": "rank_start", "ts": T + 7, "attempt": 1, "rank": script,
-                    "pid": 1})]
+                    "pid": 1}),
+        json.dumps({"event": "stacks", "ts": T + 7, "attempt": 1,
+                    "stacks": {"abc": str(tmp_path / "x"), "0": "/no/such/file"}})]
+    (tmp_path / "x").write_text("Current thread 0x1 (most recent call first):\n")
     folder = _journal(tmp_path / "hostile", hostile)
     with open(folder / "journal.jsonl", "ab") as journal:
         journal.write(b'\xff\xfe{"event": "x", "ts": 1}\n')

@@ -185,6 +185,8 @@ def _grouped_stacks(stacks: Any, ranks: list[int]) -> list[str]:
         return []
     dumps = {}
     for rank, path in stacks.items():
+        if not str(rank).isdigit():
+            continue  # not a rank: not a field rankguard wrote
         text = stack_groups.last_dump(str(path)) if os.path.isfile(str(path)) else ""
         if text:
             dumps[int(rank)] = text
