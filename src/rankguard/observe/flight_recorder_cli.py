@@ -38,8 +38,9 @@ def main(argv: list[str]) -> int:
         return 2
     kept = recent_file.read_attempt(os.path.join(run.log_dir, f"attempt{attempt}"))
     if not kept:
-        print(f"{PROG}: run {run.run_id}, attempt {attempt}: no rank's recent operations were "
-              "kept (ranks that never started, or a run of an older rankguard)", file=sys.stderr)
+        print(files.printable(f"{PROG}: run {run.run_id}, attempt {attempt}: ") +
+              "no rank's recent operations were kept (ranks that never started, or a run of an "
+              "older rankguard)", file=sys.stderr)
         return 1
     folder = os.path.join(run.log_dir, "flight_recorder", f"attempt{attempt}") \
         if args.output is None else args.output
