@@ -5,7 +5,10 @@
 - :func:`init` turns on the rank runtime: a SIGTERM teardown that works inside a collective,
   stacks on demand, and bounded collectives;
 - :func:`deadline` bounds the collectives of a block; :func:`shutdown` is a teardown that cannot
-  hang; :func:`regroup` forms a new process group of the survivors after a fault.
+  hang; :func:`regroup` forms a new process group of the survivors after a fault;
+- :class:`StepLoop` runs a training loop in which a peer's fault costs no step: a replacement
+  joins the group and receives the state from a healthy rank (``rankguard run --recovery
+  in-place``).
 
 In a server: :class:`Pool` runs each request on a group of rank processes; a fault fails that
 request only, and the pool heals itself from warm spares (see ``rankguard.serving``).
@@ -31,6 +34,7 @@ from .runtime.deadline import deadline
 from .runtime.generations import Generation, regroup
 from .runtime.init import init
 from .runtime.shutdown import ShutdownReport, shutdown
+from .runtime.step_loop import Recovery, StepLoop
 from .serving.pool import Pool, PoolStatus
 from .serving.service import Service
 
@@ -38,6 +42,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CollectiveError", "CollectiveTimeout", "Generation", "GroupRetired", "LedgerError",
     "PeerFailed", "Pool", "PoolClosed", "PoolError", "PoolStatus", "PoolUnavailable",
-    "RankguardError", "RequestFailed", "Service", "ShutdownReport", "TeardownTimeout", "UsageError",
+    "RankguardError", "Recovery", "RequestFailed", "Service", "ShutdownReport", "StepLoop",
+    "TeardownTimeout", "UsageError",
     "__version__", "deadline", "init", "regroup", "shutdown",
 ]

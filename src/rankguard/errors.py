@@ -23,7 +23,7 @@ person understands.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 
 class RankguardError(Exception):
@@ -212,6 +212,22 @@ class PoolUnavailable(PoolError):
 
 class PoolClosed(PoolError):
     """The pool was closed; it runs no more calls."""
+
+
+CHAIN_DEPTH = 16  # how deep an exception's causes are searched
+
+
+def in_chain(error: BaseException | None, wanted: Callable[[BaseException], bool]
+             ) -> BaseException | None:
+    """The first exception in ``error``'s chain of causes (``__cause__``, else ``__context__``;
+    at most ``CHAIN_DEPTH`` deep) for which ``wanted`` is true, or None."""
+    for _ in range(CHAIN_DEPTH):
+        if error is None:
+            return None
+        if wanted(error):
+            return error
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def first_line(error: BaseException) -> str:

@@ -78,6 +78,8 @@ FLAG_BOOTSTRAPPED = 1  # the rank's bootstrap is running
 FLAG_STACKS_READY = 2  # the stack-dump signal handler is installed: safe to send it
 FLAG_TERMINATING = 4  # the rank got SIGTERM and is tearing itself down
 FLAG_BOUNDED = 8  # the rank's collectives are bounded: a supervisor's notice makes them raise
+# the rank runs rankguard.StepLoop: it can regroup with a replacement of a failed peer
+FLAG_STEP_LOOP = 16
 
 # notices from the supervisor to the rank: a peer failed (kind, then the failed rank or -1)
 _NOTICE = struct.Struct("<Ii")
@@ -371,6 +373,14 @@ class LedgerWriter:
     def set_flag(self, flag: int) -> None:
         flags = struct.unpack_from("<I", self._buf, _OFF_FLAGS)[0]
         struct.pack_into("<I", self._buf, _OFF_FLAGS, flags | flag)
+
+    def clear_flag(self, flag: int) -> None:
+        flags = struct.unpack_from("<I", self._buf, _OFF_FLAGS)[0]
+        struct.pack_into("<I", self._buf, _OFF_FLAGS, flags & ~flag)
+
+    def clear_notice(self) -> None:
+        """Forget the supervisor's notice: the group it was about is gone (``regroup``)."""
+        _NOTICE.pack_into(self._buf, _OFF_NOTICE, NOTICE_NONE, -1)
 
     def record_fault(self, kind: int, in_collective: bool) -> None:
         """Record that the rank is failing (an exception reached the top), and when."""

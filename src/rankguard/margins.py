@@ -33,6 +33,37 @@ ANSWER_WINDOW_S = 0.5
 (``runtime.probe``): a live responder answers within ms; only a dead, stopped or GIL-holding
 peer costs the whole window."""
 
+SECOND_ASK_WINDOW_S = 2.0
+"""How long ``regroup()`` waits for the peers that missed ``ANSWER_WINDOW_S``, asked once
+more before it leaves them out: a live rank left out cannot come back (seen in CI: a live
+rank's answer came late under load), while a dead one costs only this more."""
+
+IN_PLACE_COLLECTIVE_S = 1800.0
+"""The collective deadline of ``rankguard run --recovery in-place`` when ``--collective-timeout``
+is not given: torch's own default timeout, so that no collective fails sooner than it would
+without rankguard. Its point is bounded mode, in which the launcher's notice releases the
+survivors of a fault from their collective at once."""
+
+COLD_START_S = 30.0
+"""How long a new rank process may take to start Python, import torch and reach its
+``init_process_group`` on a loaded 2-core machine (2.5 s idle, 10 s seen under load)."""
+
+
+def replace_timeout(hang_timeout: float) -> float:
+    """How long, under ``--recovery in-place``, the survivors of a fault wait for a replacement
+    to join, and the launcher for it to hold the state: a cold start, plus the hang timeout for
+    a replacement that the hang rules would blame."""
+    return COLD_START_S + hang_timeout
+
+
+def replacement_limit(hang_timeout: float) -> float:
+    """How long the launcher gives a replacement to join and hold the state: two of the
+    survivors' joins (``runtime.vacancies.REPLACEMENT_WAITS``: a second rank may fail while they
+    wait for the first one's replacement), plus ``COLD_START_S`` for the state's transfer and
+    the replacement's first step."""
+    return 2 * replace_timeout(hang_timeout) + COLD_START_S
+
+
 REGROUP_S = 10.0
 """A pool's bound on forming a fresh generation after a failed call or test: the default of
 ``rankguard.regroup(timeout)`` (a store barrier, a probe of silent peers and a new gloo group:

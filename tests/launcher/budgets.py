@@ -14,8 +14,9 @@ from rankguard.launcher.guardian import SWEEP_S
 from rankguard.margins import STACKS_S
 
 # How much later than promised a loaded 2-core machine (two busy test processes beside the run)
-# may let the launcher, a rank or the guardian wake up and act.
-LOAD_SLACK_S = 1.5
+# may let the launcher, a rank or the guardian wake up and act. 1.5 s was seen exceeded by
+# 0.1 s beside a 4-rank DDP test under `-n 2`: twice that, as the bound only proves boundedness.
+LOAD_SLACK_S = 3.0
 
 
 def hang_waited_s(hang_timeout: float) -> float:

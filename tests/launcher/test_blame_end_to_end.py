@@ -14,8 +14,8 @@ from tests.conftest import script
     # table-tested (test_outcome_rules.py)
     pytest.param("exit3", 3, "rank 1 exited with code 3", marks=pytest.mark.slow),
     ("exit0", 0, "rank 1 exited with code 0 before all_reduce #11 (rank 0 went on to it)"),
-    ("os_exit0", 0, "rank 1 exited with code 0 before all_reduce #11 (rank 0 went on to it)"),
-    ("return", 0, "rank 1 exited with code 0 before all_reduce #11 (rank 0 went on to it)"),
+    *(pytest.param(how, 0, "rank 1 exited with code 0 before all_reduce #11 (rank 0 went on to "
+                   "it)", marks=pytest.mark.slow) for how in ("os_exit0", "return")),
 ])
 def test_rank_that_leaves_before_its_peers_collective_is_the_root_cause(run_rankguard, how,
                                                                        code, detail):

@@ -114,6 +114,7 @@ def test_a_rank_crash_on_one_node_restarts_every_node(tmp_path):
     assert len(crashed) == 1 and crashed[0].outcomes(0) == {2: "exited", 3: "victim"}
 
 
+@pytest.mark.slow  # the quick set keeps the crash with a restart left, above
 def test_a_rank_crash_with_no_restart_left_fails_every_node_naming_the_rank(tmp_path):
     runs, _ = _agents(tmp_path, ["--inject", "crash:5:rank=2,at=op2",
                                  script("node_env.py"), "4"])
@@ -193,7 +194,8 @@ def _backend(port: int, etcd: str | None) -> list[str]:
     return ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
 
 
-@pytest.mark.parametrize("static", [False, True], ids=["c10d", "static"])
+@pytest.mark.parametrize("static", [pytest.param(False, marks=pytest.mark.slow), True],
+                         ids=["c10d", "static"])
 def test_an_endpoint_that_accepts_and_never_answers_is_a_bounded_join_failure(tmp_path, static):
     """A listener that takes the connection and says nothing: torch's client would wait for
     its handshake's answer for good."""

@@ -22,6 +22,7 @@ def test_twenty_restarts_in_a_row_all_form_a_working_group(run_rankguard):
     assert "OK attempt=20" in run.stdout
 
 
+@pytest.mark.slow  # the quick set keeps restarts that succeed (above, test_spares)
 def test_restarts_run_out_with_the_first_fault_as_root_cause(run_rankguard):
     run = run_rankguard(["--nproc-per-node", "2", "--max-restarts", "1", "--inject",
                          "crash:4:rank=0,at=op2,attempt=any", script("allreduce.py"), "10"])

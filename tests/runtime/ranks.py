@@ -58,12 +58,15 @@ class Ranks:
         self.procs: list[subprocess.Popen[str]] = []
         self.launcher: subprocess.Popen[str] | None = None
         self.started = time.monotonic()
+        self._scenario = scenario
+        self._rank_envs: list[dict[str, str]] = []
         if launcher == "plain":
             port = str(free_port())
             for rank in range(world):
                 rank_env = {**base, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
                             "RANK": str(rank), "LOCAL_RANK": str(rank),
                             "WORLD_SIZE": str(world)}
+                self._rank_envs.append(rank_env)
                 self.procs.append(self._start([sys.executable, SCENARIOS, scenario], rank_env))
             return
         if launcher == "torchrun":
@@ -111,6 +114,14 @@ class Ranks:
                 raise AssertionError(f"the launcher exited early:\n{self.output()}")
             time.sleep(0.02)
         return path.read_text()
+
+    def replace(self, rank: int) -> None:
+        """Start a replacement for plain rank ``rank`` (``RANKGUARD_REPLACING=1``): it joins
+        the generation its survivors form. The old process is kept in ``procs`` for
+        ``close()``; ``wait(rank)`` is the replacement's from now."""
+        env = {**self._rank_envs[rank], "RANKGUARD_REPLACING": "1"}
+        self.procs.append(self.procs[rank])
+        self.procs[rank] = self._start([sys.executable, SCENARIOS, self._scenario], env)
 
     def wait(self, rank: int, timeout: float) -> int:
         """Exit code of plain rank ``rank`` (negative: the signal)."""

@@ -89,3 +89,42 @@ def test_shutdown_without_a_group_is_clean_and_bad_calls_name_their_argument() -
     # seconds given in Python are numbers: text is refused (as Pool and the plugin refuse it)
     assert lines[5].startswith("usage rankguard.shutdown(timeout):") and "'3'" in lines[5]
     assert lines[6].startswith("usage grace:") and "'2'" in lines[6]
+
+
+def _no_state() -> dict:
+    return {}
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (lambda: rankguard.StepLoop(None, None), "get_state and load_state must be callables"),
+    (lambda: rankguard.StepLoop(_no_state, print, regroup_timeout=-1), "regroup_timeout"),
+    (lambda: rankguard.StepLoop(_no_state, print, share_timeout=float("nan")), "share_timeout"),
+    (lambda: rankguard.StepLoop(_no_state, print, max_recoveries=True), "max_recoveries"),
+    (lambda: rankguard.StepLoop.of({"model": 3}), "'model' has no state_dict()"),
+    (lambda: rankguard.StepLoop(_no_state, print).run(print, 1.5), "StepLoop.run(steps)"),
+    (lambda: rankguard.StepLoop(_no_state, print).run(print, -1), "StepLoop.run(steps)"),
+])
+def test_step_loop_refuses_bad_arguments_before_any_collective(make: object,
+                                                                fragment: str) -> None:
+    with pytest.raises(rankguard.UsageError, match=fragment.replace("(", r"\(").replace(
+            ")", r"\)")):
+        make()  # type: ignore[operator]
+
+
+def test_a_bad_replace_timeout_in_the_environment_is_a_usage_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANKGUARD_REPLACE_TIMEOUT", "soon")
+    with pytest.raises(rankguard.UsageError, match="RANKGUARD_REPLACE_TIMEOUT"):
+        rankguard.StepLoop(_no_state, print)
+
+
+def test_a_step_loop_without_a_process_group_says_so() -> None:
+    with pytest.raises(rankguard.UsageError, match="no process group"):
+        rankguard.StepLoop(_no_state, print).run(print, 3)
+
+
+def test_a_state_torch_cannot_save_is_named_as_get_states_fault() -> None:
+    from rankguard.runtime import peer_state
+
+    with pytest.raises(rankguard.UsageError, match=r"get_state\(\): the state cannot be saved"):
+        peer_state._serialize({"model": lambda: None})

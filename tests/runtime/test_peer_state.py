@@ -4,6 +4,7 @@ source that freezes during the exchange costs the others a bounded, explained er
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -36,3 +37,46 @@ def test_a_source_frozen_during_the_exchange_is_a_bounded_error_naming_it(
         assert result["type"] in ("CollectiveTimeout", "PeerFailed"), result
         assert result["missing"] == [1], result
         assert result["elapsed"] < 3.0 + 10, result  # the exchange's timeout, plus margin
+
+
+SECRET = {"RANKGUARD_SECRET": "4f" * 16}
+
+
+@pytest.mark.slow  # 4 ranks training twice (18 s): the quick set keeps the state transfer
+@pytest.mark.deadline(180)
+def test_a_replacement_joins_the_survivors_and_the_run_ends_bit_for_bit_as_a_fault_free_one(
+        tmp_path: Path) -> None:
+    with Ranks("step_loop", 3, tmp_path / "clean", env=SECRET) as ranks:
+        clean = [ranks.result(rank, timeout=90) for rank in range(3)]
+    with Ranks("step_loop_exit", 3, tmp_path / "fault", env=SECRET) as ranks:
+        assert ranks.wait(2, timeout=90) == 3
+        ranks.replace(2)
+        faulty = [ranks.result(rank, timeout=90) for rank in range(3)]
+    assert [r["step"] for r in clean + faulty] == [12] * 6
+    assert all(r["params"] == clean[0]["params"] for r in clean + faulty)
+    assert [r["replacement"] for r in faulty] == [False, False, True]
+    recoveries = [survivor["recoveries"] for survivor in faulty[:2]]
+    assert all(len(r) == 1 for r in recoveries), recoveries
+    for (recovery,) in recoveries:
+        assert recovery["replaced"] == [2] and recovery["step"] == 5, recovery
+        assert recovery["source"] in (0, 1) and recovery["error"] == "", recovery
+    source = recoveries[0][0]["source"]
+    assert recoveries[source][0]["nbytes"] > 0  # the source sent the state
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(240)
+def test_two_faults_in_a_row_are_each_replaced_and_the_run_still_ends_bit_for_bit(
+        tmp_path: Path) -> None:
+    with Ranks("step_loop", 3, tmp_path / "clean", env=SECRET) as ranks:
+        clean = ranks.result(0, timeout=90)
+    with Ranks("step_loop_twice", 3, tmp_path / "fault", env=SECRET) as ranks:
+        for rank in (1, 2):
+            assert ranks.wait(rank, timeout=90) == 3
+            ranks.replace(rank)
+        faulty = [ranks.result(rank, timeout=90) for rank in range(3)]
+    assert all(r["params"] == clean["params"] for r in faulty)
+    recoveries = faulty[0]["recoveries"]
+    assert [(r["replaced"], r["step"]) for r in recoveries] == [([1], 3), ([2], 8)], \
+        json.dumps(recoveries, indent=1)
+    assert len(faulty[2]["recoveries"]) == 0  # its replacement joined at the second

@@ -325,6 +325,49 @@ def share_state(fault: str) -> None:
            rng=int(torch.randint(0, 10 ** 9, (1,)).item()))
 
 
+def step_loop(fault: str) -> None:
+    """A DDP training loop of 12 steps under ``rankguard.StepLoop``, each rank's data drawn from
+    its rank and the step. With ``fault`` ``exit``, rank 2 exits at step 5 (the test then starts
+    its replacement); ``twice``: rank 1 exits at step 3 and rank 2 at step 8. Every rank reports
+    its final parameters, exactly, and its recoveries."""
+    import dataclasses
+
+    import torch
+    import torch.distributed as dist
+
+    from rankguard.runtime import vacancies
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    def get_state():
+        return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+
+    def load_state(state):
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+
+    loop = rankguard.StepLoop(get_state, load_state, regroup_timeout=60, share_timeout=30)
+    ddp = loop.ddp(model)
+    dies_at = {"exit": {2: 5}, "twice": {1: 3, 2: 8}}.get(fault, {})
+
+    def step(n: int) -> None:
+        if dies_at.get(RANK) == n and not vacancies.replacing():
+            os._exit(3)
+        data = torch.randn(16, 8, generator=torch.Generator().manual_seed(1000 * n + RANK))
+        optimizer.zero_grad()
+        ddp(data).pow(2).sum().backward()
+        optimizer.step()
+
+    loop.run(step, 12)
+    report(params=[p.detach().flatten().tolist() for p in model.parameters()],
+           step=loop.step, replacement=vacancies.replacing(),
+           recoveries=[dataclasses.asdict(r) for r in loop.recoveries])
+    rankguard.shutdown(timeout=10)
+
+
 SCENARIOS = {
     "sigterm_idle": sigterm_idle,
     "sigterm_cpu": sigterm_cpu,
@@ -339,6 +382,8 @@ SCENARIOS = {
     "outsider_regroup": outsider_regroup,
     "outsider_shutdown": outsider_shutdown,
     "share_state": lambda: share_state(""),
+    **{f"step_loop{suffix}": (lambda fault=fault: step_loop(fault))
+       for suffix, fault in (("", ""), ("_exit", "exit"), ("_twice", "twice"))},
     "share_state_source_frozen": lambda: share_state("frozen"),
     **{f"store_host_{fault}_{call}": (lambda fault=fault, call=call: store_host_fault(fault, call))
        for fault in ("frozen", "dead") for call in ("deadline", "shutdown", "regroup")},

@@ -184,7 +184,7 @@ def test_init_does_not_dump_stacks_through_a_symlink_planted_at_a_predictable_pa
     path.unlink()
 
 
-@pytest.mark.parametrize("end", ["exit", "sigterm", "sigkill"])
+@pytest.mark.parametrize("end", ["exit", "sigterm", pytest.param("sigkill", marks=pytest.mark.slow)])
 def test_init_leaves_no_empty_stacks_file_behind(end: str) -> None:
     child = _stacks_child("exit" if end == "exit" else "wait")
     path = Path(stacks.path_for(child.pid, {}))

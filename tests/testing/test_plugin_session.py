@@ -65,6 +65,7 @@ def test_under_a_launcher_the_end_of_session_barrier_is_bounded_and_names_the_mi
     assert run.wall_s < 60  # the 3 s barrier decided, not the 60 s hang timeout
 
 
+@pytest.mark.slow  # a whole xdist session in a session (10 s)
 def test_with_xdist_each_worker_guards_its_own_tests_and_the_controller_never_hangs(
         tmp_path: Path) -> None:
     pytest.importorskip("xdist")

@@ -38,6 +38,7 @@ from . import guardian, teardown
 from .config import RunConfig
 from .ranks import Layout, start_attempt
 from .monitor import HangMonitor, Verdict, op_label
+from .in_place import InPlace
 from .spares import Spares
 from .outcome import (EXIT_INTERNAL, FINAL_KINDS, Fault, RankOutcome, RankState, classify,
                       deadline_verdict, first_fault, run_status)
@@ -81,8 +82,11 @@ class Launcher:
         self._guardian: subprocess.Popen[bytes] | None = None
         self._tracking: proctree.Tracking | None = None
         self._ledger_dir = ""
-        self._spares = Spares(config, self._token, self._port) \
+        self._spares = Spares(config, self._token, self._port, 1 if config.in_place else None) \
             if config.spares and config.max_restarts > 0 else None
+        self._in_place = InPlace(config, self._token, self._journal, self._say,
+                                 self._spares.take if self._spares is not None
+                                 else lambda: None) if config.in_place else None
 
     def run(self) -> int:
         """Run every attempt; returns the exit code. An error of rankguard's own (not of a
@@ -133,7 +137,8 @@ class Launcher:
                 if last_fault is not None and attempt_result.first_step_at is not None:
                     restart_s.append(attempt_result.first_step_at - last_fault.at)
                 last_fault = attempt_result.fault
-                if last_fault is None or self._final(last_fault):
+                if last_fault is None or self._final(last_fault) or \
+                        attempt + 1 + self._replacements() > cfg.max_restarts:
                     break
         finally:
             if self._spares is not None:
@@ -160,7 +165,7 @@ class Launcher:
         cfg = self.config
         result = _Attempt()
         spares = self._spares
-        layout = self._join(attempt)
+        layout = self._layout = self._join(attempt)
         ranks = start_attempt(cfg, attempt, self._token, layout, self._ledger_dir,
                               spares.take if spares is not None else lambda: None,
                               self._terminal)
@@ -236,6 +241,47 @@ class Launcher:
     def _watch(self, ranks: RankProcesses, monitor: HangMonitor,
                readers: dict[int, _ledger.LedgerReader], result: _Attempt,
                started: float) -> None:
+        """Handle events until every rank exited cleanly or the first fault that is not
+        repaired in place (``--recovery in-place``)."""
+        while True:
+            self._watch_until_fault(ranks, monitor, readers, result, started)
+            if result.fault is None or not self._replace_in_place(ranks, monitor, readers,
+                                                                  result):
+                return
+
+    def _replace_in_place(self, ranks: RankProcesses, monitor: HangMonitor,
+                          readers: dict[int, _ledger.LedgerReader], result: _Attempt) -> bool:
+        """Repair ``result.fault`` by replacing its culprits, if the run's recovery mode and
+        the ranks allow it (see ``in_place``); then the attempt goes on without it."""
+        replacer = self._in_place
+        if replacer is None or result.fault is None:
+            return False
+        fault, hang = result.fault, result.hang
+        culprits = set(hang.blamed) if hang is not None else (
+            {fault.rank} if fault.rank is not None else set())
+        left = self.config.max_restarts - ranks.number - replacer.used
+        refusal = replacer.refusal(fault, culprits, ranks, self._read_all(ranks, readers), left)
+        if refusal is not None:
+            self._journal.write("replace_refused", attempt=ranks.number, reason=refusal,
+                                cause=fault.describe())
+            self._say(f"rankguard: no replacement in place: {refusal}")
+            return False
+        for rank in culprits:
+            monitor.unwatch(rank)
+        for member in replacer.replace(ranks, self._layout, self._ledger_dir, fault, hang,
+                                       culprits):
+            readers[member.rank].close()
+            readers[member.rank] = _ledger.LedgerReader(member.ledger_path)
+            monitor.watch(member.rank, member.pid, readers[member.rank], member.started_at)
+        result.fault = result.hang = None
+        return True
+
+    def _replacements(self) -> int:
+        return self._in_place.used if self._in_place is not None else 0
+
+    def _watch_until_fault(self, ranks: RankProcesses, monitor: HangMonitor,
+                           readers: dict[int, _ledger.LedgerReader], result: _Attempt,
+                           started: float) -> None:
         """Handle events until every rank exited cleanly or the first fault. The ledgers are
         read once per tick and once when ranks exit; every check of that moment shares it."""
         tick = Deadline.after(TICK_S)
@@ -271,11 +317,21 @@ class Launcher:
             if result.fault is not None or not ticked:
                 continue
             self._show_status(ranks, snaps, now)
+            if self._in_place is not None and self._in_place.pending:
+                result.fault = self._in_place.check(now)
+                if result.fault is not None:
+                    self._say(f"rankguard: {result.fault.describe()}; stopping the other ranks")
+                    continue
+                if not self._in_place.pending:
+                    self._prepare_spares(ranks.number)
             self._check_raised(ranks, snaps, result, now)
             if result.fault is None:
                 self._decide(ranks, snaps, result, now)
             live = {m.rank: snaps[m.rank] for m in ranks.live()}
-            for verdict in monitor.check(now, live, self._remote_ranks(live, now)):
+            verdicts = monitor.check(now, live, self._remote_ranks(live, now))
+            if self._in_place is not None and self._in_place.pending:
+                continue  # the survivors wait for the replacement: its own deadline bounds it
+            for verdict in verdicts:
                 self._on_verdict(verdict, result, now)
         if result.fault is None:  # every rank has exited: nothing more will show
             self._decide(ranks, self._read_all(ranks, readers), result, math.inf)
@@ -331,7 +387,7 @@ class Launcher:
 
     def _prepare_spares(self, attempt: int) -> None:
         """Once an attempt has started well, get spares ready for its restart, if any remains."""
-        if self._spares is None or attempt >= self.config.max_restarts:
+        if self._spares is None or attempt + self._replacements() >= self.config.max_restarts:
             return
         started = self._spares.fill()
         if started:
@@ -374,7 +430,8 @@ class Launcher:
             fault = self._cause_of(fault, now)
         if fault is not None:
             result.fault = fault
-            stopping = "; stopping the other ranks" if ranks.live() else ""
+            stopping = "; stopping the other ranks" if ranks.live() and self._in_place is None \
+                else ""
             self._say(f"rankguard: {fault.describe()}{stopping}")
 
     def _cause_of(self, fault: Fault, now: float) -> Fault | None:

@@ -86,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="deadline in seconds of every collective of every rank: one that has not "
                    "completed by then raises rankguard.CollectiveTimeout in the rank, naming the "
                    "ranks that had not arrived (default: none; the hang detector still applies)")
+    p.add_argument("--recovery", dest="recovery", default=_config.RESTART,
+                   help="what a rank's fault leads to: 'restart' (default) stops every rank and "
+                   "starts the attempt again; 'in-place' replaces the failed rank with a warm "
+                   "spare while the others wait, for scripts whose loop runs in "
+                   "rankguard.StepLoop (others restart); each replacement counts against "
+                   "--max-restarts")
     p.add_argument("--inject", dest="inject", action="append", default=[], metavar="SPEC",
                    help="inject a fault, e.g. hang:rank=2,at=op30 (repeatable; see README)")
     p.add_argument("--no-tee", dest="tee", action="store_false",
@@ -218,6 +224,7 @@ def parse(argv: list[str]) -> _config.RunConfig:
     if ns.collective_timeout:
         collective_timeout = number("--collective-timeout", ns.collective_timeout, float, 0.001,
                                      "e.g. --collective-timeout 60")
+    recovery = _recovery(ns.recovery, max_restarts, max_nodes)
     injections = tuple(inject_spec.parse(text) for text in ns.inject)
     for fault in injections:
         if fault.rank >= nproc * max_nodes:
@@ -245,8 +252,22 @@ def parse(argv: list[str]) -> _config.RunConfig:
         master_port=port, run_id=run_id, log_dir=log_dir, journal_path=journal,
         hang_timeout=hang, straggler_timeout=straggler, grace=grace, injections=injections,
         tee=ns.tee, spares=ns.spares, collective_timeout=collective_timeout,
-        rendezvous=rendezvous,
+        rendezvous=rendezvous, recovery=recovery,
     )
+
+
+def _recovery(text: str, max_restarts: int, max_nodes: int) -> str:
+    """``--recovery``, checked against the run's other settings."""
+    if text not in (_config.RESTART, _config.IN_PLACE):
+        raise UsageError("--recovery", f"{text!r} is not a recovery mode",
+                         f"give {_config.RESTART} or {_config.IN_PLACE}")
+    if text == _config.IN_PLACE and max_nodes > 1:
+        raise UsageError("--recovery", "in-place recovery works on one node for now",
+                         "leave --recovery out (restart) with several nodes")
+    if text == _config.IN_PLACE and max_restarts < 1:
+        raise UsageError("--recovery", "in-place needs --max-restarts of at least 1 (each "
+                         "replacement of a rank counts as one)", "e.g. --max-restarts 3")
+    return text
 
 
 def _nnodes(text: str) -> tuple[int, int]:

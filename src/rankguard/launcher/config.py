@@ -11,6 +11,7 @@ DEFAULT_HANG_TIMEOUT = 10.0
 DEFAULT_STRAGGLER_TIMEOUT = 300.0
 DEFAULT_GRACE = 5.0
 DEFAULT_MASTER_PORT = 29500
+RESTART, IN_PLACE = "restart", "in-place"  # --recovery
 # torch's own defaults for the dynamic rendezvous (torch.distributed.elastic.rendezvous)
 DEFAULT_JOIN_TIMEOUT = 600
 DEFAULT_LAST_CALL_TIMEOUT = 30
@@ -74,6 +75,11 @@ class RunConfig:
     collective_timeout: float | None = None  # job-wide deadline of every collective
     secret: str = field(default_factory=sealed.new_secret, repr=False)  # the ranks' store seal
     rendezvous: RendezvousConfig | None = None  # several nodes; None: this node alone
+    recovery: str = "restart"  # or "in-place": a failed rank is replaced, the others go on
+
+    @property
+    def in_place(self) -> bool:
+        return self.recovery == IN_PLACE
 
     @property
     def rank_grace(self) -> float:

@@ -278,7 +278,9 @@ class HangMonitor:
         return HangRules(self.world_size, self.hang_timeout, self.straggler_timeout)
 
     def watch(self, rank: int, pid: int, reader: LedgerReader, now: float) -> None:
+        """Watch ``rank`` (process ``pid``, a replacement's after one that exited)."""
         self._readers[rank] = reader
+        self._gone.discard(rank)
         self.progress.start(rank, pid, now)
 
     def unwatch(self, rank: int) -> None:

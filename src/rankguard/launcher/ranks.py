@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from .. import sealed
+from .. import margins, sealed
 from ..proctree import MARKER
 from ..supervisor import RankFiles, RankProcesses, spawn
 from .config import RunConfig
@@ -80,6 +80,8 @@ def base_env(config: RunConfig, token: str, master_port: int) -> dict[str, str]:
     unless ``RANKGUARD_SECRET`` is set alike on every node, rank 0 draws one when the default
     group forms and sends it to the others over gloo (``sealed.agree``)."""
     env = dict(os.environ)
+    for own in ("RANKGUARD_REPLACING", "RANKGUARD_RECOVERY_FILE", "RANKGUARD_REPLACE_TIMEOUT"):
+        env.pop(own, None)  # the launcher's to give: left in the user's shell, they would mislead
     world = config.nproc
     env.update(
         WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", GROUP_WORLD_SIZE="1",
@@ -99,6 +101,10 @@ def base_env(config: RunConfig, token: str, master_port: int) -> dict[str, str]:
         env[sealed.ENV] = config.secret
     if config.collective_timeout is not None:
         env["RANKGUARD_COLLECTIVE_TIMEOUT"] = f"{config.collective_timeout:g}"
+    elif config.in_place:  # bounded mode, so that a notice releases the survivors at once
+        env["RANKGUARD_COLLECTIVE_TIMEOUT"] = f"{margins.IN_PLACE_COLLECTIVE_S:g}"
+    if config.in_place:
+        env["RANKGUARD_REPLACE_TIMEOUT"] = f"{margins.replace_timeout(config.hang_timeout):g}"
     env[MARKER] = token
     return env
 
@@ -159,12 +165,18 @@ def start_attempt(config: RunConfig, attempt: int, token: str, layout: Layout,
                           ledger=os.path.join(ledger_dir, f"attempt{attempt}-rank{rank}.ledger"))
         env = rank_env(config, local_rank, attempt, token, layout, files.ledger, files.stacks)
         spare = spares()
-
-        def launch(env: dict[str, str], spare: subprocess.Popen[bytes] | None = spare
-                   ) -> subprocess.Popen[bytes]:
-            return spare if spare is not None and _activate(spare, env) else \
-                start_bootstrap(config, env)
-
-        member = ranks.start(rank, files, env, launch)
+        member = ranks.start(rank, files, env, launcher_for(config, spare))
         member.warm = member.proc is spare
     return ranks
+
+
+def launcher_for(config: RunConfig, spare: subprocess.Popen[bytes] | None
+                 ) -> Callable[[dict[str, str]], subprocess.Popen[bytes]]:
+    """What starts a rank given its environment: ``spare`` becomes it if there is one and it
+    is still alive, else a new bootstrap process."""
+
+    def launch(env: dict[str, str]) -> subprocess.Popen[bytes]:
+        return spare if spare is not None and _activate(spare, env) else \
+            start_bootstrap(config, env)
+
+    return launch

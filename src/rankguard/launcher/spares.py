@@ -19,17 +19,20 @@ from .ranks import base_env, discard, start_bootstrap
 
 
 class Spares:
-    """Up to one warm spare per rank for the next attempt."""
+    """Up to ``count`` warm spares (default: one per rank, for the next attempt; one, for
+    ``--recovery in-place``, which replaces a rank at a time)."""
 
-    def __init__(self, config: RunConfig, token: str, master_port: int) -> None:
+    def __init__(self, config: RunConfig, token: str, master_port: int,
+                 count: int | None = None) -> None:
         self._config = config
         self._token = token
         self._port = master_port
+        self._count = config.nproc if count is None else count
         self._spares: list[subprocess.Popen[bytes]] = []
 
     def fill(self) -> int:
-        """Start spares until there is one per rank; returns how many were started."""
-        missing = self._config.nproc - len(self._spares)
+        """Start spares until there are ``count``; returns how many were started."""
+        missing = self._count - len(self._spares)
         env = base_env(self._config, self._token, self._port)
         for _ in range(missing):
             self._spares.append(start_bootstrap(self._config, env, spare=True))

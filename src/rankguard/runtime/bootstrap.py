@@ -38,11 +38,11 @@ from typing import Any
 
 from .. import ledger as _ledger
 from .. import proctree
-from ..errors import CollectiveError, UsageError
+from ..errors import CollectiveError, UsageError, in_chain
 from ..inject import perform as _perform
 from ..inject import spec as _spec
 from . import deadline as _deadline
-from . import completions, eviction, init, instrument, rendezvous, stacks
+from . import bounded, completions, eviction, init, instrument, rendezvous, stacks
 from .state import current
 
 
@@ -74,8 +74,9 @@ class _InstrumentOnImport(importlib.abc.MetaPathFinder):
 
 
 def _wait_for_activation() -> None:
-    """Spare mode: pay for ``import torch`` now, then become the rank the launcher names."""
-    import torch  # noqa: F401 (the point of a spare)
+    """Spare mode: pay for ``import torch`` and the imports a training script's first lines
+    trigger now, then become the rank the launcher names."""
+    _warm_up()
 
     line = sys.stdin.buffer.readline()
     if not line:
@@ -84,6 +85,18 @@ def _wait_for_activation() -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)  # the user's script gets no stdin, as a cold rank
     os.close(devnull)
+
+
+def _warm_up() -> None:
+    """What a spare pays before it is needed: ``import torch`` (2.5 s here), torch.distributed
+    and DDP, and the lazy imports of an optimizer's first construction (torch._dynamo: 2.2 s
+    more, which a replacement would otherwise pay between its ``init_process_group`` and its
+    first step)."""
+    import torch
+    import torch.distributed  # noqa: F401
+    import torch.nn.parallel  # noqa: F401
+
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
 
 
 def _prepare(rank: int, attempt: int) -> None:
@@ -138,13 +151,8 @@ def _run_user_code(argv: list[str]) -> None:
 
 def _collective_error(error: BaseException | None) -> CollectiveError | None:
     """The rankguard collective error in ``error``'s chain (it may be wrapped), if any."""
-    seen = 0
-    while error is not None and seen < 16:
-        if isinstance(error, CollectiveError):
-            return error
-        error = error.__cause__ or error.__context__
-        seen += 1
-    return None
+    found = in_chain(error, lambda e: isinstance(e, CollectiveError))
+    return found if isinstance(found, CollectiveError) else None
 
 
 def _from_backend(error: BaseException) -> bool:
@@ -154,7 +162,7 @@ def _from_backend(error: BaseException) -> bool:
     backend_error = getattr(dist, "DistError", None) if dist is not None else None
     if backend_error is not None and isinstance(error, backend_error):
         return True
-    return isinstance(error, RuntimeError) and "third_party/gloo" in str(error)
+    return bounded.gloo_failure(error)
 
 
 def _exit_code(code: object) -> int:

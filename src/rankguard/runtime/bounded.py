@@ -36,6 +36,12 @@ def limit_options(args: tuple[Any, ...], limit: Deadline) -> None:
         options.timeout = timedelta(seconds=limit.left(at_least=_MIN_TIMEOUT_S))
 
 
+def gloo_failure(error: BaseException) -> bool:
+    """Whether ``error`` is gloo's report of a failed connection (a peer that died or closed
+    it), which a send raises at once, rather than a refusal of bad arguments."""
+    return isinstance(error, RuntimeError) and "third_party/gloo" in str(error)
+
+
 def retire_and_explain(record: GroupRecord, entry: int, op: str, started: float,
                        limit: Deadline | None, error: BaseException | None,
                        reported: dict[str, Any] | None = None) -> CollectiveError:
@@ -132,6 +138,7 @@ def work_class() -> type:
             self._op = op
             self._limit = limit
             self._started = time.monotonic()
+            self._handed: Any = None  # the future of ours handed to C++, if any
 
         def wait(self, timeout: timedelta | None = None) -> bool:
             inner = self._inner
@@ -182,11 +189,41 @@ def work_class() -> type:
             current().handed_out.append(self)
             return self._inner.get_future()
 
+        def releasable_future(self) -> Any:
+            """A future of ours (a Python one: for a DDP communication hook, not for C++
+            code) that completes as the work does, or fails as soon as the group retires (a
+            peer's or the supervisor's notice), releasing DDP's backward waiting on it."""
+            if not _backward_explained:
+                _explain_backward_failures()
+            state = current()
+            state.handed_out.append(self)
+            self._handed = _relayed(self._inner.get_future())
+            if state.completions.on_sweep is None:  # the supervisor's notice: polled
+                state.completions.on_sweep = _release_handed_out
+                groups.on_notice_taken.append(_release_handed_out)  # a peer's: at once
+            return self._handed
+
+        def release_if_retired(self) -> None:
+            """Fail the future handed to C++ if the group has retired meanwhile (a peer's or
+            the supervisor's notice): C++ code waiting on it raises then."""
+            handed = self._handed
+            if handed is None or handed.done():
+                return
+            take_supervisor_notice(self._group)
+            if self._group.retired is not None:
+                _settle(handed, error=RuntimeError(f"rankguard: {self._group.retired}"))
+
         def explain_if_failed(self) -> CollectiveError | None:
             # the future, not the work: gloo fails the future first, and the C++ waiter can
             # raise before the work itself is marked completed
             future = self._inner.get_future()
             if not future.done():
+                group = self._group
+                if self._handed is not None and self._handed.done() and group.retired:
+                    if group.notice is not None:  # released by release_if_retired
+                        return retire_and_explain(group, self._entry, self._op, self._started,
+                                                  self._limit, None, group.notice)
+                    return self._failure(None, Deadline.after(0.0))
                 return None
             try:
                 future.wait()  # done: returns at once, or raises gloo's error
@@ -198,6 +235,42 @@ def work_class() -> type:
 
 
 _backward_explained = False
+
+
+def _relayed(inner: Any) -> Any:
+    """A future of ours that completes as ``inner`` does (or earlier, failed, by
+    ``release_if_retired``)."""
+    import torch
+
+    ours = torch.futures.Future()
+
+    def relay(done: Any) -> None:
+        try:
+            value = done.value()
+        except Exception as error:  # noqa: BLE001 (gloo's failure, passed on)
+            _settle(ours, error=error)
+            return
+        _settle(ours, value=value)
+
+    inner.add_done_callback(relay)
+    return ours
+
+
+def _settle(future: Any, value: Any = None, error: BaseException | None = None) -> None:
+    """Complete ``future`` unless it already is (the relay and a release may race)."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
+    except RuntimeError:
+        pass  # completed by the other one first
+
+
+def _release_handed_out() -> None:
+    """On the completion sweeper's thread: release C++ waiters of retired groups."""
+    for work in list(current().handed_out):
+        work.release_if_retired()
 
 
 def _explain_backward_failures() -> None:

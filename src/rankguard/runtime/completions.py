@@ -43,7 +43,7 @@ from __future__ import annotations
 import atexit
 import collections
 import threading
-from typing import Any
+from typing import Any, Callable
 
 MIN_LAG_S = 0.02
 EXACT_OPS = 16  # a process's first operations: each marks the previous done as it enters
@@ -82,6 +82,7 @@ class CompletionTracker:
         self._start_lock = threading.Lock()
         self._exact_left = EXACT_OPS  # entries that look at every held work; then REAP_AT
         self.sweeps = 0  # how many times the thread has swept, for tests and benchmarks
+        self.on_sweep: Callable[[], None] | None = None  # called on the thread after a sweep
 
     def enter(self, slot: Any, kind: int) -> int:
         """Record in ``slot`` that the calling thread enters an operation of ``kind``; returns
@@ -187,6 +188,12 @@ class CompletionTracker:
                 return
             self.flush()
             self.sweeps += 1
+            hook = self.on_sweep
+            if hook is not None:
+                try:
+                    hook()
+                except Exception:  # noqa: BLE001 (the sweeps must go on)
+                    pass
             oldest = self._oldest()
             period = MIN_LAG_S if oldest is not None and oldest is seen else self.lag
             seen = oldest

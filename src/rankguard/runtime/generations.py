@@ -15,6 +15,10 @@ A process group that saw a fault is retired, never reused. ``rankguard.regroup()
    ``runtime.groups``) and the default group is created again, ranks numbered in the order of
    their old ranks. ``RANK`` and ``WORLD_SIZE`` in the environment follow.
 
+With ``keep_size=True`` every survivor keeps its rank and each failed rank's place stays vacant
+for a replacement process, which joins in step 2 beside the survivors (see ``vacancies``): the
+generation forms once every place is filled, or not at all.
+
 The proposal and the arrivals are sealed with the run's secret (``rankguard.sealed``): a
 membership or an arrival that another process wrote into the store is never adopted (a forged
 proposal found in place is replaced by compare-and-set).
@@ -32,7 +36,8 @@ from typing import Any, Callable, Iterable, TypeVar
 from .. import sealed
 from ..deadline import Deadline, check_seconds
 from ..errors import CollectiveTimeout, GroupRetired, PeerFailed, UsageError, first_line
-from . import barrier, groups
+from ..margins import SECOND_ASK_WINDOW_S
+from . import barrier, groups, vacancies
 from .probe import clone_client
 from .state import WORLD, current
 from ..store_calls import StoreStalled, within
@@ -51,7 +56,8 @@ class Generation:
         rank: this rank's number in it.
         world_size: how many ranks it has.
         previous_rank: this rank's number in the previous generation.
-        members: the previous-generation ranks that form it, in new-rank order.
+        members: the previous-generation ranks that form it, in new-rank order; None for a place
+            a replacement filled (``keep_size``).
         took: seconds ``regroup()`` took.
     """
 
@@ -59,8 +65,13 @@ class Generation:
     rank: int
     world_size: int
     previous_rank: int
-    members: list[int]
+    members: list[int | None]
     took: float
+
+    @property
+    def replaced(self) -> list[int]:
+        """The places (ranks) that a replacement process filled."""
+        return [place for place, member in enumerate(self.members) if member is None]
 
 
 def root_store() -> Any:
@@ -108,8 +119,8 @@ def next_number() -> int:
     return current().generation + 1
 
 
-def regroup(*, timeout: float = DEFAULT_TIMEOUT_S, exclude: Iterable[int] | None = None
-            ) -> Generation:
+def regroup(*, timeout: float = DEFAULT_TIMEOUT_S, exclude: Iterable[int] | None = None,
+            keep_size: bool = False) -> Generation:
     """Form the next generation of the default process group from the surviving ranks.
 
     Every surviving rank calls it (typically after catching a ``rankguard.CollectiveError``).
@@ -119,23 +130,28 @@ def regroup(*, timeout: float = DEFAULT_TIMEOUT_S, exclude: Iterable[int] | None
     Args:
         timeout: seconds to wait for every member to join.
         exclude: ranks (current numbering) to leave out; default: the ranks that the last
-            collective error of this rank named as missing, and the peers that do not answer a
-            probe within half a second.
+            collective error of this rank named as missing, and the peers that answer neither
+            a probe within half a second nor a second one within two seconds.
+        keep_size: keep every rank's number and the group's size: the failed ranks' places
+            are filled by replacement processes (started with ``RANKGUARD_REPLACING=1`` and the
+            ``RANK`` of the place; ``rankguard run --recovery in-place`` starts them), which
+            must join within ``timeout`` too.
 
     Raises:
         UsageError: no process group exists, or ``timeout`` is not a positive number.
         GroupRetired: this rank was left out of the new generation by its peers.
-        CollectiveTimeout: a member did not join within ``timeout``, no authentic
-            membership could be agreed in the store within it (another process kept writing a
-            forged one), or the store's server did not answer (stopped or frozen: under
-            ``mp.spawn`` it lives in rank 0).
+        CollectiveTimeout: a member (or a replacement) did not join within ``timeout``, no
+            authentic membership could be agreed in the store within it (another process kept
+            writing a forged one), or the store's server did not answer (stopped or frozen:
+            under ``mp.spawn`` it lives in rank 0).
         PeerFailed: the store's server is gone (under ``mp.spawn``, rank 0 exited).
     """
     limit = Deadline.after(check_seconds("rankguard.regroup(timeout)", timeout, text=False))
-    return form_next(limit, exclude)
+    return form_next(limit, exclude, keep_size)
 
 
-def form_next(limit: Deadline, exclude: Iterable[int] | None = None) -> Generation:
+def form_next(limit: Deadline, exclude: Iterable[int] | None = None,
+              keep_size: bool = False) -> Generation:
     """:func:`regroup`, by ``limit`` (plus the time gloo takes to connect the members)."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
@@ -148,13 +164,20 @@ def form_next(limit: Deadline, exclude: Iterable[int] | None = None) -> Generati
     number = next_number()
     rank, size = dist.get_rank(), dist.get_world_size()
     pg_timeout = state.pg_timeout or c10d.default_pg_timeout
-    failed = set(exclude) if exclude is not None else _known_failed() | _silent(rank, size)
-    prefix = f"rankguard/gen{number}/"
-    proposal = sorted(set(range(size)) - failed)
+    if exclude is not None:
+        failed = set(exclude)
+    else:
+        known = _known_failed()
+        # keeping the size, a live rank wrongly left out would be a place nobody fills: the
+        # ranks named failed (by the supervisor's notice, or gloo) are enough; a rank that died
+        # unnamed fails the join, naming it, and the next generation leaves it out
+        failed = known if keep_size and known else known | _silent(rank, size, known)
+    proposal: list[int | None] = [None if r in failed else r for r in range(size)] \
+        if keep_size else sorted(set(range(size)) - failed)
     try:
         members, joined = with_store_client(
             limit, "regroup's store calls",
-            lambda client: _agree_and_join(client, prefix, proposal, rank, limit))
+            lambda client: _agree_and_join(client, number, proposal, rank, limit))
     except RuntimeError as error:  # the store died (torch's error) or stalled (StoreStalled)
         groups.retire_all(f"generation {number} did not form")
         kind = CollectiveTimeout if isinstance(error, StoreStalled) else PeerFailed
@@ -176,20 +199,54 @@ def form_next(limit: Deadline, exclude: Iterable[int] | None = None) -> Generati
         groups.retire_all(f"generation {number} did not form")
         raise CollectiveTimeout("did not form: members failed to join", op="regroup",
                                 seq=number, group=WORLD, rank=rank,
-                                missing=[members[i] for i in joined.missing],
+                                missing=[_previous(members, i) for i in joined.missing],
                                 waited=time.monotonic() - started)
     groups.retire_all(f"replaced by generation {number}")
     groups.discard_all()
     state.completions.flush()
     if state.ledger is not None:
         state.ledger.world().reset()  # collectives are numbered per generation
+        state.ledger.clear_notice()  # it was about the generation that ended
     new_rank = members.index(rank)
     state.generation = number
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"{prefix}pg/", state.lineage_root),
+    dist.init_process_group("gloo", store=vacancies.group_store(number, state.lineage_root),
                             rank=new_rank, world_size=len(members), timeout=pg_timeout)
     state.last_failure = None
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(new_rank), str(len(members))
     return Generation(number, new_rank, len(members), rank, members, time.monotonic() - started)
+
+
+def fill_vacancy(base_store: Any, place: int, limit: Deadline) -> tuple[Any, int]:
+    """For a replacement's ``init_process_group`` (``vacancies.replacing()``): join the newest
+    generation with ``place`` vacant in the store ``base_store`` (the one the survivors' first
+    default group was created on, as ``init_process_group`` made or took it); returns the
+    store to create the default group on and the group's size. This process then belongs to
+    that generation.
+
+    Raises:
+        UsageError: this process has no secret to prove its arrival with.
+        CollectiveTimeout: no generation with ``place`` vacant formed with it by ``limit``,
+            or the store did not answer.
+        RuntimeError: torch's, when the store failed.
+    """
+    from torch.distributed import PrefixStore
+
+    state = current()
+    # the stores of the survivors' first default group: torch's group helper wraps the base
+    # in the group's name ("0" for the first group: the lineage's root), and the backend's in
+    # the device's ("cpu": the probes')
+    state.lineage_root = PrefixStore("0/", base_store)
+    state.probe_store = PrefixStore("cpu/", state.lineage_root)
+    started = time.monotonic()
+    try:
+        record = with_store_client(limit, "joining a generation",
+                                   lambda client: vacancies.join(client, place, limit))
+    except StoreStalled as error:
+        raise CollectiveTimeout(f"could not fill place {place}: the job's store does not answer",
+                                op="join", seq=0, group=WORLD, rank=place, missing=[],
+                                waited=time.monotonic() - started) from error
+    state.generation = record.generation
+    return vacancies.group_store(record.generation, state.lineage_root), record.size
 
 
 def _known_failed() -> set[int]:
@@ -197,30 +254,49 @@ def _known_failed() -> set[int]:
     return set(failure.missing) if failure is not None else set()
 
 
-def _silent(rank: int, size: int) -> set[int]:
-    """The peers that do not answer a probe (dead, frozen, or holding the GIL): they cannot
-    join. Needed because a rank that learnt of the fault from a peer's notice (GroupRetired)
-    knows nothing of who failed, and its proposal may be the one adopted. Returns at once when
-    every peer answers; waits the probe's answer window otherwise."""
+def _silent(rank: int, size: int, known: set[int]) -> set[int]:
+    """The peers, other than the ``known`` failed ones, that do not answer a probe (dead,
+    frozen, or holding the GIL): they cannot join. Needed because a rank that learnt of the
+    fault from a peer's notice (GroupRetired) knows nothing of who failed, and its proposal may
+    be the one adopted. Returns at once when every peer asked answers; waits the probe's
+    answer window, and ``SECOND_ASK_WINDOW_S`` more for those that missed it, otherwise."""
     asker = current().asker
-    if asker is None:
+    asked = [r for r in range(size) if r != rank and r not in known]
+    if asker is None or not asked:
         return set()
-    answers = asker.ask(WORLD, [r for r in range(size) if r != rank])
+    answers = asker.ask(WORLD, asked)
+    late = [peer for peer, answer in answers.items() if answer is None]
+    if not late:
+        return set()
+    answers = asker.ask(WORLD, late, window=SECOND_ASK_WINDOW_S)
     return {peer for peer, answer in answers.items() if answer is None}
 
 
-def _agree_and_join(client: Any, prefix: str, proposal: list[int], rank: int, limit: Deadline
-                    ) -> tuple[list[int] | None, barrier.Meeting | None]:
-    """The agreed members of the generation under ``prefix`` (None: none agreed by ``limit``)
-    and, if this rank is one of them, who joined by ``limit`` (None: left out)."""
+def _agree_and_join(client: Any, number: int, proposal: list[int | None], rank: int,
+                    limit: Deadline) -> tuple[list[int | None] | None, barrier.Meeting | None]:
+    """The agreed members of generation ``number`` (None: none agreed by ``limit``) and, if
+    this rank is one of them, who joined by ``limit`` (None: left out). Vacant places are
+    published for replacements before this rank waits for them."""
+    prefix = vacancies.prefix(number)
     members = _agree(client, f"{prefix}members", proposal, limit)
     if members is None or rank not in members:
         return members, None
+    vacant = tuple(place for place, member in enumerate(members) if member is None)
+    if vacant:
+        vacancies.publish(client, vacancies.Vacancies(
+            number, len(members), vacant, time.time() + limit.remaining()), limit)
     return members, barrier.meet(client, f"{prefix}joined", members.index(rank), len(members),
                                  limit)
 
 
-def _agree(client: Any, key: str, proposal: list[int], limit: Deadline) -> list[int] | None:
+def _previous(members: list[int | None], place: int) -> int:
+    """The previous-generation rank at ``place``; a vacant place keeps its number."""
+    member = members[place]
+    return place if member is None else member
+
+
+def _agree(client: Any, key: str, proposal: list[int | None], limit: Deadline
+           ) -> list[int | None] | None:
     """The membership in ``key``: the first authentic proposal written there (``proposal`` if
     it is this one); None if none could be agreed by ``limit``. A forged value found there is
     replaced by compare-and-set; each try is one round trip to the store."""
@@ -229,7 +305,7 @@ def _agree(client: Any, key: str, proposal: list[int], limit: Deadline) -> list[
     while True:
         text = sealed.unseal(key, current_value)
         if text is not None:
-            return [int(member) for member in json.loads(text)]
+            return [None if member is None else int(member) for member in json.loads(text)]
         if limit.passed():
             return None
         current_value = client.compare_set(key, current_value, ours)  # the forged value only

@@ -11,7 +11,7 @@ a collective with a frozen peer. The process exits without running that destruct
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+from typing import Any, Callable
 
 from .probe import ANSWER_WINDOW_S
 from .state import GroupRecord, current
@@ -39,11 +39,17 @@ def retire_all(reason: str) -> None:
         retire(record, reason)
 
 
+on_notice_taken: list[Callable[[], None]] = []  # called after a peer's notice retired a group
+
+
 def on_notice(name: str, notice: dict[str, Any]) -> None:
-    """A peer reports that the group called ``name`` failed: retire it here too."""
+    """A peer reports that the group called ``name`` failed: retire it here too, and release
+    at once what waits on it outside Python (``bounded``'s releasable futures)."""
     record = current().groups.by_name(name)
     if record is not None:
         retire(record, notice_text(notice), notice)
+        for release in on_notice_taken:
+            release()
 
 
 def notice_text(notice: dict[str, Any]) -> str:

@@ -29,10 +29,11 @@ from typing import Any, Callable
 
 from .. import ledger as _ledger
 from .. import sealed
+from ..deadline import Deadline
 from ..errors import GroupRetired
 from . import bounded as _bounded
 from . import deadline as _deadline
-from . import groups
+from . import generations, groups, vacancies
 from . import probe as _probe
 from . import rendezvous
 from .state import WORLD, GroupRecord, current
@@ -125,7 +126,7 @@ def _make_op(name: str, backend_method: str, op_name: str) -> Callable[..., Any]
             work = getattr(group.backend, backend_method)(*args, **kwargs)
         except BaseException:
             if slot is not None:
-                slot.done()  # refused at once (bad arguments): it is not in progress
+                slot.done()  # refused at once (bad arguments, or a connection gone)
             raise
         if slot is not None:
             tracker.add(slot, work)
@@ -218,8 +219,9 @@ def _create_group(options: Any, backend_options: Any) -> Any:
     state.groups.add(group, record)
     if is_world:
         state.aborted = None  # a new default group: an earlier shutdown's abort is over
-    if is_world and state.bounded:
-        start_probing(options.store, record.rank)
+    if is_world and state.bounded:  # a replacement probes where generation 0's ranks do
+        start_probing(state.probe_store if state.probe_store is not None else options.store,
+                      record.rank)
     return group
 
 
@@ -260,7 +262,8 @@ def start_probing(store: Any, rank: int) -> None:
         state.responder.close()
     else:
         atexit.register(_stop_probing)
-    state.responder = _probe.Responder(store, rank, groups.describe, groups.on_notice)
+    state.responder = _probe.Responder(store, rank, groups.describe, groups.on_notice,
+                                       state.generation)
     state.asker = _probe.Asker(store)
     state.responder.follow(rank, state.generation)
     state.asker.generation = state.generation
@@ -323,6 +326,29 @@ def _launchers_store(init_method: Any, kwargs: dict[str, Any]) -> bool:
     return False
 
 
+def _fill_vacancy(init_method: Any, kwargs: dict[str, Any]) -> tuple[None, dict[str, Any]]:
+    """The arguments that make a replacement's ``init_process_group`` join the survivors'
+    newest generation where its rank's place is vacant (see ``vacancies``), within
+    ``vacancies.REPLACEMENT_WAITS`` times ``RANKGUARD_REPLACE_TIMEOUT`` (default
+    ``vacancies.JOIN_TIMEOUT_S``)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    timeout = kwargs.get("timeout") or c10d.default_pg_timeout
+    place = int(kwargs.get("rank", -1))
+    store = kwargs.get("store")
+    if store is None:  # init_process_group wraps a store it made itself, as here
+        store, place, _ = next(c10d.rendezvous(init_method or "env://", place,
+                                               int(kwargs.get("world_size", -1)),
+                                               timeout=timeout))
+        store = c10d.PrefixStore("default_pg", store)
+    if place < 0:
+        place = int(os.environ.get("RANK", "-1"))
+    group_store, size = generations.fill_vacancy(store, place, Deadline.after(
+        vacancies.REPLACEMENT_WAITS * vacancies.join_timeout()))
+    kwargs.update(store=group_store, rank=place, world_size=size, timeout=timeout)
+    return None, kwargs
+
+
 def install() -> None:
     """Register the instrumented backend and patch torch.distributed. Idempotent."""
     import torch.distributed as dist
@@ -351,6 +377,8 @@ def install() -> None:
             kwargs.setdefault("world_size", int(os.environ["WORLD_SIZE"]))
             kwargs["timeout"] = timeout
             init_method = None
+        if vacancies.replacing() and state.generation == 0:
+            init_method, kwargs = _fill_vacancy(init_method, kwargs)
         backend = _translate(backend)
         state.pg_timeout = kwargs.get("timeout")
         creating = state.creating_default

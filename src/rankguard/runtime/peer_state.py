@@ -112,10 +112,20 @@ def _global(rank: int, group: Any) -> int:
 
 
 def _serialize(state: Any) -> Any:
+    """``state`` as bytes, by ``torch.save``.
+
+    Raises:
+        UsageError: it holds what ``torch.save`` cannot save (a lambda, an open file).
+    """
     import torch
 
     buffer = io.BytesIO()
-    torch.save(state, buffer)
+    try:
+        torch.save(state, buffer)
+    except Exception as error:  # noqa: BLE001 (pickle raises many kinds)
+        raise UsageError("get_state()", f"the state cannot be saved to send it to a peer "
+                         f"({type(error).__name__}: {error})", "return tensors, numbers, "
+                         "strings, and lists and dicts of them") from error
     return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
 
 

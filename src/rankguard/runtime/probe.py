@@ -73,10 +73,11 @@ class Responder:
     client connection costs a reverse DNS lookup in torch, which stalls for 5 s when the
     resolver does not answer (1 connect in about 25 here)."""
 
-    def __init__(self, store: Any, rank: int, describe: Describe, on_notice: OnNotice) -> None:
+    def __init__(self, store: Any, rank: int, describe: Describe, on_notice: OnNotice,
+                 generation: int = 0) -> None:
         self._rank = rank
-        self._generation = 0
-        self._waiting_on = _queue(rank, 0)  # the queue the thread waits on, for follow/close
+        self._generation = generation  # a replacement's first is a later one
+        self._waiting_on = _queue(rank, generation)  # the thread's queue, for follow/close
         self._describe = describe
         self._on_notice = on_notice
         self._client = clone_client(store, _IDLE_WAIT)

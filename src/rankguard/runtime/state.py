@@ -131,6 +131,8 @@ class RankState:
         asker, responder: the probe's (``runtime.probe``), kept across generations.
         lineage_root: the store of generation 0, under which every later one lives.
         lineage_client: regroup's own connection to it, made once (see ``probe.Responder``).
+        probe_store: the store generation 0's probes live in, for a replacement (whose own
+            first group belongs to a later generation); None: its first group's.
         completions: marks completed operations in the ledger.
         groups: the records of this rank's instrumented groups.
         handed_out: works whose future went to C++ (DDP): a failed one explains a
@@ -156,6 +158,7 @@ class RankState:
     responder: Any = None
     lineage_root: Any = None
     lineage_client: Any = None
+    probe_store: Any = None
     completions: CompletionTracker = field(default_factory=CompletionTracker)
     groups: GroupRegistry = field(default_factory=GroupRegistry)
     handed_out: collections.deque[Any] = field(

@@ -121,6 +121,7 @@ class RankProcesses:
         self.token = secrets.token_hex(8)
         self._tee = tee
         self._members: list[RankProcess] = []
+        self._replaced: list[RankProcess] = []  # members that a new process took over from
         self._reported: set[int] = set()  # ranks whose exit the watcher has reported
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
@@ -145,6 +146,28 @@ class RankProcesses:
         ``env`` and have ``launch(env)`` start the process (with :func:`spawn`, or by handing
         ``env`` to a warm spare). Its exit, and its output when it has pipes, are watched from
         now on."""
+        member = self._launch(rank, files, env, launch)
+        self._members.append(member)
+        return member
+
+    def replace(self, rank: int, files: RankFiles, env: Mapping[str, str],
+                launch: Callable[[dict[str, str]], subprocess.Popen[bytes]]) -> RankProcess:
+        """Start a new process as rank ``rank``, whose member has exited (been reaped), as
+        :meth:`start` does; it takes the old member's place in the set. Returns it.
+
+        Raises:
+            ValueError: rank ``rank``'s member is still alive, or there is none.
+        """
+        index = next((i for i, m in enumerate(self._members) if m.rank == rank), None)
+        if index is None or self._members[index].alive:
+            raise ValueError(f"rank {rank} has no member that has exited")
+        member = self._launch(rank, files, env, launch)
+        self._replaced.append(self._members[index])
+        self._members[index] = member
+        return member
+
+    def _launch(self, rank: int, files: RankFiles, env: Mapping[str, str],
+                launch: Callable[[dict[str, str]], subprocess.Popen[bytes]]) -> RankProcess:
         _ledger.create(files.ledger, self.world)
         proc = launch({**env, MARKER_VAR: self.token})
         member = RankProcess(rank, proc, files, time.monotonic())
@@ -157,7 +180,6 @@ class RankProcesses:
                 os.set_blocking(pipe.fileno(), False)
                 stream = OutputStream(f"[rank{rank}]:".encode(), tee, log)
                 self._selector.register(pipe, selectors.EVENT_READ, ("out", stream))
-        self._members.append(member)
         return member
 
     def __iter__(self) -> Iterator[RankProcess]:
@@ -380,7 +402,7 @@ class RankProcesses:
         self._selector.close()
         for fd in (self._wake_r, self._wake_w):
             os.close(fd)
-        for member in self._members:
+        for member in self._members + self._replaced:
             try:
                 os.unlink(member.ledger_path)
             except OSError:

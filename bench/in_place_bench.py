@@ -1,0 +1,140 @@
+"""Recovery inside the job vs restarting it: one rank of a DDP job SIGKILLed mid-training.
+
+    python bench/in_place_bench.py [--nproc 4] [--steps 2000] [--warm 8] [--cap 180]
+
+The job is ``in_place_worker.py`` (a 3-layer MLP, DDP on gloo/CPU). For each way of recovering,
+the bench starts the job, waits until it has run ``--warm`` seconds past its first step (so
+rankguard's warm spares have imported torch), SIGKILLs rank 1 and records when, and reads rank
+0's log of completed steps. Printed side by side, from one run:
+
+- **fault -> next step**: from the SIGKILL to the first step that rank 1's new process completes
+  (a replacement, or the restarted rank);
+- **steps lost**: steps that had completed before the fault and were computed again after it
+  (the restarts resume from a checkpoint taken every 20 steps);
+- **same parameters**: whether the final parameters equal, bit for bit, those of the same
+  recovery's job run without the fault;
+- **step time** without faults: the median time between steps, and its ratio to the plain DDP
+  script under torchrun (the cost of StepLoop, its communication hook and bounded mode).
+
+Ways: (a) ``rankguard run --recovery in-place`` with ``rankguard.StepLoop``; (b) ``rankguard
+run`` restarting (warm spares); (c) ``torchrun`` restarting. torchft is not installed here:
+see the README for what was measured of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from rankguard import proctree
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "in_place_worker.py")
+
+
+def command(way: str, nproc: int, steps: int, out: str) -> list[str]:
+    mode = "step-loop" if way == "in-place" else "checkpoint"
+    job = [WORKER, mode, str(steps), out]
+    if way == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc-per-node={nproc}", "--max-restarts=1", *job]
+    extra = ["--recovery", "in-place"] if way == "in-place" else []
+    return [sys.executable, "-m", "rankguard.cli", "run", "--master-port", "0", "--no-tee",
+            "--nproc-per-node", str(nproc), "--max-restarts", "3", "--hang-timeout", "3",
+            "--log-dir", os.path.join(out, "logs"), *extra, *job]
+
+
+def steps_of(out: str, rank: int = 0) -> list[dict]:
+    path = os.path.join(out, f"steps_rank{rank}.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def rank_pid(tag: str, rank: int) -> int | None:
+    """The live process with ``BENCH_TAG=tag`` and ``RANK=rank`` in its environment."""
+    of_run = set(proctree.with_env("BENCH_TAG", tag))
+    return next((pid for pid in proctree.with_env("RANK", str(rank)) if pid in of_run), None)
+
+
+def run(way: str, nproc: int, steps: int, warm: float, cap: float, fault: bool) -> dict:
+    out = tempfile.mkdtemp(prefix=f"rg-inplace-{way}-")
+    tag = os.path.basename(out)
+    proc = subprocess.Popen(command(way, nproc, steps, out), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "BENCH_TAG": tag},
+                            start_new_session=True)
+    deadline = time.monotonic() + cap
+    t_fault = killed = None
+    try:
+        if fault:
+            while time.monotonic() < deadline:
+                done = steps_of(out)
+                if done and time.time() - done[0]["t"] > warm:
+                    break
+                time.sleep(0.05)
+            killed = rank_pid(tag, 1)
+            if killed is not None:
+                t_fault = time.time()
+                os.kill(killed, signal.SIGKILL)
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    # torchrun's workers have sessions of their own, and a failed restart leaves them behind
+    proctree.kill_all(proctree.with_env("BENCH_TAG", tag))
+    log = steps_of(out)
+    checksum = open(os.path.join(out, "checksum")).read() if os.path.exists(
+        os.path.join(out, "checksum")) else None
+    result: dict = {"code": proc.returncode, "checksum": checksum}
+    if t_fault is not None:
+        # the first step after the fault that the new rank 1 took part in
+        before = [e for e in log if e["t"] <= t_fault]
+        after = [e for e in steps_of(out, 1) if e["pid"] != killed]
+        if before and after:
+            result["next_step_s"] = after[0]["t"] - t_fault
+            result["lost"] = before[-1]["step"] + 1 - after[0]["step"]
+    times = [e["t"] for e in log]
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    if not fault and len(gaps) > 20:
+        middle = gaps[len(gaps) // 5: -len(gaps) // 5]
+        result["step_s"] = statistics.median(middle)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nproc", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--warm", type=float, default=8.0)
+    parser.add_argument("--cap", type=float, default=180.0)
+    args = parser.parse_args()
+    ways = ("in-place", "rankguard-restart", "torchrun")
+    clean = {way: run(way, args.nproc, args.steps, args.warm, args.cap, False) for way in ways}
+    faulty = {way: run(way, args.nproc, args.steps, args.warm, args.cap, True) for way in ways}
+    base = clean["torchrun"].get("step_s")
+    print(f"{args.nproc} ranks, {args.steps} steps, SIGKILL of rank 1 {args.warm:g} s after "
+          "the first step; one run each")
+    print(f"{'':22}{'fault -> next step':>20}{'steps lost':>12}{'same params':>13}"
+          f"{'step time':>11}{'vs torchrun':>13}")
+    for way in ways:
+        f, c = faulty[way], clean[way]
+        next_s = f"{f['next_step_s']:.2f} s" if "next_step_s" in f else f"none (exit {f['code']})"
+        lost = str(f["lost"]) if "lost" in f else "-"
+        same = "yes" if f["checksum"] and f["checksum"] == c["checksum"] else "no"
+        step = f"{c['step_s'] * 1000:.2f} ms" if "step_s" in c else "-"
+        ratio = f"{c['step_s'] / base:.3f}" if base and "step_s" in c else "-"
+        name = {"in-place": "rankguard in-place", "rankguard-restart": "rankguard restart",
+                "torchrun": "torchrun restart"}[way]
+        print(f"{name:22}{next_s:>20}{lost:>12}{same:>13}{step:>11}{ratio:>13}")
+
+
+if __name__ == "__main__":
+    main()

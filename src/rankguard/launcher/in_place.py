@@ -1,0 +1,189 @@
+"""Recovery inside the job (``rankguard run --recovery in-place``): a failed rank is replaced while
+the others wait for it, and the attempt goes on.
+
+When an attempt's fault names its culprits (a rank that died, raised, or was found hung) and
+every other rank is inside ``rankguard.StepLoop.run`` in bounded mode (their ledgers say so),
+the agent does not stop the attempt. For each culprit:
+
+1. **stacks**: a live culprit (hung, or on its way out) dumps its stacks first;
+2. **stop**: its process tree is SIGKILLed and reaped (a rank that raised gets
+   ``EXIT_WAIT_S`` to print its traceback and leave by itself);
+3. **notice**: the other ranks get a notice in their ledgers: a collective they wait in raises
+   ``PeerFailed`` at once, and their loop forms a new generation that keeps the failed place
+   vacant (``regroup(keep_size=True)``);
+4. **replacement**: a warm spare (``spares``) becomes the rank, with ``RANKGUARD_REPLACING=1``,
+   else a new process does; it joins that generation and receives the state from a peer.
+
+The replacement writes its ``recovery_file`` once it holds the state; the agent journals
+``replace`` when it starts the replacement and ``replaced`` when it holds the state. A
+replacement that has not done so within ``margins.replacement_limit`` is a fault of its own,
+which ends the attempt (a restart, as without this mode); one that dies on the way is replaced
+in turn, while replacements remain. Each replacement counts against ``--max-restarts``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from dataclasses import dataclass
+from typing import Callable
+
+from .. import ledger as _ledger
+from .. import margins, recovery_file
+from ..deadline import Deadline
+from ..journal import Journal
+from ..supervisor import RankFiles, RankProcess, RankProcesses
+from .config import RunConfig
+from .monitor import Verdict
+from .outcome import Fault
+from .ranks import Layout, launcher_for, rank_env
+
+EXIT_WAIT_S = 1.0  # a rank that raised prints its traceback within ms, then leaves
+_REPLACEABLE = frozenset({"raised", "signalled", "exited", "hung"})
+
+
+@dataclass
+class _Pending:
+    """A replacement that does not hold the state yet."""
+
+    member: RankProcess
+    attempt: int
+    recovery_path: str
+    fault_at: float  # monotonic: when the fault it repairs began
+    deadline: Deadline
+
+
+class InPlace:
+    """The replacements of one run; see the module docstring.
+
+    Args:
+        config: the run's settings.
+        token: the run's marker value (``proctree.MARKER``).
+        journal: where ``replace`` and ``replaced`` go.
+        say: prints a line of the launcher's.
+        take_spare: a warm spare, or None when none is ready.
+    """
+
+    def __init__(self, config: RunConfig, token: str, journal: Journal,
+                 say: Callable[[str], None],
+                 take_spare: Callable[[], subprocess.Popen[bytes] | None]) -> None:
+        self._config = config
+        self._token = token
+        self._journal = journal
+        self._say = say
+        self._take_spare = take_spare
+        self._pending: dict[int, _Pending] = {}
+        self.used = 0  # replacements started so far, in every attempt
+
+    def refusal(self, fault: Fault, culprits: set[int], ranks: RankProcesses,
+                snaps: dict[int, _ledger.RankProgress], restarts_left: int) -> str | None:
+        """Why ``fault`` cannot be repaired in place (None: it can)."""
+        if fault.kind not in _REPLACEABLE or not culprits:
+            return "the fault names no rank to replace"
+        if fault.kind == "exited" and any(_ended_well(ranks[r], snaps.get(r)) for r in culprits):
+            return "the rank ended its script (exit code 0)"
+        if restarts_left < len(culprits):
+            return "no restarts left (each replacement counts as one)"
+        if all(member.rank in culprits for member in ranks):
+            return "no other rank holds the state to give a replacement"
+        for member in ranks:
+            if member.rank in culprits or member.rank in self._pending:
+                continue  # a replacement on its way runs StepLoop once it has joined
+            snap = snaps.get(member.rank)
+            if not member.alive:
+                return f"rank {member.rank} has already exited"
+            if snap is None or not snap.flags & _ledger.FLAG_STEP_LOOP:
+                return f"rank {member.rank} does not run its loop in rankguard.StepLoop"
+            if not snap.flags & _ledger.FLAG_BOUNDED:
+                return f"rank {member.rank} is not in bounded mode"
+        return None
+
+    def replace(self, ranks: RankProcesses, layout: Layout, ledger_dir: str, fault: Fault,
+                hang: Verdict | None, culprits: set[int]) -> list[RankProcess]:
+        """Stop ``culprits``, release the others, start a replacement for each; returns the
+        replacements (the agent watches them from now on)."""
+        stacks = ranks.stacks(Deadline.after(margins.STACKS_S),
+                              [r for r in sorted(culprits) if ranks[r].alive])
+        self._stop(ranks, culprits, fault.kind == "raised")
+        kind = _ledger.NOTICE_HUNG if hang is not None else _ledger.NOTICE_DIED
+        for member in ranks.live():
+            if member.rank not in culprits:
+                _ledger.post_notice(member.ledger_path, kind, min(culprits))
+        started = []
+        for rank in sorted(culprits):
+            old = ranks[rank]
+            member, warm, recovery_path = self._start(ranks, layout, ledger_dir, rank)
+            self.used += 1
+            limit = Deadline.after(margins.replacement_limit(self._config.hang_timeout))
+            self._pending[rank] = _Pending(member, ranks.number, recovery_path, fault.at, limit)
+            self._journal.write("replace", attempt=ranks.number, rank=rank, old_pid=old.pid,
+                                new_pid=member.pid, warm=warm, cause=fault.describe(),
+                                old_ending=old.ending(), stacks=stacks.get(rank) is not None
+                                and old.stacks_path or None)
+            how = "a warm spare" if warm else "a new process"
+            self._say(f"rankguard: replacing rank {rank} in place with {how} (pid "
+                      f"{member.pid}); the other ranks wait for it")
+            started.append(member)
+        return started
+
+    def check(self, now: float) -> Fault | None:
+        """Journal the replacements that now hold the state; a fault for one that passed its
+        deadline without."""
+        for rank, pending in list(self._pending.items()):
+            joined = recovery_file.read(pending.recovery_path)
+            if joined is not None:
+                del self._pending[rank]
+                self._journal.write(
+                    "replaced", attempt=pending.attempt, rank=rank, pid=pending.member.pid,
+                    generation=joined.generation,
+                    step=joined.step, source=joined.source, nbytes=joined.nbytes,
+                    share_s=joined.share_s, since_fault_s=round(now - pending.fault_at, 3))
+                self._say(f"rankguard: rank {rank} replaced: generation {joined.generation} "
+                          f"resumes at step {joined.step} with the state of rank "
+                          f"{joined.source} ({joined.nbytes} bytes), {now - pending.fault_at:.2f} "
+                          "s after the fault")
+            elif pending.deadline.passed() and pending.member.alive:
+                del self._pending[rank]
+                return Fault("replace_failed", now, rank, "was replaced, but the replacement "
+                             f"did not join within {pending.deadline.seconds:g} s")
+        return None
+
+    @property
+    def pending(self) -> bool:
+        """Whether a replacement does not hold the state yet."""
+        return bool(self._pending)
+
+    def _stop(self, ranks: RankProcesses, culprits: set[int], raised: bool) -> None:
+        if raised:
+            ranks.wait_exits(Deadline.after(EXIT_WAIT_S), culprits)
+        live = [ranks[r] for r in culprits if ranks[r].alive]
+        for member in live:
+            member.killed = True
+        ranks.signal(signal.SIGKILL, live)  # their trees; continued, so a stopped one dies
+        ranks.wait_exits(Deadline.after(margins.REAP_S), culprits)
+
+    def _start(self, ranks: RankProcesses, layout: Layout, ledger_dir: str, rank: int
+               ) -> tuple[RankProcess, bool, str]:
+        old = ranks[rank]
+        attempt_dir = os.path.dirname(old.log_path)
+        number = self.used + 1
+        files = RankFiles(log=old.log_path, stacks=old.stacks_path, ledger=os.path.join(
+            ledger_dir, f"attempt{ranks.number}-rank{rank}-replacement{number}.ledger"))
+        recovery_path = os.path.join(attempt_dir, f"replacement{number}_rank{rank}.json")
+        env = rank_env(self._config, rank - layout.base, ranks.number, self._token, layout,
+                       files.ledger, files.stacks)
+        # an injected fault is the first process's: the replacement would meet it again
+        env.update({"RANKGUARD_REPLACING": "1", recovery_file.PATH_ENV: recovery_path,
+                    "RANKGUARD_INJECT": ""})
+        spare = self._take_spare()
+        member = ranks.replace(rank, files, env, launcher_for(self._config, spare))
+        member.warm = member.proc is spare
+        return member, member.warm, recovery_path
+
+
+def _ended_well(member: RankProcess, snap: _ledger.RankProgress | None) -> bool:
+    """Whether ``member`` left with exit code 0 (its script ended), or is leaving so."""
+    if not member.alive:
+        return member.returncode == 0
+    return snap is not None and snap.fault == _ledger.FAULT_EXITING and snap.exit_code == 0

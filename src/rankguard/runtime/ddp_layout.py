@@ -1,0 +1,78 @@
+"""The bucket layout of a ``DistributedDataParallel`` module, kept across a rebuild.
+
+DDP groups its parameters' gradients into buckets, each reduced by one all-reduce. It starts
+from an initial layout (the parameters in definition order) and, at the forward after its first
+backward, lays them out again in the order their gradients became ready. gloo's ring all-reduce
+adds up each element in an order that depends on its place in the bucket, so the same sums in
+another layout differ in the last bits. A DDP built again after a recovery must therefore start
+from the layout the old one had settled on, for the run to stay bit for bit the fault-free one.
+
+This leans on DDP's internals of torch 2.13 (its reducer's buckets and its bucket assignment
+call);
+``tests/runtime/test_peer_state.py`` compares a recovered run with a fault-free one bit for bit
+and fails if a torch release changes them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Layout = list[list[int]]
+
+
+def settled(ddp: Any) -> Layout | None:
+    """The layout ``ddp``'s reducer uses once it has laid its buckets out again (at the forward
+    after its first backward), as parameter indices per bucket in the reducer's order; None
+    before that."""
+    if not getattr(ddp, "_has_rebuilt_buckets", False):
+        return None
+    index = {id(param): i for i, param in enumerate(ddp.module.parameters())}
+    return [[index[id(param)] for param in bucket.parameters()]
+            for bucket in ddp.reducer._get_zeros_like_grad_buckets()]
+
+
+def build(module: Any, options: dict[str, Any], layout: Layout | None) -> Any:
+    """``DistributedDataParallel(module, **options)`` whose buckets start laid out as
+    ``layout`` (None: DDP's initial layout), averaging its gradients with
+    :func:`releasable_mean`."""
+    ddp = _construct(module, options, layout)
+    ddp.register_comm_hook(None, releasable_mean)
+    return ddp
+
+
+def releasable_mean(process_group, bucket):  # type: ignore[no-untyped-def]
+    """A DDP communication hook that does what DDP does by default (divide the bucket by the
+    group's size, all-reduce it), on a future that a peer's fault fails at once: DDP's own
+    all-reduce waits in C++, where no notice reaches it, and a rank whose ring neighbours are
+    alive would wait there for the backend's timeout.
+
+    Not annotated: DDP checks a hook's annotations against its own types, and this module's
+    are strings (``from __future__ import annotations``)."""
+    import torch.distributed as dist
+
+    group = process_group if process_group is not None else dist.group.WORLD
+    tensor = bucket.buffer()
+    tensor.div_(group.size())
+    work = dist.all_reduce(tensor, group=group, async_op=True)
+    releasable = getattr(work, "releasable_future", None)  # not in bounded mode: plain
+    future = releasable() if releasable is not None else work.get_future()
+    return future.then(lambda done: done.value()[0])
+
+
+def _construct(module: Any, options: dict[str, Any], layout: Layout | None) -> Any:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    if layout is None:
+        return DistributedDataParallel(module, **options)
+    original = dist._compute_bucket_assignment_by_size
+
+    def assign(tensors: Any, limits: Any, *args: Any, **kwargs: Any) -> Any:
+        # DDP reverses the buckets it is given (to approximate the backward's order)
+        return [list(bucket) for bucket in reversed(layout)], [limits[-1]] * len(layout)
+
+    dist._compute_bucket_assignment_by_size = assign
+    try:
+        return DistributedDataParallel(module, **options)
+    finally:
+        dist._compute_bucket_assignment_by_size = original

@@ -1,0 +1,316 @@
+"""``rankguard.StepLoop``: a training loop that survives a peer's fault without losing a step.
+
+The loop owns the step counter and calls the user's step function once per step. When a step
+fails because a peer did (a ``rankguard.CollectiveError`` or ``GroupRetired`` anywhere in the
+exception's chain, DDP's backward included), the loop:
+
+1. **regroups** with every rank in its place (``regroup(keep_size=True)``): the failed ranks'
+   places wait for replacement processes, which ``rankguard run --recovery in-place`` starts
+   (see ``vacancies``);
+2. **shares the state** (``peer_state.share``): the ranks agree on the step to resume at, the
+   highest any rank completed, and the ranks behind it (the replacement, a rank whose step was
+   cut short) receive the state of one that completed it;
+3. **rebuilds** the wrappers that hold a process group (``ddp()``, and ``on_regroup``
+   callbacks) on the new generation, and runs the step again.
+
+A replacement process runs the same script: its ``init_process_group`` joins the generation
+the survivors formed, and its loop begins at step 2 with no state.
+
+What the user promises: a step changes the state only after its last collective (as a DDP step
+does: backward's all-reduce, then ``optimizer.step()``), and the state the callables move is all
+the state a step depends on (model, optimizer, scheduler, RNG, data position). Then a step that
+failed on some rank left that rank's state as it was before the step, and running it again
+computes what the fault-free run computes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .. import ledger as _ledger
+from .. import recovery_file
+from ..deadline import check_seconds
+from ..errors import CollectiveError, GroupRetired, UsageError, first_line, in_chain
+from . import bounded, ddp_layout, generations, peer_state, vacancies
+from .state import current
+
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """One recovery of the loop, as this rank saw it.
+
+    Attributes:
+        generation: the generation formed.
+        step: the step the ranks resumed at.
+        replaced: the places a replacement process filled.
+        source: the rank whose state the others loaded.
+        nbytes: the size of the state sent (0 when no rank needed it).
+        regroup_s: seconds forming the generation took (waiting for the replacement included).
+        share_s: seconds agreeing on the step and moving the state took.
+        cause: the fault that started it, in one line.
+        error: the fault that ended it before the loop could resume, in one line ("" when it
+            succeeded; then a later recovery took over).
+    """
+
+    generation: int
+    step: int
+    replaced: tuple[int, ...]
+    source: int
+    nbytes: int
+    regroup_s: float
+    share_s: float
+    cause: str
+    error: str = ""
+
+
+class Rebuilt:
+    """A module wrapped in ``DistributedDataParallel`` on the current generation: call it as
+    the DDP module it holds (``module`` is that DDP). Made by :meth:`StepLoop.ddp`.
+
+    Each rebuild keeps the **bucket layout** the previous DDP had settled on (DDP lays its
+    buckets out again after its first backward, in the order the gradients became ready). A
+    fresh DDP would start from its initial layout instead, and since gloo's ring all-reduce
+    adds up each element in an order that depends on where it sits in the bucket, the first
+    step after a recovery would differ from the fault-free run in the last bits.
+    """
+
+    def __init__(self, module: Any, options: dict[str, Any]) -> None:
+        self._inner_module = module
+        self._options = options
+        self._ddp: Any = None
+        self.layout: ddp_layout.Layout | None = None  # the settled one, once known
+
+    @property
+    def module(self) -> Any:
+        """The ``DistributedDataParallel`` of the current generation.
+
+        Raises:
+            UsageError: the loop has not started (the DDP is built when ``run()`` begins).
+        """
+        if self._ddp is None:
+            raise UsageError("StepLoop.ddp()", "the DDP module is built when run() starts",
+                             "call it from the step function")
+        return self._ddp
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    def note_layout(self) -> None:
+        """After a step: learn the layout the DDP settled on, once (a DDP built with a known
+        layout keeps it)."""
+        if self.layout is None and self._ddp is not None:
+            self.layout = ddp_layout.settled(self._ddp)
+
+    def rebuild(self) -> None:
+        """A new DDP on the current default group, laid out as the settled layout if known."""
+        self._ddp = None  # the old one's reducer goes before the new one registers its hooks
+        self._ddp = ddp_layout.build(self._inner_module, self._options, self.layout)
+
+
+class StepLoop:
+    """Run ``steps`` steps of a training loop; a peer's fault costs no step (see the module).
+
+    Args:
+        get_state: returns the state a step depends on (``torch.save``-able: tensors, numbers,
+            strings, lists and dicts of them). Called on one healthy rank after a fault.
+        load_state: loads what ``get_state`` returned, on the ranks that lack it.
+        regroup_timeout: seconds the survivors wait for a replacement to join (default: the
+            ``RANKGUARD_REPLACE_TIMEOUT`` that ``rankguard run`` sets, else 60).
+        share_timeout: seconds the state's transfer may take.
+        max_recoveries: recoveries after which a fault is raised instead.
+
+    Raises:
+        UsageError: a bad argument.
+    """
+
+    def __init__(self, get_state: Callable[[], Any], load_state: Callable[[Any], None], *,
+                 regroup_timeout: float | None = None, share_timeout: float = 60.0,
+                 max_recoveries: int = 8) -> None:
+        if not callable(get_state) or not callable(load_state):
+            raise UsageError("StepLoop", "get_state and load_state must be callables")
+        self._get_state, self._load_state = get_state, load_state
+        self._regroup_timeout = check_seconds("StepLoop(regroup_timeout)", regroup_timeout,
+                                              text=False) \
+            if regroup_timeout is not None else vacancies.join_timeout()
+        self._share_timeout = check_seconds("StepLoop(share_timeout)", share_timeout,
+                                            text=False)
+        if isinstance(max_recoveries, bool) or not isinstance(max_recoveries, int) \
+                or max_recoveries < 0:
+            raise UsageError("StepLoop(max_recoveries)",
+                             f"expected a whole number >= 0, got {max_recoveries!r}")
+        self._max_recoveries = max_recoveries
+        self._step = peer_state.NO_STATE if vacancies.replacing() else 0
+        self._rebuilds: list[Callable[[], None]] = []
+        self._wrapped: list[Rebuilt] = []
+        self._ran = False
+        self.recoveries: list[Recovery] = []
+
+    @classmethod
+    def of(cls, stateful: dict[str, Any], **options: Any) -> "StepLoop":
+        """A loop whose state is that of ``stateful``'s objects (modules, optimizers,
+        schedulers: anything with ``state_dict()`` and ``load_state_dict()``), by name:
+        ``StepLoop.of({"model": model, "optimizer": optimizer})``. ``options``: as for the
+        constructor.
+
+        Raises:
+            UsageError: an object without ``state_dict``/``load_state_dict``.
+        """
+        for name, thing in stateful.items():
+            if not callable(getattr(thing, "state_dict", None)) or \
+                    not callable(getattr(thing, "load_state_dict", None)):
+                raise UsageError("StepLoop.of()", f"{name!r} has no state_dict() and "
+                                 "load_state_dict()", "give modules, optimizers, schedulers, "
+                                 "or use StepLoop(get_state, load_state)")
+        objects = dict(stateful)
+
+        def get_state() -> dict[str, Any]:
+            return {name: thing.state_dict() for name, thing in objects.items()}
+
+        def load_state(state: dict[str, Any]) -> None:
+            for name, thing in objects.items():
+                thing.load_state_dict(state[name])
+
+        return cls(get_state, load_state, **options)
+
+    @property
+    def step(self) -> int:
+        """How many steps this rank has completed (``peer_state.NO_STATE`` before a
+        replacement received its state)."""
+        return self._step
+
+    def ddp(self, module: Any, **options: Any) -> Rebuilt:
+        """``module`` in ``DistributedDataParallel(module, **options)``, built when ``run()``
+        starts and again on each new generation. Build the optimizer on ``module``'s
+        parameters: they are the same across rebuilds."""
+        wrapped = Rebuilt(module, options)
+        self._wrapped.append(wrapped)
+        self._rebuilds.append(wrapped.rebuild)
+        return wrapped
+
+    def on_regroup(self, rebuild: Callable[[], None]) -> None:
+        """Call ``rebuild()`` when ``run()`` starts and on each new generation, after the state
+        arrived: make the process groups and wrappers of your own there."""
+        self._rebuilds.append(rebuild)
+
+    def run(self, step_fn: Callable[[int], None], steps: int) -> None:
+        """Call ``step_fn(step)`` for each step from the current one up to ``steps``.
+
+        Raises:
+            UsageError: ``steps`` is not a whole number >= 0, no process group exists, or
+                ``run()`` was called before on this loop.
+            rankguard.CollectiveError: recovery failed (no replacement joined in time, a fault
+                during the transfer, more than ``max_recoveries`` faults).
+            Exception: whatever ``step_fn`` raised that was not a peer's fault.
+        """
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise UsageError("StepLoop.run(steps)", f"expected a whole number >= 0, got {steps!r}")
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise UsageError("StepLoop.run()", "there is no process group to run the loop on",
+                             "call torch.distributed.init_process_group() first")
+        if self._ran:
+            raise UsageError("StepLoop.run()", "is called once per loop (a replacement "
+                             "resumes inside the run its peers are in)",
+                             "pass the total number of steps to one run()")
+        self._ran = True
+        ledger = current().ledger
+        if ledger is not None:
+            ledger.set_flag(_ledger.FLAG_STEP_LOOP)
+        try:
+            self._run(step_fn, steps)
+        finally:
+            if ledger is not None:
+                ledger.clear_flag(_ledger.FLAG_STEP_LOOP)
+
+    def _run(self, step_fn: Callable[[int], None], steps: int) -> None:
+        try:
+            self._resume()
+        except Exception as error:  # noqa: BLE001 (a peer's fault is handled, others raised)
+            fault = peer_fault(error)
+            if fault is None:
+                raise
+            self._recover(fault)
+        while self._step < steps:
+            try:
+                step_fn(self._step)
+            except Exception as error:  # noqa: BLE001 (a peer's fault is handled, others raised)
+                fault = peer_fault(error)
+                if fault is None or len(self.recoveries) >= self._max_recoveries:
+                    raise
+                self._recover(fault)
+                continue
+            self._step += 1
+            for wrapped in self._wrapped:
+                wrapped.note_layout()
+
+    def _state_with_layouts(self) -> dict[str, Any]:
+        return {"state": self._get_state(),
+                "layouts": [wrapped.layout for wrapped in self._wrapped]}
+
+    def _load_with_layouts(self, payload: dict[str, Any]) -> None:
+        self._load_state(payload["state"])
+        for wrapped, layout in zip(self._wrapped, payload["layouts"]):
+            wrapped.layout = layout
+
+    def _resume(self, generation: int = 0, replaced: tuple[int, ...] = (),
+                regroup_s: float = 0.0, cause: str = "") -> None:
+        """Agree on the step, move the state to the ranks behind, rebuild the wrappers."""
+        received = self._step == peer_state.NO_STATE
+        shared = peer_state.share(self._step, self._state_with_layouts,
+                                  self._load_with_layouts, timeout=self._share_timeout)
+        self._step = shared.step
+        for rebuild in self._rebuilds:
+            rebuild()
+        if received:
+            recovery_file.write(shared, current().generation)
+        if cause:
+            self.recoveries.append(Recovery(generation, shared.step, replaced, shared.source,
+                                            shared.nbytes, regroup_s, shared.took, cause))
+
+    def _recover(self, fault: BaseException) -> None:
+        """Form a generation with replacements for the failed ranks and resume in it; again
+        after a fault during that (a replacement that died while joining, a second fault),
+        until ``max_recoveries``.
+
+        Raises:
+            RankguardError: the last fault, once the recoveries are spent (or gloo's
+                RuntimeError, when that was it).
+        """
+        while len(self.recoveries) < self._max_recoveries:
+            started = time.monotonic()
+            try:
+                # GroupRetired from regroup: the others left this rank out; it cannot rejoin
+                generation = generations.regroup(timeout=self._regroup_timeout, keep_size=True)
+            except CollectiveError as again:
+                fault = self._failed(started, fault, again)
+                continue
+            try:
+                self._resume(generation.number, tuple(generation.replaced),
+                             time.monotonic() - started, first_line(fault))
+                return
+            except Exception as error:  # noqa: BLE001 (a peer's fault is handled, others raised)
+                again = peer_fault(error)
+                if again is None:
+                    raise
+                fault = self._failed(started, fault, again)
+        raise fault
+
+    def _failed(self, started: float, fault: BaseException, again: BaseException
+                ) -> BaseException:
+        """Record a recovery that ``again`` ended; returns the fault to recover from next."""
+        self.recoveries.append(Recovery(current().generation, self._step, (), -1, 0,
+                                        time.monotonic() - started, 0.0, first_line(fault),
+                                        first_line(again)))
+        return again
+
+
+def peer_fault(error: BaseException | None) -> BaseException | None:
+    """The peer's fault in ``error``'s chain of causes (a ``CollectiveError``, a
+    ``GroupRetired``, or gloo's error for a connection a peer closed, which a send raises at
+    once), or None when ``error`` is not one."""
+    return in_chain(error, lambda e: isinstance(e, (CollectiveError, GroupRetired))
+                    or bounded.gloo_failure(e))

@@ -1,0 +1,160 @@
+"""Vacancies: a generation that keeps its size, and the replacement processes that fill it.
+
+``regroup(keep_size=True)`` forms the next generation with every surviving rank in its place and
+each failed rank's place **vacant**. The survivors publish it in the store's **lineage record**
+(``rankguard/lineage``, sealed with the run's secret): the generation's number, its size, its
+vacant places and the wall-clock time until which its members wait for them. A generation's
+record replaces an older one only (compare-and-set on the number), so a slow survivor never
+hides a newer generation.
+
+A **replacement** is a new process started with ``RANKGUARD_REPLACING=1`` and the ``RANK`` of
+the place it fills (``rankguard run --recovery in-place`` starts them; under another launcher
+the user does). When its script calls ``init_process_group``, :func:`join` finds the newest
+generation with that place vacant, marks its arrival at the generation's join barrier beside the
+survivors, and the default group is created on that generation's keys. A generation whose members
+stopped waiting (a replacement that came too late, a member that died meanwhile) is passed over
+for the next one the survivors form, until the replacement's own deadline; having arrived once,
+the replacement is one of that next generation's members.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .. import sealed
+from ..deadline import Deadline, check_seconds
+from ..errors import CollectiveTimeout, UsageError
+from . import barrier
+from .state import WORLD
+
+LINEAGE_KEY = "rankguard/lineage"
+REPLACING_ENV = "RANKGUARD_REPLACING"
+JOIN_TIMEOUT_ENV = "RANKGUARD_REPLACE_TIMEOUT"
+JOIN_TIMEOUT_S = 60.0  # a replacement's default: a cold one imports torch meanwhile
+# A replacement waits for as long as two generations' joins: when a second rank fails while the
+# survivors wait for the first one's replacement, their join fails at its timeout and the next
+# generation, with both places vacant, is the one the replacement joins.
+REPLACEMENT_WAITS = 2
+_POLL_S = 0.05  # between reads of the lineage record while no usable generation is there
+_ARRIVE_MARGIN_S = 0.5  # a place is taken only this long before its generation stops waiting
+
+
+@dataclass(frozen=True)
+class Vacancies:
+    """A generation's lineage record: what a replacement needs to join it.
+
+    Attributes:
+        generation: its number.
+        size: how many ranks it has (the places, vacant or not).
+        vacant: the places no survivor holds.
+        until: wall-clock time (``time.time()``) at which its members stop waiting.
+    """
+
+    generation: int
+    size: int
+    vacant: tuple[int, ...]
+    until: float
+
+    def text(self) -> str:
+        return json.dumps({"generation": self.generation, "size": self.size,
+                           "vacant": list(self.vacant), "until": self.until})
+
+    @classmethod
+    def parse(cls, text: str | None) -> "Vacancies | None":
+        """The record in an authentic value, or None for none or a malformed one."""
+        if text is None:
+            return None
+        try:
+            fields = json.loads(text)
+            return cls(int(fields["generation"]), int(fields["size"]),
+                       tuple(int(place) for place in fields["vacant"]), float(fields["until"]))
+        except (ValueError, TypeError, KeyError):
+            return None
+
+
+def prefix(number: int) -> str:
+    """The store prefix of generation ``number``'s keys (under the lineage's root store)."""
+    return f"rankguard/gen{number}/"
+
+
+def group_store(number: int, root: Any) -> Any:
+    """The store generation ``number``'s default group is created on."""
+    from torch.distributed import PrefixStore
+
+    return PrefixStore(f"{prefix(number)}pg/", root)
+
+
+def replacing() -> bool:
+    """Whether this process was started to fill a vacant place (``RANKGUARD_REPLACING``)."""
+    return os.environ.get(REPLACING_ENV, "") not in ("", "0")
+
+
+def join_timeout() -> float:
+    """Seconds a replacement may take to join (``RANKGUARD_REPLACE_TIMEOUT``, else
+    ``JOIN_TIMEOUT_S``).
+
+    Raises:
+        UsageError: the variable is not a positive number of seconds.
+    """
+    value = os.environ.get(JOIN_TIMEOUT_ENV)
+    return check_seconds(JOIN_TIMEOUT_ENV, value) if value else JOIN_TIMEOUT_S
+
+
+def publish(client: Any, record: Vacancies, limit: Deadline) -> None:
+    """Make ``record`` the lineage record unless a newer generation's is there; by ``limit``
+    (then it gives up silently: the replacement cannot join, and the members' join names it)."""
+    ours = sealed.seal(LINEAGE_KEY, record.text())
+    found = client.compare_set(LINEAGE_KEY, "", ours)
+    while found != ours.encode() and not limit.passed():
+        present = Vacancies.parse(sealed.unseal(LINEAGE_KEY, found, report=False))
+        if present is not None and present.generation >= record.generation:
+            return
+        found = client.compare_set(LINEAGE_KEY, found, ours)
+
+
+def current_record(client: Any) -> Vacancies | None:
+    """The authentic lineage record in the store, or None."""
+    if not client.check([LINEAGE_KEY]):
+        return None
+    return Vacancies.parse(sealed.unseal(LINEAGE_KEY, client.get(LINEAGE_KEY)))
+
+
+def join(client: Any, place: int, limit: Deadline) -> Vacancies:
+    """Fill ``place`` in the newest generation where it is vacant; returns that generation once
+    every member has arrived (the caller then creates the group on its keys).
+
+    Raises:
+        UsageError: no secret was given to this process (``RANKGUARD_SECRET``): it could not
+            prove its arrival to the members.
+        CollectiveTimeout: no generation with ``place`` vacant formed with it by ``limit``.
+    """
+    if sealed.key() is None:
+        raise UsageError("RANKGUARD_REPLACING", "a replacement rank needs the run's secret to "
+                         "join its peers", "give every rank the same RANKGUARD_SECRET (rankguard "
+                         "run does)")
+    started, tried = time.monotonic(), -1
+    missing: list[int] = []
+    while not limit.passed():
+        record = current_record(client)
+        # once this process arrived at a generation that did not form, the survivors count it
+        # among the members of the next one (it was not missing), no longer as a vacancy
+        usable = (record is not None and record.generation > tried
+                  and (place in record.vacant or (tried >= 0 and place < record.size))
+                  and record.until - time.time() > _ARRIVE_MARGIN_S)
+        if not usable:
+            time.sleep(limit.wait_time(_POLL_S))
+            continue
+        assert record is not None
+        tried = record.generation
+        meeting = barrier.meet(client, f"{prefix(record.generation)}joined", place,
+                               record.size, limit.within(record.until - time.time()))
+        if meeting.complete:
+            return record
+        missing = meeting.missing
+    raise CollectiveTimeout(f"could not fill place {place}: no generation with it vacant "
+                            "formed in time", op="join", seq=tried, group=WORLD, rank=place,
+                            missing=missing, waited=time.monotonic() - started)

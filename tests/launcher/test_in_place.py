@@ -1,0 +1,158 @@
+"""``rankguard run --recovery in-place``: a rank that dies, freezes or raises is replaced while the
+others wait, and the run ends with the same parameters, bit for bit, as a run without the fault.
+
+Every run is ``examples/train_inplace.py`` (DDP in ``rankguard.StepLoop``), which prints a
+checksum of its final parameters.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, Run
+
+EXAMPLE = str(ROOT / "examples" / "train_inplace.py")
+ARGS = ["--nproc-per-node", "3", "--hang-timeout", "3", "--max-restarts", "3"]
+SCRIPT = [EXAMPLE, "--steps", "40", "--step-time", "0.05", "--width", "16"]
+
+
+def _checksum(run: Run) -> str:
+    found = re.findall(r"checksum ([0-9a-f]{16})", run.stdout)
+    assert found, f"no checksum; exit {run.code}; stderr:\n{run.stderr[-4000:]}"
+    return found[-1]
+
+
+@pytest.fixture(scope="module")
+def fault_free(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from tests.conftest import finish, launch
+    import time
+
+    log_dir = tmp_path_factory.mktemp("fault_free")
+    started = time.monotonic()
+    run = finish(launch([*ARGS, *SCRIPT], log_dir), log_dir, 120, started)
+    assert run.code == 0, run.stderr[-3000:]
+    return _checksum(run)
+
+
+def _events(run: Run, name: str) -> list[dict[str, Any]]:
+    return [e for e in run.events if e["event"] == name]
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(240)
+@pytest.mark.parametrize("fault", ["kill:rank=1,at=op20", "stop:rank=2,at=op20",
+                                   "raise:rank=0,at=op20", "crash:3:rank=1,at=op25"])
+def test_a_replaced_rank_costs_no_step_and_the_run_ends_bit_for_bit(
+        run_rankguard: Any, fault_free: str, fault: str) -> None:
+    run = run_rankguard([*ARGS, "--recovery", "in-place", "--inject", fault, *SCRIPT],
+                        timeout=180)
+    assert run.code == 0, run.stderr[-4000:]
+    assert _checksum(run) == fault_free
+    rank = int(fault.split("rank=")[1].split(",")[0])
+    (replace,) = _events(run, "replace")
+    assert replace["rank"] == rank and replace["old_pid"] != replace["new_pid"]
+    (replaced,) = _events(run, "replaced")
+    assert replaced["rank"] == rank and replaced["pid"] == replace["new_pid"]
+    assert replaced["source"] != rank and replaced["nbytes"] > 0
+    assert not _events(run, "restart")  # one attempt: the survivors never stopped
+    assert run.outcomes(0) == {0: "ok", 1: "ok", 2: "ok"}
+    if fault.startswith("stop"):  # found hung, its stacks taken before it was stopped
+        assert replace["stacks"] and "hang" in replace["cause"]
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(300)
+def test_two_faults_in_a_row_are_each_repaired(run_rankguard: Any, fault_free: str) -> None:
+    # (two at once, op20 and op20, repaired too but failed 1 run in 3 under load: not here yet)
+    run = run_rankguard([*ARGS, "--recovery", "in-place", "--inject", "kill:rank=1,at=op15",
+                         "--inject", "kill:rank=2,at=op30", *SCRIPT], timeout=240)
+    assert run.code == 0, run.stderr[-4000:]
+    assert _checksum(run) == fault_free
+    assert sorted(e["rank"] for e in _events(run, "replaced")) == [1, 2]
+    assert not _events(run, "restart")
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(240)
+def test_a_script_without_step_loop_falls_back_to_a_restart(run_rankguard: Any) -> None:
+    run = run_rankguard([*ARGS, "--recovery", "in-place", "--inject", "kill:rank=1,at=op20",
+                         str(ROOT / "examples" / "train.py"), "--steps", "30"], timeout=180)
+    assert run.code == 0, run.stderr[-4000:]
+    (refused,) = _events(run, "replace_refused")
+    assert "does not run its loop in rankguard.StepLoop" in refused["reason"]
+    assert _events(run, "restart") and not _events(run, "replace")
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(240)
+def test_when_replacements_run_out_the_run_fails_with_the_fault(run_rankguard: Any) -> None:
+    args = ["--nproc-per-node", "3", "--hang-timeout", "3", "--max-restarts", "1"]
+    run = run_rankguard([*args, "--recovery", "in-place", "--inject", "kill:rank=1,at=op15",
+                         "--inject", "kill:rank=2,at=op30", *SCRIPT], timeout=180)
+    assert run.code != 0
+    assert len(_events(run, "replace")) == 1
+    (refused,) = _events(run, "replace_refused")
+    assert "no restarts left" in refused["reason"]
+    assert "rank 2 was killed by SIGKILL" in run.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(240)
+def test_a_replacement_killed_while_it_joins_is_replaced_in_turn(tmp_path: Any,
+                                                                   fault_free: str) -> None:
+    import json
+    import os
+    import signal
+    import time
+
+    from tests.conftest import finish, launch
+
+    log_dir = tmp_path / "logs"
+    started = time.monotonic()
+    proc = launch([*ARGS, "--recovery", "in-place", "--inject", "kill:rank=1,at=op20",
+                   *SCRIPT], log_dir)
+    journal = log_dir / "journal.jsonl"
+    killed = None
+    while killed is None and time.monotonic() - started < 120 and proc.poll() is None:
+        events = [json.loads(line) for line in journal.read_text().splitlines()] \
+            if journal.exists() else []
+        replace = next((e for e in events if e["event"] == "replace"), None)
+        if replace is not None:
+            killed = replace["new_pid"]
+            os.kill(killed, signal.SIGKILL)
+        time.sleep(0.01)
+    run = finish(proc, log_dir, 180, started)
+    assert killed is not None, run.stderr[-3000:]
+    assert run.code == 0, run.stderr[-4000:]
+    assert _checksum(run) == fault_free
+    replaces = _events(run, "replace")
+    assert [e["rank"] for e in replaces] == [1, 1] and replaces[1]["old_pid"] == killed
+    (replaced,) = _events(run, "replaced")
+    assert replaced["pid"] == replaces[1]["new_pid"]
+    assert not _events(run, "restart")
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(240)
+def test_replacement_variables_left_in_the_users_shell_do_not_reach_the_ranks(
+        run_rankguard: Any, fault_free: str) -> None:
+    run = run_rankguard([*ARGS, *SCRIPT], timeout=180,
+                        env={"RANKGUARD_REPLACING": "1", "RANKGUARD_REPLACE_TIMEOUT": "abc"})
+    assert run.code == 0, run.stderr[-4000:]
+    assert _checksum(run) == fault_free
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(240)
+def test_a_single_rank_is_not_replaced_in_place_but_restarted(run_rankguard: Any) -> None:
+    run = run_rankguard(["--nproc-per-node", "1", "--hang-timeout", "3", "--max-restarts", "1",
+                         "--recovery", "in-place", "--inject", "kill:rank=0,at=op10",
+                         *SCRIPT], timeout=180)
+    assert run.code == 0, run.stderr[-4000:]
+    (refused,) = _events(run, "replace_refused")
+    assert "no other rank holds the state" in refused["reason"]
+    assert _events(run, "restart")
+
