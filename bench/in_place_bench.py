@@ -1,6 +1,7 @@
 """Recovery inside the job vs restarting it: one rank of a DDP job SIGKILLed mid-training.
 
     python bench/in_place_bench.py [--nproc 4] [--steps 2000] [--warm 8] [--cap 180]
+    python bench/in_place_bench.py --overhead 5 [--steps 800]
 
 The job is ``in_place_worker.py`` (a 3-layer MLP, DDP on gloo/CPU). For each way of recovering,
 the bench starts the job, waits until it has run ``--warm`` seconds past its first step (so
@@ -19,6 +20,11 @@ rankguard's warm spares have imported torch), SIGKILLs rank 1 and records when, 
 Ways: (a) ``rankguard run --recovery in-place`` with ``rankguard.StepLoop``; (b) ``rankguard
 run`` restarting (warm spares); (c) ``torchrun`` restarting. torchft is not installed here:
 see the README for what was measured of it.
+
+``--overhead ROUNDS`` measures only the step time without faults, which one run cannot tell
+from noise: ROUNDS rounds, each running the three ways back to back in a rotating order, (a)
+as above, (b) and (c) the plain DDP loop (no checkpoints). It prints each way's median step
+time over the rounds, and the median and range of its ratio to torchrun within a round.
 """
 
 from __future__ import annotations
@@ -39,8 +45,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "in_place_worker.py")
 
 
-def command(way: str, nproc: int, steps: int, out: str) -> list[str]:
-    mode = "step-loop" if way == "in-place" else "checkpoint"
+def command(way: str, nproc: int, steps: int, out: str, mode: str) -> list[str]:
     job = [WORKER, mode, str(steps), out]
     if way == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -65,10 +70,13 @@ def rank_pid(tag: str, rank: int) -> int | None:
     return next((pid for pid in proctree.with_env("RANK", str(rank)) if pid in of_run), None)
 
 
-def run(way: str, nproc: int, steps: int, warm: float, cap: float, fault: bool) -> dict:
+def run(way: str, nproc: int, steps: int, warm: float, cap: float, fault: bool,
+        baseline: str = "checkpoint") -> dict:
+    """One job of ``way``: the in-place way runs StepLoop, the others ``baseline``."""
     out = tempfile.mkdtemp(prefix=f"rg-inplace-{way}-")
     tag = os.path.basename(out)
-    proc = subprocess.Popen(command(way, nproc, steps, out), stdout=subprocess.DEVNULL,
+    mode = "step-loop" if way == "in-place" else baseline
+    proc = subprocess.Popen(command(way, nproc, steps, out, mode), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env={**os.environ, "BENCH_TAG": tag},
                             start_new_session=True)
     deadline = time.monotonic() + cap
@@ -115,8 +123,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--warm", type=float, default=8.0)
     parser.add_argument("--cap", type=float, default=180.0)
+    parser.add_argument("--overhead", type=int, metavar="ROUNDS", default=0,
+                        help="measure only the step time without faults, in ROUNDS rounds")
     args = parser.parse_args()
     ways = ("in-place", "rankguard-restart", "torchrun")
+    if args.overhead > 0:
+        overhead(ways, args.nproc, args.steps, args.cap, args.overhead)
+        return
     clean = {way: run(way, args.nproc, args.steps, args.warm, args.cap, False) for way in ways}
     faulty = {way: run(way, args.nproc, args.steps, args.warm, args.cap, True) for way in ways}
     base = clean["torchrun"].get("step_s")
@@ -134,6 +147,32 @@ def main() -> None:
         name = {"in-place": "rankguard in-place", "rankguard-restart": "rankguard restart",
                 "torchrun": "torchrun restart"}[way]
         print(f"{name:22}{next_s:>20}{lost:>12}{same:>13}{step:>11}{ratio:>13}")
+
+
+def overhead(ways: tuple[str, ...], nproc: int, steps: int, cap: float, rounds: int) -> None:
+    step_s: dict[str, list[float]] = {way: [] for way in ways}
+    ratios: dict[str, list[float]] = {way: [] for way in ways}
+    for n in range(rounds):
+        order = ways[n % len(ways):] + ways[:n % len(ways)]
+        measured = {way: run(way, nproc, steps, 0.0, cap, False, "plain").get("step_s")
+                    for way in order}
+        base = measured["torchrun"]
+        for way in ways:
+            if measured[way] is not None:
+                step_s[way].append(measured[way])
+                if base:
+                    ratios[way].append(measured[way] / base)
+    print(f"{nproc} ranks, {steps} steps a run, no fault; {rounds} rounds of the three ways "
+          "back to back in a rotating order; (b) and (c) run the plain DDP loop")
+    print(f"{'':22}{'runs':>6}{'median step':>13}{'vs torchrun: median':>21}{'range':>17}")
+    names = {"in-place": "rankguard in-place", "rankguard-restart": "rankguard (plain)",
+             "torchrun": "torchrun (plain)"}
+    for way in ways:
+        times, r = step_s[way], sorted(ratios[way])
+        median = f"{statistics.median(times) * 1000:.2f} ms" if times else "-"
+        ratio = f"{statistics.median(r):.3f}" if r else "-"
+        spread = f"{r[0]:.3f}..{r[-1]:.3f}" if r else "-"
+        print(f"{names[way]:22}{len(times):>6}{median:>13}{ratio:>21}{spread:>17}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 MODE ``step-loop`` runs its loop in ``rankguard.StepLoop``; ``checkpoint`` is the usual script:
 rank 0 saves a checkpoint every ``CKPT_EVERY`` steps and a restarted attempt resumes from it
-(``TORCHELASTIC_RESTART_COUNT`` > 0). Both train the same model on the same data (drawn from the
+(``TORCHELASTIC_RESTART_COUNT`` > 0); ``plain`` is that script without checkpoints (the
+baseline of the step-time comparison). Both train the same model on the same data (drawn from the
 step and the rank). Ranks 0 and 1 append ``{"step", "t", "pid"}`` to
 ``OUT_DIR/steps_rankR.jsonl`` as each step completes; rank 0 writes the final parameters'
 checksum to ``OUT_DIR/checksum``.
@@ -71,7 +72,7 @@ def main() -> None:
         for n in range(start, steps):
             compute(ddp, n)
             done(n)
-            if rank == 0 and (n + 1) % CKPT_EVERY == 0:
+            if mode == "checkpoint" and rank == 0 and (n + 1) % CKPT_EVERY == 0:
                 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                             "step": n + 1}, ckpt + ".tmp")
                 os.replace(ckpt + ".tmp", ckpt)

@@ -31,7 +31,8 @@ def test_rank_that_leaves_before_its_peers_collective_is_the_root_cause(run_rank
 
 @pytest.mark.parametrize("group, label", [
     # the sub-group case proves the same on a sub-group's ledger slot (labels: table-tested)
-    pytest.param("world", "world", marks=pytest.mark.slow), ("sub", "ranks 0,1")])
+    pytest.param("world", "world", marks=pytest.mark.slow),
+    pytest.param("sub", "ranks 0,1", marks=pytest.mark.slow)])
 def test_mismatched_operations_are_named_with_each_ranks_operation_and_the_group(
         run_rankguard, group, label):
     run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "2", script("mismatch.py"),
@@ -47,6 +48,7 @@ def test_mismatched_operations_are_named_with_each_ranks_operation_and_the_group
     assert run.outcomes() == {0: "hung", 1: "hung"}
 
 
+@pytest.mark.slow  # moved out of the README's 5-minute run; test_faults' verdicts stay
 def test_each_stopped_rank_says_why_the_launcher_stopped_it(run_rankguard):
     run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "2", "--inject",
                          "hang:rank=1,at=op5", script("allreduce.py"), "400", "0.01"])

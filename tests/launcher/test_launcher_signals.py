@@ -34,7 +34,7 @@ def test_signal_to_launcher_stops_every_rank_within_grace(tmp_path, sig, code):
     run = finish(proc, log_dir, 30, started)
     assert run.code == code, run.stderr
     assert time.monotonic() - sent < stopped_within_s(grace)
-    assert run.outcomes() == {0: "victim", 1: "victim"}
+    assert run.outcomes() == {0: "victim", 1: "victim"}, run.stderr
     assert run.event("run_end")["root_cause"] == f"the launcher received {sig.name}"
 
 

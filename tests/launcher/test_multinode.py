@@ -323,6 +323,7 @@ def test_the_loss_of_the_store_host_ends_every_other_node_naming_the_store(tmp_p
     assert set(other.outcomes().values()) == {"victim"}
 
 
+@pytest.mark.slow  # moved out of the README's 5-minute run; the endpoint cases stay
 def test_a_round_that_never_fills_is_a_bounded_join_failure(tmp_path):
     port = _free_port()
     join = 3

@@ -61,6 +61,7 @@ def test_nodes_are_alive_after_a_fault_only_when_each_changed_its_beat_across_tw
     assert all_alive_after(heard, 10.0) is expected
 
 
+@pytest.mark.slow  # moved out of the README's 5-minute run; the rules are table-tested
 def test_the_silent_node_and_a_stopped_store_are_told_apart_through_a_real_store(tmp_path):
     """Two nodes beat through a TCPStore served by another process; node 1 stops beating, then
     the store's server is stopped (SIGSTOP): node 0 names node 1, then the store, each after

@@ -384,6 +384,7 @@ def running_signal(path: Path) -> Iterator[Callable[[], None]]:
         yield lambda: _take_word(listener)
 
 
+@pytest.mark.slow  # moved out of the README's 5-minute run; SIGTERM under load stays
 @pytest.mark.deadline(180)
 def test_sigterm_with_a_grace_shorter_than_a_request_answers_it_503_json_and_exits_0(
         tmp_path: Path) -> None:
@@ -431,6 +432,7 @@ def test_a_body_that_does_not_arrive_within_the_timeout_gets_408(server: Server)
     assert_served(server.run({"x": X}))
 
 
+@pytest.mark.slow  # moved out of the README's 5-minute run; the bad-request cases stay
 @pytest.mark.deadline(180)
 def test_clients_that_drop_mid_body_cost_no_traceback_and_the_server_keeps_serving(
         tmp_path: Path) -> None:
