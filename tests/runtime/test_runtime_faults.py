@@ -113,8 +113,8 @@ STORE_TIMEOUT = 2.0
 @pytest.mark.parametrize(("fault", "call"), [
     ("frozen", "deadline"),
     *(pytest.param(fault, call, marks=pytest.mark.slow)
-      for fault, call in [("dead", "shutdown"), ("frozen", "shutdown"), ("frozen", "regroup"), ("dead", "regroup"),
-                          ("dead", "deadline")])])
+      for fault, call in [("dead", "shutdown"), ("frozen", "shutdown"), ("frozen", "regroup"),
+                          ("dead", "regroup"), ("dead", "deadline")])])
 def test_a_store_host_that_froze_or_died_bounds_every_runtime_call_and_the_exit(
         tmp_path: Path, fault: str, call: str) -> None:
     """Under mp.spawn rank 0 hosts the store: its freeze or death used to leave shutdown(),
