@@ -10,16 +10,21 @@ rankguard's warm spares have imported torch), SIGKILLs rank 1 and records when, 
 
 - **fault -> next step**: from the SIGKILL to the first step that rank 1's new process completes
   (a replacement, or the restarted rank);
+- **rank 0 paused**: the longest time between two of rank 0's completed steps from the fault
+  on (what the survivors lose);
 - **steps lost**: steps that had completed before the fault and were computed again after it
-  (the restarts resume from a checkpoint taken every 20 steps);
+  (the restarts resume from a checkpoint taken every 20 steps); "N w/o it": steps the others
+  completed without rank 1 (torchft goes on with fewer replicas);
 - **same parameters**: whether the final parameters equal, bit for bit, those of the same
   recovery's job run without the fault;
 - **step time** without faults: the median time between steps, and its ratio to the plain DDP
   script under torchrun (the cost of StepLoop, its communication hook and bounded mode).
 
 Ways: (a) ``rankguard run --recovery in-place`` with ``rankguard.StepLoop``; (b) ``rankguard
-run`` restarting (warm spares); (c) ``torchrun`` restarting. torchft is not installed here:
-see the README for what was measured of it.
+run`` restarting (warm spares); (c) ``torchrun`` restarting; (d) torchft, when it is installed
+(``pip install torchft``): four replica groups of one rank, each under a torchrun that restarts
+it, with torchft's lighthouse in this process on loopback (torchft's own servers listen on
+every interface).
 
 ``--overhead ROUNDS`` measures only the step time without faults, which one run cannot tell
 from noise: ROUNDS rounds, each running the three ways back to back in a rotating order, (a)
@@ -30,19 +35,24 @@ time over the rounds, and the median and range of its ratio to torchrun within a
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 from rankguard import proctree
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "in_place_worker.py")
+NAMES = {"in-place": "rankguard in-place", "rankguard-restart": "rankguard restart",
+         "torchrun": "torchrun restart", "torchft": "torchft heal"}
 
 
 def command(way: str, nproc: int, steps: int, out: str, mode: str) -> list[str]:
@@ -64,10 +74,45 @@ def steps_of(out: str, rank: int = 0) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def rank_pid(tag: str, rank: int) -> int | None:
-    """The live process with ``BENCH_TAG=tag`` and ``RANK=rank`` in its environment."""
+def rank_pid(tag: str, way: str, rank: int) -> int | None:
+    """The live process of rank ``rank`` of the run tagged ``tag`` (with torchft, the worker
+    of replica group ``rank``, not the torchrun that restarts it)."""
     of_run = set(proctree.with_env("BENCH_TAG", tag))
+    if way == "torchft":
+        of_run &= set(proctree.with_env("BENCH_REPLICA", str(rank)))
+        rank = 0  # each replica group has one rank
     return next((pid for pid in proctree.with_env("RANK", str(rank)) if pid in of_run), None)
+
+
+def start(way: str, nproc: int, steps: int, out: str, mode: str, tag: str
+          ) -> tuple[list[subprocess.Popen], subprocess.Popen | None]:
+    """The job's processes, and torchft's lighthouse (None for the other ways). torchft runs
+    as its README shows: a lighthouse (``--min_replicas 1 --quorum_tick_ms 100
+    --join_timeout_ms 10000``) and one torchrun per replica group, here of one rank each."""
+    quiet: dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL,
+                             "start_new_session": True}
+    env = {**os.environ, "BENCH_TAG": tag}
+    if way != "torchft":
+        return [subprocess.Popen(command(way, nproc, steps, out, mode), env=env, **quiet)], None
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    lighthouse = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "torchft_lighthouse"), "--bind",
+         f"127.0.0.1:{port}", "--min_replicas", "1", "--quorum_tick_ms", "100",
+         "--join_timeout_ms", "10000"], env=env, **quiet)
+    limit = time.monotonic() + 10
+    while time.monotonic() < limit:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    job = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+           "--max-restarts=1", WORKER, "torchft", str(steps), out]
+    return [subprocess.Popen(job, env={**env, "BENCH_REPLICA": str(group),
+                                       "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{port}"}, **quiet)
+            for group in range(nproc)], lighthouse
 
 
 def run(way: str, nproc: int, steps: int, warm: float, cap: float, fault: bool,
@@ -75,10 +120,8 @@ def run(way: str, nproc: int, steps: int, warm: float, cap: float, fault: bool,
     """One job of ``way``: the in-place way runs StepLoop, the others ``baseline``."""
     out = tempfile.mkdtemp(prefix=f"rg-inplace-{way}-")
     tag = os.path.basename(out)
-    mode = "step-loop" if way == "in-place" else baseline
-    proc = subprocess.Popen(command(way, nproc, steps, out, mode), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env={**os.environ, "BENCH_TAG": tag},
-                            start_new_session=True)
+    mode = "step-loop" if way == "in-place" else "torchft" if way == "torchft" else baseline
+    procs, lighthouse = start(way, nproc, steps, out, mode, tag)
     deadline = time.monotonic() + cap
     t_fault = killed = None
     try:
@@ -88,27 +131,37 @@ def run(way: str, nproc: int, steps: int, warm: float, cap: float, fault: bool,
                 if done and time.time() - done[0]["t"] > warm:
                     break
                 time.sleep(0.05)
-            killed = rank_pid(tag, 1)
+            killed = rank_pid(tag, way, 1)
             if killed is not None:
                 t_fault = time.time()
                 os.kill(killed, signal.SIGKILL)
-        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        for proc in procs:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        for proc in procs:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    finally:
+        if lighthouse is not None:
+            lighthouse.kill()
+            lighthouse.wait()
     # torchrun's workers have sessions of their own, and a failed restart leaves them behind
     proctree.kill_all(proctree.with_env("BENCH_TAG", tag))
     log = steps_of(out)
     checksum = open(os.path.join(out, "checksum")).read() if os.path.exists(
         os.path.join(out, "checksum")) else None
-    result: dict = {"code": proc.returncode, "checksum": checksum}
+    codes = [proc.returncode for proc in procs]
+    result: dict = {"code": next((c for c in codes if c), codes[0]), "checksum": checksum}
     if t_fault is not None:
         # the first step after the fault that the new rank 1 took part in
         before = [e for e in log if e["t"] <= t_fault]
         after = [e for e in steps_of(out, 1) if e["pid"] != killed]
         if before and after:
             result["next_step_s"] = after[0]["t"] - t_fault
-            result["lost"] = before[-1]["step"] + 1 - after[0]["step"]
+            behind = before[-1]["step"] + 1 - after[0]["step"]
+            result["lost"], result["without"] = max(0, behind), max(0, -behind)
+        since = [t_fault] + [e["t"] for e in log if e["t"] > t_fault]
+        result["paused_s"] = max((b - a for a, b in zip(since, since[1:])), default=None)
     times = [e["t"] for e in log]
     gaps = [b - a for a, b in zip(times, times[1:])]
     if not fault and len(gaps) > 20:
@@ -126,7 +179,9 @@ def main() -> None:
     parser.add_argument("--overhead", type=int, metavar="ROUNDS", default=0,
                         help="measure only the step time without faults, in ROUNDS rounds")
     args = parser.parse_args()
-    ways = ("in-place", "rankguard-restart", "torchrun")
+    ways: tuple[str, ...] = ("in-place", "rankguard-restart", "torchrun")
+    if importlib.util.find_spec("torchft") is not None:
+        ways += ("torchft",)
     if args.overhead > 0:
         overhead(ways, args.nproc, args.steps, args.cap, args.overhead)
         return
@@ -135,18 +190,20 @@ def main() -> None:
     base = clean["torchrun"].get("step_s")
     print(f"{args.nproc} ranks, {args.steps} steps, SIGKILL of rank 1 {args.warm:g} s after "
           "the first step; one run each")
-    print(f"{'':22}{'fault -> next step':>20}{'steps lost':>12}{'same params':>13}"
-          f"{'step time':>11}{'vs torchrun':>13}")
+    print(f"{'':22}{'fault -> next step':>20}{'rank 0 paused':>15}{'steps lost':>14}"
+          f"{'same params':>13}{'step time':>11}{'vs torchrun':>13}")
     for way in ways:
         f, c = faulty[way], clean[way]
         next_s = f"{f['next_step_s']:.2f} s" if "next_step_s" in f else f"none (exit {f['code']})"
+        paused = f"{f['paused_s']:.2f} s" if f.get("paused_s") is not None else "-"
         lost = str(f["lost"]) if "lost" in f else "-"
+        if f.get("without"):
+            lost += f" ({f['without']} w/o it)"
         same = "yes" if f["checksum"] and f["checksum"] == c["checksum"] else "no"
         step = f"{c['step_s'] * 1000:.2f} ms" if "step_s" in c else "-"
         ratio = f"{c['step_s'] / base:.3f}" if base and "step_s" in c else "-"
-        name = {"in-place": "rankguard in-place", "rankguard-restart": "rankguard restart",
-                "torchrun": "torchrun restart"}[way]
-        print(f"{name:22}{next_s:>20}{lost:>12}{same:>13}{step:>11}{ratio:>13}")
+        print(f"{NAMES[way]:22}{next_s:>20}{paused:>15}{lost:>14}{same:>13}{step:>11}"
+              f"{ratio:>13}")
 
 
 def overhead(ways: tuple[str, ...], nproc: int, steps: int, cap: float, rounds: int) -> None:
@@ -165,8 +222,7 @@ def overhead(ways: tuple[str, ...], nproc: int, steps: int, cap: float, rounds: 
     print(f"{nproc} ranks, {steps} steps a run, no fault; {rounds} rounds of the three ways "
           "back to back in a rotating order; (b) and (c) run the plain DDP loop")
     print(f"{'':22}{'runs':>6}{'median step':>13}{'vs torchrun: median':>21}{'range':>17}")
-    names = {"in-place": "rankguard in-place", "rankguard-restart": "rankguard (plain)",
-             "torchrun": "torchrun (plain)"}
+    names = {**NAMES, "rankguard-restart": "rankguard (plain)", "torchrun": "torchrun (plain)"}
     for way in ways:
         times, r = step_s[way], sorted(ratios[way])
         median = f"{statistics.median(times) * 1000:.2f} ms" if times else "-"

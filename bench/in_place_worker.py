@@ -3,8 +3,10 @@
 MODE ``step-loop`` runs its loop in ``rankguard.StepLoop``; ``checkpoint`` is the usual script:
 rank 0 saves a checkpoint every ``CKPT_EVERY`` steps and a restarted attempt resumes from it
 (``TORCHELASTIC_RESTART_COUNT`` > 0); ``plain`` is that script without checkpoints (the
-baseline of the step-time comparison). Both train the same model on the same data (drawn from the
-step and the rank). Ranks 0 and 1 append ``{"step", "t", "pid"}`` to
+baseline of the step-time comparison); ``torchft`` is one replica group of one rank under
+torchft's Manager (``BENCH_REPLICA`` numbers the groups, ``TORCHFT_LIGHTHOUSE`` names the
+lighthouse), whose replicas heal from a live peer. All train the same model on the same data
+(drawn from the step and the rank, or replica group). Ranks 0 and 1 append ``{"step", "t", "pid"}`` to
 ``OUT_DIR/steps_rankR.jsonl`` as each step completes; rank 0 writes the final parameters'
 checksum to ``OUT_DIR/checksum``.
 """
@@ -16,6 +18,7 @@ import json
 import os
 import sys
 import time
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -26,8 +29,11 @@ WIDTH = 256
 
 def main() -> None:
     mode, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
+    if mode == "torchft":
+        rank = int(os.environ["BENCH_REPLICA"])  # the replica group stands for the rank
+    else:
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, WIDTH), torch.nn.ReLU(),
                                 torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(),
@@ -58,6 +64,8 @@ def main() -> None:
             done(n)
 
         loop.run(step, steps)
+    elif mode == "torchft":
+        torchft_loop(model, optimizer, done, steps, rank)
     else:
         from torch.nn.parallel import DistributedDataParallel
 
@@ -82,7 +90,40 @@ def main() -> None:
             digest.update(param.detach().numpy().tobytes())
         with open(os.path.join(out, "checksum"), "w") as f:
             f.write(digest.hexdigest()[:16])
-    dist.destroy_process_group()
+    if mode != "torchft":
+        dist.destroy_process_group()
+
+
+def torchft_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 done: Callable[[int], None], steps: int, replica: int) -> None:
+    """The loop as torchft's examples write it: a step's optimizer update happens only if the
+    Manager's quorum commits it; a new replica heals from a peer's state."""
+    from datetime import timedelta
+
+    from torchft import Manager, ProcessGroupGloo
+    from torchft.ddp import DistributedDataParallel as FTDistributedDataParallel
+    from torchft.optim import OptimizerWrapper
+
+    def load(state: dict) -> None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+
+    manager = Manager(pg=ProcessGroupGloo(), min_replica_size=1, load_state_dict=load,
+                      state_dict=lambda: {"model": model.state_dict(),
+                                          "optimizer": optimizer.state_dict()},
+                      replica_id=f"bench{replica}", hostname="127.0.0.1",
+                      timeout=timedelta(seconds=10))
+    ddp = FTDistributedDataParallel(manager, model)
+    wrapped = OptimizerWrapper(manager, optimizer)
+    while manager.current_step() < steps:
+        wrapped.zero_grad()  # starts the quorum, which heals a new replica (async)
+        x = torch.randn(32, 64, generator=torch.Generator().manual_seed(
+            manager.current_step() * 1000 + replica))
+        ddp(x).pow(2).mean().backward()
+        if manager.should_commit():
+            optimizer.step()
+            done(manager.current_step() - 1)  # the commit counted the step
+    manager.shutdown(wait=False)
 
 
 if __name__ == "__main__":

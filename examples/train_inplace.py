@@ -71,8 +71,8 @@ def main() -> None:
         if dist.get_rank() == 0:
             print(f"recovered at step {recovery.step}: generation {recovery.generation}, "
                   f"replaced {recovery.replaced}, state from rank {recovery.source}, "
-                  f"regroup {recovery.regroup_s:.2f} s, transfer {recovery.share_s:.2f} s",
-                  flush=True)
+                  f"regroup {recovery.regroup_s:.2f} s, transfer {recovery.share_s:.2f} s"
+                  + (f"; failed: {recovery.error}" if recovery.error else ""), flush=True)
     if dist.get_rank() == 0:
         print(f"done: {args.steps} steps on {dist.get_world_size()} ranks, "
               f"checksum {checksum(model)}", flush=True)

@@ -107,8 +107,11 @@ class InPlace:
                               [r for r in sorted(culprits) if ranks[r].alive])
         self._stop(ranks, culprits, fault.kind == "raised")
         kind = _ledger.NOTICE_HUNG if hang is not None else _ledger.NOTICE_DIED
+        # not to a replacement still joining: it joins a generation formed after this fault
+        # (its peers found the failed rank silent), and the notice would break that one; a
+        # fault in its generation reaches it from its peers
         for member in ranks.live():
-            if member.rank not in culprits:
+            if member.rank not in culprits and member.rank not in self._pending:
                 _ledger.post_notice(member.ledger_path, kind, min(culprits))
         started = []
         for rank in sorted(culprits):
@@ -119,7 +122,7 @@ class InPlace:
             self._pending[rank] = _Pending(member, ranks.number, recovery_path, fault.at, limit)
             self._journal.write("replace", attempt=ranks.number, rank=rank, old_pid=old.pid,
                                 new_pid=member.pid, warm=warm, cause=fault.describe(),
-                                old_ending=old.ending(), stacks=stacks.get(rank) is not None
+                                old_ending=_ending(old), stacks=stacks.get(rank) is not None
                                 and old.stacks_path or None)
             how = "a warm spare" if warm else "a new process"
             self._say(f"rankguard: replacing rank {rank} in place with {how} (pid "
@@ -187,3 +190,10 @@ def _ended_well(member: RankProcess, snap: _ledger.RankProgress | None) -> bool:
     if not member.alive:
         return member.returncode == 0
     return snap is not None and snap.fault == _ledger.FAULT_EXITING and snap.exit_code == 0
+
+
+def _ending(old: RankProcess) -> str:
+    """How the replaced process ended: by itself, or stopped by the launcher (a rank found
+    hung, or one that raised and did not exit within ``EXIT_WAIT_S``)."""
+    ending = old.ending()
+    return f"stopped by the launcher ({ending})" if old.killed else ending

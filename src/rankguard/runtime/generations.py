@@ -167,11 +167,12 @@ def form_next(limit: Deadline, exclude: Iterable[int] | None = None,
     if exclude is not None:
         failed = set(exclude)
     else:
+        # the peers not named failed (by the supervisor's notice, or gloo) are asked, twice
+        # before one is left out: ranks that failed at once are all found (a notice names one),
+        # and a live but slow one is not taken for failed (keeping the size, it would be a
+        # place nobody fills; else a rank that cannot come back)
         known = _known_failed()
-        # keeping the size, a live rank wrongly left out would be a place nobody fills: the
-        # ranks named failed (by the supervisor's notice, or gloo) are enough; a rank that died
-        # unnamed fails the join, naming it, and the next generation leaves it out
-        failed = known if keep_size and known else known | _silent(rank, size, known)
+        failed = known | _silent(rank, size, known)
     proposal: list[int | None] = [None if r in failed else r for r in range(size)] \
         if keep_size else sorted(set(range(size)) - failed)
     try:
