@@ -30,6 +30,8 @@ every interface).
 from noise: ROUNDS rounds, each running the three ways back to back in a rotating order, (a)
 as above, (b) and (c) the plain DDP loop (no checkpoints). It prints each way's median step
 time over the rounds, and the median and range of its ratio to torchrun within a round.
+rankguard keeps no warm spares there: their start-up (5 s of CPU each) would share this
+machine's two cores with the steps being timed.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -55,12 +58,14 @@ NAMES = {"in-place": "rankguard in-place", "rankguard-restart": "rankguard resta
          "torchrun": "torchrun restart", "torchft": "torchft heal"}
 
 
-def command(way: str, nproc: int, steps: int, out: str, mode: str) -> list[str]:
+def command(way: str, nproc: int, steps: int, out: str, mode: str, spares: bool = True
+            ) -> list[str]:
     job = [WORKER, mode, str(steps), out]
     if way == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 f"--nproc-per-node={nproc}", "--max-restarts=1", *job]
-    extra = ["--recovery", "in-place"] if way == "in-place" else []
+    extra = (["--recovery", "in-place"] if way == "in-place" else []) + \
+        ([] if spares else ["--no-spares"])
     return [sys.executable, "-m", "rankguard.cli", "run", "--master-port", "0", "--no-tee",
             "--nproc-per-node", str(nproc), "--max-restarts", "3", "--hang-timeout", "3",
             "--log-dir", os.path.join(out, "logs"), *extra, *job]
@@ -84,7 +89,7 @@ def rank_pid(tag: str, way: str, rank: int) -> int | None:
     return next((pid for pid in proctree.with_env("RANK", str(rank)) if pid in of_run), None)
 
 
-def start(way: str, nproc: int, steps: int, out: str, mode: str, tag: str
+def start(way: str, nproc: int, steps: int, out: str, mode: str, tag: str, spares: bool
           ) -> tuple[list[subprocess.Popen], subprocess.Popen | None]:
     """The job's processes, and torchft's lighthouse (None for the other ways). torchft runs
     as its README shows: a lighthouse (``--min_replicas 1 --quorum_tick_ms 100
@@ -93,7 +98,8 @@ def start(way: str, nproc: int, steps: int, out: str, mode: str, tag: str
                              "start_new_session": True}
     env = {**os.environ, "BENCH_TAG": tag}
     if way != "torchft":
-        return [subprocess.Popen(command(way, nproc, steps, out, mode), env=env, **quiet)], None
+        return [subprocess.Popen(command(way, nproc, steps, out, mode, spares), env=env,
+                                 **quiet)], None
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -116,12 +122,14 @@ def start(way: str, nproc: int, steps: int, out: str, mode: str, tag: str
 
 
 def run(way: str, nproc: int, steps: int, warm: float, cap: float, fault: bool,
-        baseline: str = "checkpoint") -> dict:
-    """One job of ``way``: the in-place way runs StepLoop, the others ``baseline``."""
+        baseline: str = "checkpoint", spares: bool = True) -> dict:
+    """One job of ``way``: the in-place way runs StepLoop, the others ``baseline``; without
+    ``spares``, rankguard keeps no warm spare (whose start-up would share the cores with the
+    steps being timed)."""
     out = tempfile.mkdtemp(prefix=f"rg-inplace-{way}-")
     tag = os.path.basename(out)
     mode = "step-loop" if way == "in-place" else "torchft" if way == "torchft" else baseline
-    procs, lighthouse = start(way, nproc, steps, out, mode, tag)
+    procs, lighthouse = start(way, nproc, steps, out, mode, tag, spares)
     deadline = time.monotonic() + cap
     t_fault = killed = None
     try:
@@ -167,6 +175,7 @@ def run(way: str, nproc: int, steps: int, warm: float, cap: float, fault: bool,
     if not fault and len(gaps) > 20:
         middle = gaps[len(gaps) // 5: -len(gaps) // 5]
         result["step_s"] = statistics.median(middle)
+    shutil.rmtree(out, ignore_errors=True)
     return result
 
 
@@ -211,16 +220,16 @@ def overhead(ways: tuple[str, ...], nproc: int, steps: int, cap: float, rounds: 
     ratios: dict[str, list[float]] = {way: [] for way in ways}
     for n in range(rounds):
         order = ways[n % len(ways):] + ways[:n % len(ways)]
-        measured = {way: run(way, nproc, steps, 0.0, cap, False, "plain").get("step_s")
-                    for way in order}
+        measured = {way: run(way, nproc, steps, 0.0, cap, False, "plain", spares=False)
+                    .get("step_s") for way in order}
         base = measured["torchrun"]
         for way in ways:
             if measured[way] is not None:
                 step_s[way].append(measured[way])
                 if base:
                     ratios[way].append(measured[way] / base)
-    print(f"{nproc} ranks, {steps} steps a run, no fault; {rounds} rounds of the three ways "
-          "back to back in a rotating order; (b) and (c) run the plain DDP loop")
+    print(f"{nproc} ranks, {steps} steps a run, no fault, no warm spares; {rounds} rounds of "
+          "the ways back to back in a rotating order; (b) and (c) run the plain DDP loop")
     print(f"{'':22}{'runs':>6}{'median step':>13}{'vs torchrun: median':>21}{'range':>17}")
     names = {**NAMES, "rankguard-restart": "rankguard (plain)", "torchrun": "torchrun (plain)"}
     for way in ways:
