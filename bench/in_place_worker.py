@@ -27,6 +27,11 @@ CKPT_EVERY = 20
 WIDTH = 256
 
 
+def batch(step: int, rank: int) -> torch.Tensor:
+    """The data of ``step`` on ``rank`` (or replica group): the same in every way."""
+    return torch.randn(32, 64, generator=torch.Generator().manual_seed(step * 1000 + rank))
+
+
 def main() -> None:
     mode, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     if mode == "torchft":
@@ -42,9 +47,8 @@ def main() -> None:
     log = open(os.path.join(out, f"steps_rank{rank}.jsonl"), "a") if rank < 2 else None
 
     def compute(ddp: object, n: int) -> None:
-        x = torch.randn(32, 64, generator=torch.Generator().manual_seed(n * 1000 + rank))
         optimizer.zero_grad()
-        ddp(x).pow(2).mean().backward()  # type: ignore[operator]
+        ddp(batch(n, rank)).pow(2).mean().backward()  # type: ignore[operator]
         optimizer.step()
 
     def done(n: int) -> None:
@@ -117,9 +121,7 @@ def torchft_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     wrapped = OptimizerWrapper(manager, optimizer)
     while manager.current_step() < steps:
         wrapped.zero_grad()  # starts the quorum, which heals a new replica (async)
-        x = torch.randn(32, 64, generator=torch.Generator().manual_seed(
-            manager.current_step() * 1000 + replica))
-        ddp(x).pow(2).mean().backward()
+        ddp(batch(manager.current_step(), replica)).pow(2).mean().backward()
         if manager.should_commit():
             optimizer.step()
             done(manager.current_step() - 1)  # the commit counted the step

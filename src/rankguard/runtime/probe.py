@@ -34,10 +34,10 @@ from typing import Any, Callable
 from .. import sealed
 from ..deadline import Deadline
 from ..errors import first_line
+from ..margins import ANSWER_WINDOW_S
 from .. import store_calls
 from ..store_calls import StoreStalled, within
 
-ANSWER_WINDOW_S = 0.5
 THREAD_SLACK_S = 0.1  # for the ask's own thread to start and end on a loaded machine
 _IDLE_WAIT = timedelta(hours=1)  # a responder's wait for the next request; then it waits again
 _ASK_TIMEOUT = timedelta(seconds=2)
