@@ -2,6 +2,7 @@
 
     python bench/in_place_bench.py [--nproc 4] [--steps 2000] [--warm 8] [--cap 180]
     python bench/in_place_bench.py --overhead 5 [--steps 800]
+    python bench/in_place_bench.py --paired [--steps 2000]
 
 The job is ``in_place_worker.py`` (a 3-layer MLP, DDP on gloo/CPU). For each way of recovering,
 the bench starts the job, waits until it has run ``--warm`` seconds past its first step (so
@@ -122,13 +123,15 @@ def start(way: str, nproc: int, steps: int, out: str, mode: str, tag: str, spare
 
 
 def run(way: str, nproc: int, steps: int, warm: float, cap: float, fault: bool,
-        baseline: str = "checkpoint", spares: bool = True) -> dict:
-    """One job of ``way``: the in-place way runs StepLoop, the others ``baseline``; without
-    ``spares``, rankguard keeps no warm spare (whose start-up would share the cores with the
-    steps being timed)."""
+        baseline: str = "checkpoint", spares: bool = True, mode: str | None = None) -> dict:
+    """One job of ``way``: the in-place way runs StepLoop, the others ``baseline`` (``mode``:
+    the worker's mode, whatever the way); without ``spares``, rankguard keeps no warm spare
+    (whose start-up would share the cores with the steps being timed)."""
     out = tempfile.mkdtemp(prefix=f"rg-inplace-{way}-")
     tag = os.path.basename(out)
-    mode = "step-loop" if way == "in-place" else "torchft" if way == "torchft" else baseline
+    if mode is None:
+        mode = "step-loop" if way == "in-place" else "torchft" if way == "torchft" \
+            else baseline
     procs, lighthouse = start(way, nproc, steps, out, mode, tag, spares)
     deadline = time.monotonic() + cap
     t_fault = killed = None
@@ -175,6 +178,9 @@ def run(way: str, nproc: int, steps: int, warm: float, cap: float, fault: bool,
     if not fault and len(gaps) > 20:
         middle = gaps[len(gaps) // 5: -len(gaps) // 5]
         result["step_s"] = statistics.median(middle)
+    if os.path.exists(os.path.join(out, "paired.json")):
+        with open(os.path.join(out, "paired.json")) as f:
+            result["paired"] = json.load(f)
     shutil.rmtree(out, ignore_errors=True)
     return result
 
@@ -187,10 +193,16 @@ def main() -> None:
     parser.add_argument("--cap", type=float, default=180.0)
     parser.add_argument("--overhead", type=int, metavar="ROUNDS", default=0,
                         help="measure only the step time without faults, in ROUNDS rounds")
+    parser.add_argument("--paired", action="store_true",
+                        help="measure StepLoop's cost against the plain loop in the same "
+                        "processes, with 1 rank and with --nproc ranks")
     args = parser.parse_args()
     ways: tuple[str, ...] = ("in-place", "rankguard-restart", "torchrun")
     if importlib.util.find_spec("torchft") is not None:
         ways += ("torchft",)
+    if args.paired:
+        paired(args.nproc, args.steps, args.cap)
+        return
     if args.overhead > 0:
         overhead(ways, args.nproc, args.steps, args.cap, args.overhead)
         return
@@ -238,6 +250,21 @@ def overhead(ways: tuple[str, ...], nproc: int, steps: int, cap: float, rounds: 
         ratio = f"{statistics.median(r):.3f}" if r else "-"
         spread = f"{r[0]:.3f}..{r[-1]:.3f}" if r else "-"
         print(f"{names[way]:22}{len(times):>6}{median:>13}{ratio:>21}{spread:>17}")
+
+
+def paired(nproc: int, steps: int, cap: float) -> None:
+    print(f"StepLoop's step against the plain DDP loop's, alternating in the same processes "
+          f"(rankguard run --recovery in-place, no spares), {steps} steps; medians of rank 0")
+    print(f"{'ranks':>6}{'plain loop':>13}{'StepLoop':>11}{'added':>11}{'ratio':>8}")
+    for ranks in sorted({1, nproc}):
+        result = run("in-place", ranks, steps, 0.0, cap, False, spares=False, mode="paired")
+        times = result.get("paired")
+        if times is None:
+            print(f"{ranks:>6}  no figures (the job exited {result['code']})")
+            continue
+        plain, looped = times["plain_s"], times["step_loop_s"]
+        print(f"{ranks:>6}{plain * 1e3:>10.3f} ms{looped * 1e3:>8.3f} ms"
+              f"{(looped - plain) * 1e6:>8.0f} us{looped / plain:>8.3f}")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@ rank 0 saves a checkpoint every ``CKPT_EVERY`` steps and a restarted attempt res
 (``TORCHELASTIC_RESTART_COUNT`` > 0); ``plain`` is that script without checkpoints (the
 baseline of the step-time comparison); ``torchft`` is one replica group of one rank under
 torchft's Manager (``BENCH_REPLICA`` numbers the groups, ``TORCHFT_LIGHTHOUSE`` names the
-lighthouse), whose replicas heal from a live peer. All train the same model on the same data
-(drawn from the step and the rank, or replica group). Ranks 0 and 1 append ``{"step", "t", "pid"}`` to
+lighthouse), whose replicas heal from a live peer; ``paired`` measures StepLoop's own cost
+(see :func:`paired`). All train the same model on the same data (drawn from the step and the
+rank, or replica group). Ranks 0 and 1 append ``{"step", "t", "pid"}`` to
 ``OUT_DIR/steps_rankR.jsonl`` as each step completes; rank 0 writes the final parameters'
 checksum to ``OUT_DIR/checksum``.
 """
@@ -57,7 +58,9 @@ def main() -> None:
                                   "pid": os.getpid()}) + "\n")
             log.flush()
 
-    if mode == "step-loop":
+    if mode == "paired":
+        paired(model, optimizer, steps, out, rank)
+    elif mode == "step-loop":
         import rankguard
 
         loop = rankguard.StepLoop.of({"model": model, "optimizer": optimizer})
@@ -96,6 +99,51 @@ def main() -> None:
             f.write(digest.hexdigest()[:16])
     if mode != "torchft":
         dist.destroy_process_group()
+
+
+def paired(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int, out: str,
+           rank: int) -> None:
+    """StepLoop's cost per step, within one process: each call of a StepLoop's step function
+    first runs a step of the plain DDP loop on a copy of the model (DDP's all-reduce in C++),
+    then the StepLoop's own step (its DDP with rankguard's communication hook). The plain step
+    is timed from its start to its end; the StepLoop step from there to the next plain step's
+    start, which takes in the loop's work between steps. Rank 0 writes the medians, skipping
+    the first 50 steps, to ``OUT_DIR/paired.json``. Pairing the two steps cancels what varies
+    from one process to the next on a shared machine, which runs apart cannot."""
+    import copy
+    import statistics
+
+    import rankguard
+    from torch.nn.parallel import DistributedDataParallel
+
+    twin = copy.deepcopy(model)
+    twin_optimizer = torch.optim.SGD(twin.parameters(), lr=0.01, momentum=0.9)
+    plain = DistributedDataParallel(twin)
+    loop = rankguard.StepLoop.of({"model": model, "optimizer": optimizer})
+    ddp = loop.ddp(model)
+    plain_s: list[float] = []
+    looped_s: list[float] = []
+    ended = [0.0]
+
+    def step(n: int) -> None:
+        started = time.perf_counter()
+        if ended[0]:
+            looped_s.append(started - ended[0])
+        twin_optimizer.zero_grad()
+        plain(batch(n, rank)).pow(2).mean().backward()
+        twin_optimizer.step()
+        ended[0] = time.perf_counter()
+        plain_s.append(ended[0] - started)
+        optimizer.zero_grad()
+        ddp(batch(n, rank)).pow(2).mean().backward()
+        optimizer.step()
+
+    loop.run(step, steps)
+    if rank == 0:
+        with open(os.path.join(out, "paired.json"), "w") as f:
+            json.dump({"plain_s": statistics.median(plain_s[50:]),
+                       "step_loop_s": statistics.median(looped_s[50:]),
+                       "steps": len(looped_s[50:])}, f)
 
 
 def torchft_loop(model: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -189,15 +189,16 @@ def work_class() -> type:
             current().handed_out.append(self)
             return self._inner.get_future()
 
-        def releasable_future(self) -> Any:
+        def releasable_future(self, value: Any = None) -> Any:
             """A future of ours (a Python one: for a DDP communication hook, not for C++
-            code) that completes as the work does, or fails as soon as the group retires (a
-            peer's or the supervisor's notice), releasing DDP's backward waiting on it."""
+            code) that completes as the work does, with ``value`` (None: the work's own
+            result), or fails as soon as the group retires (a peer's or the supervisor's
+            notice), releasing DDP's backward waiting on it."""
             if not _backward_explained:
                 _explain_backward_failures()
             state = current()
             state.handed_out.append(self)
-            self._handed = _relayed(self._inner.get_future())
+            self._handed = _relayed(self._inner.get_future(), value)
             if state.completions.on_sweep is None:  # the supervisor's notice: polled
                 state.completions.on_sweep = _release_handed_out
                 groups.on_notice_taken.append(_release_handed_out)  # a peer's: at once
@@ -237,20 +238,21 @@ def work_class() -> type:
 _backward_explained = False
 
 
-def _relayed(inner: Any) -> Any:
-    """A future of ours that completes as ``inner`` does (or earlier, failed, by
-    ``release_if_retired``)."""
+def _relayed(inner: Any, value: Any = None) -> Any:
+    """A future of ours that completes as ``inner`` does, with ``value`` if given, else with
+    ``inner``'s (or earlier, failed, by ``release_if_retired``). One Python callback: a hook
+    that needs another value than ``inner``'s passes it here rather than chaining ``then``."""
     import torch
 
     ours = torch.futures.Future()
 
     def relay(done: Any) -> None:
         try:
-            value = done.value()
+            result = done.value()
         except Exception as error:  # noqa: BLE001 (gloo's failure, passed on)
             _settle(ours, error=error)
             return
-        _settle(ours, value=value)
+        _settle(ours, value=result if value is None else value)
 
     inner.add_done_callback(relay)
     return ours
