@@ -11,7 +11,11 @@ therefore **sealed** with a secret that only the ranks of one run hold:
   process's environment is readable only by its own user (``/proc/PID/environ`` is 0400).
   Without a host (stock ``torchrun`` or ``mp.spawn`` with ``rankguard.init()``), rank 0 draws
   the secret when the default group forms and broadcasts it over that group's own gloo
-  connections (:func:`agree`), which a store client cannot read.
+  connections (:func:`agree`), which a store client cannot read. So too with ``rankguard run``
+  on several nodes (each agent would draw its own); there, under ``--recovery in-place``, the
+  ranks also keep the agreed secret in a file of the run's private folder that the agent names
+  (``RANKGUARD_SECRET_FILE``, 0600), where a replacement started later on that node reads it
+  (:func:`adopt_kept`): it cannot take part in a broadcast of a group it has not joined.
 - **The key** is ``HMAC-SHA256(secret, "rankguard-store-key/1" NUL namespace)``; the namespace
   is the launcher attempt's store prefix (``RANKGUARD_NAMESPACE``, empty elsewhere), so a value
   of one attempt is not valid in the next.
@@ -43,7 +47,10 @@ import secrets
 import threading
 from typing import Any
 
+from . import private_files
+
 ENV = "RANKGUARD_SECRET"
+KEPT_ENV = "RANKGUARD_SECRET_FILE"
 NAMESPACE_ENV = "RANKGUARD_NAMESPACE"
 SECRET_BYTES = 32
 _UNSEALED = "-"
@@ -157,4 +164,40 @@ def agree(backend: Any, rank: int, size: int, timeout_s: float) -> None:
     options.rootRank, options.rootTensor = 0, 0
     options.timeout = timedelta(seconds=timeout_s)
     backend.broadcast([tensor], options).wait()
-    adopt(bytes(tensor.tolist()))
+    secret = bytes(tensor.tolist())
+    adopt(secret)
+    _keep(secret)
+
+
+def _keep(secret: bytes) -> None:
+    """Write the agreed ``secret`` to ``$RANKGUARD_SECRET_FILE`` (0600, by a rename: a reader
+    never sees half of it), if the launcher set it and it is not there yet; best effort (a
+    replacement without it is refused with an explanation)."""
+    target = os.environ.get(KEPT_ENV)
+    if not target or os.path.exists(target):
+        return
+    staging = f"{target}.{os.getpid()}.tmp"
+    try:
+        with open(staging, "w", opener=private_files.opener) as out:
+            out.write(secret.hex())
+        os.replace(staging, target)
+    except OSError:
+        pass
+
+
+def adopt_kept() -> bool:
+    """Adopt the secret the run's ranks agreed on and kept (:func:`_keep`), if this process has
+    no key yet; returns whether it has one now."""
+    if key() is not None:
+        return True
+    target = os.environ.get(KEPT_ENV)
+    if not target:
+        return False
+    try:
+        secret = bytes.fromhex(private_files.read_regular(target, 2 * SECRET_BYTES).decode())
+    except (OSError, ValueError):
+        return False
+    if len(secret) != SECRET_BYTES:
+        return False
+    adopt(secret)
+    return True

@@ -43,8 +43,6 @@ def _run(args, tmp_path):
     (["--recovery", "sideways", "x.py"], "--recovery: 'sideways' is not a recovery mode (give "
      "restart or in-place)"),
     (["--recovery", "in-place", "x.py"], "in-place needs --max-restarts of at least 1"),
-    (["--recovery", "in-place", "--max-restarts", "1", "--nnodes", "2", "--master-port", "9",
-      "x.py"], "in-place recovery works on one node for now"),
     (["--bogus-flag", "x.py"], "unrecognized arguments: --bogus-flag"),
     (["missing_script.py"], "'missing_script.py' does not exist"),
     (["-m", "no_such_module_here"], "no module named 'no_such_module_here'"),

@@ -630,3 +630,44 @@ def test_nodes_with_different_nproc_per_node_stop_at_the_round_naming_the_option
     procs = [(launch([*common, "--nproc-per-node", str(count), script("node_env.py"), "3"],
                      tmp_path / f"node{count}"), tmp_path / f"node{count}") for count in (2, 1)]
     _all_stopped_at_the_round(_finish_all(procs, 120), "the nodes give different --nproc-per-node")
+
+
+_TRAIN = [str(ROOT / "examples" / "train_inplace.py"), "--steps", "60"]
+_IN_PLACE = ["--recovery", "in-place", "--max-restarts", "3", "--hang-timeout", "3"]
+
+
+def _checksum(runs: list[Run]) -> str:
+    """The final parameters' checksum that rank 0 of ``examples/train_inplace.py`` printed."""
+    for run in runs:
+        for line in run.stdout.splitlines():
+            if "]:done:" in line and "checksum " in line:
+                return line.rsplit("checksum ", 1)[1].strip()
+    raise AssertionError(f"no checksum printed:\n{_error(runs)}")
+
+
+@pytest.fixture(scope="module")
+def fault_free_checksum(tmp_path_factory):
+    runs, _ = _agents(tmp_path_factory.mktemp("fault_free"), [*_IN_PLACE, *_TRAIN])
+    assert [run.code for run in runs] == [0, 0], _error(runs)
+    return _checksum(runs)
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(300)
+@pytest.mark.parametrize("fault", ["kill:rank=3,at=op20", "stop:rank=2,at=op20"],
+                         ids=["sigkill", "sigstop"])
+def test_in_place_on_two_nodes_replaces_the_rank_on_its_node_and_loses_no_step(
+        tmp_path, fault, fault_free_checksum):
+    """--recovery in-place with two agents: the agent of the failed rank's node replaces it
+    (the other node's ranks are released by their peers and wait in the regroup); the job
+    ends with the fault-free run's parameters, bit for bit, in one attempt on both nodes."""
+    runs, _ = _agents(tmp_path, [*_IN_PLACE, "--inject", fault, *_TRAIN])
+    assert [run.code for run in runs] == [0, 0], _error(runs)
+    rank = int(fault.split("rank=")[1].split(",")[0])
+    replacing = [run for run in runs if any(e["event"] == "replace" for e in run.events)]
+    assert len(replacing) == 1, _error(runs)
+    assert replacing[0].event("replace")["rank"] == rank
+    assert replacing[0].event("replaced")["rank"] == rank
+    for run in runs:
+        assert not [e for e in run.events if e["event"] == "restart"], _error(runs)
+    assert _checksum(runs) == fault_free_checksum

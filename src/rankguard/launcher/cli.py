@@ -261,9 +261,6 @@ def _recovery(text: str, max_restarts: int, max_nodes: int) -> str:
     if text not in (_config.RESTART, _config.IN_PLACE):
         raise UsageError("--recovery", f"{text!r} is not a recovery mode",
                          f"give {_config.RESTART} or {_config.IN_PLACE}")
-    if text == _config.IN_PLACE and max_nodes > 1:
-        raise UsageError("--recovery", "in-place recovery works on one node for now",
-                         "leave --recovery out (restart) with several nodes")
     if text == _config.IN_PLACE and max_restarts < 1:
         raise UsageError("--recovery", "in-place needs --max-restarts of at least 1 (each "
                          "replacement of a rank counts as one)", "e.g. --max-restarts 3")

@@ -81,6 +81,10 @@ class InPlace:
         """Why ``fault`` cannot be repaired in place (None: it can)."""
         if fault.kind not in _REPLACEABLE or not culprits:
             return "the fault names no rank to replace"
+        local = {member.rank for member in ranks}
+        if not culprits <= local:
+            return (f"rank {min(culprits - local)} runs on another node (whose agent "
+                    "replaces it, or ends the round)")
         if fault.kind == "exited" and any(_ended_well(ranks[r], snaps.get(r)) for r in culprits):
             return "the rank ended its script (exit code 0)"
         if restarts_left < len(culprits):

@@ -80,7 +80,8 @@ def base_env(config: RunConfig, token: str, master_port: int) -> dict[str, str]:
     unless ``RANKGUARD_SECRET`` is set alike on every node, rank 0 draws one when the default
     group forms and sends it to the others over gloo (``sealed.agree``)."""
     env = dict(os.environ)
-    for own in ("RANKGUARD_REPLACING", "RANKGUARD_RECOVERY_FILE", "RANKGUARD_REPLACE_TIMEOUT"):
+    for own in ("RANKGUARD_REPLACING", "RANKGUARD_RECOVERY_FILE", "RANKGUARD_REPLACE_TIMEOUT",
+                sealed.KEPT_ENV):
         env.pop(own, None)  # the launcher's to give: left in the user's shell, they would mislead
     world = config.nproc
     env.update(
@@ -127,6 +128,11 @@ def rank_env(config: RunConfig, local_rank: int, attempt: int, token: str, layou
     )
     if layout.round is not None:
         env["RANKGUARD_ROUND"] = str(layout.round)
+    if config.in_place and sealed.ENV not in env:
+        # the ranks agree on a secret over gloo (several nodes): a replacement, which cannot
+        # take part in that, reads it where they keep it, in the private ledger folder
+        env[sealed.KEPT_ENV] = os.path.join(os.path.dirname(ledger_path),
+                                            f"attempt{attempt}.secret")
     return env
 
 

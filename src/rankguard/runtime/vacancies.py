@@ -132,10 +132,11 @@ def join(client: Any, place: int, limit: Deadline) -> Vacancies:
             prove its arrival to the members.
         CollectiveTimeout: no generation with ``place`` vacant formed with it by ``limit``.
     """
-    if sealed.key() is None:
+    if not sealed.adopt_kept():
         raise UsageError("RANKGUARD_REPLACING", "a replacement rank needs the run's secret to "
                          "join its peers", "give every rank the same RANKGUARD_SECRET (rankguard "
-                         "run does)")
+                         "run does, or its ranks keep the one they agreed on in "
+                         "RANKGUARD_SECRET_FILE)")
     started, tried = time.monotonic(), -1
     missing: list[int] = []
     while not limit.passed():

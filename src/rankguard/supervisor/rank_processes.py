@@ -189,7 +189,17 @@ class RankProcesses:
         return len(self._members)
 
     def __getitem__(self, rank: int) -> RankProcess:
-        return self._members[rank]
+        """The member that is rank ``rank`` (its global number: on a node other than the
+        first, that is not its place in the set).
+
+        Raises:
+            KeyError: no member is rank ``rank``.
+        """
+        for member in self._members:
+            if member.rank == rank:
+                return member
+        raise KeyError(f"no rank {rank} in this set (ranks "
+                       f"{', '.join(str(m.rank) for m in self._members)})")
 
     @property
     def pids(self) -> list[int]:
@@ -338,10 +348,10 @@ class RankProcesses:
         threads (SIGUSR1 to the main thread; a stopped rank is continued to answer); rank ->
         the dump, for those that answered before ``until``. Each dump is also appended to
         the rank's stacks file."""
-        wanted = [self._members[r] for r in (range(len(self)) if ranks is None else ranks)]
+        wanted = list(self._members) if ranks is None else [self[r] for r in ranks]
         targets = {m.rank: (m.pid, [m.stacks_path]) for m in wanted if m.proc.poll() is None}
         return stack_requests.ask(  # type: ignore[return-value]
-            targets, until.wait_time(), gone=lambda r: self._members[r].proc.poll() is not None)
+            targets, until.wait_time(), gone=lambda r: self[r].proc.poll() is not None)
 
     def signal(self, sig: int, members: Sequence[RankProcess] | None = None) -> None:
         """Send ``sig`` to the process tree and process group of each live rank of
