@@ -8,6 +8,8 @@ checksum of its final parameters.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -64,6 +66,14 @@ def test_a_replaced_rank_costs_no_step_and_the_run_ends_bit_for_bit(
         assert replace["old_ending"] == "stopped by the launcher (was killed by SIGKILL)"
     elif not fault.startswith("raise"):  # (one that raised and lingers 1 s is stopped too)
         assert not replace["old_ending"].startswith("stopped"), replace
+    if fault.startswith("kill"):  # the report draws the replacement on the rank's lane
+        page = run.log_dir / "report.html"
+        made = subprocess.run([sys.executable, "-m", "rankguard.cli", "report", "-o", str(page),
+                               str(run.log_dir)], capture_output=True, text=True, timeout=60)
+        assert made.returncode == 0, made.stderr
+        html = page.read_text()
+        assert f"rank {rank} (pid {replace['old_pid']}, then {replace['new_pid']})" in html
+        assert f"rank {rank} replaced by " in html and "flag-replaced" in html
 
 
 @pytest.mark.slow

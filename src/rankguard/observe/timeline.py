@@ -33,7 +33,7 @@ class Span:
 @dataclass(frozen=True)
 class Mark:
     """A moment of the run: ``kind`` is fault, verdict, escalate, restart, spares, first_step,
-    straggler, exit, suspect, heal, retire or ready."""
+    straggler, exit, replace, replaced, suspect, heal, retire or ready."""
 
     t: float
     kind: str
@@ -137,6 +137,14 @@ def _attempt(number: int, events: list[dict[str, Any]],
                 marks.append(Mark(at, "fault", f"fault: {section.cause}", event.get("rank")))
         elif kind == "restart":
             marks.append(Mark(ts, "restart", "restart"))
+        elif kind == "replace" and event.get("rank") in lanes:
+            _replace(lanes[event["rank"]], event, ts, marks)
+        elif kind == "replaced":
+            marks.append(Mark(ts, "replaced", f"rank {event.get('rank')} holds the state: "
+                              f"generation {event.get('generation')} resumes at step "
+                              f"{event.get('step')} with rank {event.get('source')}'s "
+                              f"({event.get('nbytes')} bytes), {event.get('since_fault_s')} s "
+                              "after the fault", event.get("rank")))
     for rank, lane in lanes.items():
         kept = recent.get(rank)
         if kept is not None:
@@ -151,6 +159,16 @@ def _attempt(number: int, events: list[dict[str, Any]],
     section.lanes = [lanes[rank] for rank in sorted(lanes)]
     marks.sort(key=lambda mark: mark.t)
     return section
+
+
+def _replace(lane: Lane, event: dict[str, Any], ts: float, marks: list[Mark]) -> None:
+    """A rank replaced in place (``--recovery in-place``): its lane goes on in the new process,
+    and a flag says how the old one ended and what took its place."""
+    how = "a warm spare" if event.get("warm") else "a new process"
+    lane.title = f"rank {lane.key} (pid {event.get('old_pid')}, then {event.get('new_pid')})"
+    marks.append(Mark(ts, "replace", f"rank {lane.key} replaced by {how} (pid "
+                      f"{event.get('new_pid')}): the old one {event.get('old_ending')}; "
+                      f"cause: {event.get('cause')}", lane.key))
 
 
 def _ranks(ranks: Any) -> str:
