@@ -671,3 +671,57 @@ def test_in_place_on_two_nodes_replaces_the_rank_on_its_node_and_loses_no_step(
     for run in runs:
         assert not [e for e in run.events if e["event"] == "restart"], _error(runs)
     assert _checksum(runs) == fault_free_checksum
+
+
+def _await_journals(log_dirs, text: str, timeout: float) -> None:
+    """Wait until every journal of ``log_dirs`` holds ``text``."""
+    until = time.monotonic() + timeout
+    while not all(text in _journal_text(log_dir) for log_dir in log_dirs):
+        assert time.monotonic() < until, f"no {text} in every journal of {log_dirs} in time"
+        time.sleep(0.1)
+
+
+def _secret_env() -> dict[str, str]:
+    import secrets
+
+    return {"RANKGUARD_SECRET": secrets.token_hex(32)}  # alike on every node
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(360)
+def test_a_standby_node_takes_a_lost_nodes_place_in_place_and_no_step_is_lost(tmp_path):
+    """Two agents train (--recovery in-place, a secret the nodes share); a third comes while
+    the round runs and stands by. SIGKILL of the node that does not host the store: the
+    survivor asks the standby to take its place instead of ending the round; the standby's
+    ranks replace ranks 0 and 1 of the lost node (rank 0 among them), receive the state from
+    a survivor, and the job ends in one attempt with the fault-free run's parameters."""
+    env = _secret_env()
+    steps = ["--steps", "800"]
+    fault_free, _ = _agents(tmp_path / "fault_free", [*_IN_PLACE, _TRAIN[0], *steps],
+                            envs=[env, env], timeout=150)
+    assert [run.code for run in fault_free] == [0, 0], _error(fault_free)
+    port = _free_port()
+    common = ["--nnodes", "2", *_backend(port, None), "--rdzv-id", f"sb{port}", "--rdzv-conf",
+              f"join_timeout={JOIN_S},close_timeout=10", "--local-addr", "127.0.0.1",
+              "--nproc-per-node", "2", *_IN_PLACE, _TRAIN[0], *steps]
+    procs = [(launch(common, tmp_path / f"node{i}", env=env), tmp_path / f"node{i}")
+             for i in range(2)]
+    try:
+        _await_journals([log_dir for _, log_dir in procs], '"event": "first_step"', 120)
+        procs.append((launch(common, tmp_path / "node2", env=env), tmp_path / "node2"))
+        _await_journals([tmp_path / "node2"], '"event": "standby"', 60)
+        lost = 1 - _store_host(procs[:2])
+        proctree.signal_tree(procs[lost][0].pid, signal.SIGKILL)
+        runs = _finish_all([p for i, p in enumerate(procs) if i != lost], 200)
+    finally:
+        _kill_all(procs)
+    assert [run.code for run in runs] == [0, 0], _error(runs)
+    survivor, standby = runs
+    asked = survivor.event("node_takeover")
+    assert asked["asked"] and survivor.event("node_taken_over")["node"] == asked["node"]
+    assert not [e for e in survivor.events if e["event"] == "restart"], _error(runs)
+    replaced = sorted(e["rank"] for e in standby.events if e["event"] == "replaced")
+    base = 2 * asked["node"]
+    assert replaced == [base, base + 1], _error(runs)
+    assert all(e["old_pid"] is None for e in standby.events if e["event"] == "replace")
+    assert _checksum(runs) == _checksum(fault_free)

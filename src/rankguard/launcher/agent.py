@@ -168,12 +168,13 @@ class Launcher:
         layout = self._layout = self._join(attempt)
         ranks = start_attempt(cfg, attempt, self._token, layout, self._ledger_dir,
                               spares.take if spares is not None else lambda: None,
-                              self._terminal)
+                              self._terminal, replacing=self._replacing_a_node())
         started = time.monotonic()
         self._journal.write("attempt_start", attempt=attempt)
         for member in ranks:
             self._journal.write("rank_start", attempt=attempt, rank=member.rank, pid=member.pid,
                                 warm=member.warm)
+        self._started(ranks)
         if self._store is None:
             self._store = _store.host(self._socket, cfg.master_addr)
         ranks.add_reader(self._wakeup_r, self._drain_wakeup)
@@ -275,6 +276,13 @@ class Launcher:
             monitor.watch(member.rank, member.pid, readers[member.rank], member.started_at)
         result.fault = result.hang = None
         return True
+
+    def _replacing_a_node(self) -> bool:
+        """Whether this attempt's ranks replace those of a lost node (several nodes only)."""
+        return False
+
+    def _started(self, ranks: RankProcesses) -> None:
+        """The attempt's ranks have started (several nodes keep them for later notices)."""
 
     def _replacements(self) -> int:
         return self._in_place.used if self._in_place is not None else 0

@@ -37,7 +37,7 @@ from ..supervisor import RankFiles, RankProcess, RankProcesses
 from .config import RunConfig
 from .monitor import Verdict
 from .outcome import Fault
-from .ranks import Layout, launcher_for, rank_env
+from .ranks import Layout, launcher_for, rank_env, recovery_path, replacement_env
 
 EXIT_WAIT_S = 1.0  # a rank that raised prints its traceback within ms, then leaves
 _REPLACEABLE = frozenset({"raised", "signalled", "exited", "hung"})
@@ -134,6 +134,17 @@ class InPlace:
             started.append(member)
         return started
 
+    def adopt(self, member: RankProcess, attempt: int, recovery: str, fault_at: float,
+              cause: str) -> None:
+        """Watch ``member``, started as the replacement of a rank of a lost node (this node is
+        a standby that took its place): journal ``replace``, and ``replaced`` once it holds
+        the state, as for a replacement of our own."""
+        limit = Deadline.after(margins.replacement_limit(self._config.hang_timeout))
+        self._pending[member.rank] = _Pending(member, attempt, recovery, fault_at, limit)
+        self._journal.write("replace", attempt=attempt, rank=member.rank, old_pid=None,
+                            new_pid=member.pid, warm=member.warm, cause=cause,
+                            old_ending="was on the lost node", stacks=None)
+
     def check(self, now: float) -> Fault | None:
         """Journal the replacements that now hold the state; a fault for one that passed its
         deadline without."""
@@ -177,16 +188,14 @@ class InPlace:
         number = self.used + 1
         files = RankFiles(log=old.log_path, stacks=old.stacks_path, ledger=os.path.join(
             ledger_dir, f"attempt{ranks.number}-rank{rank}-replacement{number}.ledger"))
-        recovery_path = os.path.join(attempt_dir, f"replacement{number}_rank{rank}.json")
+        recovery = recovery_path(attempt_dir, rank, number)
         env = rank_env(self._config, rank - layout.base, ranks.number, self._token, layout,
                        files.ledger, files.stacks)
-        # an injected fault is the first process's: the replacement would meet it again
-        env.update({"RANKGUARD_REPLACING": "1", recovery_file.PATH_ENV: recovery_path,
-                    "RANKGUARD_INJECT": ""})
+        env.update(replacement_env(recovery))
         spare = self._take_spare()
         member = ranks.replace(rank, files, env, launcher_for(self._config, spare))
         member.warm = member.proc is spare
-        return member, member.warm, recovery_path
+        return member, member.warm, recovery
 
 
 def _ended_well(member: RankProcess, snap: _ledger.RankProgress | None) -> bool:

@@ -34,14 +34,17 @@ from typing import Any
 
 from ..deadline import Deadline
 from ..errors import RendezvousError, UsageError, first_line
+from .. import ledger as _ledger
 from ..ledger import RankProgress
+from ..supervisor import RankProcesses
 from ..store_calls import StoreStalled, within
 from .agent import TICK_S, Launcher, _Attempt
 from .config import RunConfig, endpoint
 from .monitor import Verdict
+from . import node_takeover
 from .node_beats import NodeBeats, Silence
 from .outcome import Fault
-from .ranks import Layout
+from .ranks import Layout, recovery_path
 from .rendezvous import (JobStore, Rendezvous, RendezvousClosed, Round, agents_namespace,
                          connect, round_namespace)
 from .remote_progress import RemoteProgress
@@ -130,6 +133,9 @@ class NodeAgent(Launcher):
         self._beat_period = beat_period(config.hang_timeout)
         self._last_look: float | None = None  # when _silent_fault last looked (monotonic)
         self._cascade_window = margins.NODE_CASCADE_WINDOW_S
+        self._takeover: node_takeover.Takeover | None = None  # the lost node this one replaces
+        self._awaited: dict[int, tuple[Deadline, float]] = {}  # lost nodes being taken over
+        self._ranks: RankProcesses | None = None  # this attempt's, for notices
 
     def _run_fields(self) -> dict[str, Any]:
         cfg = self._rdzv_cfg
@@ -207,6 +213,8 @@ class NodeAgent(Launcher):
         cfg = self._rdzv_cfg
         self._close_round()
         self._outside = None
+        self._takeover = None
+        self._awaited.clear()
         self._in_rendezvous = True
         try:
             if self._signal is not None:
@@ -214,7 +222,9 @@ class NodeAgent(Launcher):
             if not self._counted:
                 self._count_in()
                 self._warm_up()
-            joined = self._rdzv.next_round(self.config.nproc)
+                self._takeover = self._stand_by_in_place()
+            joined = self._took_over(self._takeover) if self._takeover is not None else \
+                self._rdzv.next_round(self.config.nproc)
         finally:
             self._in_rendezvous = False
         self._group_rank, self._group_world = joined.group_rank, joined.group_world
@@ -273,10 +283,119 @@ class NodeAgent(Launcher):
                                   f"{self.config.hang_timeout:g} s: the other nodes have "
                                   "counted this node lost, and gone on without it or ended")
             return self._outside
-        quiet = self._beats.silence(now, self.config.hang_timeout)
+        quiet = self._beats.silence(now, self.config.hang_timeout, frozenset(self._awaited))
+        overdue = self._takeovers_done(now)
+        if overdue is not None:
+            return overdue
         if quiet is None:
             return None
+        if quiet.node is not None and self._ask_takeover(quiet, now):
+            return None
         return self._lost(quiet, now)
+
+    # -- a standby node takes a lost node's place (--recovery in-place) ------------------------
+
+    def _takeover_allowed(self) -> bool:
+        """In-place recovery, a secret the nodes share, and the job's store for the rounds'
+        traffic (with etcd-v2 a round's store is its node 0's: a standby could not reach it
+        before it has joined)."""
+        return self.config.in_place and node_takeover.possible() and not self._job.round_stores
+
+    def _stand_by_in_place(self) -> node_takeover.Takeover | None:
+        """A node that comes while a round runs waits to take the place of one of its nodes
+        that is lost (``node_takeover``); returns the request it claimed, or None when no round
+        runs, or once the round or the job ended (then it joins the next round as usual)."""
+        if not self._takeover_allowed():
+            return None
+        store, run_id = self._store, self.config.run_id
+        rounds = store.add(f"/rankguard/{run_id}/rounds", 0)
+        prefix = agents_namespace(run_id, rounds - 1)
+        if rounds == 0 or store.check([prefix + "end"]):
+            return None
+        node_takeover.stand_by(store, prefix)
+        self._journal.write("standby", attempt=0, round=rounds - 1)
+        self._say(f"rankguard: round {rounds - 1} is running: this node stands by to take the "
+                  "place of a node that is lost")
+        seen = 0
+        while True:
+            if self._signal is not None:
+                raise _Interrupted("the agent was stopped while it stood by")
+            if store.check([prefix + "end"]) or self._rdzv.recorded_end() is not None:
+                return None
+            request, seen = node_takeover.take(store, prefix, seen, self.config.nproc)
+            if request is not None:
+                self._say(f"rankguard: taking the place of node {request.node} of round "
+                          f"{request.number}: {request.cause}")
+                return request
+            time.sleep(TICK_S)
+
+    @staticmethod
+    def _took_over(request: node_takeover.Takeover) -> Round:
+        return Round(request.number, request.node, request.nodes, request.base, request.world,
+                     request.store_host, request.store_port)
+
+    def _replacing_a_node(self) -> bool:
+        return self._takeover is not None
+
+    def _started(self, ranks: RankProcesses) -> None:
+        self._ranks = ranks
+        request = self._takeover
+        if request is None or self._in_place is None:
+            return
+        fault_at = time.monotonic() - node_takeover.since_lost(request)
+        for member in ranks:
+            self._in_place.adopt(member, ranks.number, recovery_path(
+                os.path.dirname(member.log_path), member.rank), fault_at,
+                f"node {request.node} was lost: {request.cause}")
+
+    def _ask_takeover(self, quiet: Silence, now: float) -> bool:
+        """Have a waiting standby take the silent node's place rather than end the round;
+        returns whether one will be given the time to (``margins.replacement_limit``)."""
+        node = quiet.node
+        assert node is not None and self._layout is not None
+        if not self._takeover_allowed() or self._in_place is None:
+            return False
+        prefix = agents_namespace(self.config.run_id, self._layout.round or 0)
+        nproc = self.config.nproc
+        request = node_takeover.Takeover(
+            self._layout.round or 0, node, self._group_world, node * nproc, self._layout.world,
+            self._round_addr[0], self._round_addr[1], quiet.describe(self._store_name),
+            time.time() - quiet.silent_s)
+        try:
+            if node_takeover.standbys(self._round_store, prefix) == 0:
+                return False
+            asked = node_takeover.ask(self._round_store, prefix, request)
+        except RuntimeError:
+            return False  # the store failed: the round ends (_lost says so)
+        limit = margins.replacement_limit(self.config.hang_timeout)
+        self._awaited[node] = (Deadline.after(limit), now)
+        self._lost_nodes += 1  # its agent will never leave the job
+        for member in self._ranks.live() if self._ranks is not None else []:
+            # a collective they wait in raises PeerFailed at once; they regroup without it
+            _ledger.post_notice(member.ledger_path, _ledger.NOTICE_DIED, node * nproc)
+        self._journal.write("node_takeover", node=node, asked=asked, cause=request.cause,
+                            limit_s=limit)
+        self._say(f"rankguard: {request.cause}; a standby node takes its place (the ranks wait "
+                  f"for it, up to {limit:g} s)")
+        return True
+
+    def _takeovers_done(self, now: float) -> Fault | None:
+        """Forget the lost nodes whose place a standby took (it beats as that node); the
+        fault that ends the round for one whose place was not taken in time."""
+        assert self._beats is not None
+        for node, (limit, asked_at) in list(self._awaited.items()):
+            host = self._beats.beating_since(node, asked_at)
+            if host is not None:
+                del self._awaited[node]
+                self._journal.write("node_taken_over", node=node, host=host,
+                                    since_asked_s=round(now - asked_at, 3))
+                self._say(f"rankguard: a standby node (host {host}) took the place of node "
+                          f"{node}")
+            elif limit.passed():
+                del self._awaited[node]
+                self._lost_nodes -= 1  # the round's end counts it (node_lost)
+                return self._lost(Silence(node, now - asked_at), now)
+        return None
 
     def _lost(self, quiet: Silence, now: float) -> Fault:
         """End the round with the silent node (or the store) named; the fault that stands."""

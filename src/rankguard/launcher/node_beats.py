@@ -141,14 +141,24 @@ class NodeBeats:
                                         daemon=True)
         self._thread.start()
 
-    def silence(self, now: float, limit: float) -> Silence | None:
-        """The node (or store) silent for ``limit`` seconds at ``now``, if any."""
+    def silence(self, now: float, limit: float, excluding: frozenset[int] = frozenset()
+                ) -> Silence | None:
+        """The node (or store) silent for ``limit`` seconds at ``now``, if any, but the nodes
+        ``excluding`` (lost already, their place being taken)."""
         with self._lock:
             if (self._pending_since is not None and self._looked is not None
                     and now - self._looked > max(_OWN_GAP_S, limit / 2)):
                 self._pending_since = now  # we were stopped ourselves: not the store's time
             self._looked = now
-            return silence(self._heard, self._last_exchange, self._pending_since, now, limit)
+            heard = {node: seen for node, seen in self._heard.items() if node not in excluding}
+            return silence(heard, self._last_exchange, self._pending_since, now, limit)
+
+    def beating_since(self, node: int, since: float) -> str | None:
+        """The host of ``node``'s beat if an exchange first saw its current beat after
+        ``since`` (monotonic), else None."""
+        with self._lock:
+            seen = self._heard.get(node)
+            return seen.host if seen is not None and seen.since > since else None
 
     def quiet_since(self, since: float, evidence: float) -> Silence | None:
         """See :func:`quiet_since`."""

@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from .. import margins, sealed
+from .. import margins, recovery_file, sealed
 from ..proctree import MARKER
 from ..supervisor import RankFiles, RankProcesses, spawn
 from .config import RunConfig
@@ -149,7 +149,7 @@ def start_bootstrap(config: RunConfig, env: dict[str, str],
 def start_attempt(config: RunConfig, attempt: int, token: str, layout: Layout,
                   ledger_dir: str,
                   spares: Callable[[], subprocess.Popen[bytes] | None] = lambda: None,
-                  terminal: Terminal | None = None) -> RankProcesses:
+                  terminal: Terminal | None = None, replacing: bool = False) -> RankProcesses:
     """Create the ledgers and start every local rank of attempt ``attempt`` (the set's
     ``number``) where ``layout`` puts them; returns at once (ranks import in parallel). The
     set's members are numbered by global rank.
@@ -157,7 +157,8 @@ def start_attempt(config: RunConfig, attempt: int, token: str, layout: Layout,
     Each rank is a warm spare from ``spares()`` when it gives one, else a new process. Its log
     and stacks go to ``LOG_DIR/attemptN/``, its ledger to ``ledger_dir`` (the run's private
     ledger folder, ``ledger.make_dir``). Rank output is teed to ``terminal`` when given and
-    ``config.tee`` is set.
+    ``config.tee`` is set. With ``replacing``, every rank is the replacement of a lost one
+    (a standby node taking a lost node's place): see :func:`replacement_env`.
     """
     attempt_dir = os.path.join(config.log_dir, f"attempt{attempt}")
     os.makedirs(attempt_dir, mode=0o700, exist_ok=True)
@@ -170,10 +171,25 @@ def start_attempt(config: RunConfig, attempt: int, token: str, layout: Layout,
                           stacks=os.path.join(attempt_dir, f"stacks_rank{rank}.txt"),
                           ledger=os.path.join(ledger_dir, f"attempt{attempt}-rank{rank}.ledger"))
         env = rank_env(config, local_rank, attempt, token, layout, files.ledger, files.stacks)
+        if replacing:
+            env.update(replacement_env(recovery_path(attempt_dir, rank)))
         spare = spares()
         member = ranks.start(rank, files, env, launcher_for(config, spare))
         member.warm = member.proc is spare
     return ranks
+
+
+def recovery_path(attempt_dir: str, rank: int, number: int = 0) -> str:
+    """Where replacement ``number`` of rank ``rank`` says it holds the state
+    (``recovery_file``); 0: a rank started as a replacement with its attempt."""
+    return os.path.join(attempt_dir, f"replacement{number}_rank{rank}.json")
+
+
+def replacement_env(recovery: str) -> dict[str, str]:
+    """What makes a rank a replacement: it joins the survivors' generation
+    (``RANKGUARD_REPLACING``) and says at ``recovery`` when it holds the state. An injected
+    fault is the first process's: the replacement would meet it again."""
+    return {"RANKGUARD_REPLACING": "1", recovery_file.PATH_ENV: recovery, "RANKGUARD_INJECT": ""}
 
 
 def launcher_for(config: RunConfig, spare: subprocess.Popen[bytes] | None
