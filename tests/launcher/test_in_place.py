@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, Run
+from tests.conftest import ROOT, Run, script
 
 EXAMPLE = str(ROOT / "examples" / "train_inplace.py")
 ARGS = ["--nproc-per-node", "3", "--hang-timeout", "3", "--max-restarts", "3"]
@@ -172,3 +172,18 @@ def test_a_single_rank_is_not_replaced_in_place_but_restarted(run_rankguard: Any
     assert "no other rank holds the state" in refused["reason"]
     assert _events(run, "restart")
 
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(180)
+def test_an_error_of_get_state_is_the_root_cause_not_a_peers_fault(run_rankguard: Any) -> None:
+    """The healthy rank's get_state raises while it would send the state: that error (not the
+    peer's fault it was handling, nor a hang of the replacement waiting for the state) ends the
+    run."""
+    run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "3", "--max-restarts", "1",
+                         "--recovery", "in-place", "--inject", "kill:rank=1,at=op15",
+                         script("broken_get_state.py")], timeout=150)
+    assert run.code == 1, run.stderr[-4000:]
+    assert "RuntimeError: the script's get_state broke" in run.stdout + run.stderr
+    root = run.event("run_end")["root_cause"]
+    assert root.startswith("rank 0 raised"), root

@@ -8,6 +8,7 @@ test_blame_end_to_end.py and test_launcher_signals.py.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 from dataclasses import dataclass
 
@@ -21,6 +22,10 @@ from rankguard.launcher.summary import AttemptReport, render
 from tests.launcher.snapshots import group, leaving, ledger, raised_in, world
 
 WINDOW, HANG = 0.3, 3.0
+
+
+def _in_step_loop(progress: L.RankProgress) -> L.RankProgress:
+    return dataclasses.replace(progress, flags=progress.flags | L.FLAG_STEP_LOOP)
 
 
 @dataclass
@@ -50,6 +55,17 @@ FIRST_FAULT = {
         [RankState(0, ledger(world(12, 11, t_enter=1.0))), RankState(1, leaving(11, 0.9, 0))],
         1.0 + HANG, (1, "rank 1 exited with code 0 before all_reduce #11 (rank 0 went on to it)",
                      0.9)),
+    # rankguard.StepLoop caught the failed all_reduce (done) and waits in its regroup
+    "a peer still in its StepLoop --hang-timeout after a rank left with 0": FaultCase(
+        [RankState(0, _in_step_loop(ledger(world(12)))), RankState(1, leaving(11, 0.9, 0))],
+        0.9 + HANG, (1, "rank 1 exited with code 0 before all_reduce #11 (rank 0 went on to it)",
+                     0.9)),
+    "a peer in its StepLoop less than --hang-timeout after the departure: nothing yet":
+        FaultCase([RankState(0, _in_step_loop(ledger(world(12)))),
+                   RankState(1, leaving(11, 0.9, 0))], 0.9 + HANG - 0.1, None),
+    "a peer in its StepLoop that did no more than the leaver: no fault": FaultCase(
+        [RankState(0, _in_step_loop(ledger(world(11)))), RankState(1, leaving(11, 0.9, 0))],
+        0.9 + HANG + 5, None),
     "a peer waiting less than --hang-timeout proves nothing yet": FaultCase(
         [RankState(0, ledger(world(12, 11, t_enter=1.0))), RankState(1, leaving(11, 0.9, 0))],
         1.0 + HANG - 0.1, None),

@@ -168,7 +168,8 @@ def early_exit(state: RankState, states: list[RankState], now: float,
                hang_timeout: float) -> Fault | None:
     """The fault of a rank that left with code 0 before an operation its peers went on to:
     some peer entered more operations of a group they share than the leaver did, and either
-    failed inside its last one, or (alive) has waited in it ``hang_timeout``. The fault is
+    failed inside its last one, or (alive) has waited in it ``hang_timeout``, or (alive, in
+    ``rankguard.StepLoop``) is still in its loop ``hang_timeout`` after the departure. The fault is
     timed from the departure, or from the peer's failure when that was seen first (the exit of
     a process is seen after the fact). Point-to-point operations are not counted on: ranks
     do different numbers of them. None when the departure harmed no one (yet)."""
@@ -190,6 +191,11 @@ def early_exit(state: RankState, states: list[RankState], now: float,
                 at = min(left, progress.t_fault)
             elif peer.returncode is None and group.waiting and \
                     now - group.t_enter >= hang_timeout:
+                at = left
+            elif peer.returncode is None and progress.flags & _ledger.FLAG_STEP_LOOP and \
+                    now - left >= hang_timeout:
+                # rankguard.StepLoop caught the failed collective (so it is not waiting in it)
+                # and waits in its regroup for a replacement nobody will start
                 at = left
             else:
                 continue

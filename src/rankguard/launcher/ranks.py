@@ -128,7 +128,7 @@ def rank_env(config: RunConfig, local_rank: int, attempt: int, token: str, layou
     )
     if layout.round is not None:
         env["RANKGUARD_ROUND"] = str(layout.round)
-    if config.in_place and sealed.ENV not in env:
+    if config.in_place and not env.get(sealed.ENV):  # set but empty: no secret either
         # the ranks agree on a secret over gloo (several nodes): a replacement, which cannot
         # take part in that, reads it where they keep it, in the private ledger folder
         env[sealed.KEPT_ENV] = os.path.join(os.path.dirname(ledger_path),

@@ -227,20 +227,27 @@ class StepLoop:
                 ledger.clear_flag(_ledger.FLAG_STEP_LOOP)
 
     def _run(self, step_fn: Callable[[int], None], steps: int) -> None:
+        # each recovery runs after the except block that caught its fault: an error of the
+        # user's get_state or load_state would otherwise carry the peer's fault as its
+        # __context__ and be taken for one (peer_fault follows the chain)
+        fault = None
         try:
             self._resume()
         except Exception as error:  # noqa: BLE001 (a peer's fault is handled, others raised)
             fault = peer_fault(error)
             if fault is None:
                 raise
+        if fault is not None:
             self._recover(fault)
         while self._step < steps:
+            fault = None
             try:
                 step_fn(self._step)
             except Exception as error:  # noqa: BLE001 (a peer's fault is handled, others raised)
                 fault = peer_fault(error)
                 if fault is None or len(self.recoveries) >= self._max_recoveries:
                     raise
+            if fault is not None:
                 self._recover(fault)
                 continue
             self._step += 1
@@ -288,6 +295,7 @@ class StepLoop:
             except CollectiveError as again:
                 fault = self._failed(started, fault, again)
                 continue
+            again = None
             try:
                 self._resume(generation.number, tuple(generation.replaced),
                              time.monotonic() - started, first_line(fault))
@@ -296,7 +304,7 @@ class StepLoop:
                 again = peer_fault(error)
                 if again is None:
                     raise
-                fault = self._failed(started, fault, again)
+            fault = self._failed(started, fault, again)
         raise fault
 
     def _failed(self, started: float, fault: BaseException, again: BaseException
