@@ -182,8 +182,26 @@ def test_an_error_of_get_state_is_the_root_cause_not_a_peers_fault(run_rankguard
     run."""
     run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "3", "--max-restarts", "1",
                          "--recovery", "in-place", "--inject", "kill:rank=1,at=op15",
-                         script("broken_get_state.py")], timeout=150)
+                         script("step_loop_bugs.py"), "get_state"], timeout=150)
     assert run.code == 1, run.stderr[-4000:]
     assert "RuntimeError: the script's get_state broke" in run.stdout + run.stderr
     root = run.event("run_end")["root_cause"]
     assert root.startswith("rank 0 raised"), root
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(180)
+def test_a_rank_that_fails_in_every_replacement_is_replaced_alone_then_ends_the_run(
+        run_rankguard: Any) -> None:
+    """Rank 1 raises at step 10 in every process: each replacement joins, resumes, and raises
+    again; the healthy ranks stay members of every generation (a rank that answered the probe
+    is never taken for failed), and once the replacements are spent the run fails with rank
+    1's error."""
+    run = run_rankguard(["--nproc-per-node", "3", "--hang-timeout", "3", "--max-restarts", "3",
+                         "--recovery", "in-place", script("step_loop_bugs.py"), "step"],
+                        timeout=150)
+    assert run.code == 1, run.stderr[-4000:]
+    assert "left out of generation" not in run.stdout + run.stderr
+    assert [e["rank"] for e in _events(run, "replace")] == [1, 1, 1]
+    assert len(_events(run, "replaced")) == 3
+    assert run.event("run_end")["root_cause"].startswith("rank 1 raised"), run.stderr[-3000:]

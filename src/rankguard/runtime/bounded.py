@@ -26,6 +26,7 @@ from . import groups
 from .state import GroupRecord, current
 
 SLICE = timedelta(milliseconds=50)
+NO_ANSWER = "did not answer (stopped, dead, or holding the GIL)"  # a peer's state in an error
 _MIN_TIMEOUT_S = 0.001  # gloo's least timeout for an operation whose deadline has passed
 
 
@@ -75,7 +76,7 @@ def explain(record: GroupRecord, entry: int, op: str, waited: float, limit: Dead
     for peer in record.peers if answers else []:
         answer = answers.get(peer)
         if answer is None:
-            states[peer] = "did not answer (stopped, dead, or holding the GIL)"
+            states[peer] = NO_ANSWER
             missing.append(peer)
         elif answer["entered"] < entry:
             behind = _ledger.seq_of(answer["entered"], answer["world"])

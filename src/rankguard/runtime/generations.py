@@ -17,7 +17,9 @@ A process group that saw a fault is retired, never reused. ``rankguard.regroup()
 
 With ``keep_size=True`` every survivor keeps its rank and each failed rank's place stays vacant
 for a replacement process, which joins in step 2 beside the survivors (see ``vacancies``): the
-generation forms once every place is filled, or not at all.
+generation forms once every place is filled, or not at all. A place is vacant only for a rank
+that did not answer: one that the last error names as behind (it answered) is alive, and is
+kept.
 
 The proposal and the arrivals are sealed with the run's secret (``rankguard.sealed``): a
 membership or an arrival that another process wrote into the store is never adopted (a forged
@@ -38,6 +40,7 @@ from ..deadline import Deadline, check_seconds
 from ..errors import CollectiveTimeout, GroupRetired, PeerFailed, UsageError, first_line
 from ..margins import SECOND_ASK_WINDOW_S
 from . import barrier, groups, vacancies
+from .bounded import NO_ANSWER
 from .probe import clone_client
 from .state import WORLD, current
 from ..store_calls import StoreStalled, within
@@ -171,7 +174,7 @@ def form_next(limit: Deadline, exclude: Iterable[int] | None = None,
         # before one is left out: ranks that failed at once are all found (a notice names one),
         # and a live but slow one is not taken for failed (keeping the size, it would be a
         # place nobody fills; else a rank that cannot come back)
-        known = _known_failed()
+        known = _known_failed(keep_size)
         failed = known | _silent(rank, size, known)
     proposal: list[int | None] = [None if r in failed else r for r in range(size)] \
         if keep_size else sorted(set(range(size)) - failed)
@@ -250,9 +253,18 @@ def fill_vacancy(base_store: Any, place: int, limit: Deadline) -> tuple[Any, int
     return vacancies.group_store(record.generation, state.lineage_root), record.size
 
 
-def _known_failed() -> set[int]:
+def _known_failed(keep_size: bool) -> set[int]:
+    """The ranks that the last collective error names as not arrived. Keeping the size, only
+    those that did not answer its probe: one that answered is alive (behind, or slow), and a
+    place marked vacant would wait for a replacement nobody starts while that rank is left out
+    (the launcher stops a failed rank before it posts the notice, so a failed one does not
+    answer). The others are asked again (``_silent``)."""
     failure = current().last_failure
-    return set(failure.missing) if failure is not None else set()
+    if failure is None:
+        return set()
+    if not keep_size:
+        return set(failure.missing)
+    return {rank for rank in failure.missing if failure.peers.get(rank) == NO_ANSWER}
 
 
 def _silent(rank: int, size: int, known: set[int]) -> set[int]:

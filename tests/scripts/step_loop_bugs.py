@@ -1,0 +1,44 @@
+"""A DDP loop in rankguard.StepLoop with a bug of the script's own, for
+``tests/launcher/test_in_place.py``: ``step_loop_bugs.py get_state`` has a get_state that raises
+(the error a healthy rank meets as it would send the state to a replacement);
+``step_loop_bugs.py step`` has rank 1 raise at step 10 in every process (each replacement meets
+the same bug)."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+
+import rankguard
+
+
+def main() -> None:
+    bug = sys.argv[1]
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def get_state() -> dict:
+        if bug == "get_state":
+            raise RuntimeError("the script's get_state broke")
+        return {"model": model.state_dict()}
+
+    loop = rankguard.StepLoop(get_state, lambda state: model.load_state_dict(state["model"]))
+    ddp = loop.ddp(model)
+
+    def step(n: int) -> None:
+        if bug == "step" and n == 10 and dist.get_rank() == 1:
+            raise ValueError("the script's step 10 broke")
+        optimizer.zero_grad()
+        ddp(torch.ones(4, 8) * n).sum().backward()
+        optimizer.step()
+
+    loop.run(step, 60)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
