@@ -72,6 +72,18 @@ def opener(path: str, flags: int) -> int:
     return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
 
 
+def replace_with(target: str, text: str) -> None:
+    """Write ``text`` to ``target`` (0600) by a rename, so a reader never sees half of it.
+
+    Raises:
+        OSError: it could not be written.
+    """
+    staging = f"{target}.{os.getpid()}.tmp"
+    with open(staging, "w", opener=opener) as out:
+        out.write(text)
+    os.replace(staging, target)
+
+
 class NotRegular(ValueError):
     """A path that is not a regular file, or one larger than the reader takes."""
 

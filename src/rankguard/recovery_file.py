@@ -40,11 +40,8 @@ def write(shared: Any, generation: int) -> None:
         return
     record = {"generation": generation, "step": shared.step, "source": shared.source,
               "nbytes": shared.nbytes, "share_s": round(shared.took, 6)}
-    staging = f"{target}.{os.getpid()}.tmp"
     try:
-        with open(staging, "w", opener=private_files.opener) as out:
-            json.dump(record, out)
-        os.replace(staging, target)
+        private_files.replace_with(target, json.dumps(record))
     except OSError:
         pass
 

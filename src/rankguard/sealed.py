@@ -176,11 +176,8 @@ def _keep(secret: bytes) -> None:
     target = os.environ.get(KEPT_ENV)
     if not target or os.path.exists(target):
         return
-    staging = f"{target}.{os.getpid()}.tmp"
     try:
-        with open(staging, "w", opener=private_files.opener) as out:
-            out.write(secret.hex())
-        os.replace(staging, target)
+        private_files.replace_with(target, secret.hex())
     except OSError:
         pass
 

@@ -46,9 +46,9 @@ from .node_beats import NodeBeats, Silence
 from .outcome import Fault
 from .ranks import Layout, recovery_path
 from .rendezvous import (JobStore, Rendezvous, RendezvousClosed, Round, agents_namespace,
-                         connect, round_namespace)
+                         connect, round_namespace, rounds_key)
 from .remote_progress import RemoteProgress
-from .round_end import RoundChannel, RoundEnd
+from .round_end import RoundChannel, RoundEnd, end_key
 from .summary import AttemptReport
 from .. import margins
 from ..beats import beat_entry
@@ -308,9 +308,9 @@ class NodeAgent(Launcher):
         if not self._takeover_allowed():
             return None
         store, run_id = self._store, self.config.run_id
-        rounds = store.add(f"/rankguard/{run_id}/rounds", 0)
+        rounds = store.add(rounds_key(run_id), 0)
         prefix = agents_namespace(run_id, rounds - 1)
-        if rounds == 0 or store.check([prefix + "end"]):
+        if rounds == 0 or store.check([end_key(prefix)]):
             return None
         node_takeover.stand_by(store, prefix)
         self._journal.write("standby", attempt=0, round=rounds - 1)
@@ -320,7 +320,7 @@ class NodeAgent(Launcher):
         while True:
             if self._signal is not None:
                 raise _Interrupted("the agent was stopped while it stood by")
-            if store.check([prefix + "end"]) or self._rdzv.recorded_end() is not None:
+            if store.check([end_key(prefix)]) or self._rdzv.recorded_end() is not None:
                 return None
             request, seen = node_takeover.take(store, prefix, seen, self.config.nproc)
             if request is not None:
@@ -356,10 +356,10 @@ class NodeAgent(Launcher):
         if not self._takeover_allowed() or self._in_place is None:
             return False
         prefix = agents_namespace(self.config.run_id, self._layout.round or 0)
-        nproc = self.config.nproc
         request = node_takeover.Takeover(
-            self._layout.round or 0, node, self._group_world, node * nproc, self._layout.world,
-            self._round_addr[0], self._round_addr[1], quiet.describe(self._store_name),
+            self._layout.round or 0, node, self._group_world, node * self.config.nproc,
+            self._layout.world, self._round_addr[0], self._round_addr[1],
+            quiet.describe(self._store_name),
             time.time() - quiet.silent_s)
         try:
             if node_takeover.standbys(self._round_store, prefix) == 0:
@@ -372,7 +372,7 @@ class NodeAgent(Launcher):
         self._lost_nodes += 1  # its agent will never leave the job
         for member in self._ranks.live() if self._ranks is not None else []:
             # a collective they wait in raises PeerFailed at once; they regroup without it
-            _ledger.post_notice(member.ledger_path, _ledger.NOTICE_DIED, node * nproc)
+            _ledger.post_notice(member.ledger_path, _ledger.NOTICE_DIED, request.base)
         self._journal.write("node_takeover", node=node, asked=asked, cause=request.cause,
                             limit_s=limit)
         self._say(f"rankguard: {request.cause}; a standby node takes its place (the ranks wait "

@@ -67,6 +67,11 @@ def round_namespace(run_id: str, number: int) -> str:
     return f"/rankguard/{run_id}/round{number}/"
 
 
+def rounds_key(run_id: str) -> str:
+    """The job-wide count of rounds formed (node 0 of each draws the round's number from it)."""
+    return f"/rankguard/{run_id}/rounds"
+
+
 def agents_namespace(run_id: str, number: int) -> str:
     """The agents' store prefix in round ``number`` (its end, the nodes done)."""
     return f"/rankguard/{run_id}/round{number}.agents/"
@@ -391,7 +396,7 @@ class Rendezvous:
                 # the others stop at it, not at join_timeout
                 store.set(_PLAN_KEY, f"{_REFUSED}: {exc}")
                 raise
-            number = self._store.add(f"/rankguard/{self._run_id}/rounds", 1) - 1
+            number = self._store.add(rounds_key(self._run_id), 1) - 1
             store.set(_PLAN_KEY, sealed.seal(_PLAN_KEY, _Plan(number, counts, where).encode()))
         store.wait([_PLAN_KEY], limit)
         plan = self._open(_PLAN_KEY, store.get(_PLAN_KEY), _Plan.decode)

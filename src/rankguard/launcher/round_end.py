@@ -91,6 +91,11 @@ def replaces(standing: RoundEnd, ours: RoundEnd) -> bool:
     return not standing.ok and standing.cascade and not ours.ok and not ours.cascade
 
 
+def end_key(prefix: str) -> str:
+    """The key of the round's end under the round's agents' prefix (present once it ended)."""
+    return prefix + "end"
+
+
 class RoundChannel:
     """The end of one round, for one agent: publish it, learn it, wait for it.
 
@@ -110,7 +115,7 @@ class RoundChannel:
         self._store = store
         self._request_s = request_s
         self._connect = connect
-        self._key = prefix + "end"
+        self._key = end_key(prefix)
         self._done_key = prefix + "done"
         self._nodes = nodes
         self._wake = wake
