@@ -205,3 +205,28 @@ def test_a_rank_that_fails_in_every_replacement_is_replaced_alone_then_ends_the_
     assert [e["rank"] for e in _events(run, "replace")] == [1, 1, 1]
     assert len(_events(run, "replaced")) == 3
     assert run.event("run_end")["root_cause"].startswith("rank 1 raised"), run.stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(180)
+@pytest.mark.parametrize("where", ["group_at_top", "group_in_on_regroup"])
+def test_a_sub_group_made_in_on_regroup_survives_a_replacement_and_one_made_at_the_top_is_refused(
+        run_rankguard: Any, where: str) -> None:
+    """A sub-group made in ``loop.on_regroup`` is made again on every rank after the state
+    arrived, and the run goes on; one made at the top of the script is refused in the
+    replacement at once (the survivors wait for it in the state's exchange), instead of a wait
+    until the replacement limit."""
+    run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "3", "--max-restarts", "2",
+                         "--recovery", "in-place", "--inject", "kill:rank=1,at=op15",
+                         script("step_loop_bugs.py"), where], timeout=150)
+    replaced = [e["rank"] for e in _events(run, "replace")]
+    if where == "group_in_on_regroup":
+        assert run.code == 0, run.stderr[-4000:]
+        assert replaced == [1] and len(_events(run, "replaced")) == 1
+        return
+    assert run.code == 1, run.stderr[-4000:]
+    assert "dist.new_group(): called by a replacement rank before it received the state" \
+        in run.stderr and "loop.on_regroup(fn)" in run.stderr
+    assert replaced == [1, 1] and not _events(run, "replaced")  # every replacement refused
+    spent = run.event("run_end")["ts"] - _events(run, "replace")[0]["ts"]
+    assert spent < 60, spent  # not the replacement limit (96 s at --hang-timeout 3), each time

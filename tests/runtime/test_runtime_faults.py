@@ -165,6 +165,19 @@ def test_deadline_on_allreduce_with_frozen_peer_raises_collective_timeout_naming
     assert result["after"] == "GroupRetired"  # the group is retired, by design
 
 
+def test_a_send_slower_than_a_wait_slice_arrives_and_a_frozen_senders_recv_ends_at_its_deadline(
+        tmp_path: Path) -> None:
+    # gloo closes the connection when a send's or recv's wait times out: a bounded recv must
+    # not wait in slices (a 50 MB state to a replacement failed so)
+    with Ranks("send_recv_slow", 2, tmp_path) as ranks:
+        result = ranks.result(0)
+    assert result["received"] == 3.0 * 4 * 1024 * 1024, result
+    assert result["took"] >= 0.3, result  # it did wait for the late sender
+    assert result["type"] == "CollectiveTimeout", result
+    assert (result["op"], result["missing"]) == ("recv", [1]), result["message"]
+    assert 0.9 <= result["waited"] < 2.0 and result["elapsed"] < 3.0, result
+
+
 def test_regroup_of_three_survivors_after_a_rank_is_killed_then_allreduce_is_correct(
         tmp_path: Path) -> None:
     with Ranks("regroup_after_kill", 4, tmp_path) as ranks:

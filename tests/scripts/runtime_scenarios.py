@@ -116,6 +116,30 @@ def deadline_peer_frozen() -> None:
         report(**fields)
 
 
+def send_recv_slow() -> None:
+    """A point-to-point transfer that takes longer than a bounded wait's slice (the sender
+    starts 0.5 s late, and sends 16 MB) arrives whole; then a recv from a sender that freezes
+    ends at its deadline, naming it. Rank 0, which hosts the store, receives."""
+    torch, dist = group()
+    payload = torch.empty(4 * 1024 * 1024)
+    if RANK == 1:
+        time.sleep(0.5)
+        with rankguard.deadline(30.0):
+            dist.send(payload.fill_(3.0), 0)
+        freeze()
+    started = time.monotonic()
+    with rankguard.deadline(30.0):
+        dist.recv(payload, 1)
+    fields = {"received": float(payload.sum().item()), "took": time.monotonic() - started}
+    started = time.monotonic()
+    try:
+        with rankguard.deadline(1.0):
+            dist.recv(payload, 1)
+    except rankguard.CollectiveError as error:
+        fields.update(error_fields(error, started))
+    report(**fields)
+
+
 def regroup_after_kill() -> None:
     torch, dist = group()
     started = time.monotonic()
@@ -376,6 +400,7 @@ SCENARIOS = {
     "shutdown_peer_dead": lambda: shutdown_peer("dead"),
     "shutdown_all": shutdown_all,
     "deadline_peer_frozen": deadline_peer_frozen,
+    "send_recv_slow": send_recv_slow,
     "regroup_after_kill": regroup_after_kill,
     "ddp_peer_dies": ddp_peer_dies,
     "outsider_writes": outsider_writes,

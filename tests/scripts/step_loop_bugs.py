@@ -2,7 +2,9 @@
 ``tests/launcher/test_in_place.py``: ``step_loop_bugs.py get_state`` has a get_state that raises
 (the error a healthy rank meets as it would send the state to a replacement);
 ``step_loop_bugs.py step`` has rank 1 raise at step 10 in every process (each replacement meets
-the same bug)."""
+the same bug); ``step_loop_bugs.py group_at_top`` makes a sub-group at the top of the script (a
+replacement would wait in it for peers that never make it), ``group_in_on_regroup`` makes it
+where the README says, and each step all-reduces over it."""
 
 from __future__ import annotations
 
@@ -28,12 +30,26 @@ def main() -> None:
 
     loop = rankguard.StepLoop(get_state, lambda state: model.load_state_dict(state["model"]))
     ddp = loop.ddp(model)
+    groups: list = []
+
+    def make_group() -> None:
+        groups[:] = [dist.new_group([0, 1])]
+
+    if bug == "group_at_top":
+        make_group()
+    elif bug == "group_in_on_regroup":
+        loop.on_regroup(make_group)
 
     def step(n: int) -> None:
         if bug == "step" and n == 10 and dist.get_rank() == 1:
             raise ValueError("the script's step 10 broke")
         optimizer.zero_grad()
         ddp(torch.ones(4, 8) * n).sum().backward()
+        if groups:
+            members = torch.ones(1)
+            dist.all_reduce(members, group=groups[0])
+            if members.item() != 2:
+                raise AssertionError(f"the sub-group summed {members.item()}, not 2")
         optimizer.step()
 
     loop.run(step, 60)

@@ -23,6 +23,7 @@ from .. import ledger as _ledger
 from ..deadline import Deadline
 from ..errors import CollectiveError, CollectiveTimeout, GroupRetired, PeerFailed
 from . import groups
+from .peer_wait import PEER_TO_PEER, PeerWait
 from .state import GroupRecord, current
 
 SLICE = timedelta(milliseconds=50)
@@ -140,12 +141,15 @@ def work_class() -> type:
             self._limit = limit
             self._started = time.monotonic()
             self._handed: Any = None  # the future of ours handed to C++, if any
+            self._peer_wait: PeerWait | None = None  # a send's or recv's wait, once begun
 
         def wait(self, timeout: timedelta | None = None) -> bool:
             inner = self._inner
             own = None
             if timeout is not None and timeout > timedelta(0):
                 own = Deadline.after(timeout.total_seconds())
+            if self._op in PEER_TO_PEER:
+                return self._wait_for_peer(own)
             while True:
                 try:
                     return inner.wait(SLICE)
@@ -157,16 +161,32 @@ def work_class() -> type:
                             return inner.wait(SLICE)
                         except RuntimeError as final:
                             raise self._failure(final) from final
-                    group = self._group
-                    take_supervisor_notice(group)
-                    if group.retired is not None:
-                        if group.notice is not None:
-                            raise retire_and_explain(group, self._entry, self._op,
-                                                     self._started, self._limit, None,
-                                                     group.notice) from None
-                        raise GroupRetired(group.name, group.retired) from None
+                    self._raise_if_retired()
                     if own is not None and own.passed():
                         raise self._failure(None, own) from None
+
+        def _wait_for_peer(self, own: Deadline | None) -> bool:
+            """A send's or recv's wait: gloo's runs once, for the whole deadline, on a thread
+            of its own (see ``runtime.peer_wait``), and this one gives up at a notice."""
+            if self._peer_wait is None:
+                limit = own.sooner(self._limit) if own is not None else self._limit
+                self._peer_wait = PeerWait(
+                    self._inner, None if limit is None else limit.left(_MIN_TIMEOUT_S))
+            waiting = self._peer_wait
+            while not waiting.over(SLICE.total_seconds()):
+                self._raise_if_retired()
+            if waiting.error is not None:
+                raise self._failure(waiting.error) from waiting.error
+            return waiting.result
+
+        def _raise_if_retired(self) -> None:
+            group = self._group
+            take_supervisor_notice(group)
+            if group.retired is not None:
+                if group.notice is not None:
+                    raise retire_and_explain(group, self._entry, self._op, self._started,
+                                             self._limit, None, group.notice) from None
+                raise GroupRetired(group.name, group.retired) from None
 
         def _failure(self, error: BaseException | None,
                      limit: Deadline | None = None) -> CollectiveError:

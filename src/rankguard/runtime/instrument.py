@@ -30,7 +30,7 @@ from typing import Any, Callable
 from .. import ledger as _ledger
 from .. import sealed
 from ..deadline import Deadline
-from ..errors import GroupRetired
+from ..errors import GroupRetired, UsageError
 from . import bounded as _bounded
 from . import deadline as _deadline
 from . import generations, groups, vacancies
@@ -379,6 +379,7 @@ def install() -> None:
             init_method = None
         if vacancies.replacing() and state.generation == 0:
             init_method, kwargs = _fill_vacancy(init_method, kwargs)
+            state.awaiting_state = True
         backend = _translate(backend)
         state.pg_timeout = kwargs.get("timeout")
         creating = state.creating_default
@@ -395,6 +396,13 @@ def install() -> None:
 
     @functools.wraps(original_new_group)
     def new_group(*args: Any, **kwargs: Any) -> Any:
+        if state.awaiting_state:
+            raise UsageError("dist.new_group()", "called by a replacement rank before it "
+                             "received the state: the other ranks wait for it in the state's "
+                             "exchange and will not make this group",
+                             "make your process groups in a callback given to "
+                             "loop.on_regroup(fn): StepLoop calls it on every rank when run() "
+                             "starts and after each recovery, once the state arrived")
         if len(args) >= 3:
             args = (*args[:2], _translate(args[2]), *args[3:])
         elif kwargs.get("backend") is not None:

@@ -26,6 +26,7 @@ from typing import Any, Callable
 from ..deadline import check_seconds
 from ..errors import UsageError
 from .deadline import deadline
+from .state import current
 
 NO_STATE = -1  # the step of a rank that holds no state (a replacement)
 
@@ -101,6 +102,7 @@ def share(step: int, get_state: Callable[[], Any], load_state: Callable[[Any], N
             payload = torch.empty(nbytes, dtype=torch.uint8)
             dist.recv(payload, _global(source, group), group=group)
             load_state(_deserialize(payload))
+    current().awaiting_state = False
     return Shared(target, source, receivers, nbytes, time.monotonic() - started)
 
 

@@ -145,6 +145,9 @@ class RankState:
         record_only: every operation so far needs nothing but its record in the ledger (not
             bounded, no injected fault, no deadline ever set): the instrumented group takes its
             shortest path. Once False, it stays False.
+        awaiting_state: a replacement that joined its generation and has not yet received the
+            state from a peer (``peer_state.share``): the survivors wait for it in that
+            exchange, so a process group it makes now would wait for peers that never come.
     """
 
     ledger: _ledger.LedgerWriter | None = None
@@ -167,6 +170,7 @@ class RankState:
     aborted: Any = None  # the report of the shutdown() that aborted the groups, until a new one
     creating_default: threading.local = field(default_factory=threading.local)
     record_only: bool = True
+    awaiting_state: bool = False
 
     def enable_bounded(self) -> None:
         """Every operation from now on returns a bounded work; the supervisor may send
