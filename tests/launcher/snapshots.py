@@ -34,10 +34,12 @@ def sub(entered: int, done: int | None = None, kind: str = "barrier", t_enter: f
 
 
 def ledger(*groups: L.GroupProgress, fault: int = L.FAULT_NONE, in_collective: bool = False,
-           t_fault: float = 0.0, exit_code: int = 0,
-           blamed: tuple[int, ...] = ()) -> L.RankProgress:
-    """A rank's whole ledger: its group slots and its own fault, if any."""
-    return L.RankProgress(1, 0, fault, in_collective, t_fault, 0.0, groups, blamed, exit_code)
+           t_fault: float = 0.0, exit_code: int = 0, blamed: tuple[int, ...] = (),
+           t_start: float = 0.0) -> L.RankProgress:
+    """A rank's whole ledger: its group slots and its own fault, if any; ``t_start``: when its
+    process took its rank."""
+    return L.RankProgress(1, 0, fault, in_collective, t_fault, t_start, groups, blamed,
+                          exit_code)
 
 
 def raised_in(entered: int, t_fault: float) -> L.RankProgress:

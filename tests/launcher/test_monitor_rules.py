@@ -76,6 +76,12 @@ CASES = {
         [(True, (1,), (0,), "straggler_timeout", "all_reduce #10")], {1: QUIET}),
     "a rank that went quiet only lately gets no verdict yet": Case(
         WAITS_FOR_1, T + HANG, [], {1: QUIET}),
+    "a rank whose process took its place after the waiters entered is not waited for": Case(
+        {0: ledger(world(11, 10, t_enter=T)), 1: ledger(world(2), t_start=T + 0.5)},
+        T + STRAGGLER, [], {1: BUSY}),
+    "a rank that took its place before the waiters entered is": Case(
+        {0: ledger(world(11, 10, t_enter=T)), 1: ledger(world(10), t_start=T - 0.5)},
+        T + HANG, [(True, (1,), (0,), "stopped", "all_reduce #10")], {1: STOPPED}),
     "a completed collective is no wait": Case(
         {0: ledger(world(11, t_enter=T)), 1: ledger(world(11, t_enter=T))}, T + 10 * HANG, []),
     "a rank frozen before init_process_group is blamed for it": Case(

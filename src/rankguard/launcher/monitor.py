@@ -204,6 +204,14 @@ class HangRules:
         kind = entries[waiters[0]].kind
         seq = seq_of(target, sample.is_world)
         absent, _ = behind(members, entries, target)
+        if absent:
+            # A process that took its rank after the waiters entered cannot be what they wait
+            # for: it replaced a rank of a generation since retired, whose wait another node's
+            # beat can still show for a moment while this node's replacements count anew.
+            began = min(entries[r].t_enter for r in waiters)
+            absent = [r for r in absent if snaps[r].t_start <= began]
+            if not absent:
+                return None
 
         def stopped(ranks: list[int]) -> list[int]:
             return [r for r in ranks if activity[r].stopped]
