@@ -72,6 +72,7 @@ class Verdict:
     # blamed ranks waiting in an operation of another group, or in an earlier one of this
     # group: (rank, its op_label)
     elsewhere: tuple[tuple[int, str], ...] = ()
+    inside: bool = False  # the blamed ranks entered the operation (stopped inside it)
 
     @property
     def op_label(self) -> str:
@@ -96,6 +97,10 @@ class Verdict:
                 "busy": "busy", "straggler_timeout": "busy past --straggler-timeout",
                 "collective_deadline": "named by a rank that gave up waiting for it"}
         where = "".join(f"; rank {rank} is in {label}" for rank, label in self.elsewhere)
+        if self.inside:
+            waited = f"{waiters} waited" if self.waiting else "waited"
+            return (f"{blamed} {'was' if len(self.blamed) == 1 else 'were'} stopped (SIGSTOP) "
+                    f"inside {self.op_label}; {waited} {self.waited_s:.1f} s{where}")
         return (f"{blamed} never reached {self.op_label} ({what[self.reason]}); "
                 f"{waiters} waited {self.waited_s:.1f} s{where}")
 
@@ -220,10 +225,11 @@ class HangRules:
             return [r for r in ranks if activity[r].idle_s >= self.hang_timeout]
 
         def verdict(hung: bool, blamed: list[int], reason: str,
-                    ops: tuple[tuple[int, str], ...] = ()) -> Verdict:
-            return Verdict(hung, tuple(sorted(blamed)), tuple(sorted(waiters)), kind, seq,
+                    ops: tuple[tuple[int, str], ...] = (), inside: bool = False) -> Verdict:
+            waiting = [r for r in waiters if r not in blamed] if inside else waiters
+            return Verdict(hung, tuple(sorted(blamed)), tuple(sorted(waiting)), kind, seq,
                            round(waited, 3), reason, key, group_label(sample), ops,
-                           _elsewhere(sorted(blamed), key, target, snaps))
+                           _elsewhere(sorted(blamed), key, target, snaps), inside)
 
         if not absent:
             ops = tuple((r, entries[r].kind) for r in members if entries[r].entered == target)
@@ -234,7 +240,7 @@ class HangRules:
             if now - last_arrival < self.hang_timeout:
                 return None  # the last rank arrived only now: give the operation time to end
             if stopped(members):
-                return verdict(True, stopped(members), "stopped")
+                return verdict(True, stopped(members), "stopped", inside=True)
             quiet = idle([r for r in members if r not in waiters])
             return verdict(True, quiet or members, "stuck_in_collective")
         if stopped(absent):
