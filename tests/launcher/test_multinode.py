@@ -106,6 +106,8 @@ def test_a_rank_crash_on_one_node_restarts_every_node(tmp_path):
         assert restart["round"] == 0 and "rank 2 exited with code 5" in restart["root_cause"]
         assert run.event("run_end")["attempts"] == 2
         assert set(run.outcomes(1).values()) == {"ok"}
+        assert (f"the next round waits for 2 nodes (--nnodes) to join, up to join_timeout "
+                f"{JOIN_S} s") in run.stderr, run.stderr[-2000:]
     envs = _envs(runs)  # only the second round's ranks lived to print
     assert sorted(envs) == [0, 1, 2, 3], _error(runs)
     assert {env["TORCHELASTIC_RESTART_COUNT"] for env in envs.values()} == {"1"}

@@ -39,7 +39,7 @@ from ..ledger import RankProgress
 from ..supervisor import RankProcesses
 from ..store_calls import StoreStalled, within
 from .agent import TICK_S, Launcher, _Attempt
-from .config import RunConfig, endpoint
+from .config import RendezvousConfig, RunConfig, endpoint
 from .monitor import Verdict
 from . import node_takeover
 from .node_beats import NodeBeats, Silence
@@ -204,6 +204,14 @@ class NodeAgent(Launcher):
         return Fault("standby_end", now, None, f"the job ended ({how}) while this node stood "
                      "by; it leaves without having run")
 
+    def _say_waiting_for_nodes(self, cfg: RendezvousConfig) -> None:
+        """Say what the next round waits for: after a lost node, a fixed-size job waits for a
+        node to come back, silently for up to ``join_timeout`` otherwise."""
+        nodes = (f"{cfg.min_nodes} nodes" if cfg.min_nodes == cfg.max_nodes
+                 else f"{cfg.min_nodes} to {cfg.max_nodes} nodes")
+        self._say(f"rankguard: the next round waits for {nodes} (--nnodes) to join, up to "
+                  f"join_timeout {cfg.join_timeout} s (--rdzv-conf join_timeout=SECONDS)")
+
     def _run_status(self, fault: Fault | None) -> tuple[str, int]:
         if fault is not None and fault.kind == "standby_end":
             return ("was a standby", self._job_end[1] if self._job_end is not None else 0)
@@ -223,6 +231,8 @@ class NodeAgent(Launcher):
                 self._count_in()
                 self._warm_up()
                 self._takeover = self._stand_by_in_place()
+            if self._takeover is None and attempt > 0:
+                self._say_waiting_for_nodes(cfg)
             joined = self._took_over(self._takeover) if self._takeover is not None else \
                 self._rdzv.next_round(self.config.nproc)
         finally:
