@@ -48,7 +48,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, args.width), torch.nn.ReLU(),
                                 torch.nn.Linear(args.width, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     target_w = torch.randn(32, 1, generator=torch.Generator().manual_seed(7))
 
     # the state a step depends on: moved from a healthy rank to a replacement
