@@ -216,7 +216,7 @@ def test_a_sub_group_made_in_on_regroup_survives_a_replacement_and_one_made_at_t
     arrived, and the run goes on; one made at the top of the script is refused in the
     replacement at once (the survivors wait for it in the state's exchange), instead of a wait
     until the replacement limit."""
-    run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "3", "--max-restarts", "2",
+    run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "3", "--max-restarts", "1",
                          "--recovery", "in-place", "--inject", "kill:rank=1,at=op15",
                          script("step_loop_bugs.py"), where], timeout=150)
     replaced = [e["rank"] for e in _events(run, "replace")]
@@ -227,6 +227,6 @@ def test_a_sub_group_made_in_on_regroup_survives_a_replacement_and_one_made_at_t
     assert run.code == 1, run.stderr[-4000:]
     assert "dist.new_group(): called by a replacement rank before it received the state" \
         in run.stderr and "loop.on_regroup(fn)" in run.stderr
-    assert replaced == [1, 1] and not _events(run, "replaced")  # every replacement refused
+    assert replaced == [1] and not _events(run, "replaced")  # the replacement was refused
     spent = run.event("run_end")["ts"] - _events(run, "replace")[0]["ts"]
-    assert spent < 60, spent  # not the replacement limit (96 s at --hang-timeout 3), each time
+    assert spent < 60, spent  # not the replacement limit (96 s at --hang-timeout 3)
