@@ -44,10 +44,12 @@ import hashlib
 import hmac
 import os
 import secrets
+import string
 import threading
 from typing import Any
 
 from . import private_files
+from .errors import UsageError
 
 ENV = "RANKGUARD_SECRET"
 KEPT_ENV = "RANKGUARD_SECRET_FILE"
@@ -65,6 +67,28 @@ class _Key:
 
 
 _key = _Key()
+
+
+MIN_SECRET_DIGITS = 32  # 128 bits
+
+
+def check_env() -> None:
+    """Refuse a ``RANKGUARD_SECRET`` that is set but is not a secret worth the name: fewer than
+    32 hex digits (128 bits), or anything but hex digits (a stray space or newline would make
+    one node's key differ from the others'). Unset or empty: none, which is fine.
+
+    Raises:
+        UsageError: naming the variable and how to make a good one.
+    """
+    value = os.environ.get(ENV, "")
+    if not value:
+        return
+    odd = value.strip(string.hexdigits)
+    if len(value) < MIN_SECRET_DIGITS or odd:
+        what = f"{len(value)} characters" + (", not all hex digits" if odd else "")
+        raise UsageError(ENV, f"expected at least {MIN_SECRET_DIGITS} hex digits and nothing "
+                         f"else, got {what}", "export RANKGUARD_SECRET=$(openssl rand -hex "
+                         "32), alike on every node")
 
 
 def new_secret() -> str:

@@ -10,11 +10,11 @@ import pytest
 from tests.conftest import ROOT, script
 
 
-def _run(args, tmp_path):
+def _run(args, tmp_path, env=None):
     log_dir = tmp_path / "logs"
     proc = subprocess.run([sys.executable, "-m", "rankguard.cli", "run", "--log-dir",
                            str(log_dir), *args], capture_output=True, text=True, timeout=60,
-                          cwd=str(ROOT))
+                          cwd=str(ROOT), env={**os.environ, **(env or {})})
     return proc, log_dir
 
 
@@ -88,6 +88,22 @@ def test_bad_flag_or_value_gives_one_line_and_exit_2(tmp_path, args, fragment):
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("rankguard run: error:") and fragment in lines[0]
     assert "Traceback" not in proc.stderr
+    assert not (log_dir / "journal.jsonl").exists()
+
+
+@pytest.mark.parametrize("secret, fragment", [
+    ("zz", "got 2 characters, not all hex digits"),
+    ("ab" * 8, "got 16 characters ("),
+    ("ab" * 32 + " ", "got 65 characters, not all hex digits"),
+])
+def test_a_secret_that_is_short_or_not_hex_gives_one_line_and_exit_2(tmp_path, secret,
+                                                                       fragment):
+    proc, log_dir = _run([script("sleeper.py")], tmp_path, {"RANKGUARD_SECRET": secret})
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rankguard run: error: RANKGUARD_SECRET: "
+                                                   "expected at least 32 hex digits"), lines
+    assert fragment in lines[0] and "openssl rand -hex 32" in lines[0]
     assert not (log_dir / "journal.jsonl").exists()
 
 

@@ -8,7 +8,7 @@ test_faults.py and test_blame_end_to_end.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -57,6 +57,11 @@ CROSSED = {0: ledger(world(7, 6, "all_reduce", T, THREE)),
            1: ledger(world(6, members=THREE), sub(1, 0, "barrier", T)),
            2: ledger(world(6, members=THREE), sub(0, 0, "none", 0.0))}
 
+# rank 1 froze before all_reduce #11, its #10 not recorded done (completions lag); rank 0 waits
+# in #11 since T, its #10's completion recorded only at T + 1 (its last event)
+FROZEN_BEHIND = {0: ledger(replace(world(12, 11, t_enter=T), t_done=T + 1.0)),
+                 1: ledger(world(11, 10, t_enter=T - 0.5))}
+
 CASES = {
     # -- an absent rank -------------------------------------------------------------------------
     "a frozen absent rank is hung (no_progress)": Case(
@@ -82,6 +87,12 @@ CASES = {
     "a rank that took its place before the waiters entered is": Case(
         {0: ledger(world(11, 10, t_enter=T)), 1: ledger(world(10), t_start=T - 0.5)},
         T + HANG, [(True, (1,), (0,), "stopped", "all_reduce #10")], {1: STOPPED}),
+    "a rank frozen before its next operation, whose last one is not recorded done, is not the "
+    "waiter, though in it longer than the rank ahead: no verdict until that one waited": Case(
+        FROZEN_BEHIND, T + HANG, [], {1: STOPPED}),
+    "... then the verdict names the operation it never reached, and the rank ahead as waiter":
+        Case(FROZEN_BEHIND, T + 1.0 + HANG, [(True, (1,), (0,), "stopped", "all_reduce #11")],
+             {1: STOPPED}),
     "a completed collective is no wait": Case(
         {0: ledger(world(11, t_enter=T)), 1: ledger(world(11, t_enter=T))}, T + 10 * HANG, []),
     "a rank frozen before init_process_group is blamed for it": Case(

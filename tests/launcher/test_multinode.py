@@ -648,12 +648,13 @@ def _checksum(runs: list[Run]) -> str:
     raise AssertionError(f"no checksum printed:\n{_error(runs)}")
 
 
-def _one_node_checksum(log_dir, steps: str) -> str:
-    """The checksum of the fault-free run on one node of 4 ranks: the same sums in the same
-    order as on two nodes of 2 (gloo's ring over ranks 0 to 3), so the same bits."""
+def _one_node_checksum(log_dir, steps: str, ranks: int = 4) -> str:
+    """The checksum of the fault-free run on one node of ``ranks`` ranks: the same sums in the
+    same order as on two nodes of half as many (gloo's ring over ranks 0 to 3), so the same
+    bits."""
     started = time.monotonic()
-    run = finish(launch(["--nproc-per-node", "4", _TRAIN[0], "--steps", steps], log_dir),
-                 log_dir, 150, started)
+    run = finish(launch(["--nproc-per-node", str(ranks), _TRAIN[0], "--steps", steps],
+                        log_dir), log_dir, 150, started)
     assert run.code == 0, _error([run])
     return _checksum([run])
 
@@ -665,14 +666,20 @@ def fault_free_checksum(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.deadline(300)
-@pytest.mark.parametrize("fault", ["kill:rank=3,at=op20", "stop:rank=2,at=op20"],
-                         ids=["sigkill", "sigstop"])
+@pytest.mark.parametrize("fault, per_node", [("kill:rank=1,at=op20", 1),
+                                             ("stop:rank=2,at=op20", 2)],
+                         ids=["sigkill_one_rank_per_node", "sigstop"])
 def test_in_place_on_two_nodes_replaces_the_rank_on_its_node_and_loses_no_step(
-        tmp_path, fault, fault_free_checksum):
+        tmp_path, fault, per_node, fault_free_checksum):
     """--recovery in-place with two agents: the agent of the failed rank's node replaces it
-    (the other node's ranks are released by their peers and wait in the regroup); the job
-    ends with the fault-free run's parameters, bit for bit, in one attempt on both nodes."""
-    runs, _ = _agents(tmp_path, [*_IN_PLACE, "--inject", fault, *_TRAIN])
+    (the other node's ranks are released by their peers and wait in the regroup), even when it
+    was that node's only rank (the state comes from the other node); the job ends with the
+    fault-free run's parameters, bit for bit, in one attempt on both nodes."""
+    runs, _ = _agents(tmp_path, [*_IN_PLACE, "--nproc-per-node", str(per_node),
+                                 "--inject", fault, *_TRAIN])
+    if per_node != 2:
+        fault_free_checksum = _one_node_checksum(tmp_path / "fault_free", _TRAIN[2],
+                                                 2 * per_node)
     assert [run.code for run in runs] == [0, 0], _error(runs)
     rank = int(fault.split("rank=")[1].split(",")[0])
     replacing = [run for run in runs if any(e["event"] == "replace" for e in run.events)]

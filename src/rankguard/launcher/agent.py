@@ -197,14 +197,8 @@ class Launcher:
                                               result.hang is not None, cfg.grace)
                 report.stacks.update(teardown.capture_stacks(ranks, monitor, stopped=True))
                 if result.hang is not None:
-                    hang = result.hang
-                    self._journal.write(
-                        "hang_detected", attempt=attempt, blamed=list(hang.blamed),
-                        waiting=list(hang.waiting), op=hang.op, seq=hang.seq,
-                        waited_s=hang.waited_s, reason=hang.reason, stacks=report.stacks,
-                        group=hang.group, ops=dict(hang.ops), elsewhere=dict(hang.elsewhere),
-                        verdict=hang.describe())
-                    report.verdict = hang.describe()
+                    self._journal_hang(attempt, result.hang, report.stacks)
+                    report.verdict = result.hang.describe()
                 elif report.stacks:
                     self._journal.write("stacks", attempt=attempt, stacks=report.stacks)
                 if result.fault.kind != "launcher_signal":
@@ -239,6 +233,13 @@ class Launcher:
         result.report = report
         return result
 
+    def _journal_hang(self, attempt: int, hang: Verdict, stacks: dict[int, str]) -> None:
+        self._journal.write(
+            "hang_detected", attempt=attempt, blamed=list(hang.blamed),
+            waiting=list(hang.waiting), op=hang.op, seq=hang.seq, waited_s=hang.waited_s,
+            reason=hang.reason, stacks=stacks, group=hang.group, ops=dict(hang.ops),
+            elsewhere=dict(hang.elsewhere), verdict=hang.describe())
+
     def _watch(self, ranks: RankProcesses, monitor: HangMonitor,
                readers: dict[int, _ledger.LedgerReader], result: _Attempt,
                started: float) -> None:
@@ -255,18 +256,21 @@ class Launcher:
         """Repair ``result.fault`` by replacing its culprits, if the run's recovery mode and
         the ranks allow it (see ``in_place``); then the attempt goes on without it."""
         replacer = self._in_place
-        if replacer is None or result.fault is None:
-            return False
+        if replacer is None or result.fault is None or result.fault.kind == "launcher_signal":
+            return False  # the launcher was told to stop: nothing to repair, nor to say
         fault, hang = result.fault, result.hang
         culprits = set(hang.blamed) if hang is not None else (
             {fault.rank} if fault.rank is not None else set())
         left = self.config.max_restarts - ranks.number - replacer.used
-        refusal = replacer.refusal(fault, culprits, ranks, self._read_all(ranks, readers), left)
+        refusal = replacer.refusal(fault, culprits, ranks, self._read_all(ranks, readers), left,
+                                   self._layout.world)
         if refusal is not None:
             self._journal.write("replace_refused", attempt=ranks.number, reason=refusal,
                                 cause=fault.describe())
             self._say(f"rankguard: no replacement in place: {refusal}")
             return False
+        if hang is not None:  # its stacks: the replace event's
+            self._journal_hang(ranks.number, hang, {})
         for rank in culprits:
             monitor.unwatch(rank)
         for member in replacer.replace(ranks, self._layout, self._ledger_dir, fault, hang,

@@ -15,7 +15,7 @@ import socket
 import sys
 import uuid
 
-from .. import private_files
+from .. import private_files, sealed
 from ..errors import UsageError
 from ..options import MAX_LOCAL_RANKS, Parser, number, writable_dir, writable_file
 from ..inject import spec as inject_spec
@@ -191,6 +191,7 @@ def parse(argv: list[str]) -> _config.RunConfig:
         UsageError: any bad flag, value or path; the message names it and says how to fix it.
     """
     ns = build_parser().parse_args(argv)
+    sealed.check_env()
     min_nodes, max_nodes = _nnodes(ns.nnodes)
     node_rank = int(number("--node-rank", ns.node_rank, int, 0, "e.g. --node-rank 0"))
     port = int(number("--master-port", ns.master_port, int, 0, "use a port from 1 to 65535"))

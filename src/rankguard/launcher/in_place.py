@@ -77,8 +77,12 @@ class InPlace:
         self.used = 0  # replacements started so far, in every attempt
 
     def refusal(self, fault: Fault, culprits: set[int], ranks: RankProcesses,
-                snaps: dict[int, _ledger.RankProgress], restarts_left: int) -> str | None:
-        """Why ``fault`` cannot be repaired in place (None: it can)."""
+                snaps: dict[int, _ledger.RankProgress], restarts_left: int,
+                world: int) -> str | None:
+        """Why ``fault`` cannot be repaired in place (None: it can). ``world``: the ranks of
+        the job, on every node (another node's ranks can give a replacement the state)."""
+        if fault.kind == "replace_failed":
+            return "a replacement that does not join in time is not replaced again"
         if fault.kind not in _REPLACEABLE or not culprits:
             return "the fault names no rank to replace"
         local = {member.rank for member in ranks}
@@ -89,7 +93,7 @@ class InPlace:
             return "the rank ended its script (exit code 0)"
         if restarts_left < len(culprits):
             return "no restarts left (each replacement counts as one)"
-        if all(member.rank in culprits for member in ranks):
+        if len(culprits) >= world:
             return "no other rank holds the state to give a replacement"
         for member in ranks:
             if member.rank in culprits or member.rank in self._pending:

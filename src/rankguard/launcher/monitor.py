@@ -199,10 +199,14 @@ class HangRules:
                    if g.waiting and now - g.last_event >= self.hang_timeout]
         if not waiters:
             return None
-        target = max(entries[r].entered for r in waiters)
-        # A rank behind the target is not waiting on the others (they got past its operation,
-        # which it merely has not recorded as done, e.g. frozen before its next one).
+        # A rank behind another one's operation is not waiting on the others (they got past
+        # its operation, which it merely has not recorded as done, e.g. frozen before its next
+        # one), however much longer it has been in it: its verdict comes when the ones ahead
+        # have waited long enough, and names the operation it never reached.
+        target = max(g.entered for g in entries.values() if g.waiting)
         waiters = [r for r in waiters if entries[r].entered == target]
+        if not waiters:
+            return None
         sample = entries[waiters[0]]
         members = [r for r in sample.member_ranks(self.world_size) if r in snaps]
         waited = max(now - entries[r].last_event for r in waiters)
