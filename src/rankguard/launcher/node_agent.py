@@ -641,8 +641,9 @@ class NodeAgent(Launcher):
 
 
 def main(config: RunConfig) -> int:
-    """Run this node's agent; returns its exit code (2, one line on stderr, when the job's
-    store cannot be reached or hosted)."""
+    """Run this node's agent, then end the process with its exit code (see below why not by
+    returning); returns 2, with one line on stderr, when the job's store cannot be reached or
+    hosted."""
     assert config.rendezvous is not None
     try:
         job = connect(config.rendezvous, config.run_id)
@@ -650,11 +651,12 @@ def main(config: RunConfig) -> int:
         print(f"rankguard run: error: {exc}", file=sys.stderr)
         return 2
     code = NodeAgent(config, job).run()
-    if job.hosting or job.round_stores:
-        # a store this process hosts is still open to clients that may never close their
-        # connections; torch's server, destroyed at the interpreter's exit, would wait for
-        # them, then abort the process. Everything of the job is written and closed by now.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return code
+    # Everything of the job is written and closed by now; the interpreter's own exit could
+    # still abort the process ("terminate called without an active exception", exit -6):
+    # - a store this process hosts is still open to clients that may never close their
+    #   connections, and torch's server, destroyed at exit, would wait for them, then abort;
+    # - a store call given up at its deadline (``store_calls.within``: the job's store host
+    #   was lost) leaves its thread inside torch's client, which the exit unwinds.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
