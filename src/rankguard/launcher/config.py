@@ -45,6 +45,12 @@ class RendezvousConfig:
     def endpoint(self) -> str:
         return endpoint(self.host, self.port)
 
+    @property
+    def nodes_wanted(self) -> str:
+        """``--nnodes`` for messages: ``2``, or ``1 to 3`` for an elastic job."""
+        return (f"{self.min_nodes}" if self.min_nodes == self.max_nodes
+                else f"{self.min_nodes} to {self.max_nodes}")
+
 
 def endpoint(host: str, port: int) -> str:
     """``HOST:PORT`` (``[IPv6]:PORT``), for messages. Pure."""

@@ -207,10 +207,9 @@ class NodeAgent(Launcher):
     def _say_waiting_for_nodes(self, cfg: RendezvousConfig) -> None:
         """Say what the next round waits for: after a lost node, a fixed-size job waits for a
         node to come back, silently for up to ``join_timeout`` otherwise."""
-        nodes = (f"{cfg.min_nodes} nodes" if cfg.min_nodes == cfg.max_nodes
-                 else f"{cfg.min_nodes} to {cfg.max_nodes} nodes")
-        self._say(f"rankguard: the next round waits for {nodes} (--nnodes) to join, up to "
-                  f"join_timeout {cfg.join_timeout} s (--rdzv-conf join_timeout=SECONDS)")
+        self._say(f"rankguard: the next round waits for {cfg.nodes_wanted} nodes (--nnodes) "
+                  f"to join, up to join_timeout {cfg.join_timeout} s (--rdzv-conf "
+                  "join_timeout=SECONDS)")
 
     def _run_status(self, fault: Fault | None) -> tuple[str, int]:
         if fault is not None and fault.kind == "standby_end":

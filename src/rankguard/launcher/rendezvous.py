@@ -326,14 +326,12 @@ class Rendezvous:
             raise RendezvousClosed(cfg.endpoint, f"the rendezvous at {cfg.endpoint} was "
                                    "closed: another node ended the job") from None
         except (TorchRdzvError, RuntimeError) as exc:
-            wanted = f"{cfg.min_nodes}" if cfg.min_nodes == cfg.max_nodes else \
-                f"{cfg.min_nodes} to {cfg.max_nodes}"
             why = first_line(exc)
             why = type(exc).__name__ if why == type(exc).__name__ else \
                 f"{type(exc).__name__}: {why}"
-            raise RendezvousError(cfg.endpoint, f"no rendezvous round of {wanted} nodes formed "
-                                  f"at {cfg.endpoint} within join_timeout {cfg.join_timeout} s "
-                                  f"({why})", cfg.join_timeout) from None
+            raise RendezvousError(cfg.endpoint, f"no rendezvous round of {cfg.nodes_wanted} "
+                                  f"nodes formed at {cfg.endpoint} within join_timeout "
+                                  f"{cfg.join_timeout} s ({why})", cfg.join_timeout) from None
         return self._agreed(info.store, info.rank, info.world_size, nproc)
 
     def _next_static_round(self, nproc: int) -> Round:
