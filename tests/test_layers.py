@@ -20,7 +20,7 @@ PACKAGE = pathlib.Path(rankguard.__file__).parent
 BOTTOM = {"errors", "deadline", "margins"}
 SHARED = {"ledger", "journal", "sealed", "private_files", "proctree", "stack_requests", "options",
           "store_server", "pyfiles", "store_calls", "stack_groups", "ledger_ring", "recent_file",
-          "beats", "recovery_file"}
+          "beats", "recovery_file", "proc_waits"}
 MAY_IMPORT = {
     "errors": set(),
     "deadline": {"errors"},

@@ -63,9 +63,10 @@ def perform(spec: FaultSpec) -> None:
             return  # resumed by SIGCONT: carry on as if nothing happened
         time.sleep(3600)  # a rank that handles SIGTERM itself: wait for it to act
         return
-    if kind == "hang":
-        while True:
-            time.sleep(3600)
+    if kind == "hang":  # a real deadlock: the thread waits on a lock it holds
+        held = threading.Lock()
+        held.acquire()
+        held.acquire()
     if kind == "slow":
         _busy_python(float(spec.arg or 0))
         return

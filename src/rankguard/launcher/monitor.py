@@ -73,6 +73,7 @@ class Verdict:
     # group: (rank, its op_label)
     elsewhere: tuple[tuple[int, str], ...] = ()
     inside: bool = False  # the blamed ranks entered the operation (stopped inside it)
+    doing: str = ""  # a straggler: what its process was seen doing ("waits for child 4717")
 
     @property
     def op_label(self) -> str:
@@ -97,11 +98,12 @@ class Verdict:
                 "busy": "busy", "straggler_timeout": "busy past --straggler-timeout",
                 "collective_deadline": "named by a rank that gave up waiting for it"}
         where = "".join(f"; rank {rank} is in {label}" for rank, label in self.elsewhere)
+        state = what[self.reason] + (f": {self.doing}" if self.doing else "")
         if self.inside:
             waited = f"{waiters} waited" if self.waiting else "waited"
             return (f"{blamed} {'was' if len(self.blamed) == 1 else 'were'} stopped (SIGSTOP) "
                     f"inside {self.op_label}; {waited} {self.waited_s:.1f} s{where}")
-        return (f"{blamed} never reached {self.op_label} ({what[self.reason]}); "
+        return (f"{blamed} never reached {self.op_label} ({state}); "
                 f"{waiters} waited {self.waited_s:.1f} s{where}")
 
 
@@ -147,6 +149,7 @@ class Activity:
 
     idle_s: float  # seconds since the process last made progress
     stopped: bool = False  # stopped (SIGSTOP) or traced
+    doing: str = ""  # what it was last seen doing, for people (``progress.Evidence.why``)
 
 
 @dataclass(frozen=True)
@@ -204,9 +207,10 @@ class HangRules:
         # one), however much longer it has been in it: its verdict comes when the ones ahead
         # have waited long enough, and names the operation it never reached.
         target = max(g.entered for g in entries.values() if g.waiting)
-        waiters = [r for r in waiters if entries[r].entered == target]
-        if not waiters:
+        if not any(entries[r].entered == target for r in waiters):
             return None
+        # every rank in the operation waits in it, those that entered it last included
+        waiters = [r for r, g in entries.items() if g.waiting and g.entered == target]
         sample = entries[waiters[0]]
         members = [r for r in sample.member_ranks(self.world_size) if r in snaps]
         waited = max(now - entries[r].last_event for r in waiters)
@@ -231,9 +235,11 @@ class HangRules:
         def verdict(hung: bool, blamed: list[int], reason: str,
                     ops: tuple[tuple[int, str], ...] = (), inside: bool = False) -> Verdict:
             waiting = [r for r in waiters if r not in blamed] if inside else waiters
+            doing = "; ".join(activity[r].doing for r in sorted(blamed) if activity[r].doing)
             return Verdict(hung, tuple(sorted(blamed)), tuple(sorted(waiting)), kind, seq,
                            round(waited, 3), reason, key, group_label(sample), ops,
-                           _elsewhere(sorted(blamed), key, target, snaps), inside)
+                           _elsewhere(sorted(blamed), key, target, snaps), inside,
+                           doing if reason in ("busy", "straggler_timeout") else "")
 
         if not absent:
             ops = tuple((r, entries[r].kind) for r in members if entries[r].entered == target)
@@ -321,7 +327,8 @@ class HangMonitor:
         snaps = self.snapshot() if snaps is None else snaps
         self.progress.sample(now, snaps)
         activity = {rank: Activity(self.progress.idle_for(rank, now),
-                                   self.progress.stopped(rank)) for rank in snaps}
+                                   self.progress.stopped(rank), self.progress.doing(rank))
+                    for rank in snaps}
         if remote:
             snaps = {**remote, **snaps}
             activity.update((rank, remote_activity) for rank in remote if rank not in activity)

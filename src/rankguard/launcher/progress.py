@@ -5,11 +5,28 @@ A heartbeat would keep beating while the main thread is wedged, so rankguard loo
 process itself. The cheapest evidence is the rank's own ledger: entering an operation is
 written by the rank's calling thread, so a rank whose ledger shows a new entry since the last
 sample progressed, up to that entry's time (completions are not evidence: another thread
-records them). For a rank whose ledger is quiet, /proc tells: its CPU time (all threads), and
-the main thread's state and context switches. It progressed in a sample interval when it used
-at least ``BUSY_SHARE`` of a core, or its main thread switched context (I/O, waits with
-timeouts) or was running or in disk wait. A stopped (SIGSTOP), sleeping or deadlocked rank
-shows none of these.
+records them). For a rank whose ledger is quiet, /proc tells (``proc_waits`` reads it; ``judge``
+decides, a pure function of two samples):
+
+- **stopped**: SIGSTOP, or a tracer.
+- **busy** (a straggler): its process tree used at least ``BUSY_SHARE`` of a core since the last
+  sample: the rank's threads, its children (a preprocessing tool, ``tar``) and the children they
+  reaped.
+- **waiting outside the job** (a straggler): a thread waits on a live child (``waitpid``, or a
+  pipe or socket the child holds), on I/O to anything outside the job (a socket to another host
+  or to a server that is not of the job, a file or a terminal), or in disk wait; or the main
+  thread polls (short timed sleeps or lock waits, its context switches moving). A thread's wait
+  counts when it is the main thread's, or when the main thread waits for another thread (a
+  lock, a join, a future), except the event loops of libraries (``epoll``), which wait on
+  everything all the time.
+- **frozen**: none of these. The main thread is blocked on something inside the job (a store
+  key, a peer rank's socket), or on nothing at all (a lock or condition no one signals, a plain
+  sleep, the GIL held by a thread that makes no progress), and no CPU is used anywhere in the
+  tree. What cannot be read (no permission, an unknown call) is never taken as a freeze.
+
+Context switches alone are no evidence: a stack request (SIGUSR1, ``rankguard stacks``) wakes a
+blocked thread for a moment, and so would any probe of ours; a poll counts only when the main
+thread's own wait is short.
 
 /proc is read only when it can matter: for a rank whose ledger is quiet, while some rank waits
 in an operation (progress decides nothing else). A job whose ranks keep entering collectives
@@ -20,42 +37,88 @@ hang timeout after the wait began.
 
 from __future__ import annotations
 
-import os
+import enum
 from dataclasses import dataclass
 from typing import Mapping
 
-from .. import proctree
+from .. import proc_waits
 from ..ledger import RankProgress
+from ..proc_waits import Call, Fd, JobPeers, ThreadWait, TreeSample
 
 BUSY_SHARE = 0.05
-_TICKS = os.sysconf("SC_CLK_TCK")
+# A timed wait of the main thread that ends within this many seconds is part of a poll.
+POLL_S = 1.0
 
 
-@dataclass
-class _Sample:
-    cpu: float
-    switches: int
-    state: str
+class Seen(enum.Enum):
+    """What ``judge`` makes of a process between two samples."""
+
+    STOPPED = "stopped"
+    BUSY = "busy"
+    OUTSIDE = "outside"  # waits on a child or on I/O outside the job, or polls
+    FROZEN = "frozen"
 
 
-def _read(pid: int) -> _Sample | None:
-    fields = proctree.stat_fields(pid)
-    if fields is None:
-        return None
-    try:
-        with open(f"/proc/{pid}/task/{pid}/status") as f:
-            status = f.read()
-    except OSError:
-        return None
-    cpu = (int(fields[11]) + int(fields[12])) / _TICKS  # utime + stime, all threads
-    switches = 0
-    main_state = fields[0]
-    for line in status.splitlines():
-        if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
-            switches += int(line.split()[1])
-        elif line.startswith("State:"):
-            main_state = line.split()[1]
-    return _Sample(cpu, switches, main_state)
+@dataclass(frozen=True)
+class Evidence:
+    seen: Seen
+    why: str  # for people: "busy: 40% of a core in its process tree", "waits for child 4717"
+
+    @property
+    def progressing(self) -> bool:
+        return self.seen in (Seen.BUSY, Seen.OUTSIDE)
+
+
+_OUTSIDE_FDS = {Fd.CHILD, Fd.OUTSIDE, Fd.UNKNOWN}
+
+
+def _waits_outside(thread: ThreadWait, main: bool) -> bool:
+    """The thread waits on a child or on something outside the job (or what it waits on could
+    not be read: no evidence of a freeze)."""
+    if thread.state == "D" or thread.call in (Call.CHILD, Call.UNKNOWN):
+        return thread.state == "D" or thread.call is Call.CHILD or main
+    if thread.call is Call.FDS:
+        return bool(_OUTSIDE_FDS.intersection(thread.fds)) or (main and not thread.fds)
+    if thread.call is Call.EPOLL:  # a library's event loop, unless it is the main thread's
+        return main and bool({Fd.CHILD, Fd.OUTSIDE}.intersection(thread.fds))
+    return False
+
+
+def judge(before: TreeSample, now: TreeSample, interval: float) -> Evidence:
+    """What the process did between two samples ``interval`` seconds apart (see the module
+    doc). Pure: nothing is read here."""
+    if now.stopped:
+        return Evidence(Seen.STOPPED, "stopped (SIGSTOP)")
+    share = (now.cpu_s - before.cpu_s) / max(interval, 1e-3)
+    if share >= BUSY_SHARE:
+        return Evidence(Seen.BUSY, f"busy: {share:.0%} of a core in its process tree")
+    if now.disk_wait:
+        return Evidence(Seen.OUTSIDE, f"child {now.disk_wait[0]} is in disk wait")
+    main = now.main
+    if _waits_outside(main, main=True):
+        why = "in disk wait" if main.state == "D" else main.what
+        return Evidence(Seen.OUTSIDE, why or "waits on what could not be read")
+    earlier = next((t for t in before.threads if t.tid == main.tid), None)
+    polls = (main.call in (Call.SLEEP, Call.FUTEX) and main.ends_in is not None
+             and main.ends_in <= POLL_S and earlier is not None
+             and earlier.switches != main.switches)
+    if polls:
+        return Evidence(Seen.OUTSIDE, f"polls ({main.what} of {main.ends_in:.2f} s or less)")
+    if main.call is Call.FUTEX:  # it waits for another thread: what does that one wait for?
+        helper = next((t for t in now.threads[1:] if _waits_outside(t, main=False)), None)
+        if helper is not None:
+            return Evidence(Seen.OUTSIDE, f"thread {helper.tid} {helper.what}".rstrip())
+    return Evidence(Seen.FROZEN, _frozen_why(main))
+
+
+def _frozen_why(main: ThreadWait) -> str:
+    if main.call is Call.FUTEX:
+        return "blocked on a lock or condition"
+    if main.call is Call.SLEEP:
+        return f"sleeping ({main.what})"
+    if main.call in (Call.FDS, Call.EPOLL):
+        return f"blocked in {main.what} inside the job"
+    return f"no CPU, blocked in {main.what or 'the kernel'}"
 
 
 def _last_entry(snap: RankProgress | None) -> float:
@@ -70,10 +133,15 @@ def _wait_began(snaps: Mapping[int, RankProgress]) -> float | None:
 
 
 class ProgressTracker:
-    """Samples ranks' ledgers and processes, and remembers when each last made progress."""
+    """Samples ranks' ledgers and processes, and remembers when each last made progress.
 
-    def __init__(self) -> None:
-        self._last: dict[int, tuple[float, _Sample]] = {}
+    ``peers``: the job's processes on this machine and its other hosts (what a descriptor
+    leading inside the job is, see ``proc_waits.JobPeers``)."""
+
+    def __init__(self, peers: JobPeers | None = None) -> None:
+        self.peers = peers or JobPeers()
+        self._last: dict[int, tuple[float, TreeSample]] = {}
+        self._seen: dict[int, Evidence] = {}
         self._progress_at: dict[int, float] = {}
         self._pid: dict[int, int] = {}
         self._entry: dict[int, float] = {}  # the last entry seen in each rank's ledger
@@ -82,6 +150,7 @@ class ProgressTracker:
     def start(self, rank: int, pid: int, now: float) -> None:
         """Track ``rank`` (process ``pid``), counting it as progressing at ``now``."""
         self._last.pop(rank, None)
+        self._seen.pop(rank, None)
         self._progress_at[rank] = now
         self._pid[rank] = pid
         self._entry.pop(rank, None)
@@ -98,28 +167,34 @@ class ProgressTracker:
             if entry > self._entry.get(rank, 0.0):
                 self._entry[rank] = entry
                 self._progress_at[rank] = max(self._progress_at[rank], entry)
-                self._last.pop(rank, None)  # /proc history before that entry says nothing new
+                self._forget_proc(rank)  # /proc history before that entry says nothing new
                 continue
             if waiting_since is None:
-                self._last.pop(rank, None)
+                self._forget_proc(rank)
                 continue
             if rank not in self._last:  # not looked at since the wait began: it was not judged
                 self._progress_at[rank] = max(self._progress_at[rank], waiting_since)
             self._sample_proc(rank, pid, now)
 
+    def _forget_proc(self, rank: int) -> None:
+        self._last.pop(rank, None)
+        self._seen.pop(rank, None)
+
     def _sample_proc(self, rank: int, pid: int, now: float) -> None:
-        current = _read(pid)
+        current = proc_waits.sample(pid, self.peers)
         self.proc_reads += 1
         if current is None:
             return
         previous = self._last.get(rank)
         self._last[rank] = (now, current)
         if previous is None:
+            if current.stopped:
+                self._seen[rank] = Evidence(Seen.STOPPED, "stopped (SIGSTOP)")
             return
         t0, before = previous
-        busy = current.cpu - before.cpu >= BUSY_SHARE * max(now - t0, 1e-3)
-        active = current.state in ("R", "D") or current.switches != before.switches
-        if current.state not in ("T", "t") and (busy or active):
+        seen = judge(before, current, now - t0)
+        self._seen[rank] = seen
+        if seen.progressing:
             self._progress_at[rank] = now
 
     def idle_for(self, rank: int, now: float) -> float:
@@ -129,4 +204,9 @@ class ProgressTracker:
     def stopped(self, rank: int) -> bool:
         """The rank's process is stopped (SIGSTOP or traced)."""
         last = self._last.get(rank)
-        return last is not None and last[1].state in ("T", "t")
+        return last is not None and last[1].stopped
+
+    def doing(self, rank: int) -> str:
+        """What the rank's process was last seen doing, for people ("" if not sampled)."""
+        seen = self._seen.get(rank)
+        return seen.why if seen is not None else ""

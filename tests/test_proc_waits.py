@@ -1,0 +1,143 @@
+"""What /proc says a real process waits on: a child, a pipe from it, a socket to a server
+inside or outside the job, a lock, a sleep, a poll, its own pipe; and its tree's CPU.
+Real processes, each started by the test and killed after it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Callable, Iterator
+
+import pytest
+
+from rankguard import proc_waits
+from rankguard.deadline import Deadline
+from rankguard.proc_waits import Call, Fd, JobPeers, TreeSample
+
+NOT_THE_JOB = JobPeers(roots=())
+
+
+@pytest.fixture
+def start() -> Iterator[Callable[[str], subprocess.Popen]]:
+    started: list[subprocess.Popen] = []
+
+    def run(code: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)],
+                                start_new_session=True)
+        started.append(proc)
+        return proc
+
+    yield run
+    for proc in started:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(5)
+
+
+def settle(pid: int, ready: Callable[[TreeSample], bool],
+           peers: JobPeers = NOT_THE_JOB) -> TreeSample:
+    """Sample ``pid`` until ``ready`` holds (the process reached the wait under test)."""
+    limit = Deadline.after(20.0)
+    last = None
+    while not limit.passed():
+        last = proc_waits.sample(pid, peers)
+        if last is not None and ready(last):
+            return last
+        time.sleep(0.05)
+    pytest.fail(f"the process never reached the wait under test; last sample: {last}")
+
+
+def test_a_process_waiting_for_its_child_names_the_child(start) -> None:
+    proc = start("import subprocess; subprocess.run(['sleep', '60'])")
+    seen = settle(proc.pid, lambda s: s.main.call is Call.CHILD and bool(s.children))
+    assert "(sleep)" in seen.main.what
+    assert not seen.stopped
+
+
+def test_a_process_reading_its_childs_output_waits_on_a_pipe_from_the_child(start) -> None:
+    proc = start("import subprocess; subprocess.run(['sleep', '60'], capture_output=True)")
+    seen = settle(proc.pid, lambda s: s.main.call is Call.FDS and bool(s.children))
+    assert Fd.CHILD in seen.main.fds, seen.main
+    assert "from child" in seen.main.what
+
+
+def test_a_socket_is_inside_the_job_only_when_a_process_of_the_job_holds_its_peer(start):
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    try:
+        proc = start(f"""
+            import socket
+            s = socket.create_connection(('127.0.0.1', {port}))
+            s.recv(1)
+        """)
+        conn, _ = server.accept()
+        try:
+            outside = settle(proc.pid, lambda s: s.main.call is Call.FDS)
+            assert outside.main.fds == (Fd.OUTSIDE,)
+            assert f"127.0.0.1:{port}" in outside.main.what
+            # this test's process holds the other end: as part of the job, it is inside
+            inside = settle(proc.pid, lambda s: s.main.call is Call.FDS,
+                            JobPeers(roots=(os.getpid(),)))
+            assert inside.main.fds == (Fd.JOB,)
+        finally:
+            conn.close()
+    finally:
+        server.close()
+
+
+def test_a_deadlocked_process_waits_on_a_futex_without_a_timeout(start) -> None:
+    proc = start("import threading; l = threading.Lock(); l.acquire(); l.acquire()")
+    seen = settle(proc.pid, lambda s: s.main.call is Call.FUTEX)
+    assert seen.main.ends_in is None
+
+
+def test_a_long_sleep_ends_far_away_and_a_poll_loop_soon(start) -> None:
+    sleeper = start("import time; time.sleep(600)")
+    poller = start("import time\nwhile True: time.sleep(0.05)")
+    long = settle(sleeper.pid, lambda s: s.main.call is Call.SLEEP)
+    assert long.main.ends_in is not None and long.main.ends_in > 500
+    short = settle(poller.pid, lambda s: s.main.call is Call.SLEEP)
+    assert short.main.ends_in is not None and short.main.ends_in <= 0.05
+
+
+def test_a_process_reading_its_own_pipe_waits_on_its_own(start) -> None:
+    proc = start("import os; r, w = os.pipe(); os.read(r, 1)")
+    seen = settle(proc.pid, lambda s: s.main.call is Call.FDS)
+    assert seen.main.fds == (Fd.OWN,)
+
+
+def test_a_stopped_process_is_stopped(start) -> None:
+    proc = start("import time; time.sleep(600)")
+    settle(proc.pid, lambda s: s.main.call is Call.SLEEP)
+    os.kill(proc.pid, signal.SIGSTOP)
+    settle(proc.pid, lambda s: s.stopped)
+
+
+def test_the_cpu_of_a_busy_child_counts_in_the_tree(start) -> None:
+    proc = start("""
+        import subprocess, sys
+        subprocess.run([sys.executable, '-c', 'while True: pass'])
+    """)
+    first = settle(proc.pid, lambda s: s.main.call is Call.CHILD)
+    limit = Deadline.after(20.0)
+    while not limit.passed():
+        time.sleep(0.2)
+        later = proc_waits.sample(proc.pid, NOT_THE_JOB)
+        assert later is not None
+        if later.cpu_s - first.cpu_s >= 0.1:
+            break
+    else:
+        pytest.fail("the child's CPU never showed in its parent's tree")
+
+
+def test_a_gone_process_gives_no_sample(start) -> None:
+    proc = start("pass")
+    proc.wait(10)
+    assert proc_waits.sample(proc.pid) is None
