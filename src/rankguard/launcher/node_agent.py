@@ -157,7 +157,8 @@ class NodeAgent(Launcher):
                 fault = Fault("rendezvous", now, None, str(exc))
             self._say(f"rankguard: {fault.describe()}")
             result = _Attempt(fault=fault)
-            result.report = AttemptReport(attempt, [], fault.describe())
+            if fault.kind != "standby_end":  # a standby ran no attempt: it reports none
+                result.report = AttemptReport(attempt, [], fault.describe())
             return result
 
     def _warm_up(self) -> None:
