@@ -1,6 +1,13 @@
-"""The README's demo: an injected hang, a verdict, a restart that resumes from the checkpoint."""
+"""The README's demos: an injected hang, a verdict, a restart that resumes from the checkpoint;
+the in-place recovery, whose printed checksum README quotes."""
+
+import re
+import shlex
 
 import pytest
+import torch
+
+from ..conftest import ROOT
 
 
 @pytest.mark.slow
@@ -18,3 +25,48 @@ def test_demo_recovers_from_a_hang_and_resumes_from_its_checkpoint(run_rankguard
     # where each rank was, grouped: the blamed rank in the injected hang, its peer elsewhere
     assert "      rank 1: perform (rankguard/inject/perform.py:" in run.stderr, run.stderr
     assert "examples/train.py:" in run.stderr.split("      rank 0: ")[1].splitlines()[0]
+
+
+def _readme_in_place_block() -> str:
+    """The README's code block of the in-place recovery demo (the one that runs
+    examples/train_inplace.py and quotes its checksum)."""
+    blocks = (ROOT / "README.md").read_text().split("\n```")[1::2]  # inside the fences
+    (block,) = [b for b in blocks if "examples/train_inplace.py" in b and "checksum" in b]
+    return block.split("\n", 1)[1]  # without the fence's language
+
+
+def _readme_runs(block: str) -> list[tuple[list[str], str]]:
+    """Each ``$ rankguard run ...`` command of ``block`` (continued with ``\\``), as the
+    launcher's arguments, with the checksum README quotes from its output."""
+    runs = []
+    for command, output in re.findall(r"^\$ (.*?(?:\\\n.*?)*)\n(.*?)(?=^\$ |\Z)", block,
+                                      re.S | re.M):
+        words = shlex.split(command.replace("\\\n", " "), comments=True)
+        assert words[:2] == ["rankguard", "run"], command
+        (quoted,) = re.findall(r"checksum ([0-9a-f]{16})", output)
+        runs.append((words[2:], quoted))
+    return runs
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(200)
+def test_the_readme_in_place_demo_prints_the_checksum_the_readme_quotes(run_rankguard):
+    """README's commands run as written; each prints the checksum quoted below it where the
+    machine is the one README names (torch and CPU capability), and the runs agree anywhere."""
+    block = _readme_in_place_block()
+    runs = _readme_runs(block)
+    assert len(runs) == 2 and any("--inject" in args for args, _ in runs), block
+    printed = []
+    for args, quoted in runs:
+        run = run_rankguard(args, timeout=90)
+        assert run.code == 0, run.stderr[-3000:]
+        (checksum,) = re.findall(r"\[rank0\]:done: .* checksum ([0-9a-f]{16})", run.stdout)
+        printed.append((checksum, quoted))
+    assert printed[0][0] == printed[1][0], printed  # the fault costs no bit
+    readme = (ROOT / "README.md").read_text()
+    (torch_said, capability) = re.findall(
+        r"what torch (\S+)\s+prints on the machine these lines come from \(CPU capability (\w+)",
+        readme)[0]
+    if (torch.__version__.split("+")[0], torch.backends.cpu.get_cpu_capability()) == (
+            torch_said, capability):
+        assert [checksum for checksum, _ in printed] == [quoted for _, quoted in printed]

@@ -563,6 +563,9 @@ def test_a_standby_node_never_disturbs_the_job_and_exits_with_it(tmp_path, injec
     assert f"the job ended ({status}, exit code {code}) while this node stood by" in \
         standby.stderr
     assert standby.event("run_end")["status"] == "standby"
+    # it ran no attempt, so it names none (the job's may have another number)
+    assert "was a standby and ran no attempt" in standby.stderr, standby.stderr
+    assert "  attempt " not in standby.stderr and "(attempt " not in standby.stderr
     for run in runs:
         if run is not standby:  # one round each: the standby's arrival restarted nothing
             assert [e["event"] for e in run.events].count("attempt_start") == 1

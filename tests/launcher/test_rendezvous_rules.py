@@ -5,6 +5,7 @@ import pytest
 
 from rankguard.errors import UsageError
 from rankguard.launcher import cli
+from rankguard.launcher.config import RendezvousConfig
 from rankguard.launcher.monitor import Verdict
 from rankguard.launcher.node_agent import left_to_another_node
 from rankguard.launcher.outcome import Fault, run_status
@@ -135,3 +136,28 @@ _IN_PAIR = ((1, "all_reduce #1 on group ranks 1,3"),)
 def test_a_stuck_collective_spanning_nodes_is_left_to_the_other_node_for_a_while(
         verdict, nodes, left):
     assert left_to_another_node(verdict, {0, 1}, nodes, hang_timeout=3.0) is left
+
+
+NEXT_ROUND_WAIT = {
+    "a fixed --nnodes waits for every node up to join_timeout": (
+        RendezvousConfig(2, 2, "h", 1, join_timeout=600, last_call_timeout=30),
+        ["waits for 2 nodes (--nnodes) to join, up to join_timeout 600 s"],
+        ["last_call_timeout"]),
+    "MIN:MAX forms last_call_timeout after MIN have joined, at once with MAX": (
+        RendezvousConfig(1, 3, "h", 1, join_timeout=600, last_call_timeout=30),
+        ["waits for 1 to 3 nodes (--nnodes)", "forms when 3 have joined",
+         "last_call_timeout 30 s after 1 have", "--rdzv-conf last_call_timeout=SECONDS"],
+        ["up to join_timeout 600 s (--rdzv-conf join_timeout"]),
+    "MIN:MAX waits up to join_timeout only while fewer than MIN have joined": (
+        RendezvousConfig(2, 4, "h", 1, join_timeout=90, last_call_timeout=5),
+        ["last_call_timeout 5 s after 2 have", "with fewer it waits up to join_timeout 90 s"],
+        ["600", "30 s"]),
+}
+
+
+@pytest.mark.parametrize("case", NEXT_ROUND_WAIT)
+def test_the_next_rounds_wait_is_worded_with_its_true_bound(case):
+    cfg, said, unsaid = NEXT_ROUND_WAIT[case]
+    line = cfg.next_round_wait
+    assert all(part in line for part in said), line
+    assert not any(part in line for part in unsaid), line

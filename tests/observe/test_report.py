@@ -15,7 +15,7 @@ import pytest
 from rankguard import recent_file
 from rankguard.observe import flight_recorder, report, timeline
 
-from ..conftest import ROOT
+from ..conftest import ROOT, script
 from . import browser
 
 T = 1_800_000_000.0  # a wall-clock time
@@ -129,6 +129,51 @@ def test_flight_recorder_dumps_map_each_kept_collective_and_leave_out_what_torch
         "cd": {"name": "cd", "desc": "ranks 0,2", "ranks": "[0, 2]"}}
 
 
+def _ring(rank: int, *ops: tuple[str, int, float, float | None]) -> recent_file.RankRecent:
+    """Rank ``rank``'s world ops: (kind, seq, entered, seen completed)."""
+    return recent_file.RankRecent(rank, 0, 10 + rank, tuple(
+        recent_file.Op(seq + 1, kind, seq, True, "ab", (0, 1, 2), T + t0,
+                       None if t1 is None else T + t1) for kind, seq, t0, t1 in ops))
+
+
+SETTLED = {
+    "a killed rank's last collectives, completed by another rank that went on, are completed "
+    "when the first such rank saw them": (
+        {0: _ring(0, ("all_reduce", 1, 1.0, 1.5), ("all_reduce", 2, 2.0, 2.5),
+                  ("all_reduce", 3, 3.0, None)),
+         1: _ring(1, ("all_reduce", 1, 1.1, None), ("all_reduce", 2, 2.1, None)),
+         2: _ring(2, ("all_reduce", 1, 1.0, 1.4), ("all_reduce", 2, 2.0, 2.6),
+                  ("all_reduce", 3, 3.0, None))},
+        {1: [1.4, 2.5]}),
+    "a rank that entered the collective after another saw it done is done when it entered": (
+        {0: _ring(0, ("all_reduce", 1, 1.0, 1.5), ("all_reduce", 2, 2.0, None)),
+         1: _ring(1, ("all_reduce", 1, 1.7, None))},
+        {1: [1.7]}),
+    "a collective no other rank went past stays started (its completion may be a failure)": (
+        {0: _ring(0, ("all_reduce", 1, 1.0, 1.5)), 1: _ring(1, ("all_reduce", 1, 1.0, None))},
+        {1: [None]}),
+    "a broadcast stays started: its root completes it before the others receive": (
+        {0: _ring(0, ("broadcast", 1, 1.0, 1.5), ("all_reduce", 2, 2.0, None)),
+         1: _ring(1, ("broadcast", 1, 1.0, None))},
+        {1: [None]}),
+    "a rank's own later operation is no proof for itself": (
+        {0: _ring(0, ("all_reduce", 1, 1.0, None), ("all_reduce", 2, 2.0, 2.5))},
+        {0: [None, 2.5]}),
+}
+
+
+@pytest.mark.parametrize("case", SETTLED)
+def test_flight_recorder_completes_what_the_group_proves_and_the_ledger_had_not_recorded(
+        case: str) -> None:
+    recent, expected = SETTLED[case]
+    proven = flight_recorder.settled(recent)
+    for rank, times in expected.items():
+        assert [None if op.t_done is None else round(op.t_done - T, 6)
+                for op in proven[rank].ops] == times, case
+    assert {rank: [op.t_enter for op in kept.ops] for rank, kept in proven.items()} == {
+        rank: [op.t_enter for op in kept.ops] for rank, kept in recent.items()}
+
+
 def _report(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "rankguard.cli", "report", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
@@ -188,17 +233,38 @@ def test_a_hung_runs_report_shows_its_lanes_the_open_operation_and_the_verdict_i
     assert seen["flags"] >= 3  # the fault, the verdict, the teardown
     assert (tmp_path / "report.png").stat().st_size > 10_000
     # torch's own trace analyser, on the Flight Recorder dumps, names the same rank and operation
+    found = _analyse(run.log_dir, tmp_path / "fr")
+    seq = run.event("hang_detected")["seq"]
+    assert f"Not all ranks joining collective, sequence number: {seq}" in found, found[-3000:]
+    assert "missing ranks: {1}" in found and "has errors" not in found, found[-3000:]
+
+
+def _analyse(log_dir: Path, into: Path) -> str:
+    """The run's dumps, analysed by torch's own trace analyser: what it printed."""
     dumped = subprocess.run([sys.executable, "-m", "rankguard.cli", "flight-recorder",
-                             str(run.log_dir), "-o", str(tmp_path / "fr")], cwd=ROOT,
+                             str(log_dir), "-o", str(into)], cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
     assert dumped.returncode == 0, dumped.stderr
     analysed = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace",
-                               str(tmp_path / "fr")], capture_output=True, text=True, timeout=120)
+                               str(into)], capture_output=True, text=True, timeout=120)
     assert analysed.returncode == 0, analysed.stderr[-3000:]
-    seq = run.event("hang_detected")["seq"]
-    found = analysed.stdout + analysed.stderr
-    assert f"Not all ranks joining collective, sequence number: {seq}" in found, found[-3000:]
-    assert "missing ranks: {1}" in found and "has errors" not in found, found[-3000:]
+    return analysed.stdout + analysed.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(120)
+def test_a_sigkilled_ranks_dumps_give_torchs_analyser_only_the_missing_rank(
+        tmp_path: Path, run_rankguard) -> None:
+    """The killed rank never recorded its last completions; its peers prove them, so the
+    analyser finds no state mismatch before the collective the rank never reached."""
+    run = run_rankguard(["--nproc-per-node", "4", "--hang-timeout", "3",
+                         "--inject", "kill:rank=1,at=op30", script("allreduce.py"), "60"],
+                        timeout=90)
+    assert run.code == 1 and "rank 1 was killed by SIGKILL" in run.stderr, run.stderr[-3000:]
+    found = _analyse(run.log_dir, tmp_path / "fr")
+    assert "Not all ranks joining collective, sequence number: 30" in found, found[-3000:]
+    assert "missing ranks: {1}" in found, found[-3000:]
+    assert "has errors" not in found and "MISMATCH" not in found, found[-3000:]
 
 
 def _journal(folder: Path, lines: list[str]) -> Path:

@@ -161,6 +161,7 @@ def test_each_fault_kind_answers_500_naming_the_rank_and_the_next_request_is_ser
         assert reply.status == 500, (fault, reply.body)
         error = reply.body["error"]
         assert (error["type"], error["rank"], error["cause"]) == ("RequestFailed", rank, cause)
+        assert error["error_type"] == ("InjectedFault" if cause == "raised" else None), error
         assert f"rank {rank}" in error["detail"]
         assert_served(server.run({"x": X}))
     metrics = server.get("/metrics").body
@@ -240,6 +241,9 @@ def test_bad_requests_are_answered_400_413_or_422_and_never_reach_the_ranks(
     assert reply.status == 422 and "'x' must be a list of 8 numbers" in reply.body["error"]["detail"]
     reply = server.run({"x": X, "fault": "boom:rank=1"})
     assert reply.status == 422 and "unknown kind 'boom'" in reply.body["error"]["detail"]
+    reply = server.run({"x": X, "fault": "kill:rank=7"})  # a replica has ranks 0 and 1
+    assert reply.status == 422, reply.body
+    assert "'fault' names rank 7, but a replica has ranks 0 to 1" in reply.body["error"]["detail"]
     # below the service's useful minimum (0.5 s), or above its own timeout (a client may not
     # hold a group longer than the operator allowed)
     for deadline in ("0.001", "inf", "nan", "0", "100000"):

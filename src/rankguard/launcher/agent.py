@@ -132,8 +132,8 @@ class Launcher:
                                         root_cause=last_fault.describe() if last_fault else None)
                     self._say(f"rankguard: restarting (attempt {attempt} of {cfg.max_restarts})")
                 attempt_result = self._run_attempt(attempt)
-                assert attempt_result.report is not None
-                reports.append(attempt_result.report)
+                if attempt_result.report is not None:  # None: a standby node, which ran none
+                    reports.append(attempt_result.report)
                 if last_fault is not None and attempt_result.first_step_at is not None:
                     restart_s.append(attempt_result.first_step_at - last_fault.at)
                 last_fault = attempt_result.fault

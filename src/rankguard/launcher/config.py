@@ -51,6 +51,20 @@ class RendezvousConfig:
         return (f"{self.min_nodes}" if self.min_nodes == self.max_nodes
                 else f"{self.min_nodes} to {self.max_nodes}")
 
+    @property
+    def next_round_wait(self) -> str:
+        """What a round after the first waits for, with its true bound, for the line an agent
+        prints before it joins: a fixed ``--nnodes N`` waits for N nodes up to
+        ``join_timeout``; ``MIN:MAX`` forms ``last_call_timeout`` after MIN nodes have joined
+        (at once with MAX), and waits up to ``join_timeout`` only while fewer than MIN have."""
+        if self.min_nodes == self.max_nodes:
+            return (f"the next round waits for {self.min_nodes} nodes (--nnodes) to join, up to "
+                    f"join_timeout {self.join_timeout} s (--rdzv-conf join_timeout=SECONDS)")
+        return (f"the next round waits for {self.nodes_wanted} nodes (--nnodes): it forms when "
+                f"{self.max_nodes} have joined, or last_call_timeout {self.last_call_timeout} s "
+                f"after {self.min_nodes} have (--rdzv-conf last_call_timeout=SECONDS); with "
+                f"fewer it waits up to join_timeout {self.join_timeout} s")
+
 
 def endpoint(host: str, port: int) -> str:
     """``HOST:PORT`` (``[IPv6]:PORT``), for messages. Pure."""

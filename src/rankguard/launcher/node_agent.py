@@ -157,7 +157,8 @@ class NodeAgent(Launcher):
                 fault = Fault("rendezvous", now, None, str(exc))
             self._say(f"rankguard: {fault.describe()}")
             result = _Attempt(fault=fault)
-            result.report = AttemptReport(attempt, [], fault.describe())
+            if fault.kind != "standby_end":  # a standby ran no attempt: it reports none
+                result.report = AttemptReport(attempt, [], fault.describe())
             return result
 
     def _warm_up(self) -> None:
@@ -205,11 +206,9 @@ class NodeAgent(Launcher):
                      "by; it leaves without having run")
 
     def _say_waiting_for_nodes(self, cfg: RendezvousConfig) -> None:
-        """Say what the next round waits for: after a lost node, a fixed-size job waits for a
-        node to come back, silently for up to ``join_timeout`` otherwise."""
-        self._say(f"rankguard: the next round waits for {cfg.nodes_wanted} nodes (--nnodes) "
-                  f"to join, up to join_timeout {cfg.join_timeout} s (--rdzv-conf "
-                  "join_timeout=SECONDS)")
+        """Say what the next round waits for, and how long at most (after a lost node it would
+        wait silently otherwise)."""
+        self._say(f"rankguard: {cfg.next_round_wait}")
 
     def _run_status(self, fault: Fault | None) -> tuple[str, int]:
         if fault is not None and fault.kind == "standby_end":

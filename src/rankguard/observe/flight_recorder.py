@@ -12,6 +12,12 @@ ring (``recent_file``):
   ``time_discovered_started_ns`` when the rank entered it, ``time_discovered_completed_ns`` when
   it was seen completed (rankguard learns it the way the Flight Recorder's watchdog does: when it
   next looks, not at the instant), ``state`` ``completed`` or ``started``;
+- a rank records its completions late (``runtime/completions``: up to ``REAP_AT - 1``
+  operations, or a sweep, behind), so a rank that was killed shows its last few operations
+  started although it went past them. ``settled`` reads them from the rank's group: a collective
+  that every member must take part in before any member completes it (``SYMMETRIC``) is
+  completed on a rank once another member saw it completed and went on to a later operation of
+  the group (an error ends a member's use of the group, so a failed one is not taken for done);
 - ``pg_config`` lists each group with its ranks.
 
 What differs: the ledger does not keep tensor sizes or dtypes (the sizes written are ones the
@@ -24,6 +30,7 @@ wait, not a per-operation timeout).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 from typing import Any, Mapping
@@ -44,6 +51,10 @@ TORCH_NAMES = {
     "reduce_scatter_tensor": "_reduce_scatter_base", "all_to_all": "all_to_all",
     "all_to_all_single": "all_to_all_single",
 }
+
+# torch's names of the collectives that no member completes before every member took part
+SYMMETRIC = frozenset({"all_reduce", "all_gather", "_all_gather_base", "barrier", "reduce_scatter",
+                       "_reduce_scatter_base", "all_to_all", "all_to_all_single"})
 
 
 def _ns(seconds: float | None) -> int | None:
@@ -66,6 +77,31 @@ def _sizes(name: str, group_size: int) -> dict[str, list[list[int]]]:
     if name in ("reduce_scatter", "_reduce_scatter_base"):
         return {"input_sizes": [[group_size]], "output_sizes": [[]]}
     return {"input_sizes": [[]], "output_sizes": [[]]}
+
+
+def settled(recent: Mapping[int, recent_file.RankRecent]) -> dict[int, recent_file.RankRecent]:
+    """Every rank's operations with the completions its group proves and its ledger had not
+    recorded yet (see the module doc): a ``SYMMETRIC`` collective not seen completed on a rank is
+    completed there when another member of its group saw it completed and entered a later
+    operation of that group; seen completed when the first such member saw it, or when the rank
+    entered it if that is later. Nothing else changes."""
+    proofs: dict[tuple[str, int], dict[int, float]] = {}  # (group, seq) -> rank -> seen done
+    for rank, kept in recent.items():
+        last = {op.group: op.seq for op in kept.ops}
+        for op in kept.ops:
+            if op.t_done is not None and op.seq < last[op.group]:
+                proofs.setdefault((op.group, op.seq), {})[rank] = op.t_done
+    proven = {}
+    for rank, kept in recent.items():
+        ops = []
+        for op in kept.ops:
+            others = [t for member, t in proofs.get((op.group, op.seq), {}).items()
+                      if member != rank]
+            if op.t_done is None and others and TORCH_NAMES.get(op.op) in SYMMETRIC:
+                op = dataclasses.replace(op, t_done=max(op.t_enter, min(others)))
+            ops.append(op)
+        proven[rank] = dataclasses.replace(kept, ops=tuple(ops))
+    return proven
 
 
 def dump(recent: recent_file.RankRecent, world_size: int) -> dict[str, Any]:
@@ -109,7 +145,7 @@ def write(folder: str, recent: Mapping[int, recent_file.RankRecent], world_size:
         raise UsageError("-o", f"cannot make {folder}: {exc.strerror}",
                          "give another folder") from None
     written = []
-    for rank, kept in sorted(recent.items()):
+    for rank, kept in sorted(settled(recent).items()):
         path = os.path.join(folder, f"{PREFIX}{rank}")
         files.write_new(path, "-o", pickle.dumps(dump(kept, world_size)))
         written.append(path)

@@ -13,9 +13,10 @@ Routes:
   from its Content-Length before it is read, or as soon as a streamed body passes the limit);
   422 a body that is not an object, holds NaN or an infinity, cannot be sent to the ranks, or that
   ``validate`` refused; 408 a body that did not arrive within the service's timeout; 500 a rank
-  failed the request (``{"error": {"type", "rank", "cause", "detail", "victims"}}``); 503 the
-  pool is healing, starting, busy or failing to start (with ``Retry-After``), or closed
-  (``PoolClosed``: also every request still running when the server's ``--grace`` after
+  failed the request (``{"error": {"type", "rank", "cause", "detail", "victims",
+  "error_type"}}``; ``error_type``: the class name of the exception a rank raised, else
+  null); 503 the pool is healing, starting, busy or failing to start (with ``Retry-After``), or
+  closed (``PoolClosed``: also every request still running when the server's ``--grace`` after
   SIGTERM ends, answered then, with a reason saying so).
 - ``GET /healthz``: 200 ``{"state": "ready", ...}``; 503 while ``starting``, ``healing``,
   ``failed`` or ``closed``.

@@ -1,10 +1,12 @@
 """A rank's output pipes, line by line, into its log file and (optionally) a terminal.
 
 Each of a rank's stdout and stderr goes, as it comes, to its log file and to a tee (the
-launcher's terminal), each line prefixed with ``[rankN]:``. A line ends at ``\\n`` or ``\\r``
-(progress bars), so a rank that never prints a newline is still shown; a partial line is held
-back (up to ``MAX_PARTIAL`` bytes) so that ranks' lines do not interleave. Each byte is handled
-a bounded number of times: the cost is linear in the output.
+launcher's terminal), each line prefixed with ``[rankN]:`` unless it begins with it already
+(torch's C++ logging prefixes its own lines so once ``init_process_group`` set the rank). A
+line ends at ``\\n`` or ``\\r`` (progress bars), so a rank that never prints a newline is
+still shown; a partial line is held back (up to ``MAX_PARTIAL`` bytes) so that ranks' lines do
+not interleave. Each byte is handled a bounded number of times: the cost is linear in the
+output.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import IO, Callable
 
 MAX_PARTIAL = 1 << 16  # bytes of an unfinished line held back before it is written anyway
-_LINE_START = re.compile(rb"(\r\n|\r(?!\n)|\n)(?=.)", re.DOTALL)  # a line ends, one begins
+_LINE_END = rb"(\r\n|\r(?!\n)|\n)"
 
 
 @dataclass
@@ -26,6 +28,11 @@ class OutputStream:
     log: IO[bytes]
     partial: bytearray = field(default_factory=bytearray)
     at_line_start: bool = True  # the last byte written ended a line
+    _line_start: re.Pattern[bytes] = field(init=False, repr=False)  # a line ends, one begins
+
+    def __post_init__(self) -> None:
+        self._line_start = re.compile(_LINE_END + rb"(?=.)(?!" + re.escape(self.prefix) + rb")",
+                                      re.DOTALL)
 
     def feed(self, data: bytes) -> None:
         """Take the next bytes read from the pipe (``b""``: end of file)."""
@@ -52,6 +59,7 @@ class OutputStream:
         self.log.write(block)
         self.log.flush()
         if self.tee is not None:
-            lines = _LINE_START.sub(rb"\1" + self.prefix, block)
-            self.tee(self.prefix + lines if self.at_line_start else lines)
+            lines = self._line_start.sub(rb"\1" + self.prefix, block)
+            first = self.at_line_start and not block.startswith(self.prefix)
+            self.tee(self.prefix + lines if first else lines)
         self.at_line_start = block.endswith((b"\n", b"\r"))
