@@ -85,7 +85,22 @@ FLAG_STEP_LOOP = 16
 _NOTICE = struct.Struct("<Ii")
 _OFF_NOTICE = 56
 NOTICE_NONE, NOTICE_DIED, NOTICE_HUNG = 0, 1, 2
-NOTICE_NAMES = {NOTICE_DIED: "died", NOTICE_HUNG: "hung"}
+# the round of several nodes ended elsewhere, for a reason that is no rank's (rank -1)
+NOTICE_NODE_LOST, NOTICE_STORE_LOST, NOTICE_NODE_LEFT = 3, 4, 5
+NOTICE_NAMES = {NOTICE_DIED: "died", NOTICE_HUNG: "hung", NOTICE_NODE_LOST: "node_lost",
+                NOTICE_STORE_LOST: "store_lost", NOTICE_NODE_LEFT: "node_left"}
+_NOTICE_WITHOUT_RANK = {"node_lost": "a node of the job was lost",
+                        "store_lost": "the job's store was lost",
+                        "node_left": "another node's agent was stopped"}
+
+
+def notice_text(kind: str, rank: int) -> str:
+    """What a notice says happened, for people: ``rank 3 hung``, ``the job's store was
+    lost``, ``another rank died`` (``kind`` and ``rank`` as ``LedgerWriter.notice`` gives
+    them)."""
+    if kind in _NOTICE_WITHOUT_RANK:
+        return _NOTICE_WITHOUT_RANK[kind]
+    return f"{f'rank {rank}' if rank >= 0 else 'another rank'} {kind}"
 
 # fault kinds recorded by the rank itself
 FAULT_NONE = 0

@@ -5,6 +5,7 @@ Every agent is waited for under a deadline; whatever happens, both process trees
 the end (the plugin's leak check proves nothing is left)."""
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -234,7 +235,6 @@ def _start_agents(tmp_path, args, nodes=2, nnodes=None, steps=100000, conf="", e
 
 def _await_output(procs, text: str, until: float) -> None:
     """Read every agent's stdout (raw, on a selector) until each has printed ``text``."""
-    import os
     import selectors
 
     seen = {proc.pid: b"" for proc, _ in procs}
@@ -354,6 +354,42 @@ def test_a_frozen_rank_is_blamed_by_its_own_node_and_named_on_every_node(tmp_pat
     blaming = [run for run in runs if 3 in run.outcomes()]
     assert len(blaming) == 1 and blaming[0].outcomes() == {2: "victim", 3: "hung"}
     assert blaming[0].event("hang_detected")["blamed"] == [3]
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(240)
+def test_a_rank_stopped_inside_a_collective_is_named_on_every_node_within_the_hang_timeout(
+        tmp_path):
+    """Rank 3 (node 1) is SIGSTOPped while the ranks all-reduce back to back: its own node
+    blames it one hang timeout after the others began to wait (a stopped rank waits for
+    nothing elsewhere: no deferral), and every node journals the verdict, names every waiter
+    and times its detection from the fault, not from when it heard of it."""
+    hang_s = 3.0
+    procs = _start_agents(tmp_path, ["--hang-timeout", str(hang_s)], steps=10**7)
+    try:
+        _await_output(procs, "]:STEPPED", time.monotonic() + 120)
+        [pid] = [e["pid"] for _, log_dir in procs for e in Run(0, "", "", 0.0, log_dir).events
+                 if e["event"] == "rank_start" and e["rank"] == 3]
+        stopped_at = time.time()
+        os.kill(pid, signal.SIGSTOP)
+        runs = _finish_all(procs, _teardown_s(hang_s))
+    finally:
+        _kill_all(procs)
+    assert [run.code for run in runs] == [3, 3], _error(runs)
+    for run in runs:
+        hang = run.event("hang_detected")
+        assert hang["blamed"] == [3] and hang["reason"] == "stopped", hang
+        assert hang["waiting"] == [0, 1, 2], hang
+        # one hang timeout after the wait began, plus ticks, beats and a loaded machine; the
+        # deferral for a rank waiting elsewhere took two
+        assert hang["waited_s"] < 2 * hang_s, hang
+        assert hang["ts"] - stopped_at < hang_s + 2 + 3, hang
+        detected = float(run.stderr.split("detected in ", 1)[1].split(" s", 1)[0])
+        assert detected >= hang_s - 0.5, run.stderr[-2000:]
+    logs = [(log_dir / "attempt0" / f"rank{r}.log").read_text()
+            for _, log_dir in procs for r in (0, 1) if (log_dir / "attempt0" /
+                                                         f"rank{r}.log").exists()]
+    assert any("because rank 3 hung" in log for log in logs), logs
 
 
 @pytest.mark.slow

@@ -132,6 +132,9 @@ _IN_PAIR = ((1, "all_reduce #1 on group ranks 1,3"),)
     # rank 1 is still in the world's previous all_reduce, which rank 0 got past: its data is
     # due from the other node, which may have gone silent (named there, or here by the beats)
     (_stuck(reason="no_progress", blamed=(1,), elsewhere=((1, "all_reduce #4"),)), 2, True),
+    # ... but not when rank 1 is stopped (SIGSTOP): nothing elsewhere holds up a stopped rank
+    (_stuck(reason="stopped", blamed=(1,), elsewhere=((1, "all_reduce #4"),)), 2, False),
+    (_stuck(reason="stopped", blamed=(1,), elsewhere=_IN_PAIR), 2, False),
 ])
 def test_a_stuck_collective_spanning_nodes_is_left_to_the_other_node_for_a_while(
         verdict, nodes, left):

@@ -7,7 +7,10 @@ import time
 
 import pytest
 
+from rankguard import ledger as L
 from rankguard.deadline import Deadline
+from rankguard.launcher.monitor import Verdict
+from rankguard.launcher.outcome import Fault, notice_kind
 from rankguard.launcher.round_end import RoundChannel, RoundEnd
 from rankguard.store_calls import StoreStalled
 from tests.store_process import client, freeze, store_process
@@ -70,3 +73,29 @@ def test_an_end_without_the_jobs_seal_ends_the_round_as_a_fault_that_names_it(mo
         assert "without this job's seal" in end.detail and "RANKGUARD_SECRET" in end.detail
         assert channel.publish(RoundEnd(False, 0, "exited", 0, "x")) == end  # it stands
         channel.close()
+
+
+def test_another_nodes_hang_arrives_with_its_verdict_and_the_moment_it_began():
+    """The end record carries the verdict (every node journals it and tells its ranks who hung)
+    and when the fault happened: another node times its detection from the fault, not from
+    when it heard of it."""
+    verdict = Verdict(True, (3,), (0, 1, 2), "all_reduce", 22, 3.1, "stopped",
+                      elsewhere=((3, "all_reduce #21"),))
+    now = time.monotonic()
+    began = now - 3.1
+    record = RoundEnd.of(Fault("hung", began, None, "hang: " + verdict.describe(),
+                               verdict=verdict), node=1)
+    heard = RoundEnd.decode(record.encode()).fault(now + 0.5)  # heard half a second later
+    assert heard.verdict == verdict
+    assert heard.at == pytest.approx(began, abs=0.01)
+    assert notice_kind(heard) == L.NOTICE_HUNG
+    assert heard.describe().endswith("(node 1)")
+    # a record whose verdict is not one keeps the fault, without a verdict
+    bad = RoundEnd.decode(record.encode().replace('"reason": "stopped"', '"reason": 7'))
+    assert bad.kind == "hung" and bad.fault(now).verdict is None
+    # a moment on another machine's clock that is ahead of ours is never taken for a future
+    ahead = RoundEnd(False, 1, "exited", 3, "exited with code 1", at_wall=time.time() + 60)
+    assert ahead.fault(now).at == now
+    # an older agent's record, with neither field, is heard now
+    old = RoundEnd.decode('{"ok": false, "node": 1, "kind": "exited", "rank": 3}')
+    assert old.fault(now).at == now and old.fault(now).verdict is None

@@ -41,7 +41,7 @@ from .monitor import HangMonitor, Verdict, op_label
 from .in_place import InPlace
 from .spares import Spares
 from .outcome import (EXIT_INTERNAL, FINAL_KINDS, Fault, RankOutcome, RankState, classify,
-                      deadline_verdict, first_fault, run_status)
+                      deadline_verdict, first_fault, notice_kind, run_status)
 from .summary import AttemptReport, render
 from .terminal import Terminal
 
@@ -194,7 +194,7 @@ class Launcher:
                     {result.fault.rank} if result.fault.rank is not None else set())
                 if result.fault.kind != "launcher_signal":
                     teardown.notify_survivors(ranks, monitor, self._journal, culprits,
-                                              result.hang is not None, cfg.grace)
+                                              notice_kind(result.fault), cfg.grace)
                 report.stacks.update(teardown.capture_stacks(ranks, monitor, stopped=True))
                 if result.hang is not None:
                     self._journal_hang(attempt, result.hang, report.stacks)
@@ -202,7 +202,7 @@ class Launcher:
                 elif report.stacks:
                     self._journal.write("stacks", attempt=attempt, stacks=report.stacks)
                 if result.fault.kind != "launcher_signal":
-                    self._tell_why(ranks, culprits, result.hang is not None)
+                    self._tell_why(ranks, culprits, notice_kind(result.fault))
                 teardown_at = time.monotonic()
                 teardown.stop_ranks(ranks, self._journal, cfg.grace, result.fault.kind)
                 report.stop_s = time.monotonic() - result.fault.at
@@ -302,7 +302,7 @@ class Launcher:
             now = time.monotonic()
             outside = self._outside_fault(now)
             if outside is not None:
-                result.fault = outside
+                result.fault, result.hang = outside, outside.verdict
                 self._say(f"rankguard: {outside.describe()}; stopping this node's ranks")
                 break
             ticked = tick.passed()
@@ -384,10 +384,9 @@ class Launcher:
                 return
 
     @staticmethod
-    def _tell_why(ranks: RankProcesses, culprits: set[int], hung: bool) -> None:
+    def _tell_why(ranks: RankProcesses, culprits: set[int], kind: int) -> None:
         """Before the SIGTERM, tell each live rank in its ledger which rank failed (itself,
         for a culprit), so that its teardown can say why it was stopped."""
-        kind = _ledger.NOTICE_HUNG if hung else _ledger.NOTICE_DIED
         first = min(culprits) if culprits else -1
         for member in ranks.live():
             _ledger.post_notice(member.ledger_path, kind,
@@ -467,7 +466,8 @@ class Launcher:
         if result.fault is None:
             result.hang = verdict
             # the fault began when the peers started waiting, not when we noticed
-            result.fault = Fault("hung", now - verdict.waited_s, None, "hang: " + verdict.describe())
+            result.fault = Fault("hung", now - verdict.waited_s, None,
+                                 "hang: " + verdict.describe(), verdict=verdict)
             self._say(f"rankguard: hang: {verdict.describe()}")
 
     # -- what a run of several nodes adds (node_agent); here, on one node, nothing ------------

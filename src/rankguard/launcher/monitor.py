@@ -27,8 +27,8 @@ straggler report on once; ``HangMonitor`` feeds them from the ledgers and /proc.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Collection, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Collection, Iterable, Mapping
 
 from ..ledger import FAULT_NONE, GroupProgress, LedgerReader, RankProgress, behind, seq_of
 from .progress import ProgressTracker
@@ -79,6 +79,24 @@ class Verdict:
     def op_label(self) -> str:
         """``all_reduce #57``, ``init_process_group``, ``barrier #3 on group ranks 0,2``."""
         return op_label(self.op, self.seq, self.group)
+
+    def record(self) -> dict[str, Any]:
+        """The verdict as plain JSON values (``from_record`` turns it back)."""
+        return asdict(self)
+
+    @classmethod
+    def from_record(cls, fields: Any) -> Verdict | None:
+        """The verdict of ``record()``'s ``fields``; None for anything that is not one."""
+        try:
+            verdict = cls(**{**fields, "blamed": tuple(fields["blamed"]),
+                             "waiting": tuple(fields["waiting"]),
+                             "ops": tuple((int(r), str(o)) for r, o in fields.get("ops", ())),
+                             "elsewhere": tuple((int(r), str(o))
+                                                for r, o in fields.get("elsewhere", ()))})
+            verdict.describe()
+        except (TypeError, KeyError, ValueError, AttributeError):
+            return None
+        return verdict
 
     def describe(self) -> str:
         """The verdict in one line for people (the terminal, the summary)."""

@@ -70,12 +70,14 @@ def left_to_another_node(verdict: Verdict, local: set[int], nodes: int,
       some ranks before others): what holds that one up may be on another node, whose agent
       names it within one hang timeout (it sees the waiters through the beats), or the whole
       node may have gone silent (named after one hang timeout too); when it is on this node,
-      this node's verdict on that group comes first.
+      this node's verdict on that group comes first. Not when the ranks blamed are stopped
+      (SIGSTOP): a stopped process waits for nothing, so nothing elsewhere holds it up.
     """
     if verdict.blamed and not set(verdict.blamed) & local:
         return not verdict.hung or verdict.waited_s < 2 * hang_timeout
     waiting_elsewhere = {rank for rank, _ in verdict.elsewhere}
-    if nodes > 1 and verdict.hung and verdict.blamed and set(verdict.blamed) <= waiting_elsewhere:
+    if (nodes > 1 and verdict.hung and verdict.blamed and verdict.reason != "stopped"
+            and set(verdict.blamed) <= waiting_elsewhere):
         return verdict.waited_s < 2 * hang_timeout
     if not verdict.hung or verdict.reason != "stuck_in_collective":
         return False
@@ -505,6 +507,7 @@ class NodeAgent(Launcher):
             channel.publish(RoundEnd.of(result.fault, node))
         elif end is not None and not end.ok:
             result.fault = end.fault(now)
+            result.hang = result.fault.verdict
             self._say(f"rankguard: {result.fault.describe()}")
 
     def _end_round(self, standing: RoundEnd) -> None:

@@ -60,11 +60,23 @@ class Fault:
     rank: int | None = None
     detail: str = ""
     cascade: bool = False  # an error inside a collective: maybe a peer's fault's effect
+    verdict: Verdict | None = None  # a hang: the verdict that blamed it (any node's)
 
     def describe(self) -> str:
         if self.rank is None:
             return self.detail
         return f"rank {self.rank} {self.detail}"
+
+
+_NOTICES = {"hung": _ledger.NOTICE_HUNG, "node_lost": _ledger.NOTICE_NODE_LOST,
+            "store_lost": _ledger.NOTICE_STORE_LOST, "node_left": _ledger.NOTICE_NODE_LEFT}
+
+
+def notice_kind(fault: Fault) -> int:
+    """The notice that tells a surviving rank why it is stopped (``ledger.NOTICE_*``): that a
+    rank hung, that a node or the job's store was lost, that another node's agent was
+    stopped; for any other fault, that a rank died."""
+    return _NOTICES.get(fault.kind, _ledger.NOTICE_DIED)
 
 
 @dataclass(frozen=True)

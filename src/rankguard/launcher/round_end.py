@@ -36,6 +36,8 @@ from typing import Any, Callable
 from .. import sealed
 from ..deadline import Deadline
 from ..store_calls import within
+from ..ledger_ring import wall_offset
+from .monitor import Verdict
 from .outcome import Fault
 
 WATCH_SLICE_S = 3600.0
@@ -51,14 +53,19 @@ class RoundEnd:
     rank: int | None = None  # the global rank at fault, if one is
     detail: str = ""
     cascade: bool = False
+    # when the fault happened, in wall-clock seconds (the one clock the nodes share; 0: unknown)
+    at_wall: float = 0.0
+    hang: dict[str, Any] | None = None  # a hang: its verdict (``Verdict.record``)
 
     @classmethod
     def of(cls, fault: Fault, node: int) -> RoundEnd:
         """The record of this node's ``fault``; a stop of this agent is ``node_left``."""
+        at_wall = round(fault.at + wall_offset(), 6)
         if fault.kind == "launcher_signal":  # "the launcher received SIGTERM"
             return cls(False, node, "node_left", None,
-                       fault.detail.replace("the launcher", "the agent"))
-        return cls(False, node, fault.kind, fault.rank, fault.detail, fault.cascade)
+                       fault.detail.replace("the launcher", "the agent"), at_wall=at_wall)
+        return cls(False, node, fault.kind, fault.rank, fault.detail, fault.cascade, at_wall,
+                   fault.verdict.record() if fault.verdict is not None else None)
 
     def encode(self) -> str:
         return json.dumps(asdict(self))
@@ -69,17 +76,25 @@ class RoundEnd:
         the round as a fault that says so."""
         try:
             fields = json.loads(value)
-            return cls(**fields)
+            end = cls(**fields)
+            if not isinstance(end.at_wall, (int, float)) or not (
+                    end.hang is None or isinstance(end.hang, dict)):
+                raise TypeError("at_wall or hang")
+            return end
         except (ValueError, TypeError):
             text = value.decode(errors="replace") if isinstance(value, bytes) else value
             return cls(False, -1, "store_lost", None, f"the round's end key holds {text[:80]!r}, "
                        "not a record of rankguard's")
 
-    def fault(self, at: float) -> Fault:
-        """The fault as another node acts on it (its kind gives the exit code)."""
+    def fault(self, now: float) -> Fault:
+        """The fault as another node acts on it at ``now`` (its kind gives the exit code): at
+        the moment it happened there, on this machine's monotonic clock (``now`` if unknown,
+        never later), with the hang's verdict."""
         # a node_lost record names the lost node in its text; its node is the one that saw it
         where = f" (node {self.node})" if self.node >= 0 and self.kind != "node_lost" else ""
-        return Fault(self.kind, at, self.rank, f"{self.detail}{where}", self.cascade)
+        at = min(now, self.at_wall - wall_offset()) if self.at_wall > 0 else now
+        verdict = Verdict.from_record(self.hang) if self.hang is not None else None
+        return Fault(self.kind, at, self.rank, f"{self.detail}{where}", self.cascade, verdict)
 
     def describe(self) -> str:
         return "ok" if self.ok else self.fault(0.0).describe()

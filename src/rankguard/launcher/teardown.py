@@ -52,7 +52,7 @@ def capture_stacks(ranks: RankProcesses, monitor: HangMonitor, stopped: bool) ->
 
 
 def notify_survivors(ranks: RankProcesses, monitor: HangMonitor, journal: Journal,
-                     culprits: set[int], hung: bool, grace: float) -> None:
+                     culprits: set[int], kind: int, grace: float) -> None:
     """Tell the live ranks in bounded mode, except ``culprits``, that a peer failed; wait up to
     ``grace`` (the run's ``--grace``) for them to exit on their own. Returns as soon as they
     all have."""
@@ -61,13 +61,12 @@ def notify_survivors(ranks: RankProcesses, monitor: HangMonitor, journal: Journa
             and snaps[m.rank].flags & _ledger.FLAG_BOUNDED}
     if not told:
         return
-    kind = _ledger.NOTICE_HUNG if hung else _ledger.NOTICE_DIED
     failed = min(culprits) if culprits else -1
     for member in ranks.live():
         if member.rank in told:
             _ledger.post_notice(member.ledger_path, kind, failed)
-    journal.write("escalate", step="notice", ranks=sorted(told), reason="hung" if hung else
-                  "died", attempt=ranks.number)
+    journal.write("escalate", step="notice", ranks=sorted(told),
+                  reason=_ledger.NOTICE_NAMES[kind], attempt=ranks.number)
     ranks.wait_exits(Deadline.after(grace), told)
 
 

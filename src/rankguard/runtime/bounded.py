@@ -112,7 +112,7 @@ def take_supervisor_notice(record: GroupRecord) -> None:
     notice = ledger.notice() if ledger is not None else None
     if notice is not None and record.retired is None:
         kind, rank = notice
-        groups.retire(record, f"the supervisor reported that rank {rank} {kind}",
+        groups.retire(record, f"the supervisor reported that {_ledger.notice_text(kind, rank)}",
                       {"supervisor": True, "kind": kind, "rank": rank})
 
 

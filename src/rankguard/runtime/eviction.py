@@ -144,8 +144,7 @@ def _stopped_because(reason: str) -> str:
     if str(failed) == os.environ.get("RANK"):
         blame = "for a hang" if kind == "hung" else "as the first rank that failed"
         return f"stopped by the launcher, which blamed this rank {blame} ({reason})"
-    culprit = f"rank {failed}" if failed >= 0 else "another rank"
-    return f"stopped by the launcher because {culprit} {kind} ({reason})"
+    return f"stopped by the launcher because {_ledger.notice_text(kind, failed)} ({reason})"
 
 
 def _steps(reason: str, progress: dict[str, str]) -> None:
