@@ -15,8 +15,8 @@ fixed seed, so :func:`reference` computes the same output in one process.
 ``fault`` injects a real fault into one rank between its matmuls and the all_reduce, while its
 peers wait in the all_reduce: any kind of ``rankguard run --inject`` without ``at=``
 (``raise:rank=1``, ``crash:3:rank=0``, ``kill:rank=1``, ``stop:rank=1``, ``hang:rank=0``,
-``gil:rank=1``...). The request fails with HTTP 500 naming the rank and the cause; the next one
-is served by a warm spare group.
+``gil:rank=1``...) naming one of the replica's ranks (another is answered 422). The request
+fails with HTTP 500 naming the rank and the cause; the next one is served by a warm spare group.
 """
 
 from __future__ import annotations
@@ -76,9 +76,12 @@ def validate(request: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(fault, str):
             raise ValueError("'fault' must be a string such as 'stop:rank=1'")
         try:
-            spec.parse(fault, what="fault", moment="now")
+            injected = spec.parse(fault, what="fault", moment="now")
         except rankguard.UsageError as error:
             raise ValueError(str(error)) from None
+        if injected.rank >= app.world_size:  # the CLI's --world-size sets app's
+            raise ValueError(f"'fault' names rank {injected.rank}, but a replica has ranks 0 to "
+                             f"{app.world_size - 1}: name one of them, e.g. 'stop:rank=1'")
     return request
 
 
