@@ -209,3 +209,12 @@ def test_virtual_local_rank_with_fewer_visible_devices_than_ranks_is_refused(tmp
         "rankguard run: error: --virtual-local-rank: 2 local ranks, but CUDA_VISIBLE_DEVICES=3 "
         "names fewer devices (lower --nproc-per-node, or name more devices)"]
     assert not (log_dir / "journal.jsonl").exists()
+
+
+def test_a_torchrun_switch_from_the_environment_that_is_not_an_integer_is_refused(tmp_path):
+    proc, log_dir = _run([script("sleeper.py")], tmp_path, {"PET_STANDALONE": "yes"})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "rankguard run: error: PET_STANDALONE: 'yes' is not an integer (set it to 1 (as "
+        "--standalone) or 0)"]
+    assert not (log_dir / "journal.jsonl").exists()

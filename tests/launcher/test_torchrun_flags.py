@@ -75,13 +75,20 @@ def test_the_table_covers_every_torchrun_option() -> None:
     assert TABLE.keys() - dests == set(), "the table names options torchrun no longer has"
 
 
-def _argv(flag: str, dest: str, tmp_path: Path) -> list[str]:
+def _value(dest: str, tmp_path: Path) -> str | None:
     value, _ = TABLE[dest]
-    if value == "LOG_DIR":
-        value = str(tmp_path / "given-log-dir")
-    given = [flag] if value is None else [flag, value]
+    return str(tmp_path / "given-log-dir") if value == "LOG_DIR" else value
+
+
+def _target(dest: str) -> list[str]:
+    """What the run starts: a module for -m, an executable for --no-python."""
     target = {"module": ["json.tool"], "no_python": [shutil.which("true") or "/bin/true"]}
-    return given + target.get(dest, [SCRIPT])
+    return target.get(dest, [SCRIPT])
+
+
+def _argv(flag: str, dest: str, tmp_path: Path) -> list[str]:
+    value = _value(dest, tmp_path)
+    return ([flag] if value is None else [flag, value]) + _target(dest)
 
 
 @pytest.mark.parametrize("flag, dest", _torchrun_options())
@@ -107,6 +114,36 @@ def test_nproc_per_node_counts_ranks_as_torchrun_does(value: str, tmp_path: Path
         return
     config = cli.parse(["--log-dir", str(tmp_path), "--nproc-per-node", value, SCRIPT])
     assert config.nproc == expected
+
+
+def _torchrun_env_dests() -> list[str]:
+    """The options torchrun also reads from ``PET_<DEST>``."""
+    return sorted(action.dest for action in get_args_parser()._actions
+                  if type(action).__name__ in ("env", "check_env"))
+
+
+def test_rankguard_reads_the_environment_variables_torchrun_reads() -> None:
+    assert sorted(cli.TORCHRUN_ENV) == _torchrun_env_dests()
+
+
+@pytest.mark.parametrize("dest", _torchrun_env_dests())
+def test_a_pet_variable_gives_its_option_as_in_torchrun(dest: str, tmp_path: Path,
+                                                        monkeypatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    value = _value(dest, tmp_path)
+    monkeypatch.setenv(f"PET_{dest.upper()}", "1" if value is None else value)
+    read = getattr(get_args_parser().parse_args(_target(dest)), dest)  # torchrun reads it too
+    assert (read is True if value is None else
+            (",".join(read) if isinstance(read, list) else str(read)) == value), read
+    log_dir = [] if dest == "log_dir" else ["--log-dir", str(tmp_path / "logs")]
+    config = cli.parse([*log_dir, *_target(dest)])
+    assert TABLE[dest][1](config), (dest, config)
+
+
+def test_the_command_line_wins_over_a_pet_variable(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PET_NPROC_PER_NODE", "3")
+    assert cli.parse(["--log-dir", str(tmp_path), SCRIPT]).nproc == 3
+    assert cli.parse(["--log-dir", str(tmp_path), "--nproc_per_node", "2", SCRIPT]).nproc == 2
 
 
 def test_a_flag_without_effect_is_said_once_and_others_say_nothing(tmp_path: Path) -> None:

@@ -58,6 +58,40 @@ _NO_EFFECT = (
 )
 
 
+# torchrun's options that also take their value from the environment, PET_<NAME> (torch's
+# argparse_util.env and check_env); the table test compares this with torch's parser
+TORCHRUN_ENV = (
+    "nnodes", "nproc_per_node", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf",
+    "standalone", "max_restarts", "monitor_interval", "start_method", "event_log_handler",
+    "role", "module", "no_python", "run_path", "log_dir", "redirects", "tee",
+    "local_ranks_filter", "duplicate_stdout_filters", "duplicate_stderr_filters", "node_rank",
+    "master_addr", "master_port", "local_addr", "signals_to_handle", "shutdown_timeout",
+    "virtual_local_rank",
+)
+
+
+def _environment_defaults(p: argparse.ArgumentParser) -> None:
+    """Take torchrun's ``PET_<NAME>`` variables as the defaults of their options, as torchrun
+    does (the command line still wins); a switch's is an integer, nonzero for on.
+
+    Raises:
+        UsageError: a switch's variable that is not an integer.
+    """
+    for action in p._actions:
+        names = {flag.lstrip("-").replace("-", "_") for flag in action.option_strings}
+        for name in names.intersection(TORCHRUN_ENV):
+            value = os.environ.get(f"PET_{name.upper()}")
+            if value is None:
+                continue
+            if action.nargs == 0:  # a switch
+                if not re.fullmatch(r"[+-]?[0-9]+", value.strip(), re.ASCII):
+                    raise UsageError(f"PET_{name.upper()}", f"{value!r} is not an integer",
+                                     f"set it to 1 (as --{name.replace('_', '-')}) or 0")
+                action.default = int(value) != 0
+            else:
+                action.default = value
+
+
 def _dest(option: _NoEffect) -> str:
     return option.flags[0].lstrip("-").replace("-", "_")
 
@@ -311,7 +345,9 @@ def parse(argv: list[str]) -> _config.RunConfig:
     Raises:
         UsageError: any bad flag, value or path; the message names it and says how to fix it.
     """
-    ns = build_parser().parse_args(argv)
+    p = build_parser()
+    _environment_defaults(p)
+    ns = p.parse_args(argv)
     sealed.check_env()
     min_nodes, max_nodes = _nnodes(ns.nnodes)
     node_rank = int(number("--node-rank", ns.node_rank, int, 0, "e.g. --node-rank 0"))
