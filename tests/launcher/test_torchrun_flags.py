@@ -13,7 +13,7 @@ import pytest
 from torch.distributed.run import determine_local_world_size, get_args_parser
 
 from rankguard.errors import UsageError
-from rankguard.launcher import cli
+from rankguard.launcher import cli, torchrun_flags
 from rankguard.launcher.config import RunConfig
 from rankguard.launcher.streams import StreamChoice, Std, TerminalStreams
 from tests.conftest import script
@@ -123,7 +123,7 @@ def _torchrun_env_dests() -> list[str]:
 
 
 def test_rankguard_reads_the_environment_variables_torchrun_reads() -> None:
-    assert sorted(cli.TORCHRUN_ENV) == _torchrun_env_dests()
+    assert sorted(torchrun_flags.TORCHRUN_ENV) == _torchrun_env_dests()
 
 
 @pytest.mark.parametrize("dest", _torchrun_env_dests())
