@@ -74,6 +74,8 @@ def _run(argv: list[str]) -> int:
 
     try:
         config = run_cli.parse(argv)
+        for note in config.notes:
+            print(f"rankguard run: {note}", file=sys.stderr)
         if config.rendezvous is not None:  # several nodes: the store is at --rdzv-endpoint
             from .launcher import node_agent
 

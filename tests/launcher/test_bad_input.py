@@ -78,6 +78,30 @@ def _run(args, tmp_path, env=None):
     (["-m", "json"], "'json' is a package without a __main__ module"),
     (["-m", "sleeper.py"], "give the module's name without .py"),
     (["-m", "a..b"], "'a..b' is not a module name"),
+    # torchrun's flags: torchrun's values only
+    (["--redirects", "4", "x.py"], "--redirects: '4' is neither 0-3 nor LOCAL_RANK:0-3,..."),
+    (["-t", "0:1,x", "x.py"], "--tee: '0:1,x' is neither 0-3 nor LOCAL_RANK:0-3,..."),
+    (["--local-ranks-filter", "0,a", "x.py"], "--local-ranks-filter: '0,a' is not a "
+     "comma-separated list of local ranks"),
+    (["--monitor-interval", "soon", "x.py"], "--monitor-interval: 'soon' is not a number"),
+    (["--start_method", "thread", "x.py"], "--start-method/--start_method: invalid choice: "
+     "'thread'"),
+    (["--numa-binding", "gpu", "x.py"], "--numa-binding/--numa_binding: invalid choice: 'gpu'"),
+    (["--signals-to-handle", "SIGFOO", "x.py"], "--signals-to-handle: 'SIGFOO' is not a "
+     "signal name"),
+    (["--signals-to-handle", "SIGTERM,SIGKILL", "x.py"], "--signals-to-handle: SIGKILL cannot "
+     "be caught"),
+    (["--no-python", "-m", "json.tool"], "--no-python: runs SCRIPT as an executable, and -m "
+     "runs a Python module: they cannot go together"),
+    (["--no-python", "x.py"], "is not executable (--no-python runs it as a program)"),
+    (["--no-python", "no_such_program_here"], "'no_such_program_here' is no executable on "
+     "PATH"),
+    (["--grace", "1", "--shutdown-timeout", "2", "x.py"], "--shutdown-timeout: is torchrun's "
+     "name of --grace, and both are given"),
+    (["--shutdown_timeout", "-1", "x.py"], "--shutdown-timeout: '-1' is below 0"),
+    (["--no-tee", "--redirects", "1", "x.py"], "--no-tee: is --redirects 3, and --redirects "
+     "is given too"),
+    (["--role", " ", "x.py"], "--role: is empty"),
 ])
 def test_bad_flag_or_value_gives_one_line_and_exit_2(tmp_path, args, fragment):
     if args and args[-1] == "x.py":
@@ -175,3 +199,22 @@ def test_unknown_command_exits_2():
     proc = subprocess.run([sys.executable, "-m", "rankguard.cli", "launch"], capture_output=True,
                           text=True, timeout=30)
     assert proc.returncode == 2 and "unknown command 'launch'" in proc.stderr
+
+
+def test_virtual_local_rank_with_fewer_visible_devices_than_ranks_is_refused(tmp_path):
+    proc, log_dir = _run(["--virtual-local-rank", "--nproc-per-node", "2",
+                          script("sleeper.py")], tmp_path, {"CUDA_VISIBLE_DEVICES": "3"})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "rankguard run: error: --virtual-local-rank: 2 local ranks, but CUDA_VISIBLE_DEVICES=3 "
+        "names fewer devices (lower --nproc-per-node, or name more devices)"]
+    assert not (log_dir / "journal.jsonl").exists()
+
+
+def test_a_torchrun_switch_from_the_environment_that_is_not_an_integer_is_refused(tmp_path):
+    proc, log_dir = _run([script("sleeper.py")], tmp_path, {"PET_STANDALONE": "yes"})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "rankguard run: error: PET_STANDALONE: 'yes' is not an integer (set it to 1 (as "
+        "--standalone) or 0)"]
+    assert not (log_dir / "journal.jsonl").exists()

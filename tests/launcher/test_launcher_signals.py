@@ -21,12 +21,16 @@ def _wait_for_ranks(log_dir, n, timeout=30.0):
     pytest.fail("ranks did not start")
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_signal_to_launcher_stops_every_rank_within_grace(tmp_path, sig, code):
+@pytest.mark.parametrize("args, sig, code", [
+    ([], signal.SIGTERM, 143), ([], signal.SIGINT, 130),
+    ([], signal.SIGHUP, 129),  # torchrun's default --signals-to-handle has SIGHUP and SIGQUIT
+    (["--signals-to-handle", "SIGTERM,SIGUSR1"], signal.SIGUSR1, 138),  # SLURM's warning
+])
+def test_signal_to_launcher_stops_every_rank_within_grace(tmp_path, args, sig, code):
     log_dir = tmp_path / "logs"
     grace = 2.0
-    proc = launch(["--nproc-per-node", "2", "--grace", str(grace), script("sleeper.py")],
-                  log_dir)
+    proc = launch([*args, "--nproc-per-node", "2", "--grace", str(grace),
+                   script("sleeper.py")], log_dir)
     started = time.monotonic()
     _wait_for_ranks(log_dir, 2)
     sent = time.monotonic()
@@ -36,6 +40,20 @@ def test_signal_to_launcher_stops_every_rank_within_grace(tmp_path, sig, code):
     assert time.monotonic() - sent < stopped_within_s(grace)
     assert run.outcomes() == {0: "victim", 1: "victim"}, run.stderr
     assert run.event("run_end")["root_cause"] == f"the launcher received {sig.name}"
+
+
+def test_a_launcher_started_under_nohup_outlives_a_hangup(tmp_path):
+    log_dir = tmp_path / "logs"
+    proc = launch(["--nproc-per-node", "1", "--grace", "2", script("sleeper.py")], log_dir,
+                  wrap=["nohup"])
+    started = time.monotonic()
+    _wait_for_ranks(log_dir, 1)
+    os.kill(proc.pid, signal.SIGHUP)
+    time.sleep(1.0)  # a handled SIGHUP ends the run within this (seen in the case above)
+    assert proc.poll() is None, "the hangup ended a run started under nohup"
+    os.kill(proc.pid, signal.SIGTERM)
+    run = finish(proc, log_dir, 30, started)
+    assert run.code == 143, run.stderr
 
 
 def test_sigkill_to_launcher_leaves_no_rank_or_grandchild(tmp_path):

@@ -64,7 +64,7 @@ def test_an_exit_wakes_the_pump_and_is_reaped_with_its_code(ranks, tmp_path: Pat
 def test_output_through_pipes_reaches_the_log_and_the_tee_prefixed(ranks, tmp_path: Path
                                                                   ) -> None:
     teed: list[bytes] = []
-    rs = ranks(tee=(teed.append, teed.append))
+    rs = ranks(tee=lambda rank: (teed.append, teed.append))
     member = start(rs, tmp_path, ["sh", "-c", "echo one; echo two >&2"], pipes=True)
     until = Deadline.after(LONG_S)
     rs.wait_exits(until)

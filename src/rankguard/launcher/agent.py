@@ -74,7 +74,7 @@ class Launcher:
         self._cascade_window = margins.CASCADE_WINDOW_S
         self._token = uuid.uuid4().hex
         self._journal = Journal(config.journal_path, config.run_id)
-        self._terminal = Terminal(status=config.tee)
+        self._terminal = Terminal(status=config.streams.any_shown(config.nproc))
         self._status_at = -math.inf  # when the status line was last drawn (monotonic)
         self._store: Any = None
         self._signal: int | None = None
@@ -509,7 +509,7 @@ class Launcher:
         def on_signal(signum: int, _frame: Any) -> None:
             self._on_signal(signum)
 
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in self.config.signals:
             signal.signal(sig, on_signal)
 
     def _on_signal(self, signum: int) -> None:

@@ -11,6 +11,7 @@ import importlib.machinery
 import importlib.util
 import os
 import re
+import shutil
 import socket
 import sys
 import uuid
@@ -20,6 +21,8 @@ from ..errors import UsageError
 from ..options import MAX_LOCAL_RANKS, Parser, number, writable_dir, writable_file
 from ..inject import spec as inject_spec
 from . import config as _config
+from . import torchrun_flags
+from .streams import Std, StreamChoice, TerminalStreams, parse_choice, parse_ranks
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,7 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     p.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc", default="1",
-                   help="ranks to start on this node: a number, 'cpu' (one per core) or 'auto'")
+                   help="ranks to start on this node: a number, 'cpu' (one per core), 'gpu' or "
+                   "'xpu' (one per device) or 'auto' (one per accelerator device, else per "
+                   "core)")
     p.add_argument("--nnodes", default="1",
                    help="nodes of the job: N, or MIN:MAX (default 1: this node alone; more "
                    "needs --rdzv-backend c10d or etcd-v2, and --rdzv-endpoint)")
@@ -80,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
                    default=str(_config.DEFAULT_STRAGGLER_TIMEOUT),
                    help="seconds peers may wait for a rank that is busy (using CPU or doing I/O) "
                    "before it too is blamed as hung (default 300)")
-    p.add_argument("--grace", dest="grace", default=str(_config.DEFAULT_GRACE),
+    p.add_argument("--grace", dest="grace", default=None,
                    help="seconds between SIGTERM and SIGKILL when stopping ranks (default 5)")
     p.add_argument("--collective-timeout", dest="collective_timeout", default="",
                    help="deadline in seconds of every collective of every rank: one that has not "
@@ -94,8 +99,38 @@ def build_parser() -> argparse.ArgumentParser:
                    "--max-restarts")
     p.add_argument("--inject", dest="inject", action="append", default=[], metavar="SPEC",
                    help="inject a fault, e.g. hang:rank=2,at=op30 (repeatable; see README)")
-    p.add_argument("--no-tee", dest="tee", action="store_false",
-                   help="write rank output only to the log dir, not to this terminal")
+    p.add_argument("--no-tee", dest="no_tee", action="store_true",
+                   help="write rank output only to the log dir, not to this terminal (as "
+                   "--redirects 3)")
+    p.add_argument("-r", "--redirects", dest="redirects", default=None,
+                   help="as torchrun's: these streams of these local ranks only to the log, not "
+                   "to this terminal (3: stdout and stderr of every local rank, 1 stdout, 2 "
+                   "stderr; 0:3,1:2 per local rank); the log always has everything")
+    p.add_argument("-t", "--tee", dest="tee", default=None,
+                   help="as torchrun's: these streams to this terminal too, even if redirected "
+                   "(same format as --redirects)")
+    p.add_argument("--local-ranks-filter", "--local_ranks_filter", dest="local_ranks_filter",
+                   default=None, help="show only these local ranks' output on this terminal, "
+                   "e.g. 0 or 0,1 (their logs have everything)")
+    p.add_argument("--no-python", "--no_python", dest="no_python", action="store_true",
+                   help="run SCRIPT as an executable, not with python (its Python children "
+                   "that call rankguard.init() are watched for hangs)")
+    p.add_argument("--run-path", "--run_path", dest="run_path", action="store_true",
+                   help="run the script with runpy.run_path in the rank's interpreter: what "
+                   "rankguard always does; it takes precedence over --no-python, as in torchrun")
+    p.add_argument("--role", dest="role", default="default",
+                   help="the workers' role, in each rank's ROLE_NAME (default 'default')")
+    p.add_argument("--virtual-local-rank", "--virtual_local_rank", dest="virtual_local_rank",
+                   action="store_true", help="as torchrun's: every rank gets LOCAL_RANK 0 and "
+                   "CUDA_VISIBLE_DEVICES naming its own device")
+    p.add_argument("--signals-to-handle", "--signals_to_handle", dest="signals",
+                   default=None,
+                   help="signals that stop every rank and end the run with 128 + the signal's "
+                   "number (default SIGTERM,SIGINT,SIGHUP,SIGQUIT, as torchrun's, less a "
+                   "SIGHUP or SIGQUIT this launcher was started ignoring, as by nohup)")
+    p.add_argument("--shutdown-timeout", "--shutdown_timeout", dest="shutdown_timeout",
+                   default=None, help="torchrun's name of --grace")
+    torchrun_flags.add_no_effect_options(p)
     p.add_argument("--no-spares", dest="spares", action="store_false",
                    help="restart with freshly started ranks instead of warm spares (spares: one "
                    "process per rank with torch imported, started once an attempt has taken its "
@@ -108,14 +143,43 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _cores() -> int:
+    """The cores this process may run on (taskset, cgroups), as torchrun counts them."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def _nproc(text: str) -> int:
-    if text in ("cpu", "auto"):
-        return os.cpu_count() or 1
+    if text == "cpu":
+        return _cores()
+    if text in ("gpu", "xpu", "auto"):
+        return _devices(text)
     nproc = int(number("--nproc-per-node", text, int, 1, "give the number of ranks, e.g. 4"))
     if nproc > MAX_LOCAL_RANKS:
         raise UsageError("--nproc-per-node", f"{nproc} ranks on one node is beyond this launcher",
                          f"use at most {MAX_LOCAL_RANKS}")
     return nproc
+
+
+def _devices(kind: str) -> int:
+    """``--nproc-per-node gpu``, ``xpu`` or ``auto``, as torchrun counts them: the CUDA or XPU
+    devices (auto: the accelerator's, else one per core). Imports torch (seconds), only here.
+
+    Raises:
+        UsageError: gpu or xpu where there is no such device.
+    """
+    import torch
+
+    if kind == "auto":
+        if torch.accelerator.is_available():
+            return int(torch.accelerator.device_count())
+        return _cores()
+    backend = torch.cuda if kind == "gpu" else torch.xpu
+    if not backend.is_available():
+        raise UsageError("--nproc-per-node", f"{kind}: no {'CUDA' if kind == 'gpu' else 'XPU'} "
+                         "device is available here", "give a number of ranks, or cpu")
+    return int(backend.device_count())
 
 
 # A run id names files and folders: a letter or digit first (no ".", "..", "-x"), then
@@ -173,9 +237,12 @@ def _check_module(name: str) -> None:
                          "check the name and that it is importable from this folder")
 
 
-def _check_script(module: bool, script: str) -> None:
+def _check_script(module: bool, script: str, no_python: bool = False) -> None:
     if module:
         _check_module(script)
+        return
+    if no_python:
+        _check_executable(script)
         return
     if not os.path.exists(script):
         raise UsageError("SCRIPT", f"{script!r} does not exist",
@@ -184,13 +251,30 @@ def _check_script(module: bool, script: str) -> None:
         raise UsageError("SCRIPT", f"{script!r} is not a file", "give a Python script")
 
 
+def _check_executable(program: str) -> None:
+    """``--no-python``: ``program`` is an executable file, by its path or on ``PATH``."""
+    if os.sep not in program:
+        if shutil.which(program) is None:
+            raise UsageError("SCRIPT", f"{program!r} is no executable on PATH (--no-python)",
+                             f"give its path, e.g. ./{program}")
+        return
+    if not os.path.isfile(program):
+        raise UsageError("SCRIPT", f"{program!r} is not a file" if os.path.exists(program)
+                         else f"{program!r} does not exist", "give the path of the executable")
+    if not os.access(program, os.X_OK):
+        raise UsageError("SCRIPT", f"{program!r} is not executable (--no-python runs it as a "
+                         "program)", f"chmod +x {program}, or leave out --no-python")
+
+
 def parse(argv: list[str]) -> _config.RunConfig:
     """Turn ``rankguard run`` arguments into a :class:`RunConfig`.
 
     Raises:
         UsageError: any bad flag, value or path; the message names it and says how to fix it.
     """
-    ns = build_parser().parse_args(argv)
+    p = build_parser()
+    torchrun_flags.environment_defaults(p)
+    ns = p.parse_args(argv)
     sealed.check_env()
     min_nodes, max_nodes = _nnodes(ns.nnodes)
     node_rank = int(number("--node-rank", ns.node_rank, int, 0, "e.g. --node-rank 0"))
@@ -220,7 +304,7 @@ def parse(argv: list[str]) -> _config.RunConfig:
         raise UsageError("--straggler-timeout", f"{straggler:g} s is shorter than "
                          f"--hang-timeout {hang:g} s", "a busy rank gets at least as long as a "
                          "frozen one; raise --straggler-timeout")
-    grace = number("--grace", ns.grace, float, 0, "e.g. --grace 5")
+    grace = _grace(ns.grace, ns.shutdown_timeout)
     collective_timeout = None
     if ns.collective_timeout:
         collective_timeout = number("--collective-timeout", ns.collective_timeout, float, 0.001,
@@ -235,7 +319,20 @@ def parse(argv: list[str]) -> _config.RunConfig:
             raise UsageError("--inject", f"{fault.text!r} targets attempt {fault.attempt}, but "
                              f"the run has attempts 0 to {max_restarts}",
                              "raise --max-restarts, or pick an attempt that will run")
-    _check_script(ns.module, ns.script)
+    notes = torchrun_flags.notes(ns)
+    no_python = ns.no_python and not ns.run_path
+    if no_python and ns.module:
+        raise UsageError("--no-python", "runs SCRIPT as an executable, and -m runs a Python "
+                         "module: they cannot go together (torchrun refuses them too)",
+                         "leave out one of them")
+    streams = _streams(ns)
+    signals = (torchrun_flags.signals(ns.signals) if ns.signals is not None
+               else torchrun_flags.default_signals())
+    if not ns.role.strip():
+        raise UsageError("--role", "is empty", "give the workers' role, or leave it out")
+    if ns.virtual_local_rank:
+        _check_devices(nproc)
+    _check_script(ns.module, ns.script, no_python)
     if rendezvous is not None and rendezvous.backend == "static" and ns.run_id is None:
         ns.run_id = f"static-{rendezvous.port}"  # torchrun needs none there: one job per store
     if rendezvous is not None and ns.run_id is None:
@@ -252,9 +349,47 @@ def parse(argv: list[str]) -> _config.RunConfig:
         command=command, nproc=nproc, max_restarts=max_restarts, master_addr=ns.master_addr,
         master_port=port, run_id=run_id, log_dir=log_dir, journal_path=journal,
         hang_timeout=hang, straggler_timeout=straggler, grace=grace, injections=injections,
-        tee=ns.tee, spares=ns.spares, collective_timeout=collective_timeout,
-        rendezvous=rendezvous, recovery=recovery,
+        streams=streams, spares=ns.spares and not no_python,
+        collective_timeout=collective_timeout, rendezvous=rendezvous, recovery=recovery,
+        no_python=no_python, role=ns.role, virtual_local_rank=ns.virtual_local_rank,
+        signals=signals, notes=notes,
     )
+
+
+def _grace(grace: str | None, shutdown_timeout: str | None) -> float:
+    """``--grace``, or torchrun's name for it, ``--shutdown-timeout``."""
+    if grace is not None and shutdown_timeout is not None:
+        raise UsageError("--shutdown-timeout", "is torchrun's name of --grace, and both are "
+                         "given", "give one of them")
+    if shutdown_timeout is not None:
+        return number("--shutdown-timeout", shutdown_timeout, float, 0,
+                      "e.g. --shutdown-timeout 30")
+    return number("--grace", grace if grace is not None else str(_config.DEFAULT_GRACE), float,
+                  0, "e.g. --grace 5")
+
+
+def _streams(ns: argparse.Namespace) -> TerminalStreams:
+    """``--redirects``, ``--tee``, ``--local-ranks-filter`` and ``--no-tee``."""
+    if ns.no_tee and ns.redirects is not None:
+        raise UsageError("--no-tee", "is --redirects 3, and --redirects is given too",
+                         "give one of them")
+    redirects = (StreamChoice(Std.ALL) if ns.no_tee else
+                 parse_choice("--redirects", ns.redirects) if ns.redirects is not None
+                 else StreamChoice())
+    tee = parse_choice("--tee", ns.tee) if ns.tee is not None else StreamChoice()
+    ranks = (parse_ranks("--local-ranks-filter", ns.local_ranks_filter)
+             if ns.local_ranks_filter else None)  # torchrun: an empty filter is no filter
+    return TerminalStreams(redirects, tee, ranks)
+
+
+def _check_devices(nproc: int) -> None:
+    """``--virtual-local-rank``: each local rank has its device in ``CUDA_VISIBLE_DEVICES``
+    (when it is set; else local rank N is device N, as in torchrun)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and nproc > len(visible.split(",")):
+        raise UsageError("--virtual-local-rank", f"{nproc} local ranks, but "
+                         f"CUDA_VISIBLE_DEVICES={visible} names fewer devices",
+                         "lower --nproc-per-node, or name more devices")
 
 
 def _recovery(text: str, max_restarts: int, max_nodes: int) -> str:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field
 
 from .. import margins, sealed
 from ..inject.spec import FaultSpec
+from .streams import TerminalStreams
 
 DEFAULT_HANG_TIMEOUT = 10.0
 DEFAULT_STRAGGLER_TIMEOUT = 300.0
 DEFAULT_GRACE = 5.0
 DEFAULT_MASTER_PORT = 29500
 RESTART, IN_PLACE = "restart", "in-place"  # --recovery
+DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # torchrun's --signals-to-handle
 # torch's own defaults for the dynamic rendezvous (torch.distributed.elastic.rendezvous)
 DEFAULT_JOIN_TIMEOUT = 600
 DEFAULT_LAST_CALL_TIMEOUT = 30
@@ -90,7 +93,13 @@ class RunConfig:
     straggler_timeout: float = DEFAULT_STRAGGLER_TIMEOUT
     grace: float = DEFAULT_GRACE
     injections: tuple[FaultSpec, ...] = field(default_factory=tuple)
-    tee: bool = True  # copy rank output to the launcher's stdout/stderr, prefixed [rankN]:
+    streams: TerminalStreams = TerminalStreams()  # what of which local ranks' output the
+    # launcher's stdout/stderr show, prefixed [rankN]: (all of it by default)
+    no_python: bool = False  # command[0] is an executable, run without python (--no-python)
+    role: str = "default"  # ROLE_NAME
+    virtual_local_rank: bool = False  # LOCAL_RANK 0, CUDA_VISIBLE_DEVICES its own device
+    signals: tuple[signal.Signals, ...] = tuple(signal.Signals[name] for name in DEFAULT_SIGNALS)
+    notes: tuple[str, ...] = ()  # lines for stderr, once: options given that have no effect
     spares: bool = True  # keep warm spares for restarts (only when --max-restarts > 0)
     collective_timeout: float | None = None  # job-wide deadline of every collective
     secret: str = field(default_factory=sealed.new_secret, repr=False)  # the ranks' store seal

@@ -4,9 +4,10 @@ a new bootstrap process to run it, on the supervisor of rank processes
 
 Each rank runs ``python -m rankguard.runtime.bootstrap`` in its own session (so its process group
 can be signalled as a whole) with torchrun's environment plus rankguard's own variables. Its
-stdout and stderr are pipes that the supervisor reads into the rank's log and (``--tee``, the
-default) to the launcher's terminal, each line prefixed with ``[rankN]:`` (see
-``supervisor.output``); the terminal never blocks the launcher (see ``terminal``).
+stdout and stderr are pipes that the supervisor reads into the rank's log and, as
+``config.streams`` says (all of it by default, see ``streams``), to the launcher's terminal,
+each line prefixed with ``[rankN]:`` (see ``supervisor.output``); the terminal never blocks the
+launcher (see ``terminal``).
 
 Exits are events, not polls: each rank's pidfd is in the supervisor's selector, beside its
 output pipes and whatever the agent registers (its signal wakeup fd).
@@ -24,8 +25,10 @@ from typing import Callable
 from .. import margins, recovery_file, sealed
 from ..proctree import MARKER
 from ..supervisor import RankFiles, RankProcesses, spawn
+from ..supervisor.rank_processes import Tee, Writer
 from .config import RunConfig
 from .store import namespace
+from .streams import Std
 from .terminal import Terminal
 
 
@@ -86,7 +89,7 @@ def base_env(config: RunConfig, token: str, master_port: int) -> dict[str, str]:
     world = config.nproc
     env.update(
         WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", GROUP_WORLD_SIZE="1",
-        ROLE_WORLD_SIZE=str(world), ROLE_NAME="default", MASTER_ADDR=config.master_addr,
+        ROLE_WORLD_SIZE=str(world), ROLE_NAME=config.role, MASTER_ADDR=config.master_addr,
         MASTER_PORT=str(master_port), TORCHELASTIC_MAX_RESTARTS=str(config.max_restarts),
         TORCHELASTIC_RUN_ID=config.run_id, TORCHELASTIC_USE_AGENT_STORE="True",
         TORCH_NCCL_ASYNC_ERROR_HANDLING=env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
@@ -126,6 +129,8 @@ def rank_env(config: RunConfig, local_rank: int, attempt: int, token: str, layou
         RANKGUARD_STACKS=stacks_path, RANKGUARD_ATTEMPT=str(attempt),
         RANKGUARD_NAMESPACE=layout.namespace,
     )
+    if config.virtual_local_rank:
+        env.update(virtual_local_rank(local_rank))
     if layout.round is not None:
         env["RANKGUARD_ROUND"] = str(layout.round)
     if config.in_place and not env.get(sealed.ENV):  # set but empty: no secret either
@@ -136,13 +141,36 @@ def rank_env(config: RunConfig, local_rank: int, attempt: int, token: str, layou
     return env
 
 
+def virtual_local_rank(local_rank: int) -> dict[str, str]:
+    """torchrun's ``--virtual-local-rank``: the rank sees its own device only, as device 0
+    (local rank N's is the N-th of the launcher's ``CUDA_VISIBLE_DEVICES``, else device N)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    device = visible.split(",")[local_rank].strip() if visible is not None else str(local_rank)
+    return {"LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": device}
+
+
+def terminal_tee(config: RunConfig, terminal: Terminal | None, base: int) -> Tee | None:
+    """What of each rank's output ``terminal`` shows (``config.streams``, by local rank: the
+    global rank less ``base``); None: nothing at all."""
+    if terminal is None or not config.streams.any_shown(config.nproc):
+        return None
+
+    def writers(rank: int) -> tuple[Writer | None, Writer | None]:
+        shown = config.streams.shown(rank - base)
+        return (terminal.rank_out if Std.OUT in shown else None,
+                terminal.rank_err if Std.ERR in shown else None)
+
+    return writers
+
+
 def start_bootstrap(config: RunConfig, env: dict[str, str],
                     spare: bool = False) -> subprocess.Popen[bytes]:
     """Start ``python -m rankguard.runtime.bootstrap`` for the run's command, in its own session,
     its output into pipes. A spare gets a stdin pipe, for its activation line; a rank gets no
-    stdin."""
-    argv = [sys.executable, "-m", "rankguard.runtime.bootstrap", *(["--spare"] if spare else []),
-            *config.command]
+    stdin. With ``--no-python`` the bootstrap becomes the command (``exec``), once it has tied
+    its life to the launcher's."""
+    mode = ["--spare"] if spare else ["--no-python"] if config.no_python else []
+    argv = [sys.executable, "-m", "rankguard.runtime.bootstrap", *mode, *config.command]
     return spawn(argv, env, stdin_pipe=spare)
 
 
@@ -156,15 +184,13 @@ def start_attempt(config: RunConfig, attempt: int, token: str, layout: Layout,
 
     Each rank is a warm spare from ``spares()`` when it gives one, else a new process. Its log
     and stacks go to ``LOG_DIR/attemptN/``, its ledger to ``ledger_dir`` (the run's private
-    ledger folder, ``ledger.make_dir``). Rank output is teed to ``terminal`` when given and
-    ``config.tee`` is set. With ``replacing``, every rank is the replacement of a lost one
+    ledger folder, ``ledger.make_dir``). Rank output is teed to ``terminal`` when given, as
+    ``config.streams`` says. With ``replacing``, every rank is the replacement of a lost one
     (a standby node taking a lost node's place): see :func:`replacement_env`.
     """
     attempt_dir = os.path.join(config.log_dir, f"attempt{attempt}")
     os.makedirs(attempt_dir, mode=0o700, exist_ok=True)
-    tee = (terminal.rank_out, terminal.rank_err) if terminal is not None and config.tee \
-        else None
-    ranks = RankProcesses(attempt, layout.world, tee)
+    ranks = RankProcesses(attempt, layout.world, terminal_tee(config, terminal, layout.base))
     for local_rank in range(config.nproc):
         rank = layout.base + local_rank
         files = RankFiles(log=os.path.join(attempt_dir, f"rank{rank}.log"),

@@ -43,9 +43,12 @@ class Run:
 def find(target: str | None) -> Run:
     """The run ``target`` names: a RUN_ID (its default log folder), a LOG_DIR or a journal
     file; None: the run whose journal changed last among this user's default log folders.
+    A run of several nodes has a log folder per agent, ``RUN_ID/HOST-PID``: its RUN_ID (or
+    the folder above) names the one agent that ran on this machine.
 
     Raises:
-        UsageError: nothing of that name, or no run at all; naming what was looked at.
+        UsageError: nothing of that name, or no run at all, naming the latest runs there are;
+            a RUN_ID of several agents on this machine, naming each (``RUN_ID/HOST-PID``).
     """
     path = _journal_path(target)
     events = files.events(path)
@@ -105,35 +108,75 @@ def _same_process(event: dict) -> bool:
 def _journal_path(target: str | None) -> str:
     if target is None:
         return _latest()
-    candidates = [target, os.path.join(target, JOURNAL),
-                  os.path.join(private_files.user_dir_path(), target, JOURNAL)]
+    user_folder = os.path.join(private_files.user_dir_path(), target)
+    candidates = [target, os.path.join(target, JOURNAL), os.path.join(user_folder, JOURNAL)]
     for path in candidates:
         if os.path.isfile(path) and (path.endswith(".jsonl") or path != target):
             return path
-    raise UsageError("RUN", f"no run's journal at {target!r}",
-                     "give a RUN_ID, whose log folder is $TMPDIR/rankguard-UID/RUN_ID, the run's "
-                     "--log-dir, or its journal file")
+    for folder in (target, user_folder):
+        nodes = node_journals(folder)
+        if len(nodes) == 1:  # one agent of a run of several nodes ran on this machine
+            return nodes[0]
+        if nodes:
+            names = [os.path.join(target, os.path.basename(os.path.dirname(p))) for p in nodes]
+            raise UsageError("RUN", f"{target!r} is a run of several nodes, {len(nodes)} of "
+                             f"whose agents ran on this machine, each with its own log folder",
+                             "give one of them: " + ", ".join(names))
+    raise UsageError("RUN", f"no run's journal at {target!r}", _known_runs())
+
+
+def node_journals(folder: str) -> list[str]:
+    """The journals of the node agents whose log folders are in ``folder``, latest first: a
+    run of several nodes keeps each agent's in ``RUN_ID/HOST-PID/`` (``launcher.cli``)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    found = [os.path.join(folder, name, JOURNAL) for name in names]
+    return [p for _, p in sorted(((os.path.getmtime(p), p) for p in found
+                                  if os.path.isfile(p)), reverse=True)]
+
+
+def _known_runs(shown: int = 5) -> str:
+    """The hint of a RUN that names nothing: the latest runs there are, by name."""
+    folder = private_files.user_dir_path()
+    names = [os.path.relpath(os.path.dirname(p), folder) for _, p in _journals()[:shown]]
+    if not names:
+        return (f"no run is under {folder}: give the run's --log-dir or its journal file")
+    return (f"the latest runs under {folder}: {', '.join(names)}; or give a run's --log-dir "
+            "or its journal file")
+
+
+def _journals() -> list[tuple[float, str]]:
+    """Every journal under this user's default log folders, one run's or one node agent's
+    (``RUN_ID/HOST-PID``), latest first."""
+    folder = private_files.user_dir_path()
+    try:
+        runs = [os.path.join(folder, name) for name in os.listdir(folder)]
+    except OSError:
+        runs = []
+    journals = []
+    for run in runs:
+        own = os.path.join(run, JOURNAL)
+        journals.extend([own] if os.path.isfile(own) else node_journals(run))
+    return sorted(((os.path.getmtime(p), p) for p in journals), reverse=True)
 
 
 def _latest() -> str:
-    folder = private_files.user_dir_path()
-    try:
-        journals = [os.path.join(folder, name, JOURNAL) for name in os.listdir(folder)]
-    except OSError:
-        journals = []
-    found = [(os.path.getmtime(p), p) for p in journals if os.path.isfile(p)]
+    found = _journals()
     if not found:
-        raise UsageError("RUN", f"no run under {folder}",
+        raise UsageError("RUN", f"no run under {private_files.user_dir_path()}",
                          "give the RUN_ID, --log-dir or journal of the run")
-    return max(found)[1]
+    return found[0][1]
 
 
 def parser(prog: str, description: str) -> Parser:
     """A command's parser, with the RUN argument every command of observe/ takes."""
     p = Parser(prog=prog, allow_abbrev=False, description=description)
     p.add_argument("run", metavar="RUN", nargs="?", default=None,
-                   help="the run's RUN_ID, --log-dir or journal file (default: the run of "
-                   "yours whose journal changed last)")
+                   help="the run's RUN_ID (RUN_ID/HOST-PID for one node agent's, where "
+                   "several ran here), --log-dir or journal file (default: the run of yours "
+                   "whose journal changed last)")
     return p
 
 

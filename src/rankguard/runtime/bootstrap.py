@@ -1,9 +1,13 @@
 """The first code a rank runs under ``rankguard run``; then it runs the user's script unchanged.
 
-``python -m rankguard.runtime.bootstrap [--spare] (SCRIPT | -m MODULE) [ARGS...]``
+``python -m rankguard.runtime.bootstrap [--spare | --no-python] (SCRIPT | -m MODULE) [ARGS...]``
 
 With ``--spare`` the process is a warm spare: it imports torch ahead of time, then waits for one
 JSON line on stdin, the environment of the rank it becomes (EOF: it is not needed, exit 0).
+With ``--no-python`` (torchrun's) SCRIPT is an executable: the process ties its life to the
+launcher's (step 1 below), then becomes SCRIPT by ``exec``; none of the other steps apply, and
+a Python program it starts is watched only if it calls ``rankguard.init()``, which finds the
+ledger in the environment.
 
 Before the script starts it:
 
@@ -181,16 +185,31 @@ def _record_exit(code: int) -> None:
         state.ledger.record_exit(code, state.ledger.in_collective())
 
 
+def _become(argv: list[str]) -> None:
+    """``--no-python``: become the executable ``argv[0]`` (searched on ``PATH`` as torchrun's
+    launch does), keeping the launcher's parent-death signal (execve keeps it); exit 127 with
+    one line if it cannot be run."""
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as error:
+        print(f"rankguard: cannot run {argv[0]!r} (--no-python): {error.strerror}",
+              file=sys.stderr)
+        os._exit(127)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     spare = bool(argv) and argv[0] == "--spare"
-    if spare:
+    no_python = bool(argv) and argv[0] == "--no-python"
+    if spare or no_python:
         argv = argv[1:]
     if not argv or (argv[0] == "-m" and len(argv) < 2):
-        print("usage: python -m rankguard.runtime.bootstrap [--spare] (SCRIPT | -m MODULE) "
-              "[ARGS...]", file=sys.stderr)
+        print("usage: python -m rankguard.runtime.bootstrap [--spare | --no-python] "
+              "(SCRIPT | -m MODULE) [ARGS...]", file=sys.stderr)
         sys.exit(2)
     _die_with_launcher()
+    if no_python:
+        _become(argv)
     if spare:
         _wait_for_activation()
     _prepare(int(os.environ.get("RANK", "0")), int(os.environ.get("RANKGUARD_ATTEMPT", "0")))

@@ -34,7 +34,8 @@ from ..deadline import Deadline
 from .output import OutputStream
 
 MARKER_VAR = "RANKGUARD_RANKS_TOKEN"  # this set's marker, inherited by whatever a rank starts
-Tee = tuple[Callable[[bytes], None], Callable[[bytes], None]]  # (stdout, stderr) writers
+Writer = Callable[[bytes], None]
+Tee = Callable[[int], tuple[Writer | None, Writer | None]]  # rank -> its (stdout, stderr) writers
 
 
 @dataclass(frozen=True)
@@ -111,8 +112,9 @@ class RankProcesses:
         number: which set this is for its owner (the launcher's attempt number, a pool's
             replica number).
         world: how many ranks the set will have (sizes each rank's ledger).
-        tee: where rank output read from pipes is also written, prefixed ``[rankN]:``
-            (stdout, stderr); None: only to each rank's log.
+        tee: where rank output read from pipes is also written, prefixed ``[rankN]:``:
+            ``tee(rank)`` gives rank ``rank``'s (stdout, stderr) writers, None for a stream
+            that goes only to the rank's log; ``tee`` None: every stream only to the log.
     """
 
     def __init__(self, number: int, world: int, tee: Tee | None = None) -> None:
@@ -175,7 +177,7 @@ class RankProcesses:
         self._selector.register(member.pidfd, selectors.EVENT_READ, ("exit", member))
         if proc.stdout is not None and proc.stderr is not None:
             log = open(files.log, "ab", opener=private_files.opener)  # noqa: SIM115 (at EOF)
-            tees = self._tee if self._tee is not None else (None, None)
+            tees = self._tee(rank) if self._tee is not None else (None, None)
             for pipe, tee in zip((proc.stdout, proc.stderr), tees):
                 os.set_blocking(pipe.fileno(), False)
                 stream = OutputStream(f"[rank{rank}]:".encode(), tee, log)
