@@ -310,3 +310,41 @@ def test_uses_a_spawn_pool():
     session = run(tmp_path, body)
     assert session.result("test_uses_a_spawn_pool") == "passed", session.output
     assert session.code == 0
+
+
+TEARDOWN_RAISES = '''
+import multiprocessing as mp
+import os
+import subprocess
+import time
+import pytest
+
+def forever():
+    time.sleep(600)
+
+@pytest.fixture
+def breaks_on_teardown():
+    yield
+    raise RuntimeError("the fixture's teardown breaks")
+
+def test_starts_children_then_a_teardown_raises(breaks_on_teardown):
+    sleeper = subprocess.Popen(["sleep", "600"])
+    child = mp.get_context("fork").Process(target=forever)  # joined by multiprocessing at exit
+    child.start()
+    with open(os.path.join(os.path.dirname(__file__), "pids"), "w") as f:
+        f.write(f"{sleeper.pid} {child.pid}")
+''' + GOOD
+
+
+def test_the_leak_check_runs_and_kills_when_a_fixtures_teardown_raises(tmp_path: Path) -> None:
+    session = run(tmp_path, TEARDOWN_RAISES)
+    pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
+    name = "test_starts_children_then_a_teardown_raises"
+    assert session.result(name) == "error", session.output  # the call passed, the teardown not
+    text = session.text(name)
+    assert "the fixture's teardown breaks" in text, text  # the teardown's own error is kept
+    assert "left 2 process(es) running (now killed)" in text, text
+    assert "sleep 600" in text and f"pid {pids[1]} " in text, text
+    assert not any(proctree.alive(pid) for pid in pids)
+    assert session.result("test_good_after") == "passed"
+    assert session.code == 1 and session.wall_s < DEADLINE + 15  # no hang at exit either

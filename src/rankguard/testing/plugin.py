@@ -24,8 +24,8 @@ and the end of the session is a bounded barrier that names a missing rank (see `
 
 **No leaked processes** (``rankguard_leaks = fail | warn | ignore``, ``--rankguard-leaks``;
 default ``fail``). Every process a test started, however, and that is still alive when its
-teardown ends is reported with its command line and killed; ``fail`` makes the teardown fail
-(see ``leaks``).
+teardown ends is reported with its command line and killed, whatever the teardown raised;
+``fail`` makes the teardown fail, or adds the report to the error it raised (see ``leaks``).
 """
 
 from __future__ import annotations
@@ -271,16 +271,31 @@ class _Guard:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_teardown(self, item: pytest.Item, nextitem: Any) -> Generator[None]:
-        result = yield from self._guarded(item, "teardown")
-        if self.leaks != "ignore":
-            described = leaks.collect(item.stash[_TAG], item.stash[_KNOWN] | self.known,
-                                      self.tracking)
-            if described:
-                error = leaks.LeakedProcesses(item.nodeid, described)
-                if self.leaks == "fail":
-                    raise error
-                warnings.warn(str(error), pytest.PytestWarning, stacklevel=1)
+        try:
+            result = yield from self._guarded(item, "teardown")
+        except BaseException as raised:  # a fixture's, pytest-timeout's Failed, our deadline
+            self._check_leaks(item, raised)
+            raise
+        self._check_leaks(item, None)
         return result
+
+    def _check_leaks(self, item: pytest.Item, raised: BaseException | None) -> None:
+        """Kill what the test left running, whatever its teardown did; report it by the
+        ``leaks`` mode: as the teardown's error, a note on the error the teardown ``raised``
+        (that one stays the error), or a warning."""
+        if self.leaks == "ignore":
+            return
+        described = leaks.collect(item.stash[_TAG], item.stash[_KNOWN] | self.known,
+                                  self.tracking)
+        if not described:
+            return
+        error = leaks.LeakedProcesses(item.nodeid, described)
+        if self.leaks == "warn":
+            warnings.warn(str(error), pytest.PytestWarning, stacklevel=1)
+        elif raised is not None:  # BaseException.add_note, which Python 3.10 lacks
+            raised.__notes__ = [*getattr(raised, "__notes__", []), f"rankguard: {error}"]
+        else:
+            raise error
 
     # -- distributed tests --------------------------------------------------------------------
 
