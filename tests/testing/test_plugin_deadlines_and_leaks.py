@@ -348,3 +348,51 @@ def test_the_leak_check_runs_and_kills_when_a_fixtures_teardown_raises(tmp_path:
     assert not any(proctree.alive(pid) for pid in pids)
     assert session.result("test_good_after") == "passed"
     assert session.code == 1 and session.wall_s < DEADLINE + 15  # no hang at exit either
+
+
+SIGUSR_LEFT_TO_THE_TESTS = '''
+import multiprocessing as mp
+import os
+import signal
+import time
+
+def test_sigusr1_and_sigusr2_keep_their_default_action_here_and_in_a_forked_child():
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        assert signal.getsignal(sig) == signal.SIG_DFL, sig
+        child = mp.get_context("fork").Process(target=time.sleep, args=(600,))
+        child.start()
+        os.kill(child.pid, sig)
+        child.join(2)  # within the test's deadline
+        if child.exitcode is None:
+            child.kill()
+            child.join(10)
+        assert child.exitcode == -sig, (sig, child.exitcode)
+'''
+
+
+def test_the_plugin_leaves_sigusr1_and_sigusr2_to_the_test_and_its_forked_children(
+        tmp_path: Path) -> None:
+    session = run(tmp_path, SIGUSR_LEFT_TO_THE_TESTS)
+    assert session.code == 0, session.output
+
+
+OWN_SIGUSR2_HANDLER = '''
+import signal
+import time
+
+def test_owns_sigusr2_then_sleeps():
+    signal.signal(signal.SIGUSR2, lambda signum, frame: None)
+    time.sleep(1000)
+''' + GOOD
+
+
+def test_a_test_with_its_own_sigusr2_handler_that_hangs_is_reported_in_its_sleep(
+        tmp_path: Path) -> None:
+    session = run(tmp_path, OWN_SIGUSR2_HANDLER)
+    assert session.result("test_owns_sigusr2_then_sleeps") == "failed", session.output
+    text = session.text("test_owns_sigusr2_then_sleeps")
+    assert "deadline of 3 s passed during the call" in text, text
+    assert "main thread at" in text and "test_bad.py:7 in test_owns_sigusr2_then_sleeps" in text
+    assert "stuck inside C code" not in session.output
+    assert session.result("test_good_after") == "passed"
+    assert session.code == 1 and session.wall_s < DEADLINE + 15

@@ -26,10 +26,15 @@ and the end of the session is a bounded barrier that names a missing rank (see `
 default ``fail``). Every process a test started, however, and that is still alive when its
 teardown ends is reported with its command line and killed, whatever the teardown raised;
 ``fail`` makes the teardown fail, or adds the report to the error it raised (see ``leaks``).
+
+**Signals**: the plugin takes two real-time signals of the pytest process, its stack request
+(``processes.STACK_SIGNAL``) and the watchdog's interruption (``watchdog.INTERRUPT_SIGNAL``);
+SIGUSR1 and SIGUSR2 are left to the tests.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import pickle
 import signal
@@ -45,7 +50,6 @@ from .. import proctree
 from ..deadline import Deadline, check_seconds
 from ..errors import UsageError
 from ..options import number
-from ..runtime import stacks as rank_stacks
 from . import abort, leaks, processes
 from . import session as rank_session
 from .report import RanksFailed, compose
@@ -174,21 +178,17 @@ class _Guard:
         self.pools: dict[int, WarmRanks] = {}
 
     def _answer_stack_requests(self) -> str | None:
-        """Register faulthandler on SIGUSR1 in this process, so that children forked from it
-        answer stack requests too (into this file), unless SIGUSR1 is already taken (by the
-        program, or by the rank runtime, whose own file is then used)."""
-        if signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, None):
+        """Register faulthandler on ``processes.STACK_SIGNAL`` in this process, so that the
+        children forked from it answer stack requests (into this file), unless the program
+        already handles that signal."""
+        if signal.getsignal(processes.STACK_SIGNAL) not in (signal.SIG_DFL, None):
             return None
-        own = rank_stacks.installed_path()
-        if own is not None:
-            return own
-        import faulthandler
-
         _sweep_stacks_files()
         fd, path = tempfile.mkstemp(prefix=f"{_STACKS_PREFIX}{os.getpid()}-", suffix=".stacks")
         os.close(fd)
         self._stacks = open(path, "a")  # noqa: SIM115 (lives as long as the session)
-        faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True, chain=False)
+        faulthandler.register(processes.STACK_SIGNAL, file=self._stacks, all_threads=True,
+                              chain=False)
         return path
 
     # -- one test ----------------------------------------------------------------------------
@@ -392,6 +392,7 @@ class _Guard:
     def _clean_up(self) -> None:
         self.tracking.close(kill=False)
         if self._stacks is not None:
+            faulthandler.unregister(processes.STACK_SIGNAL)  # before its fd can be reused
             self._stacks.close()
             os.unlink(self._stacks.name)
             self._stacks = None

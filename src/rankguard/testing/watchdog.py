@@ -11,7 +11,10 @@ which never waits on anything the test holds:
    tears itself down and exits 0), ``margins.RELEASE_GRACE_S`` (waiting on pidfds), SIGKILL;
 3. interrupts the main thread with ``INTERRUPT_SIGNAL``, whose handler raises
    :class:`DeadlineExceeded` carrying the report: a Python-level wait (sleep, lock, queue, join,
-   a socket, a pipe) ends, the test fails with the report, and the session goes on;
+   a socket, a pipe) ends, the test fails with the report, and the session goes on. It is a
+   real-time signal, so that a test may own SIGUSR1 and SIGUSR2 (its own handler would have
+   taken the interruption); a forked child gets its default action back (the watchdog does not
+   run there);
 4. if the main thread does not come back within ``LAST_RESORT_S`` (stuck inside C code that
    never returns to Python), hands the report to ``last_words`` (the plugin reports the test as
    failed and finishes the session: the report reaches the terminal and the junit XML, see
@@ -45,7 +48,7 @@ from ..deadline import Deadline
 from ..margins import RELEASE_GRACE_S
 from . import processes
 
-INTERRUPT_SIGNAL = signal.SIGUSR2
+INTERRUPT_SIGNAL = signal.SIGRTMAX - 1  # see processes.STACK_SIGNAL for the choice
 LAST_RESORT_S = 10.0
 LAST_WORDS_S = 10.0  # for the plugin's report of a session that must end (other plugins' hooks)
 EXIT_ABORTED = 2  # pytest's "interrupted"
@@ -75,7 +78,8 @@ class Watchdog:
     """Enforces the deadline of the armed phase; one per test process.
 
     Args:
-        stacks_file: where children forked from this process dump their stacks on SIGUSR1.
+        stacks_file: where children forked from this process dump their stacks on
+            ``processes.STACK_SIGNAL``.
         tracking: holds the processes the tests start (see ``proctree.Tracking``).
         last_words: ``(phase, report, why) -> reported``, called (from another thread, for at
             most ``LAST_WORDS_S``) before the process ends because the main thread is stuck in
@@ -104,6 +108,7 @@ class Watchdog:
     def install(self) -> None:
         """Install the interrupt handler (main thread) and start the watchdog thread."""
         self._previous = signal.signal(INTERRUPT_SIGNAL, self._interrupt)
+        _restore_in_forked_children()
         if self._backstop:
             self._terminal = os.dup(2)
         self._thread = threading.Thread(target=self._run, name="rankguard-watchdog",
@@ -202,17 +207,14 @@ class Watchdog:
                    + own]
         pids = self._processes_of(phase)
         for pid in pids:
-            files = [processes.own_stacks_file(pid)]
-            if self._stacks_file:
-                files.append(self._stacks_file)
-            text = processes.ask_stacks(pid, files)
+            text = processes.ask_stacks(pid, self._stacks_file)
             summary = proctree.describe(pid)
             if text:
                 current = _thread_block(text, None)
                 lines.append(f"stuck: {summary}\n  main thread {_top_frame(current, phase.path)}")
                 details.append(f"--- {summary}\n{text}")
             else:
-                lines.append(f"stuck: {summary} (no Python stacks: it does not answer SIGUSR1)")
+                lines.append(f"stuck: {summary} (no Python stacks: it does not answer a stack request)")
         lines.append(self._release(pids))
         return "\n".join(lines + [""] + details)
 
@@ -260,6 +262,18 @@ class Watchdog:
                 os.write(2, f"{report}\n{why}\n".encode())
         finally:
             os._exit(EXIT_ABORTED)
+
+
+_at_fork_registered = False
+
+
+def _restore_in_forked_children() -> None:
+    """A child forked from this process takes ``INTERRUPT_SIGNAL``'s default action again."""
+    global _at_fork_registered
+    if not _at_fork_registered:
+        os.register_at_fork(after_in_child=lambda: signal.signal(INTERRUPT_SIGNAL,
+                                                                 signal.SIG_DFL))
+        _at_fork_registered = True
 
 
 def _own_stacks() -> str:
