@@ -162,3 +162,34 @@ def test_under_rankguard_run_a_session_with_warnings_as_errors_runs(
                           ["-W", "error"])
     assert run.code == 0, run.stdout + run.stderr
     assert "[rank0]:1 passed" in run.stdout + run.stderr
+
+
+ONE_COLLECTIVE_MORE = '''
+import torch
+import torch.distributed as dist
+
+def test_rank0_runs_one_collective_more():
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1))  # rank 1 never joins it: it goes on, to the session end
+
+def test_last():
+    pass
+'''
+
+
+@pytest.mark.slow  # one test deadline (5 s) and two ranks
+def test_a_rank_in_session_teardown_is_named_so_and_costs_one_test_deadline_not_two(
+        run_rankguard, tmp_path: Path) -> None:
+    deadline = 5
+    run = every_rank_runs(run_rankguard, tmp_path, ONE_COLLECTIVE_MORE, ["--hang-timeout", "60"],
+                          ["-rA", "--durations=0", "--durations-min=0", "--rankguard-deadline",
+                           str(deadline), "-o", "rankguard_shutdown_timeout=40"])
+    logs = {rank: (run.log_dir / "attempt0" / f"rank{rank}.log").read_text() for rank in (0, 1)}
+    assert outcome(logs[1], "test_rank0_runs_one_collective_more") == "PASSED", logs[1][-3000:]
+    assert outcome(logs[0], "test_rank0_runs_one_collective_more") == "FAILED", logs[0][-3000:]
+    assert "deadline of 5 s passed during the call" in logs[0]
+    assert re.search(r"SKIPPED \[1\] \S+: rankguard: rank 1 had finished its tests \(it is in "
+                     r"session teardown\)", logs[0]), logs[0][-3000:]
+    # the setup of the test after the failure did not wait for rank 1 (it waited a deadline)
+    setup = re.search(r"^([\d.]+)s setup +\S*test_suite\.py::test_last$", logs[0], re.M)
+    assert setup and float(setup.group(1)) < deadline / 2, logs[0][-3000:]
