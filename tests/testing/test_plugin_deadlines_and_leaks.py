@@ -7,6 +7,7 @@ every process the inner session started), and the good test after it still runs 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -396,3 +397,45 @@ def test_a_test_with_its_own_sigusr2_handler_that_hangs_is_reported_in_its_sleep
     assert "stuck inside C code" not in session.output
     assert session.result("test_good_after") == "passed"
     assert session.code == 1 and session.wall_s < DEADLINE + 15
+
+
+TORCH_MULTIPROCESS_CASE = '''
+import time
+
+import torch
+import torch.distributed as dist
+from torch.testing._internal.common_distributed import MultiProcessTestCase
+
+
+class TestTorchStyle(MultiProcessTestCase):
+    @property
+    def world_size(self):
+        return 2
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def test_rank1_hangs(self):
+        dist.init_process_group("gloo", init_method=f"file://{self.file_name}",
+                                rank=self.rank, world_size=self.world_size)
+        if self.rank == 1:
+            time.sleep(600)
+        dist.all_reduce(torch.ones(1))
+'''
+
+
+@pytest.mark.slow  # two spawned ranks import torch (slow under load), then a 20 s deadline
+def test_a_hung_torch_multiprocess_test_case_names_its_ranks_with_their_python_stacks(
+        tmp_path: Path) -> None:
+    session = run_suite(tmp_path, {"test_torch_style.py": TORCH_MULTIPROCESS_CASE},
+                        ["--rankguard-deadline", "20"], timeout=120)
+    text = session.text("test_rank1_hangs")
+    assert session.result("test_rank1_hangs") == "failed", session.output
+    assert "deadline of 20 s passed during the call" in text, text
+    path = tmp_path / "test_torch_style.py"
+    assert re.search(rf"stuck: rank 0: pid \d+ .*\n.* main thread at .* in all_reduce, called "
+                     rf"from {re.escape(str(path))}:23 in test_rank1_hangs", text), text
+    assert re.search(rf"stuck: rank 1: pid \d+ .*\n.* main thread at {re.escape(str(path))}:22 "
+                     rf"in test_rank1_hangs", text), text
+    assert session.code == 1 and session.wall_s < 90

@@ -239,7 +239,7 @@ class _Guard:
         if when != "teardown":
             deadline = item.stash[_DEADLINE]
         return Phase(item.nodeid, when, deadline, item.stash[_TAG], str(item.path),
-                     item.stash[_KNOWN])
+                     item.stash[_KNOWN], getattr(item, "instance", None))
 
     def _guarded(self, item: pytest.Item, when: str) -> Generator[None]:
         phase = self._phase(item, when)

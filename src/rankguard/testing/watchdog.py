@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterator
 from .. import proctree
 from ..deadline import Deadline
 from ..margins import RELEASE_GRACE_S
-from . import processes
+from . import processes, torch_cases
 
 INTERRUPT_SIGNAL = signal.SIGRTMAX - 1  # see processes.STACK_SIGNAL for the choice
 LAST_RESORT_S = 10.0
@@ -54,6 +54,7 @@ LAST_WORDS_S = 10.0  # for the plugin's report of a session that must end (other
 EXIT_ABORTED = 2  # pytest's "interrupted"
 BACKSTOP_S = 5.0  # how late after a deadline the watchdog thread may take the expiry in hand
 _DUMPS_BUDGET_S = 10.0  # allowance for the stack dumps of an expiry, before its release
+_CASE_ANSWER_S = 1.0  # for a rank of a torch test case to answer (see torch_cases)
 _EXPIRY_S = _DUMPS_BUDGET_S + RELEASE_GRACE_S + LAST_RESORT_S + LAST_WORDS_S + BACKSTOP_S
 
 
@@ -72,6 +73,7 @@ class Phase:
     tag: str  # the environment tag of the test's processes
     path: str  # the test's file, to point at its own frame in the stacks
     known: set[int] = field(default_factory=set)  # processes that are not the test's
+    case: Any = None  # the test's instance (a unittest case), whose ranks it may know
 
 
 class Watchdog:
@@ -206,11 +208,19 @@ class Watchdog:
         details = [f"--- test process (pid {os.getpid()}), all threads but the watchdog's:\n"
                    + own]
         pids = self._processes_of(phase)
+        named = torch_cases.ranks(phase.case)
         for pid in pids:
             text = processes.ask_stacks(pid, self._stacks_file)
+            main: str | None = None  # a signal's dump is written by the main thread
+            if text is None and pid in named:  # written by torch's listener thread
+                text = torch_cases.ask_stacks(phase.case, [pid],
+                                              Deadline.after(_CASE_ANSWER_S)).get(pid)
+                main = _main_thread_block(text or "")
             summary = proctree.describe(pid)
+            if pid in named:
+                summary = f"rank {named[pid]}: {summary}"
             if text:
-                current = _thread_block(text, None)
+                current = _thread_block(text, None) if main is None else main
                 lines.append(f"stuck: {summary}\n  main thread {_top_frame(current, phase.path)}")
                 details.append(f"--- {summary}\n{text}")
             else:
@@ -294,6 +304,14 @@ def _thread_block(dump: str, ident: int | None) -> str:
                                                 block.split("\n", 1)[0]):
             return block
     return ""
+
+
+def _main_thread_block(dump: str) -> str:
+    """The main thread's block of a dump that another thread wrote: the last one listed
+    (faulthandler lists the threads from the newest to the oldest)."""
+    blocks = [b for b in dump.split("\n\n")
+              if b.strip() and not b.lstrip().startswith("Current thread")]
+    return blocks[-1] if blocks else ""
 
 
 def _top_frame(block: str, test_path: str) -> str:
