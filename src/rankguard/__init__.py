@@ -14,6 +14,11 @@ In a server: :class:`Pool` runs each request on a group of rank processes; a fau
 request only, and the pool heals itself from warm spares (see ``rankguard.serving``).
 
 Importing rankguard does not import torch. Errors: see ``rankguard.errors``.
+
+PYTEST_DONT_REWRITE: pytest marks this package for assertion rewriting as the home of a plugin,
+and warns when it was imported before pytest (by ``rankguard run``'s bootstrap, in every rank of
+``rankguard run ... -m pytest``), which ``-W error`` turns into an error at start; its asserts
+are not a test's.
 """
 
 from .errors import (

@@ -119,6 +119,11 @@ REFORM_MARGIN_S = 1.0
 """Under a launcher, re-forming the process group after a failed test must end this long before
 the test's deadline (at most a quarter of the time left), so the test fails with its own report."""
 
+SESSION_END_NOTICE_S = 2.0
+"""Under a launcher, a rank that reached its session's end takes up to this long (a few store
+operations) to tell a peer that may re-form the group after a failure that it is in session
+teardown, before its end-of-session barrier."""
+
 RELEASE_GRACE_S = 2.0
 """When a test's deadline passed, its processes get this long between SIGTERM and SIGKILL."""
 

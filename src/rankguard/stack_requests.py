@@ -1,6 +1,6 @@
-"""Asking processes for their Python stacks: SIGUSR1 to a process whose faulthandler is
-registered on it (rankguard's rank runtime, or the pytest plugin and the children it forks),
-then waiting for the dump to land in its file.
+"""Asking processes for their Python stacks: a signal to a process whose faulthandler is
+registered on it (SIGUSR1 for rankguard's rank runtime, ``testing.processes.STACK_SIGNAL`` for
+the pytest process and the children it forks), then waiting for the dump to land in its file.
 
 Used by the launcher's escalation ladder and by the plugin's watchdog. Bounded: a process that
 does not answer within the budget (busy in C without releasing the GIL, or gone) is given up on.
@@ -27,11 +27,14 @@ def file_size(path: str) -> int:
         return 0
 
 
-def request(pid: int) -> bool:
-    """Send the request to ``pid``'s main thread (a stopped process dumps before running any
-    further code), continuing it if it is stopped; False if it is gone."""
+RANK_SIGNAL = signal.SIGUSR1  # the rank runtime's (``runtime.stacks``): the launcher's contract
+
+
+def request(pid: int, sig: int = RANK_SIGNAL) -> bool:
+    """Send the request ``sig`` to ``pid``'s main thread (a stopped process dumps before running
+    any further code), continuing it if it is stopped; False if it is gone."""
     try:
-        proctree.signal_main_thread(pid, signal.SIGUSR1)
+        proctree.signal_main_thread(pid, sig)
         os.kill(pid, signal.SIGCONT)
     except OSError:
         return False
@@ -60,12 +63,13 @@ def await_dumps(files: Mapping[Hashable, Iterable[str]], before: Mapping[str, in
 
 
 def ask(targets: Mapping[Hashable, tuple[int, Sequence[str]]], budget: float,
-        gone: Callable[[Hashable], bool] = lambda key: False) -> dict[Hashable, str]:
-    """Ask each target (key -> its pid and the files it dumps into) for its stacks, at once,
-    and wait for the dumps as :func:`await_dumps` does; key -> the text its files gained, for
-    the targets that answered within ``budget`` seconds."""
+        gone: Callable[[Hashable], bool] = lambda key: False,
+        sig: int = RANK_SIGNAL) -> dict[Hashable, str]:
+    """Ask each target (key -> its pid and the files it dumps into) for its stacks with
+    ``sig``, at once, and wait for the dumps as :func:`await_dumps` does; key -> the text its
+    files gained, for the targets that answered within ``budget`` seconds."""
     before = {path: file_size(path) for _, paths in targets.values() for path in paths}
-    asked = {key: paths for key, (pid, paths) in targets.items() if request(pid)}
+    asked = {key: paths for key, (pid, paths) in targets.items() if request(pid, sig)}
     await_dumps(asked, before, Deadline.after(budget), gone)
     dumps = {}
     for key, paths in asked.items():

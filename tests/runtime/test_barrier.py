@@ -168,3 +168,21 @@ def test_values_another_client_writes_neither_release_nor_complete_the_barrier(
             assert arrival.returned_at >= ranks.limit.at, (rank, arrival)
     if forge is not _forge_count:
         assert sealed.dropped() > dropped  # the forged value was read, and dropped
+
+
+@pytest.mark.parametrize("first", ["the one that arrives", "the ones that meet"])
+def test_a_rank_that_only_arrives_completes_the_meeting_with_its_payload_and_returns_at_once(
+        clients: Callable[[], Any], first: str) -> None:
+    ranks = Ranks(clients, 3, Deadline.after(LONG_S))
+    if first == "the ones that meet":
+        ranks.arrive(0, 1)
+        ranks.arrived(0, 1)
+    started = time.monotonic()
+    barrier.arrive(clients(), NAME, 2, 3, Deadline.after(LONG_S), payload="at the end")
+    assert time.monotonic() - started < AFTER_DEADLINE_S  # it did not wait for the others
+    if first == "the one that arrives":
+        ranks.arrive(0, 1)
+    for rank, arrival in ranks.results().items():
+        assert arrival.meeting is not None and arrival.meeting.complete, (rank, arrival)
+        assert arrival.meeting.arrived[2] == "at the end"
+        assert arrival.returned_at < ranks.limit.at - LONG_S / 2  # released, not timed out

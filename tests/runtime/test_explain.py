@@ -119,3 +119,22 @@ def test_a_long_gloo_message_is_cut_to_its_first_line() -> None:
     error = explain(WORLD, 2, "broadcast", 0.5, AHEAD, RuntimeError(text), {}, None)
     assert "x" * 157 + "..." in str(error) and "second line" not in str(error)
     assert "third_party" not in str(error)
+
+
+DEADLINE_FIGURES = {  # case: (seconds left of the 30 s deadline when it began, waited, says)
+    "the operation began with the deadline's whole budget": (30.0, 30.0,
+                                                            "passed its deadline of 30 s after "
+                                                            "30.00 s"),
+    "the deadline was made before the operation began (a test's, an enclosing block's)":
+        (8.0, 8.0, "passed its deadline (8.00 s away when it began) after 8.00 s"),
+}
+
+
+@pytest.mark.parametrize(("left", "waited", "says"), DEADLINE_FIGURES.values(),
+                         ids=DEADLINE_FIGURES.keys())
+def test_a_timeout_names_the_time_the_operation_had_not_a_budget_it_never_had(
+        left: float, waited: float, says: str) -> None:
+    error = explain(WORLD, 58, "all_reduce", waited, PASSED, None, {1: at(58), 2: at(58),
+                                                                    3: at(58)},
+                    None, left_at_start=left)
+    assert says in str(error), str(error)

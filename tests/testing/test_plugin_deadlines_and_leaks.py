@@ -7,6 +7,7 @@ every process the inner session started), and the good test after it still runs 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -310,3 +311,131 @@ def test_uses_a_spawn_pool():
     session = run(tmp_path, body)
     assert session.result("test_uses_a_spawn_pool") == "passed", session.output
     assert session.code == 0
+
+
+TEARDOWN_RAISES = '''
+import multiprocessing as mp
+import os
+import subprocess
+import time
+import pytest
+
+def forever():
+    time.sleep(600)
+
+@pytest.fixture
+def breaks_on_teardown():
+    yield
+    raise RuntimeError("the fixture's teardown breaks")
+
+def test_starts_children_then_a_teardown_raises(breaks_on_teardown):
+    sleeper = subprocess.Popen(["sleep", "600"])
+    child = mp.get_context("fork").Process(target=forever)  # joined by multiprocessing at exit
+    child.start()
+    with open(os.path.join(os.path.dirname(__file__), "pids"), "w") as f:
+        f.write(f"{sleeper.pid} {child.pid}")
+''' + GOOD
+
+
+def test_the_leak_check_runs_and_kills_when_a_fixtures_teardown_raises(tmp_path: Path) -> None:
+    session = run(tmp_path, TEARDOWN_RAISES)
+    pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
+    name = "test_starts_children_then_a_teardown_raises"
+    assert session.result(name) == "error", session.output  # the call passed, the teardown not
+    text = session.text(name)
+    assert "the fixture's teardown breaks" in text, text  # the teardown's own error is kept
+    assert "left 2 process(es) running (now killed)" in text, text
+    assert "sleep 600" in text and f"pid {pids[1]} " in text, text
+    assert not any(proctree.alive(pid) for pid in pids)
+    assert session.result("test_good_after") == "passed"
+    assert session.code == 1 and session.wall_s < DEADLINE + 15  # no hang at exit either
+
+
+SIGUSR_LEFT_TO_THE_TESTS = '''
+import multiprocessing as mp
+import os
+import signal
+import time
+
+def test_sigusr1_and_sigusr2_keep_their_default_action_here_and_in_a_forked_child():
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        assert signal.getsignal(sig) == signal.SIG_DFL, sig
+        child = mp.get_context("fork").Process(target=time.sleep, args=(600,))
+        child.start()
+        os.kill(child.pid, sig)
+        child.join(2)  # within the test's deadline
+        if child.exitcode is None:
+            child.kill()
+            child.join(10)
+        assert child.exitcode == -sig, (sig, child.exitcode)
+'''
+
+
+def test_the_plugin_leaves_sigusr1_and_sigusr2_to_the_test_and_its_forked_children(
+        tmp_path: Path) -> None:
+    session = run(tmp_path, SIGUSR_LEFT_TO_THE_TESTS)
+    assert session.code == 0, session.output
+
+
+OWN_SIGUSR2_HANDLER = '''
+import signal
+import time
+
+def test_owns_sigusr2_then_sleeps():
+    signal.signal(signal.SIGUSR2, lambda signum, frame: None)
+    time.sleep(1000)
+''' + GOOD
+
+
+def test_a_test_with_its_own_sigusr2_handler_that_hangs_is_reported_in_its_sleep(
+        tmp_path: Path) -> None:
+    session = run(tmp_path, OWN_SIGUSR2_HANDLER)
+    assert session.result("test_owns_sigusr2_then_sleeps") == "failed", session.output
+    text = session.text("test_owns_sigusr2_then_sleeps")
+    assert "deadline of 3 s passed during the call" in text, text
+    assert "main thread at" in text and "test_bad.py:7 in test_owns_sigusr2_then_sleeps" in text
+    assert "stuck inside C code" not in session.output
+    assert session.result("test_good_after") == "passed"
+    assert session.code == 1 and session.wall_s < DEADLINE + 15
+
+
+TORCH_MULTIPROCESS_CASE = '''
+import time
+
+import torch
+import torch.distributed as dist
+from torch.testing._internal.common_distributed import MultiProcessTestCase
+
+
+class TestTorchStyle(MultiProcessTestCase):
+    @property
+    def world_size(self):
+        return 2
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def test_rank1_hangs(self):
+        dist.init_process_group("gloo", init_method=f"file://{self.file_name}",
+                                rank=self.rank, world_size=self.world_size)
+        if self.rank == 1:
+            time.sleep(600)
+        dist.all_reduce(torch.ones(1))
+'''
+
+
+@pytest.mark.slow  # two spawned ranks import torch (slow under load), then a 20 s deadline
+def test_a_hung_torch_multiprocess_test_case_names_its_ranks_with_their_python_stacks(
+        tmp_path: Path) -> None:
+    session = run_suite(tmp_path, {"test_torch_style.py": TORCH_MULTIPROCESS_CASE},
+                        ["--rankguard-deadline", "20"], timeout=120)
+    text = session.text("test_rank1_hangs")
+    assert session.result("test_rank1_hangs") == "failed", session.output
+    assert "deadline of 20 s passed during the call" in text, text
+    path = tmp_path / "test_torch_style.py"
+    assert re.search(rf"stuck: rank 0: pid \d+ .*\n.* main thread at .* in all_reduce, called "
+                     rf"from {re.escape(str(path))}:23 in test_rank1_hangs", text), text
+    assert re.search(rf"stuck: rank 1: pid \d+ .*\n.* main thread at {re.escape(str(path))}:22 "
+                     rf"in test_rank1_hangs", text), text
+    assert session.code == 1 and session.wall_s < 90

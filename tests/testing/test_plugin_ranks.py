@@ -154,3 +154,24 @@ def test_rank0_is_killed():
         assert session.result(test) == "failed", session.output
         assert text.startswith(head), text
         assert "stuck" not in text and "(gone)" not in text, text
+
+
+@pytest.mark.slow  # a pool of two ranks and a 6 s deadline
+def test_a_collective_that_times_out_in_a_ranks_test_says_how_long_it_really_had(
+        tmp_path: Path) -> None:
+    body = HEADER + '''
+@pytest.mark.ranks(2)
+@pytest.mark.deadline(6)
+def test_rank1_never_joins():
+    time.sleep(1)  # the test's deadline began before the collective
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1))
+''' + GOOD
+    session = run_suite(tmp_path, {"test_dist.py": body}, [], timeout=120)
+    text = session.text("test_rank1_never_joins")
+    found = re.search(r"all_reduce #1 on group 'world' passed its deadline \(([\d.]+) s away "
+                      r"when it began\) after ([\d.]+) s", text)
+    assert found, text
+    had, waited = map(float, found.groups())
+    assert had < 6 - 1 and abs(waited - had) < 0.5, text  # what it had, and waited it out
+    assert session.result("test_good_after") == "passed"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -139,3 +141,55 @@ def test_under_a_launcher_a_rank_that_fails_first_releases_its_peers_and_the_gro
     assert "rankguard: the other ranks had passed this test when the process group was " \
            "re-formed after a failure; all resume at test_suite.py::test_last" in logs[1]
     assert run.wall_s < 40  # released at once, not at the 60 s test deadline
+
+
+def test_a_session_with_warnings_as_errors_starts_when_rankguard_was_imported_before_pytest(
+        tmp_path: Path) -> None:
+    # as under the launcher's bootstrap: pytest marks the plugin's package for assertion
+    # rewriting, and warned (an error here) that the imported one could not be rewritten
+    (tmp_path / "test_x.py").write_text("def test_x():\n    assert True\n")
+    done = subprocess.run(
+        [sys.executable, "-c", "import rankguard, sys, pytest; sys.exit(pytest.main())",
+         "-q", "-p", "no:cacheprovider", "-W", "error", "--rootdir", str(tmp_path),
+         str(tmp_path)], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.slow  # two ranks under the launcher (3 s idle)
+def test_under_rankguard_run_a_session_with_warnings_as_errors_runs(
+        run_rankguard, tmp_path: Path) -> None:
+    run = every_rank_runs(run_rankguard, tmp_path, RANK_SUITE.split("def test_rank1")[0], [],
+                          ["-W", "error"])
+    assert run.code == 0, run.stdout + run.stderr
+    assert "[rank0]:1 passed" in run.stdout + run.stderr
+
+
+ONE_COLLECTIVE_MORE = '''
+import torch
+import torch.distributed as dist
+
+def test_rank0_runs_one_collective_more():
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1))  # rank 1 never joins it: it goes on, to the session end
+
+def test_last():
+    pass
+'''
+
+
+@pytest.mark.slow  # one test deadline (5 s) and two ranks
+def test_a_rank_in_session_teardown_is_named_so_and_costs_one_test_deadline_not_two(
+        run_rankguard, tmp_path: Path) -> None:
+    deadline = 5
+    run = every_rank_runs(run_rankguard, tmp_path, ONE_COLLECTIVE_MORE, ["--hang-timeout", "60"],
+                          ["-rA", "--durations=0", "--durations-min=0", "--rankguard-deadline",
+                           str(deadline), "-o", "rankguard_shutdown_timeout=40"])
+    logs = {rank: (run.log_dir / "attempt0" / f"rank{rank}.log").read_text() for rank in (0, 1)}
+    assert outcome(logs[1], "test_rank0_runs_one_collective_more") == "PASSED", logs[1][-3000:]
+    assert outcome(logs[0], "test_rank0_runs_one_collective_more") == "FAILED", logs[0][-3000:]
+    assert "deadline of 5 s passed during the call" in logs[0]
+    assert re.search(r"SKIPPED \[1\] \S+: rankguard: rank 1 had finished its tests \(it is in "
+                     r"session teardown\)", logs[0]), logs[0][-3000:]
+    # the setup of the test after the failure did not wait for rank 1 (it waited a deadline)
+    setup = re.search(r"^([\d.]+)s setup +\S*test_suite\.py::test_last$", logs[0], re.M)
+    assert setup and float(setup.group(1)) < deadline / 2, logs[0][-3000:]

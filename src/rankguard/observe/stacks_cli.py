@@ -9,7 +9,6 @@ Exit codes: 0 stacks shown; 1 no rank answered; 2 bad usage or no such run.
 
 from __future__ import annotations
 
-import signal
 
 from .. import proctree, stack_groups, stack_requests
 from ..options import Parser
@@ -35,7 +34,7 @@ def main(argv: list[str]) -> int:
     live = [r for r in run.ranks if r.alive]
     if live:
         # only ranks whose runtime catches the request: a rank still starting would die of it
-        ready = [r for r in live if proctree.catches(r.pid, signal.SIGUSR1)]
+        ready = [r for r in live if proctree.catches(r.pid, stack_requests.RANK_SIGNAL)]
         dumps = stack_requests.ask({r.rank: (r.pid, [r.stacks]) for r in ready}, budget)
         where = f"now, {len(dumps)} of {len(live)} live rank(s) answered"
         if len(ready) < len(live):

@@ -92,12 +92,9 @@ def meet(client: Any, name: str, rank: int, size: int, limit: Deadline,
     client.set_timeout(_time_left(limit, STORE_OP_MIN_S))
     keys = [arrival_key(name, r) for r in range(size)]
     released = f"{name}/released"
-    client.set(keys[rank], sealed.seal(keys[rank], payload))
-    if client.add(f"{name}/count", 1) >= size:
-        arrived = _authentic(client, keys)
-        if len(arrived) == size:
-            client.set(released, sealed.seal(released, "released"))
-            return Meeting(size, arrived)
+    arrived = _arrive(client, name, keys, rank, payload)
+    if arrived is not None:
+        return Meeting(size, arrived)
     while _wait(client, released, limit):
         if sealed.unseal(released, client.get(released)) is not None:
             break  # the releaser read every arrival
@@ -106,6 +103,34 @@ def meet(client: Any, name: str, rank: int, size: int, limit: Deadline,
         if len(arrived) == size:
             return Meeting(size, arrived)
     return Meeting(size, _authentic(client, keys))
+
+
+def arrive(client: Any, name: str, rank: int, size: int, limit: Deadline,
+           payload: str = _ARRIVED) -> None:
+    """Arrive at the barrier ``name`` as ``rank`` of ``size`` without waiting for the others
+    (steps 1 and 2 of :func:`meet`): the ranks that meet there see this rank come with
+    ``payload``. Each store operation has the time left before ``limit``, at least
+    ``STORE_OP_MIN_S``.
+
+    Raises:
+        RuntimeError: torch's, when the store fails.
+    """
+    client.set_timeout(_time_left(limit, STORE_OP_MIN_S))
+    _arrive(client, name, [arrival_key(name, r) for r in range(size)], rank, payload)
+
+
+def _arrive(client: Any, name: str, keys: list[str], rank: int, payload: str
+            ) -> dict[int, str] | None:
+    """Write this rank's arrival; release the barrier if it completes it. Returns every
+    rank's payload when it did, else None."""
+    client.set(keys[rank], sealed.seal(keys[rank], payload))
+    if client.add(f"{name}/count", 1) >= len(keys):
+        arrived = _authentic(client, keys)
+        if len(arrived) == len(keys):
+            released = f"{name}/released"
+            client.set(released, sealed.seal(released, "released"))
+            return arrived
+    return None
 
 
 def _wait(client: Any, key: str, limit: Deadline) -> bool:

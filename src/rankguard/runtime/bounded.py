@@ -57,21 +57,26 @@ def retire_and_explain(record: GroupRecord, entry: int, op: str, started: float,
     answers = groups.tell_peers(record, {"by": record.rank, "op": op, "seq": seq})
     asker = current().asker
     unasked = asker.last_problem if asker is not None and not answers else ""
-    failure = explain(record, entry, op, waited, limit, error, answers, reported, unasked)
+    failure = explain(record, entry, op, waited, limit, error, answers, reported, unasked,
+                      left_at_start=None if limit is None else limit.at - started)
     current().last_failure = failure
     return failure
 
 
 def explain(record: GroupRecord, entry: int, op: str, waited: float, limit: Deadline | None,
             error: BaseException | None, answers: dict[int, dict[str, Any] | None],
-            reported: dict[str, Any] | None = None, unasked: str = "") -> CollectiveError:
+            reported: dict[str, Any] | None = None, unasked: str = "", *,
+            left_at_start: float | None = None) -> CollectiveError:
     """The error for the group's failed operation number ``entry`` (``op``), which waited
     ``waited`` seconds: a :class:`CollectiveTimeout` when it passed ``limit`` (or gloo says it
     timed out), else a :class:`PeerFailed`. It names the peers that had not arrived, from their
     ``answers`` to this rank's probe (peer -> its progress, None: no answer; empty: the peers
     could not be asked). ``error``: gloo's; ``reported``: the notice that told this rank of the
     failure (a peer's, or the supervisor's); ``unasked``: why the peers could not be asked,
-    said in the error ("": they could, or there was no one to ask)."""
+    said in the error ("": they could, or there was no one to ask). ``left_at_start``: the
+    seconds ``limit`` had left when the operation began (None: its whole budget); a deadline
+    made before the operation (a test's, an enclosing block's) is named by that figure, not by
+    its budget, which the operation never had."""
     seq = _ledger.seq_of(entry, record.is_world)
     missing, states = [], {}
     for peer in record.peers if answers else []:
@@ -95,8 +100,7 @@ def explain(record: GroupRecord, entry: int, op: str, waited: float, limit: Dead
     elif reported is not None:
         kind, cause = PeerFailed, f"was abandoned: {groups.notice_text(reported)}"
     elif timed_out:
-        budget = f" of {limit.seconds:.3g} s" if limit is not None else ""
-        kind, cause = CollectiveTimeout, f"passed its deadline{budget}"
+        kind, cause = CollectiveTimeout, f"passed its deadline{_budget(limit, left_at_start)}"
     else:
         first = text.splitlines()[0] if text else "the supervisor reported a failed peer"
         kind, cause = PeerFailed, f"failed because a peer failed ({_short(first)})"
@@ -104,6 +108,19 @@ def explain(record: GroupRecord, entry: int, op: str, waited: float, limit: Dead
         cause += f" (the peers could not be asked where they were: {unasked})"
     return kind(cause, op=op, seq=seq, group=record.name, rank=record.rank,
                 missing=missing, waited=waited, peers=states)
+
+
+_SAME_START_S = 0.1  # a deadline made this close before the operation began is its own
+
+
+def _budget(limit: Deadline | None, left_at_start: float | None) -> str:
+    """`` of 30 s`` (the operation had the deadline's whole budget), `` (5.60 s away when it
+    began)``, or nothing (no deadline of ours)."""
+    if limit is None:
+        return ""
+    if left_at_start is None or left_at_start >= limit.seconds - _SAME_START_S:
+        return f" of {limit.seconds:.3g} s"
+    return f" ({max(left_at_start, 0.0):.2f} s away when it began)"
 
 
 def take_supervisor_notice(record: GroupRecord) -> None:

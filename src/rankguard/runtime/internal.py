@@ -22,7 +22,7 @@ from .generations import Generation
 from .shutdown import ShutdownReport
 from .state import GroupRecord, current
 
-__all__ = ["Generation", "ShutdownReport", "abandon_world", "blame", "meet", "next_generation",
+__all__ = ["Generation", "ShutdownReport", "abandon_world", "arrive", "blame", "meet", "next_generation",
            "regroup", "retire_all", "shutdown", "until", "world", "world_retired"]
 
 
@@ -95,3 +95,19 @@ def meet(name: str, limit: Deadline, payload: str = "arrived") -> barrier.Meetin
     return generations.with_store_client(
         limit, f"the barrier {name}",
         lambda client: barrier.meet(client, name, rank, size, limit, payload))
+
+
+def arrive(name: str, limit: Deadline, payload: str) -> None:
+    """Arrive at the store barrier ``name`` of the default group with ``payload`` without
+    waiting for the others (they may never hold it: the store keeps the arrival); see
+    ``barrier.arrive``. Returns by ``limit`` plus half a second.
+
+    Raises:
+        RuntimeError: torch's, when the store fails; ``StoreStalled`` when it does not answer.
+    """
+    import torch.distributed as dist
+
+    rank, size = dist.get_rank(), dist.get_world_size()
+    generations.with_store_client(
+        limit, f"the barrier {name}",
+        lambda client: barrier.arrive(client, name, rank, size, limit, payload))

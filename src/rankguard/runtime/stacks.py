@@ -18,13 +18,12 @@ import atexit
 import faulthandler
 import os
 import re
-import signal
 from typing import IO
 
-from .. import private_files
+from .. import private_files, stack_requests
 from ..errors import UsageError
 
-STACK_SIGNAL = signal.SIGUSR1
+STACK_SIGNAL = stack_requests.RANK_SIGNAL
 PATH_ENV = "RANKGUARD_STACKS"
 _DEFAULT_NAME = re.compile(r"stacks-(\d+)\.txt")
 

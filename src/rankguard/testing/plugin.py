@@ -24,12 +24,17 @@ and the end of the session is a bounded barrier that names a missing rank (see `
 
 **No leaked processes** (``rankguard_leaks = fail | warn | ignore``, ``--rankguard-leaks``;
 default ``fail``). Every process a test started, however, and that is still alive when its
-teardown ends is reported with its command line and killed; ``fail`` makes the teardown fail
-(see ``leaks``).
+teardown ends is reported with its command line and killed, whatever the teardown raised;
+``fail`` makes the teardown fail, or adds the report to the error it raised (see ``leaks``).
+
+**Signals**: the plugin takes two real-time signals of the pytest process, its stack request
+(``processes.STACK_SIGNAL``) and the watchdog's interruption (``watchdog.INTERRUPT_SIGNAL``);
+SIGUSR1 and SIGUSR2 are left to the tests.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import pickle
 import signal
@@ -45,7 +50,6 @@ from .. import proctree
 from ..deadline import Deadline, check_seconds
 from ..errors import UsageError
 from ..options import number
-from ..runtime import stacks as rank_stacks
 from . import abort, leaks, processes
 from . import session as rank_session
 from .report import RanksFailed, compose
@@ -174,21 +178,17 @@ class _Guard:
         self.pools: dict[int, WarmRanks] = {}
 
     def _answer_stack_requests(self) -> str | None:
-        """Register faulthandler on SIGUSR1 in this process, so that children forked from it
-        answer stack requests too (into this file), unless SIGUSR1 is already taken (by the
-        program, or by the rank runtime, whose own file is then used)."""
-        if signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, None):
+        """Register faulthandler on ``processes.STACK_SIGNAL`` in this process, so that the
+        children forked from it answer stack requests (into this file), unless the program
+        already handles that signal."""
+        if signal.getsignal(processes.STACK_SIGNAL) not in (signal.SIG_DFL, None):
             return None
-        own = rank_stacks.installed_path()
-        if own is not None:
-            return own
-        import faulthandler
-
         _sweep_stacks_files()
         fd, path = tempfile.mkstemp(prefix=f"{_STACKS_PREFIX}{os.getpid()}-", suffix=".stacks")
         os.close(fd)
         self._stacks = open(path, "a")  # noqa: SIM115 (lives as long as the session)
-        faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True, chain=False)
+        faulthandler.register(processes.STACK_SIGNAL, file=self._stacks, all_threads=True,
+                              chain=False)
         return path
 
     # -- one test ----------------------------------------------------------------------------
@@ -239,7 +239,7 @@ class _Guard:
         if when != "teardown":
             deadline = item.stash[_DEADLINE]
         return Phase(item.nodeid, when, deadline, item.stash[_TAG], str(item.path),
-                     item.stash[_KNOWN])
+                     item.stash[_KNOWN], getattr(item, "instance", None))
 
     def _guarded(self, item: pytest.Item, when: str) -> Generator[None]:
         phase = self._phase(item, when)
@@ -271,16 +271,31 @@ class _Guard:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_teardown(self, item: pytest.Item, nextitem: Any) -> Generator[None]:
-        result = yield from self._guarded(item, "teardown")
-        if self.leaks != "ignore":
-            described = leaks.collect(item.stash[_TAG], item.stash[_KNOWN] | self.known,
-                                      self.tracking)
-            if described:
-                error = leaks.LeakedProcesses(item.nodeid, described)
-                if self.leaks == "fail":
-                    raise error
-                warnings.warn(str(error), pytest.PytestWarning, stacklevel=1)
+        try:
+            result = yield from self._guarded(item, "teardown")
+        except BaseException as raised:  # a fixture's, pytest-timeout's Failed, our deadline
+            self._check_leaks(item, raised)
+            raise
+        self._check_leaks(item, None)
         return result
+
+    def _check_leaks(self, item: pytest.Item, raised: BaseException | None) -> None:
+        """Kill what the test left running, whatever its teardown did; report it by the
+        ``leaks`` mode: as the teardown's error, a note on the error the teardown ``raised``
+        (that one stays the error), or a warning."""
+        if self.leaks == "ignore":
+            return
+        described = leaks.collect(item.stash[_TAG], item.stash[_KNOWN] | self.known,
+                                  self.tracking)
+        if not described:
+            return
+        error = leaks.LeakedProcesses(item.nodeid, described)
+        if self.leaks == "warn":
+            warnings.warn(str(error), pytest.PytestWarning, stacklevel=1)
+        elif raised is not None:  # BaseException.add_note, which Python 3.10 lacks
+            raised.__notes__ = [*getattr(raised, "__notes__", []), f"rankguard: {error}"]
+        else:
+            raise error
 
     # -- distributed tests --------------------------------------------------------------------
 
@@ -377,6 +392,7 @@ class _Guard:
     def _clean_up(self) -> None:
         self.tracking.close(kill=False)
         if self._stacks is not None:
+            faulthandler.unregister(processes.STACK_SIGNAL)  # before its fd can be reused
             self._stacks.close()
             os.unlink(self._stacks.name)
             self._stacks = None

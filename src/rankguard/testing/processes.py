@@ -6,12 +6,13 @@ daemon) plus the new ones the session's ``proctree.Tracking`` holds: every desce
 test process, and those that cleared their environment and detached (``setsid env -i``, a
 double fork), which stay in its cgroup, or in its tree as their subreaper.
 
-Stacks come from the process itself when it can answer: if it catches ``SIGUSR1`` (rankguard's
-runtime in a rank, or a child forked from the test process, which inherits the plugin's
-faulthandler registration), the signal goes to its main thread and the dump is read from the
-file it appends to. Any other process is described from /proc: state, where the kernel has it
-waiting, command line. A signal is never sent to a process that does not catch it (the default
-action of SIGUSR1 would kill it).
+Stacks come from the process itself when it can answer, asked with a signal to its main thread,
+the dump read from the file it appends to: a child forked from the test process inherits the
+plugin's faulthandler registration on ``STACK_SIGNAL`` (a real-time signal, so that SIGUSR1 and
+SIGUSR2 stay the tests' own: a forked child still dies of them); a process of rankguard's
+runtime (a rank) answers ``SIGUSR1`` into its own file. Any other process is described from
+/proc: state, where the kernel has it waiting, command line. A signal is never sent to a process
+that does not catch it (the default action of either would kill it).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from .. import proctree, stack_requests
 from ..runtime import stacks
 
 TAG = "RANKGUARD_PYTEST_TAG"
+# The pytest process's own stack request; a real-time signal nothing else is likely to own
+# (threading libraries take the lowest ones, from SIGRTMIN up).
+STACK_SIGNAL = signal.SIGRTMAX - 2
 _DUMP_BUDGET_S = 0.5
 
 
@@ -48,18 +52,6 @@ def is_shared_helper(pid: int) -> bool:
         return False
 
 
-def catches(pid: int, sig: int) -> bool:
-    """Whether ``pid`` has a handler for ``sig`` (SigCgt in /proc)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("SigCgt:"):
-                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
-    except OSError:
-        pass
-    return False
-
-
 def own_stacks_file(pid: int) -> str:
     """Where rankguard's runtime in process ``pid`` writes its stacks (see
     ``runtime.stacks.path_for``)."""
@@ -70,11 +62,17 @@ def own_stacks_file(pid: int) -> str:
     return stacks.path_for(pid, environ)
 
 
-def ask_stacks(pid: int, files: list[str]) -> str | None:
-    """The stacks ``pid`` dumps on SIGUSR1 into one of ``files``, or None if it cannot answer.
+def ask_stacks(pid: int, plugin_file: str | None) -> str | None:
+    """The stacks of ``pid``: dumped on ``STACK_SIGNAL`` into ``plugin_file`` (the pytest
+    process's, inherited by a forked child), else on the runtime's SIGUSR1 into its own file;
+    None if it catches neither, or did not answer.
 
     Bounded by ``_DUMP_BUDGET_S``. A stopped process is continued so it can answer.
     """
-    if not catches(pid, signal.SIGUSR1):
+    if plugin_file is not None and proctree.catches(pid, STACK_SIGNAL):
+        sig, files = STACK_SIGNAL, [plugin_file]
+    elif proctree.catches(pid, stack_requests.RANK_SIGNAL):
+        sig, files = stack_requests.RANK_SIGNAL, [own_stacks_file(pid)]
+    else:
         return None
-    return stack_requests.ask({pid: (pid, files)}, _DUMP_BUDGET_S).get(pid)
+    return stack_requests.ask({pid: (pid, files)}, _DUMP_BUDGET_S, sig=sig).get(pid)

@@ -10,6 +10,11 @@ test's collectives with the next one's.
 at the setup of its next test, each rank whose world group was retired posts where it is in the
 suite; the ranks resume together at the furthest test any of them reached (a rank behind skips
 the tests in between, saying why) and form a fresh generation there (``rankguard.regroup``).
+A rank that reached the end of its session posts that instead, before its end-of-session
+barrier (without waiting: no peer may be re-forming), so a peer re-forming is not kept waiting
+for it: the peer skips its remaining tests, saying that rank is in session teardown, and meets
+it at the barrier. A collective that only some ranks run (the others finished the suite) thus
+costs one test deadline, plus ``margins.SESSION_END_NOTICE_S`` at most.
 If a rank does not reach a test boundary within that test's deadline, re-forming is given up
 for the session: that setup fails naming the rank, and later collectives raise
 ``GroupRetired`` at once.
@@ -69,12 +74,15 @@ class EveryRank:
         self._order: dict[str, int] = {}
         self._resume_at: str | None = None
         self._gave_up: str | None = None
+        self._ended: list[int] = []  # peers found in session teardown when re-forming
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self._order = {item.nodeid: index for index, item in enumerate(session.items)}
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        if self._ended:
+            pytest.skip(self._ended_reason())
         if self._resume_at is not None:
             if item.nodeid != self._resume_at:
                 pytest.skip(f"rankguard: the other ranks had passed this test when the process "
@@ -95,12 +103,16 @@ class EveryRank:
 
     def _reform(self, item: pytest.Item) -> None:
         """Agree with every rank on the test to resume at; skip to it or regroup here."""
-        name = f"rankguard/pytest/reform{internal.next_generation()}/at"
         position = self._order.get(item.nodeid, -1)
-        meeting = internal.meet(name, self._until(item), str(position))  # positions are sealed
+        meeting = internal.meet(_reform_name(), self._until(item), str(position))  # sealed
+        ended = sorted(rank for rank, at in meeting.arrived.items() if at == _SESSION_END)
         if meeting.missing:
-            self._give_up(f"ranks {', '.join(map(str, meeting.missing))} did not reach a test "
-                          f"boundary in time")
+            also = f" ({_ranks(ended)} in session teardown)" if ended else ""
+            self._give_up(f"{_ranks(meeting.missing)} did not reach a test boundary in "
+                          f"time{also}")
+        if ended:
+            self._ended = ended
+            pytest.skip(self._ended_reason())
         furthest = max(int(at) for at in meeting.arrived.values())
         names = {index: nodeid for nodeid, index in self._order.items()}
         if furthest not in names:
@@ -110,6 +122,13 @@ class EveryRank:
             pytest.skip(f"rankguard: the other ranks had passed this test when the process "
                         f"group was re-formed after a failure; all resume at {names[furthest]}")
         self._regroup(item)
+
+    def _ended_reason(self) -> str:
+        one = len(self._ended) == 1
+        return (f"rankguard: {_ranks(self._ended)} had finished {'its' if one else 'their'} "
+                f"tests ({'it is' if one else 'they are'} in session teardown) when the process "
+                f"group was to be re-formed after a failure; the rest of this rank's tests are "
+                f"skipped")
 
     def _regroup(self, item: pytest.Item) -> None:
         try:
@@ -132,6 +151,8 @@ class EveryRank:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if self._gave_up is None and not self._ended:
+            _announce_end()
         problem = finish(Deadline.after(self.shutdown_timeout))
         if problem is None:
             return
@@ -141,6 +162,31 @@ class EveryRank:
             reporter.write_line(f"rankguard: {problem}", red=True)
         if session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_SESSION_END = "end"  # the position a rank in session teardown brings to a re-forming
+
+
+def _reform_name() -> str:
+    """The store barrier of the next re-forming (every rank counts the same generations)."""
+    return f"rankguard/pytest/reform{internal.next_generation()}/at"
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
+def _announce_end() -> None:
+    """Arrive at the next re-forming as a rank in session teardown (see the module's
+    docstring); bounded by ``margins.SESSION_END_NOTICE_S``. A store that fails is left to the
+    end-of-session barrier to report."""
+    if internal.world() is None:
+        return
+    try:
+        internal.arrive(_reform_name(), Deadline.after(margins.SESSION_END_NOTICE_S),
+                        _SESSION_END)
+    except RuntimeError:  # StoreStalled is one
+        pass
 
 
 def abandon(nodeid: str) -> None:

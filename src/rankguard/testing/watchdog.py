@@ -11,7 +11,10 @@ which never waits on anything the test holds:
    tears itself down and exits 0), ``margins.RELEASE_GRACE_S`` (waiting on pidfds), SIGKILL;
 3. interrupts the main thread with ``INTERRUPT_SIGNAL``, whose handler raises
    :class:`DeadlineExceeded` carrying the report: a Python-level wait (sleep, lock, queue, join,
-   a socket, a pipe) ends, the test fails with the report, and the session goes on;
+   a socket, a pipe) ends, the test fails with the report, and the session goes on. It is a
+   real-time signal, so that a test may own SIGUSR1 and SIGUSR2 (its own handler would have
+   taken the interruption); a forked child gets its default action back (the watchdog does not
+   run there);
 4. if the main thread does not come back within ``LAST_RESORT_S`` (stuck inside C code that
    never returns to Python), hands the report to ``last_words`` (the plugin reports the test as
    failed and finishes the session: the report reaches the terminal and the junit XML, see
@@ -43,14 +46,15 @@ from typing import Any, Callable, Iterator
 from .. import proctree
 from ..deadline import Deadline
 from ..margins import RELEASE_GRACE_S
-from . import processes
+from . import processes, torch_cases
 
-INTERRUPT_SIGNAL = signal.SIGUSR2
+INTERRUPT_SIGNAL = signal.SIGRTMAX - 1  # see processes.STACK_SIGNAL for the choice
 LAST_RESORT_S = 10.0
 LAST_WORDS_S = 10.0  # for the plugin's report of a session that must end (other plugins' hooks)
 EXIT_ABORTED = 2  # pytest's "interrupted"
 BACKSTOP_S = 5.0  # how late after a deadline the watchdog thread may take the expiry in hand
 _DUMPS_BUDGET_S = 10.0  # allowance for the stack dumps of an expiry, before its release
+_CASE_ANSWER_S = 1.0  # for a rank of a torch test case to answer (see torch_cases)
 _EXPIRY_S = _DUMPS_BUDGET_S + RELEASE_GRACE_S + LAST_RESORT_S + LAST_WORDS_S + BACKSTOP_S
 
 
@@ -69,13 +73,15 @@ class Phase:
     tag: str  # the environment tag of the test's processes
     path: str  # the test's file, to point at its own frame in the stacks
     known: set[int] = field(default_factory=set)  # processes that are not the test's
+    case: Any = None  # the test's instance (a unittest case), whose ranks it may know
 
 
 class Watchdog:
     """Enforces the deadline of the armed phase; one per test process.
 
     Args:
-        stacks_file: where children forked from this process dump their stacks on SIGUSR1.
+        stacks_file: where children forked from this process dump their stacks on
+            ``processes.STACK_SIGNAL``.
         tracking: holds the processes the tests start (see ``proctree.Tracking``).
         last_words: ``(phase, report, why) -> reported``, called (from another thread, for at
             most ``LAST_WORDS_S``) before the process ends because the main thread is stuck in
@@ -104,6 +110,7 @@ class Watchdog:
     def install(self) -> None:
         """Install the interrupt handler (main thread) and start the watchdog thread."""
         self._previous = signal.signal(INTERRUPT_SIGNAL, self._interrupt)
+        _restore_in_forked_children()
         if self._backstop:
             self._terminal = os.dup(2)
         self._thread = threading.Thread(target=self._run, name="rankguard-watchdog",
@@ -201,18 +208,23 @@ class Watchdog:
         details = [f"--- test process (pid {os.getpid()}), all threads but the watchdog's:\n"
                    + own]
         pids = self._processes_of(phase)
+        named = torch_cases.ranks(phase.case)
         for pid in pids:
-            files = [processes.own_stacks_file(pid)]
-            if self._stacks_file:
-                files.append(self._stacks_file)
-            text = processes.ask_stacks(pid, files)
+            text = processes.ask_stacks(pid, self._stacks_file)
+            main: str | None = None  # a signal's dump is written by the main thread
+            if text is None and pid in named:  # written by torch's listener thread
+                text = torch_cases.ask_stacks(phase.case, [pid],
+                                              Deadline.after(_CASE_ANSWER_S)).get(pid)
+                main = _main_thread_block(text or "")
             summary = proctree.describe(pid)
+            if pid in named:
+                summary = f"rank {named[pid]}: {summary}"
             if text:
-                current = _thread_block(text, None)
+                current = _thread_block(text, None) if main is None else main
                 lines.append(f"stuck: {summary}\n  main thread {_top_frame(current, phase.path)}")
                 details.append(f"--- {summary}\n{text}")
             else:
-                lines.append(f"stuck: {summary} (no Python stacks: it does not answer SIGUSR1)")
+                lines.append(f"stuck: {summary} (no Python stacks: it does not answer a stack request)")
         lines.append(self._release(pids))
         return "\n".join(lines + [""] + details)
 
@@ -262,6 +274,18 @@ class Watchdog:
             os._exit(EXIT_ABORTED)
 
 
+_at_fork_registered = False
+
+
+def _restore_in_forked_children() -> None:
+    """A child forked from this process takes ``INTERRUPT_SIGNAL``'s default action again."""
+    global _at_fork_registered
+    if not _at_fork_registered:
+        os.register_at_fork(after_in_child=lambda: signal.signal(INTERRUPT_SIGNAL,
+                                                                 signal.SIG_DFL))
+        _at_fork_registered = True
+
+
 def _own_stacks() -> str:
     """Every thread's stack in this process, but the calling (watchdog) thread's."""
     with tempfile.TemporaryFile("w+") as f:
@@ -280,6 +304,14 @@ def _thread_block(dump: str, ident: int | None) -> str:
                                                 block.split("\n", 1)[0]):
             return block
     return ""
+
+
+def _main_thread_block(dump: str) -> str:
+    """The main thread's block of a dump that another thread wrote: the last one listed
+    (faulthandler lists the threads from the newest to the oldest)."""
+    blocks = [b for b in dump.split("\n\n")
+              if b.strip() and not b.lstrip().startswith("Current thread")]
+    return blocks[-1] if blocks else ""
 
 
 def _top_frame(block: str, test_path: str) -> str:
