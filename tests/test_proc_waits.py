@@ -141,3 +141,38 @@ def test_a_gone_process_gives_no_sample(start) -> None:
     proc = start("pass")
     proc.wait(10)
     assert proc_waits.sample(proc.pid) is None
+
+
+def test_a_socket_to_another_machine_is_inside_the_job_only_where_its_root_is_connected():
+    """Two network namespaces: a server on node B; on node A, the job's root (the agent) holds
+    a connection to it (the job's store on another node) and a rank blocks reading its own
+    connection to the same endpoint. That is the job's store; without the root, a server
+    outside the job."""
+    from tests.launcher import netns
+
+    with netns.nodes(2) as (a, b):
+        where = f"('{b.address}', 29555)"
+        server = f"s = socket.create_server({where})\nconns = [s.accept()[0] for _ in range(2)]"
+        connect = f"c = socket.create_connection({where}, timeout=10)\nc.settimeout(None)"
+        procs = []
+        try:
+            for node, code in ((b, f"{server}\ntime.sleep(600)"),
+                               (a, f"{connect}\ntime.sleep(600)"),  # the root
+                               (a, f"{connect}\nc.recv(1)")):  # the rank
+                procs.append(subprocess.Popen(
+                    [*node.wrap(), sys.executable, "-c", f"import socket, time\n{code}"],
+                    start_new_session=True))
+                time.sleep(1.0 if node is b else 0.0)  # the server listens first
+            root, rank = procs[1], procs[2]
+            outside = settle(rank.pid, lambda s: s.main.call is Call.FDS)
+            assert outside.main.fds == (Fd.OUTSIDE,), outside.main
+            inside = settle(rank.pid, lambda s: s.main.call is Call.FDS, JobPeers((root.pid,)))
+            assert inside.main.fds == (Fd.JOB,), inside.main
+            assert f"{b.address}:29555 (the job's store)" in inside.main.what
+        finally:
+            for proc in procs:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait(5)

@@ -286,7 +286,7 @@ def _address(text: str, family: int) -> tuple[str, int]:
     return address, int(port, 16)
 
 
-_LISTEN = "0A"
+_ESTABLISHED, _LISTEN = "01", "0A"
 
 
 class _Resolver:
@@ -338,11 +338,26 @@ class _Resolver:
         if mirror is None:  # the peer is on another machine
             if remote[0] in self._peers.hosts:
                 return Fd.JOB, f"socket to {where} (a node of the job)"
+            if remote in self._roots_remotes():
+                return Fd.JOB, f"socket to {where} (the job's store)"
             return Fd.OUTSIDE, f"socket to {where}"
         kind, _ = self._by_owner(mirror, "socket")
         if kind is Fd.OWN:  # no process of the job holds the other end
             return Fd.OUTSIDE, f"socket to {where}"
         return kind, f"socket to {where}" + (" (its child)" if kind is Fd.CHILD else "")
+
+    def _roots_remotes(self) -> set[tuple[str, int]]:
+        """Where the job's roots themselves (the agent) are connected on other machines: the
+        job's store on another node (never a rank's connections: ranks that all download
+        from one server would make it look like the job's)."""
+        assert self._sockets is not None
+        found = set()
+        for root in self._peers.roots:
+            for link in _descriptors(root):
+                entry = self._sockets.get(int(link[8:-1])) if link.startswith("socket:") else None
+                if entry is not None and entry[2] == _ESTABLISHED:
+                    found.add(entry[1])
+        return found
 
     def _owners_of(self, target: str) -> set[int]:
         if self._owners is None:
@@ -404,8 +419,10 @@ def _thread(pid: int, tid: str, state: str, resolver: _Resolver, mem: _Mem,
         return ThreadWait(int(tid), state, call, (), ends_in, switches, what)
     if call in (Call.FDS, Call.EPOLL):
         placed = [resolver.place(fd) for fd in _waited_fds(pid, name, args, mem)]
-        worst = next((what for kind, what in placed if kind is Fd.CHILD), None) or next(
-            (what for kind, what in placed if kind in (Fd.OUTSIDE, Fd.UNKNOWN)), "")
+        worst = (next((what for kind, what in placed if kind is Fd.CHILD), None)
+                 or next((what for kind, what in placed if kind in (Fd.OUTSIDE, Fd.UNKNOWN)),
+                         None)
+                 or next((what for _, what in placed if what), ""))
         return ThreadWait(int(tid), state, call, tuple(kind for kind, _ in placed), ends_in,
                           switches, f"{name} on {worst}" if worst else name)
     return ThreadWait(int(tid), state, call, (), ends_in, switches, name)
