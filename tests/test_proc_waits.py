@@ -33,7 +33,11 @@ def start() -> Iterator[Callable[[str], subprocess.Popen]]:
         return proc
 
     yield run
-    for proc in started:
+    _kill(started)
+
+
+def _kill(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -170,9 +174,4 @@ def test_a_socket_to_another_machine_is_inside_the_job_only_where_its_root_is_co
             assert inside.main.fds == (Fd.JOB,), inside.main
             assert f"{b.address}:29555 (the job's store)" in inside.main.what
         finally:
-            for proc in procs:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait(5)
+            _kill(procs)
