@@ -69,6 +69,12 @@ CASES = {
         {1: FROZEN}),
     "a stopped absent rank is hung (stopped), however lately it progressed": Case(
         WAITS_FOR_1, T + HANG, [(True, (1,), (0,), "stopped", "all_reduce #10")], {1: STOPPED}),
+    "every rank waiting in the operation is named, one that entered it last included": Case(
+        {0: ledger(world(41, 40, t_enter=T, members=FOUR)),
+         1: ledger(replace(world(41, 40, t_enter=T + 2.0, members=FOUR), t_done=T + 1.9)),
+         2: ledger(world(40, members=FOUR)),
+         3: ledger(world(41, 40, t_enter=T, members=FOUR))},
+        T + HANG, [(True, (2,), (0, 1, 3), "no_progress", "all_reduce #40")], {2: FROZEN}),
     "nothing is judged before the waiters waited hang_timeout": Case(
         WAITS_FOR_1, T + HANG - 0.01, [], {1: STOPPED}),
     "a busy absent rank is a straggler, reported and not blamed (busy)": Case(
