@@ -52,6 +52,11 @@ CASES = {
         LOCK, Seen.FROZEN, cpu_share=BUSY_SHARE / 2),
     "idle children that the main thread does not wait on (data loader workers) are frozen": Case(
         LOCK, Seen.FROZEN, children=(200, 201)),
+    "a helper's timed poll of its children's pipes (DataLoader pin-memory) is no evidence": Case(
+        LOCK, Seen.FROZEN, (ThreadWait(104, "S", Call.FDS, (Fd.CHILD, Fd.CHILD), ends_in=5.0),),
+        children=(200, 201)),
+    "a helper blocked on a child's pipe without a timeout is outside": Case(
+        LOCK, Seen.OUTSIDE, (ThreadWait(104, "S", Call.FDS, (Fd.CHILD,)),), children=(200,)),
     "a helper polling with a timeout (a library's watchdog) is no evidence": Case(
         LOCK, Seen.FROZEN, (ThreadWait(104, "S", Call.SLEEP, ends_in=0.1),)),
     # stopped

@@ -17,8 +17,9 @@ decides, a pure function of two samples):
   or to a server that is not of the job, a file or a terminal), or in disk wait; or the main
   thread polls (short timed sleeps or lock waits, its context switches moving). A thread's wait
   counts when it is the main thread's, or when the main thread waits for another thread (a
-  lock, a join, a future), except the event loops of libraries (``epoll``), which wait on
-  everything all the time.
+  lock, a join, a future), except the loops of libraries: event loops (``epoll``), which wait
+  on everything all the time, and timed polls of children's pipes (DataLoader's pin-memory
+  thread).
 - **frozen**: none of these. The main thread is blocked on something inside the job (a store
   key, a peer rank's socket), or on nothing at all (a lock or condition no one signals, a plain
   sleep, the GIL held by a thread that makes no progress), and no CPU is used anywhere in the
@@ -78,7 +79,12 @@ def _waits_outside(thread: ThreadWait, main: bool) -> bool:
     if thread.state == "D" or thread.call in (Call.CHILD, Call.UNKNOWN):
         return thread.state == "D" or thread.call is Call.CHILD or main
     if thread.call is Call.FDS:
-        return bool(_OUTSIDE_FDS.intersection(thread.fds)) or (main and not thread.fds)
+        if main:
+            return bool(_OUTSIDE_FDS.intersection(thread.fds)) or not thread.fds
+        # a helper's timed poll of its children's pipes is a library's loop (DataLoader's
+        # pin-memory thread polls its workers every 5 s whether or not the rank waits on them)
+        kinds = {Fd.OUTSIDE, Fd.UNKNOWN} | ({Fd.CHILD} if thread.ends_in is None else set())
+        return bool(kinds.intersection(thread.fds))
     if thread.call is Call.EPOLL:  # a library's event loop, unless it is the main thread's
         return main and bool({Fd.CHILD, Fd.OUTSIDE}.intersection(thread.fds))
     return False
