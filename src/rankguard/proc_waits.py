@@ -292,12 +292,15 @@ _ESTABLISHED, _LISTEN = "01", "0A"
 class _Resolver:
     """Places a process's descriptors (see ``Fd``), with what it learns cached for one sample."""
 
-    def __init__(self, pid: int, descendants: Iterable[int], peers: JobPeers) -> None:
+    def __init__(self, pid: int, descendants: Iterable[int], peers: JobPeers,
+                 known: dict[str, tuple[Fd, str]]) -> None:
         self._pid = pid
         self._descendants = set(descendants)
         self._peers = peers
+        self._known = known
         self._sockets: dict[int, tuple[tuple[str, int], tuple[str, int], str]] | None = None
-        self._owners: dict[str, set[int]] | None = None
+        self._owners: dict[str, set[int]] | None = None  # in the job's trees
+        self._own: dict[str, set[int]] | None = None  # in the process's own tree
 
     def place(self, fd: int) -> tuple[Fd, str]:
         try:
@@ -305,22 +308,26 @@ class _Resolver:
         except OSError:
             return Fd.UNKNOWN, ""
         if target.startswith("pipe:"):
-            return self._by_owner(target, "pipe")
+            # a child's or not: whether another process of the job holds it changes nothing
+            # (inside the job either way), and finding out would list every rank's descriptors
+            return self._by_owner(target, "pipe", wide=False)
         if target.startswith("socket:"):
-            return self._socket(target)
+            if target not in self._known:  # a connection's peer never changes
+                self._known[target] = self._socket(target)
+            return self._known[target]
         if target.startswith("anon_inode:"):
             return Fd.OWN, target
         return Fd.OUTSIDE, target  # a file, a device, a terminal
 
-    def _by_owner(self, target: str, what: str) -> tuple[Fd, str]:
-        owners = self._owners_of(target) - {self._pid}
+    def _by_owner(self, target: str, what: str, wide: bool) -> tuple[Fd, str]:
+        owners = self._owners_of(target, wide) - {self._pid}
         children = owners & self._descendants
         if children:
             child = min(children)
             return Fd.CHILD, f"{what} from child {child} ({_comm(child)})"
         if owners:
             return Fd.JOB, f"{what} to the job's process {min(owners)}"
-        return Fd.OWN, f"its own {what}"
+        return Fd.OWN, f"its own {what}" if wide else what
 
     def _socket(self, target: str) -> tuple[Fd, str]:
         if self._sockets is None:
@@ -341,7 +348,7 @@ class _Resolver:
             if remote in self._roots_remotes():
                 return Fd.JOB, f"socket to {where} (the job's store)"
             return Fd.OUTSIDE, f"socket to {where}"
-        kind, _ = self._by_owner(mirror, "socket")
+        kind, _ = self._by_owner(mirror, "socket", wide=True)
         if kind is Fd.OWN:  # no process of the job holds the other end
             return Fd.OUTSIDE, f"socket to {where}"
         return kind, f"socket to {where}" + (" (its child)" if kind is Fd.CHILD else "")
@@ -359,16 +366,26 @@ class _Resolver:
                     found.add(entry[1])
         return found
 
-    def _owners_of(self, target: str) -> set[int]:
+    def _owners_of(self, target: str, wide: bool) -> set[int]:
+        """Who holds ``target``: in the process's own tree, or (``wide``) anywhere in the
+        job's too."""
+        if self._own is None:
+            self._own = _holders([self._pid, *self._descendants])
+        owners = self._own.get(target, set())
+        if owners - {self._pid} or not wide:
+            return owners
         if self._owners is None:
-            pids = {self._pid, *self._descendants}
-            for root in self._peers.roots:
-                pids.update(tree(root))
-            self._owners = {}
-            for pid in pids:
-                for link in _descriptors(pid):
-                    self._owners.setdefault(link, set()).add(pid)
-        return self._owners.get(target, set())
+            self._owners = _holders([pid for root in self._peers.roots for pid in tree(root)])
+        return owners | self._owners.get(target, set())
+
+
+def _holders(pids: list[int]) -> dict[str, set[int]]:
+    """Each pipe and socket of ``pids`` -> the pids that hold it."""
+    found: dict[str, set[int]] = {}
+    for pid in pids:
+        for link in _descriptors(pid):
+            found.setdefault(link, set()).add(pid)
+    return found
 
 
 def _descriptors(pid: int) -> list[str]:
@@ -399,7 +416,9 @@ def _switches(pid: int, tid: str) -> int:
 
 
 def _thread(pid: int, tid: str, state: str, resolver: _Resolver, mem: _Mem,
-            children: list[int]) -> ThreadWait:
+            children: list[int], resolve: frozenset[Call]) -> ThreadWait:
+    """One thread's wait; the descriptors of its call are placed if the call is in
+    ``resolve``."""
     base = f"/proc/{pid}/task/{tid}"
     switches = _switches(pid, tid)
     if state != "S":
@@ -417,7 +436,7 @@ def _thread(pid: int, tid: str, state: str, resolver: _Resolver, mem: _Mem,
         what = (f"waits for child {children[0]} ({_comm(children[0])})" if children
                 else "waits for a child")
         return ThreadWait(int(tid), state, call, (), ends_in, switches, what)
-    if call in (Call.FDS, Call.EPOLL):
+    if call in resolve:
         placed = [resolver.place(fd) for fd in _waited_fds(pid, name, args, mem)]
         worst = (next((what for kind, what in placed if kind is Fd.CHILD), None)
                  or next((what for kind, what in placed if kind in (Fd.OUTSIDE, Fd.UNKNOWN)),
@@ -428,8 +447,18 @@ def _thread(pid: int, tid: str, state: str, resolver: _Resolver, mem: _Mem,
     return ThreadWait(int(tid), state, call, (), ends_in, switches, name)
 
 
-def sample(pid: int, peers: JobPeers | None = None) -> TreeSample | None:
+_MAIN_RESOLVES = frozenset({Call.FDS, Call.EPOLL})
+
+
+def sample(pid: int, peers: JobPeers | None = None,
+           known: dict[str, tuple[Fd, str]] | None = None) -> TreeSample | None:
     """What process ``pid`` and its descendants are doing now; None if it is gone.
+
+    The descriptors the main thread waits on are always placed; another thread's only when
+    the main thread waits for a thread (a futex), and never an event loop's (``epoll``): what
+    the hang rules can use, and placing a socket reads the namespace's socket tables (about
+    15 ms with a few hundred sockets). ``known``: sockets placed by earlier samples of this
+    process, kept by the caller (a connection's peer never changes).
 
     Reads only /proc; the process is not signalled, stopped or traced."""
     stat = _stat(f"/proc/{pid}/stat")
@@ -446,7 +475,7 @@ def sample(pid: int, peers: JobPeers | None = None) -> TreeSample | None:
         cpu += sum(int(value) for value in fields[11:15]) / _TICKS  # utime stime cutime cstime
         if member != pid and fields[0] == "D":
             disk.append(member)
-    resolver = _Resolver(pid, descendants, peers or JobPeers())
+    resolver = _Resolver(pid, descendants, peers or JobPeers(), {} if known is None else known)
     mem = _Mem(pid)
     threads = []
     try:
@@ -456,8 +485,13 @@ def sample(pid: int, peers: JobPeers | None = None) -> TreeSample | None:
     try:
         for tid in tids:
             fields = _stat(f"/proc/{pid}/task/{tid}/stat")
-            if fields is not None:
-                threads.append(_thread(pid, tid, fields[0], resolver, mem, descendants))
+            if fields is None:
+                continue
+            if not threads:
+                resolve = _MAIN_RESOLVES
+            else:
+                resolve = frozenset({Call.FDS}) if threads[0].call is Call.FUTEX else frozenset()
+            threads.append(_thread(pid, tid, fields[0], resolver, mem, descendants, resolve))
     finally:
         mem.close()
     if not threads:

@@ -147,6 +147,7 @@ class ProgressTracker:
     def __init__(self, peers: JobPeers | None = None) -> None:
         self.peers = peers or JobPeers()
         self._last: dict[int, tuple[float, TreeSample]] = {}
+        self._sockets: dict[int, dict[str, tuple[Fd, str]]] = {}  # placed, per rank
         self._seen: dict[int, Evidence] = {}
         self._progress_at: dict[int, float] = {}
         self._pid: dict[int, int] = {}
@@ -160,6 +161,7 @@ class ProgressTracker:
         self._progress_at[rank] = now
         self._pid[rank] = pid
         self._entry.pop(rank, None)
+        self._sockets[rank] = {}
 
     def forget(self, rank: int) -> None:
         self._pid.pop(rank, None)
@@ -187,7 +189,7 @@ class ProgressTracker:
         self._seen.pop(rank, None)
 
     def _sample_proc(self, rank: int, pid: int, now: float) -> None:
-        current = proc_waits.sample(pid, self.peers)
+        current = proc_waits.sample(pid, self.peers, self._sockets.setdefault(rank, {}))
         self.proc_reads += 1
         if current is None:
             return
