@@ -11,12 +11,14 @@ from torch.distributed import TCPStore
 from rankguard.deadline import Deadline
 from rankguard import store_calls
 from rankguard.store_calls import StoreStalled, within
+from tests.leftover_threads import ends_its_threads
 from tests.store_process import client, freeze, store_process
 
 @pytest.fixture
 def stopped_store() -> Iterator[TCPStore]:
-    """A client of a store whose server process is stopped (SIGSTOP) once the client is in."""
-    with store_process() as (server, port):
+    """A client of a store whose server process is stopped (SIGSTOP) once the client is in; the
+    calls abandoned on it end once the server is gone."""
+    with ends_its_threads(5.0), store_process() as (server, port):
         store = client(port)
         store.set("key", "value")
         freeze(server.pid)

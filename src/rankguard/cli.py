@@ -71,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
 def _run(argv: list[str]) -> int:
     from .launcher import cli as run_cli
     from .launcher import store
+    from .options import remove_empty_dirs
 
+    config = None
     try:
         config = run_cli.parse(argv)
         for note in config.notes:
@@ -81,7 +83,9 @@ def _run(argv: list[str]) -> int:
 
             return node_agent.main(config)
         sock = store.reserve_port(config.master_addr, config.master_port)
-    except UsageError as exc:
+    except UsageError as exc:  # nothing started, and no folder made for it is left
+        if config is not None:
+            remove_empty_dirs(config.made_dirs)
         print(f"rankguard run: error: {exc}", file=sys.stderr)
         return 2
     from .launcher.agent import Launcher

@@ -6,6 +6,7 @@ given in Python."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import math
 import os
@@ -94,6 +95,30 @@ def writable_dir(option: str, path: str) -> str:
     if not os.access(path, os.W_OK):
         raise UsageError(option, f"{path!r} is not writable", "choose a folder you can write to")
     return path
+
+
+def missing_dirs(path: str) -> tuple[str, ...]:
+    """The folders that creating the folder ``path`` would make: ``path`` and those of its
+    parents that do not exist yet, outermost first (none if ``path`` exists)."""
+    missing: list[str] = []
+    path = os.path.abspath(path)
+    while not os.path.lexists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return tuple(reversed(missing))
+
+
+def remove_empty_dirs(dirs: tuple[str, ...]) -> None:
+    """Remove those of the folders ``dirs`` that are empty, each after the ones after it
+    (``dirs`` as :func:`missing_dirs` gives them, outermost first, or several such runs, each
+    made after the one before): a folder that holds anything is kept, and so, then, is every
+    folder above it."""
+    for path in reversed(dirs):
+        with contextlib.suppress(OSError):  # not empty (something else is there), or gone
+            os.rmdir(path)
 
 
 def writable_file(option: str, path: str) -> str:

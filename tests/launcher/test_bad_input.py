@@ -112,7 +112,7 @@ def test_bad_flag_or_value_gives_one_line_and_exit_2(tmp_path, args, fragment):
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("rankguard run: error:") and fragment in lines[0]
     assert "Traceback" not in proc.stderr
-    assert not (log_dir / "journal.jsonl").exists()
+    assert not log_dir.exists()
 
 
 @pytest.mark.parametrize("secret, fragment", [
@@ -128,7 +128,7 @@ def test_a_secret_that_is_short_or_not_hex_gives_one_line_and_exit_2(tmp_path, s
     assert len(lines) == 1 and lines[0].startswith("rankguard run: error: RANKGUARD_SECRET: "
                                                    "expected at least 32 hex digits"), lines
     assert fragment in lines[0] and "openssl rand -hex 32" in lines[0]
-    assert not (log_dir / "journal.jsonl").exists()
+    assert not log_dir.exists()
 
 
 def _journal_refused(tmp_path, journal, fragment):
@@ -137,7 +137,7 @@ def _journal_refused(tmp_path, journal, fragment):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("rankguard run: error: --journal:"), lines
     assert fragment in lines[0]
-    assert not (log_dir / "attempt0").exists()  # no rank was started
+    assert not log_dir.exists()  # nothing was started, and the log folder made is gone again
 
 
 def test_journal_naming_a_folder_is_refused(tmp_path):
@@ -165,7 +165,7 @@ def test_journal_that_is_a_symbolic_link_is_refused_and_its_target_left_alone(tm
 
 def test_journal_that_cannot_be_created_is_refused_and_leaves_nothing(tmp_path):
     _journal_refused(tmp_path, tmp_path / ("j" * 300), "File name too long")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["logs"]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_run_id_dot_dot_does_not_put_the_logs_in_the_parent_folder(tmp_path):
@@ -183,15 +183,23 @@ def test_inject_on_a_rank_that_does_not_exist_is_refused(tmp_path):
     assert "targets rank 5, but the run has ranks 0 to 1" in proc.stderr
 
 
-def test_port_in_use_is_reported_and_nothing_starts(tmp_path):
+@pytest.mark.parametrize("log_dir_existed", [False, True], ids=["made", "given"])
+def test_port_in_use_is_reported_and_nothing_starts_nor_is_left(tmp_path, log_dir_existed):
+    """A run that started nothing leaves no folder it made for its logs (``logs/`` included, above
+    the one it was given), and keeps the one it was given if that existed already."""
+    log_dir = tmp_path / "logs" / "run"
+    if log_dir_existed:
+        log_dir.mkdir(parents=True)
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
         port = busy.getsockname()[1]
-        proc, log_dir = _run(["--master-port", str(port), script("sleeper.py")], tmp_path)
+        proc, _ = _run(["--log-dir", str(log_dir), "--master-port", str(port),
+                        script("sleeper.py")], tmp_path)
     assert proc.returncode == 2
     assert f"port {port} on 127.0.0.1 is already in use" in proc.stderr
     assert "--master-port 0" in proc.stderr
+    assert log_dir.is_dir() if log_dir_existed else list(tmp_path.iterdir()) == []
     assert not (log_dir / "journal.jsonl").exists()
 
 

@@ -182,13 +182,15 @@ def test_an_unreachable_endpoint_is_a_bounded_join_failure_naming_it(tmp_path):
     join = 2
     started = time.monotonic()
     proc = _run([*NODES, "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-conf",
-                 f"join_timeout={join},is_host=0", script("node_env.py")], tmp_path)
+                 f"join_timeout={join},is_host=0", "--log-dir", str(tmp_path / "logs" / "node1"),
+                 script("node_env.py")], tmp_path)
     took = time.monotonic() - started
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert f"nothing answered at 127.0.0.1:{port} within join_timeout {join} s" in lines[0]
     assert join <= took < join + 30  # + starting and ending Python on a loaded machine
+    assert list(tmp_path.iterdir()) == []  # nothing started: no log folder made is left
 
 
 def _backend(port: int, etcd: str | None) -> list[str]:

@@ -13,6 +13,7 @@ from rankguard.launcher.monitor import Verdict
 from rankguard.launcher.outcome import Fault, notice_kind
 from rankguard.launcher.round_end import RoundChannel, RoundEnd
 from rankguard.store_calls import StoreStalled
+from tests.leftover_threads import ends_its_threads
 from tests.store_process import client, freeze, store_process
 
 REQUEST_S = 1.0
@@ -47,10 +48,16 @@ def test_the_first_fault_stands_and_the_last_node_done_ends_the_round_ok():
 
 
 @pytest.mark.parametrize("request_name", ["publish", "done"])
-def test_a_request_to_a_frozen_store_raises_within_its_bound(request_name):
-    with store_process() as (server, port):
-        channel = _channel(port)
+def test_a_request_to_a_frozen_store_raises_within_its_bound_and_leaves_no_thread_behind(
+        request_name):
+    """The channel is made once the store is frozen: its watcher connects to a store that never
+    answers, the worst case for its client. The request given up and the watcher both end once
+    the store's host is gone, within their clients' timeout, as the agent's (``read_timeout``)."""
+    with ends_its_threads(REQUEST_S + SLACK_S), store_process() as (server, port):
+        store = client(port, REQUEST_S)
         freeze(server.pid)
+        channel = RoundChannel(store, lambda: client(port, REQUEST_S), "/t/round0.agents/", 2,
+                               f"the job's store at 127.0.0.1:{port}", lambda: None, REQUEST_S)
         started = time.monotonic()
         with pytest.raises(StoreStalled, match="did not answer by the deadline"):
             if request_name == "publish":

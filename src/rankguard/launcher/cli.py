@@ -18,7 +18,8 @@ import uuid
 
 from .. import private_files, sealed
 from ..errors import UsageError
-from ..options import MAX_LOCAL_RANKS, Parser, number, writable_dir, writable_file
+from ..options import (MAX_LOCAL_RANKS, Parser, missing_dirs, number, remove_empty_dirs,
+                       writable_dir, writable_file)
 from ..inject import spec as inject_spec
 from . import config as _config
 from . import torchrun_flags
@@ -342,12 +343,20 @@ def parse(argv: list[str]) -> _config.RunConfig:
     default_dir = os.path.join(private_files.user_dir("--log-dir"), run_id)
     if rendezvous is not None:  # several agents of one run may share a machine
         default_dir = os.path.join(default_dir, f"{socket.gethostname()}-{os.getpid()}")
-    log_dir = writable_dir("--log-dir", ns.log_dir or default_dir)
-    journal = writable_file("--journal", ns.journal or os.path.join(log_dir, "journal.jsonl"))
+    log_dir = os.path.abspath(ns.log_dir or default_dir)
+    journal = os.path.abspath(ns.journal or os.path.join(log_dir, "journal.jsonl"))
+    made = missing_dirs(log_dir)
+    try:
+        writable_dir("--log-dir", log_dir)
+        made += missing_dirs(os.path.dirname(journal))
+        writable_file("--journal", journal)
+    except UsageError:
+        remove_empty_dirs(made)
+        raise
     command = ("-m", ns.script, *ns.script_args) if ns.module else (ns.script, *ns.script_args)
     return _config.RunConfig(
         command=command, nproc=nproc, max_restarts=max_restarts, master_addr=ns.master_addr,
-        master_port=port, run_id=run_id, log_dir=log_dir, journal_path=journal,
+        master_port=port, run_id=run_id, log_dir=log_dir, journal_path=journal, made_dirs=made,
         hang_timeout=hang, straggler_timeout=straggler, grace=grace, injections=injections,
         streams=streams, spares=ns.spares and not no_python,
         collective_timeout=collective_timeout, rendezvous=rendezvous, recovery=recovery,

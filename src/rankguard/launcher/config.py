@@ -89,6 +89,9 @@ class RunConfig:
     run_id: str = ""
     log_dir: str = ""
     journal_path: str = ""
+    # the folders made for the logs and the journal, outermost first (options.missing_dirs): a
+    # run that ends before starting anything removes them again while they are empty
+    made_dirs: tuple[str, ...] = ()
     hang_timeout: float = DEFAULT_HANG_TIMEOUT
     straggler_timeout: float = DEFAULT_STRAGGLER_TIMEOUT
     grace: float = DEFAULT_GRACE

@@ -33,7 +33,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..deadline import Deadline
-from ..errors import RendezvousError, UsageError, first_line
+from ..errors import RendezvousError, first_line
 from .. import ledger as _ledger
 from ..ledger import RankProgress
 from ..supervisor import RankProcesses
@@ -643,15 +643,13 @@ class NodeAgent(Launcher):
 
 def main(config: RunConfig) -> int:
     """Run this node's agent, then end the process with its exit code (see below why not by
-    returning); returns 2, with one line on stderr, when the job's store cannot be reached or
-    hosted."""
+    returning).
+
+    Raises:
+        UsageError: the job's store cannot be reached or hosted; nothing was started.
+    """
     assert config.rendezvous is not None
-    try:
-        job = connect(config.rendezvous, config.run_id)
-    except UsageError as exc:
-        print(f"rankguard run: error: {exc}", file=sys.stderr)
-        return 2
-    code = NodeAgent(config, job).run()
+    code = NodeAgent(config, connect(config.rendezvous, config.run_id)).run()
     # Everything of the job is written and closed by now; the interpreter's own exit could
     # still abort the process ("terminate called without an active exception", exit -6):
     # - a store this process hosts is still open to clients that may never close their
