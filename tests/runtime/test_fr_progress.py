@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from rankguard import proctree
 from rankguard.runtime import fr_progress as fr
@@ -23,6 +24,16 @@ from tests.runtime.ranks import free_port
 RANK_SCRIPT = script("fr_progress_rank.py")
 DEADLINE_S = 90.0  # two cold torch imports on a loaded machine, then a few collectives
 WORLD_OPS, SUB_OPS = 6, 3
+# NCCL: both ranks on GPU 0 (a host of its own each, through NCCL_HOSTID, over sockets on lo),
+# with the devices' start times recorded
+NCCL_ENV = {"FR_BACKEND": "nccl", "TORCH_NCCL_ENABLE_TIMING": "1", "NCCL_P2P_DISABLE": "1",
+            "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1", "NCCL_NVLS_ENABLE": "0",
+            "NCCL_COLLNET_ENABLE": "0", "NCCL_SOCKET_IFNAME": "lo"}
+needs_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available()
+    or not hasattr(torch._C._distributed_c10d, "_dump_nccl_trace_json"),
+    reason="NCCL's Flight Recorder needs a CUDA GPU and a CUDA build of torch")
+BACKENDS = [pytest.param({}, id="gloo"), pytest.param(NCCL_ENV, id="nccl", marks=needs_gpu)]
 
 
 def _run(scenario: str, folder: Path, env: dict[str, str] | None = None) -> list[dict[str, Any]]:
@@ -32,7 +43,8 @@ def _run(scenario: str, folder: Path, env: dict[str, str] | None = None) -> list
     try:
         for rank in range(2):
             rank_env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-                        "RANK": str(rank), "WORLD_SIZE": "2", **(env or {})}
+                        "RANK": str(rank), "WORLD_SIZE": "2", "NCCL_HOSTID": f"host{rank}",
+                        **(env or {})}
             procs.append(subprocess.Popen(
                 [sys.executable, RANK_SCRIPT, scenario, str(WORLD_OPS), str(SUB_OPS),
                  str(folder)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -50,19 +62,26 @@ def _run(scenario: str, folder: Path, env: dict[str, str] | None = None) -> list
                 proc.communicate(timeout=10)
 
 
+@pytest.mark.parametrize("env", BACKENDS)
 def test_each_group_counts_its_collectives_and_the_dumps_are_read_by_torchs_analyser(
-        tmp_path: Path) -> None:
-    reports = _run("counts", tmp_path)
-    # torch's group ids: the default group 0, the new_group 1; gloo knows no "started"; the
-    # completion of a group's last collective may be recorded only at its next one on gloo
-    # (torch 2.13: seen once 5 of 6 ten seconds after the last one, on one rank)
+        tmp_path: Path, env: dict[str, str]) -> None:
+    reports = _run("counts", tmp_path, env)
+    nccl = bool(env)
     for rank, report in enumerate(reports):
-        for pg_id, ops in (("0", WORLD_OPS), ("1", SUB_OPS)):
-            counts = report["groups"][pg_id]
-            assert (counts["enqueued"], counts["started"]) == (ops, -1), (rank, pg_id)
-            assert counts["completed"] in (ops - 1, ops), (rank, pg_id)
-        assert sorted(report["groups"]) == ["0", "1"]
-        assert report["configs"] == {}  # torch lists no gloo group by name (2.13)
+        # one group of WORLD_OPS (the default group, torch's id 0 on gloo), one of SUB_OPS
+        by_size = sorted(report["groups"].values(), key=lambda counts: counts["enqueued"])
+        for counts, ops in zip(by_size, (SUB_OPS, WORLD_OPS), strict=True):
+            # gloo knows no "started", and may record the completion of a group's last
+            # collective only at its next one (torch 2.13: seen once 5 of 6 ten seconds after
+            # the last one, on one rank); NCCL with timing knows both
+            assert counts["enqueued"] == ops, (rank, report)
+            assert counts["started"] == (ops if nccl else -1), (rank, report)
+            assert counts["completed"] in ((ops,) if nccl else (ops - 1, ops)), (rank, report)
+        if nccl:
+            assert {c["desc"]: c["ranks"] for c in report["configs"].values()}["default_pg"] \
+                == [0, 1]
+        else:
+            assert report["configs"] == {}  # torch lists no gloo group by name (2.13)
         assert report["dump"] == str(tmp_path / f"{fr.DUMP_PREFIX}{rank}")
     # torch's own analyser, on the dumps, names the collective rank 1 had not reached
     analysed = subprocess.run(
@@ -74,13 +93,17 @@ def test_each_group_counts_its_collectives_and_the_dumps_are_read_by_torchs_anal
     assert "missing ranks: {1}" in found, found
 
 
+@pytest.mark.parametrize("env", BACKENDS)
 def test_the_operation_a_rank_waits_in_is_active_with_its_group_number_and_kind(
-        tmp_path: Path) -> None:
-    rank0, rank1 = _run("pending", tmp_path)
-    # rank 0 waited in the default group's 7th collective while rank 1 slept
-    assert [(op["pg_id"], op["group"], op["seq"], op["kind"], op["state"])
-            for op in rank0["active"]] == [(0, "0", WORLD_OPS + 1, "all_reduce", "scheduled")]
-    assert rank0["groups"]["0"]["enqueued"] == WORLD_OPS + 1
+        tmp_path: Path, env: dict[str, str]) -> None:
+    rank0, rank1 = _run("pending", tmp_path, env)
+    # rank 0 waited in the default group's 7th collective while rank 1 slept (NCCL: its GPU
+    # may have started it)
+    [op] = rank0["active"]
+    assert (op["seq"], op["kind"]) == (WORLD_OPS + 1, "all_reduce")
+    assert op["state"] in (("scheduled", "started") if env else ("scheduled",))
+    assert op["group"] == "0"  # the default group's name
+    assert rank0["groups"][str(op["pg_id"])]["enqueued"] == WORLD_OPS + 1
 
 
 def test_an_off_recorder_is_refused_cleanly_without_asking_torch(tmp_path: Path) -> None:
@@ -110,7 +133,7 @@ def test_a_buffer_size_torch_refuses_is_refused_naming_the_variable() -> None:
                                  "not a number of entries (set TORCH_FR_BUFFER_SIZE=2000)")
 
 
-@pytest.mark.skipif(hasattr(__import__("torch")._C._distributed_c10d, "_dump_nccl_trace_json"),
+@pytest.mark.skipif(hasattr(torch._C._distributed_c10d, "_dump_nccl_trace_json"),
                     reason="this torch has NCCL's recorder")
 def test_the_nccl_recorder_is_refused_on_a_torch_without_it() -> None:
     with pytest.raises(fr.FlightRecorderUnavailable, match="this torch has no "

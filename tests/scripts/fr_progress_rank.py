@@ -12,7 +12,9 @@ Scenarios:
   group, while rank 0 reads the operations not completed from a helper thread as it waits;
 - ``off``: the recorder is turned off by the environment: reports the reader's refusal.
 
-env://, with MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE set. Every wait has a deadline.
+env://, with MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE set; ``FR_BACKEND=nccl`` runs the
+same on NCCL (every rank on GPU 0, each with its own ``NCCL_HOSTID``). Every wait has a
+deadline.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import os
 import sys
 import threading
 import time
@@ -32,27 +35,37 @@ from rankguard.runtime import fr_progress as fr
 # gloo records its completions a moment after the call returns (a group's last one may wait
 # for its next operation)
 CAUGHT_UP_S = 2.0
+BACKEND = os.environ.get("FR_BACKEND", "gloo")
+
+
+def _ones(size: int) -> torch.Tensor:
+    return torch.ones(size, device="cuda" if BACKEND == "nccl" else "cpu")
 
 
 def main() -> None:
     scenario, world_ops, sub_ops, folder = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), \
         sys.argv[4]
+    recorder = fr.Recorder.NCCL if BACKEND == "nccl" else fr.Recorder.CPU
     if scenario == "off":
         try:
-            fr.FlightRecorderReader(fr.Recorder.CPU)
+            fr.FlightRecorderReader(recorder)
         except fr.FlightRecorderUnavailable as exc:
             print(json.dumps({"refused": str(exc)}), flush=True)
         return
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-    reader = fr.FlightRecorderReader(fr.Recorder.CPU)
+    if BACKEND == "nccl":
+        torch.cuda.set_device(0)
+    dist.init_process_group(BACKEND, timeout=datetime.timedelta(seconds=60))
+    reader = fr.FlightRecorderReader(recorder)
     for _ in range(world_ops):
-        dist.all_reduce(torch.ones(4))
+        dist.all_reduce(_ones(4))
     sub = dist.new_group(list(range(dist.get_world_size())))
     for _ in range(sub_ops):
-        dist.all_reduce(torch.ones(2), group=sub)
+        dist.all_reduce(_ones(2), group=sub)
     report: dict = {}
     if scenario == "pending":
         report["active"] = _pending(reader)
+    if BACKEND == "nccl":
+        torch.cuda.synchronize()  # nothing is stuck here: every rank joined every collective
     deadline = time.monotonic() + CAUGHT_UP_S
     progress = reader.read()
     while any(c.completed < c.enqueued for c in progress.groups.values()):
@@ -65,12 +78,12 @@ def main() -> None:
     dist.barrier()
     # rank 0 enters one more collective of the sub-group, which rank 1 joins only once both
     # dumps are written: the dumps show a collective rank 1 never reached
-    late = dist.all_reduce(torch.ones(2), group=sub, async_op=True) \
+    late = dist.all_reduce(_ones(2), group=sub, async_op=True) \
         if dist.get_rank() == 0 else None
     report["dump"] = reader.write_dump(folder, dist.get_rank())
     dist.barrier()
     if late is None:
-        dist.all_reduce(torch.ones(2), group=sub)
+        dist.all_reduce(_ones(2), group=sub)
     else:
         late.wait(timeout=datetime.timedelta(seconds=30))
     dist.destroy_process_group()
@@ -90,7 +103,7 @@ def _pending(reader: fr.FlightRecorderReader) -> list[dict]:
 
         helper = threading.Thread(target=look, daemon=True)
         helper.start()
-    dist.all_reduce(torch.ones(4))
+    dist.all_reduce(_ones(4))
     if dist.get_rank() == 0:
         helper.join(10.0)
     return seen
