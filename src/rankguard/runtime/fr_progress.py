@@ -12,10 +12,12 @@ without replacing torch's group object, for any backend torch records:
   CUDA build it holds no NCCL entry).
 
 Bounds and cost: :meth:`FlightRecorderReader.read` asks for no entries (the per-group status
-only: microseconds, whatever the ring holds); :meth:`FlightRecorderReader.active` returns the
-entries not completed yet (about 1 ms with 50 pending on NCCL) and is meant for a verdict, not
-every tick; :meth:`FlightRecorderReader.write_dump` writes torch's full dump (tens of
-milliseconds; seconds with stack traces, off by default). None of them waits on the group, the
+only: 7 us median on torch 2.13 CPU with 2000 entries held; 5 us on NCCL, 2.11);
+:meth:`FlightRecorderReader.active` returns the entries not completed yet and is meant for a
+verdict, not every tick (about 1 ms with 50 pending on NCCL; on gloo torch marks no entry
+completed, so it reads the whole ring: 23 ms median at 2000 entries);
+:meth:`FlightRecorderReader.write_dump` writes torch's full dump (15 ms on gloo at 2000
+entries, 17 ms on NCCL; seconds with stack traces, off by default). None of them waits on the group, the
 device or a peer: they read what the recorder holds under its own mutex.
 
 Whether the recorder is on is decided from the environment as torch reads it (the buffer size,
