@@ -177,11 +177,6 @@ def op_kind(profiling_name: str) -> str:
     return _KINDS.get(name, name)
 
 
-def _int(value: Any) -> int:
-    # the JSON dump writes the status as strings ("2100"), the pickle as numbers
-    return int(value)
-
-
 def _ranks(text: Any) -> tuple[int, ...]:
     if isinstance(text, (list, tuple)):
         return tuple(int(r) for r in text)
@@ -252,9 +247,10 @@ class FlightRecorderReader:
         """Every group's counts and configuration, without entries (cheap: see the module
         doc)."""
         dump = json.loads(self._json(False, False))
-        groups = {int(pg_id): GroupCounts(_int(s["last_enqueued_collective"]),
-                                          _int(s["last_started_collective"]),
-                                          _int(s["last_completed_collective"]))
+        # the JSON dump writes the numbers as strings ("2100")
+        groups = {int(pg_id): GroupCounts(int(s["last_enqueued_collective"]),
+                                          int(s["last_started_collective"]),
+                                          int(s["last_completed_collective"]))
                   for pg_id, s in dump.get("pg_status", {}).items()}
         return Progress(groups, self._configs(dump), dict(self._names))
 
@@ -266,8 +262,8 @@ class FlightRecorderReader:
                 for name, c in dump.get("pg_config", {}).items() if name}
 
     def active(self) -> list[ActiveOp]:
-        """The operations not seen completed, oldest first (for a verdict: about a millisecond
-        per 50 entries). Learns the names of their groups for :meth:`read`."""
+        """The operations not seen completed, oldest first (for a verdict: its cost is in the
+        module doc). Learns the names of their groups for :meth:`read`."""
         dump = json.loads(self._json(True, True))
         found = []
         for entry in dump.get("entries", ()):
