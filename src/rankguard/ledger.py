@@ -462,7 +462,17 @@ class LedgerWriter:
 
 @dataclass(frozen=True)
 class GroupProgress:
-    """One group slot of one rank, as read by the supervisor."""
+    """One group of one rank, as its supervisor sees it: a group slot of the ledger, or an
+    asynchronous group's progress (NCCL: the CPU returns at enqueue).
+
+    For an ``asynchronous`` group, ``entered`` is the last operation the CPU enqueued,
+    ``started`` the last its device started (-1: not known, timing off; 0: none yet),
+    ``done`` the last completed, all numbered as torch's Flight Recorder numbers a group's
+    collectives (from 1, no ``init_process_group`` entry); ``kind`` is the kind of the first
+    operation not completed (the one the rank waits in) while there is one, else the last
+    enqueued; ``t_enter`` is when ``entered`` last changed, ``t_done`` when ``done`` last
+    changed (or, if it never did, when the group was first seen).
+    """
 
     key: int
     members: int
@@ -473,11 +483,24 @@ class GroupProgress:
     kind: str
     t_enter: float
     t_done: float
+    started: int = -1
+    asynchronous: bool = False
 
     @property
     def waiting(self) -> bool:
         """The rank has entered an operation of this group that has not completed."""
         return self.entered > self.done
+
+    @property
+    def current(self) -> int:
+        """The number of the operation the rank is in (or was in last): the first not
+        completed of an asynchronous group while one is pending, else the last entered."""
+        return self.done + 1 if self.asynchronous and self.waiting else self.entered
+
+    @property
+    def seq(self) -> int:
+        """The sequence number people see for :attr:`current` (``all_reduce #57``)."""
+        return self.current if self.asynchronous else seq_of(self.current, self.is_world)
 
     @property
     def last_event(self) -> float:

@@ -33,6 +33,16 @@ def sub(entered: int, done: int | None = None, kind: str = "barrier", t_enter: f
     return group(entered, done, kind, t_enter, members, name=f"sub{members}")
 
 
+def nccl(enqueued: int, started: int, completed: int, t_enter: float = 0.0,
+         t_done: float = 0.0, kind: str = "all_reduce", members: int = 0b11,
+         name: str = "world") -> L.GroupProgress:
+    """An asynchronous (NCCL) group of one rank: the last operation its CPU ``enqueued``, its
+    GPU ``started`` (-1: not known) and ``completed``; ``t_enter`` when it last enqueued,
+    ``t_done`` when its completions last moved; ``kind`` the operation it waits in."""
+    return L.GroupProgress(L.group_key(name), members, name == "world", bin(members).count("1"),
+                           enqueued, completed, kind, t_enter, t_done, started, True)
+
+
 def ledger(*groups: L.GroupProgress, fault: int = L.FAULT_NONE, in_collective: bool = False,
            t_fault: float = 0.0, exit_code: int = 0, blamed: tuple[int, ...] = (),
            t_start: float = 0.0) -> L.RankProgress:

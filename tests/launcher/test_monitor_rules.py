@@ -15,7 +15,7 @@ import pytest
 from rankguard import ledger as L
 from rankguard.launcher.monitor import (BUSY_RECENT_S, Activity, HangMonitor, HangRules,
                                         ReportedOnce, Verdict, group_label, mismatched, op_label)
-from tests.launcher.snapshots import group, leaving, ledger, sub, world
+from tests.launcher.snapshots import group, leaving, ledger, nccl, sub, world
 
 HANG, STRAGGLER = 3.0, 20.0
 T = 1.0  # when the waiters entered the operation they wait in
@@ -191,10 +191,103 @@ CASES = {
         T + HANG, [(True, (1,), (0,), "no_progress", "barrier #3 on group ranks 0,1")]),
 }
 
+# NCCL: rank 0's CPU enqueued up to #103 and its GPU started #54; its completions stopped at
+# #53 at time T
+AHEAD = nccl(103, 54, 53, t_enter=T, t_done=T)
+# rank 1 stopped enqueuing after #53 (a Python-side hang) and completed it
+STOPPED_AT_53 = nccl(53, 53, 53, t_enter=T - 1.0, t_done=T - 0.5)
+# rank 1's CPU enqueued everything but its GPU never started #54 (a kernel before it is stuck)
+GPU_HELD = nccl(103, 53, 53, t_enter=T, t_done=T)
+# three ranks on NCCL, a sub-group of ranks 0,2: rank 0 waits in its #8, rank 2 never enqueued it
+SUB_AHEAD = nccl(9, 8, 7, t_enter=T, t_done=T, members=0b101, name="a")
+SUB_BEHIND = nccl(7, 7, 7, t_enter=T - 1.0, t_done=T - 1.0, members=0b101, name="a")
+NCCL_IDLE = nccl(60, 60, 60, members=THREE)  # their world group: every operation completed
 
-@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+ASYNC_CASES = {
+    # -- (a) a member never enqueued the operation ----------------------------------------------
+    "NCCL (a): a rank that never enqueued #k while its peer did is hung when frozen": Case(
+        {0: ledger(AHEAD), 1: ledger(STOPPED_AT_53)}, T + HANG,
+        [(True, (1,), (0,), "no_progress", "all_reduce #54")], {1: FROZEN}),
+    "NCCL (a): ... stopped (SIGSTOP)": Case(
+        {0: ledger(AHEAD), 1: ledger(STOPPED_AT_53)}, T + HANG,
+        [(True, (1,), (0,), "stopped", "all_reduce #54")], {1: STOPPED}),
+    "NCCL (a): ... and a busy one is a straggler, reported, not blamed": Case(
+        {0: ledger(AHEAD), 1: ledger(STOPPED_AT_53)}, T + HANG,
+        [(False, (1,), (0,), "busy", "all_reduce #54")], {1: BUSY}),
+    "NCCL (a): the wait counts from when the waiters' completions stopped, not from their last "
+    "enqueue": Case(
+        {0: ledger(replace(AHEAD, t_enter=T + HANG - 0.1)), 1: ledger(STOPPED_AT_53)}, T + HANG,
+        [(True, (1,), (0,), "no_progress", "all_reduce #54")], {1: FROZEN}),
+    "NCCL: nothing is judged before the waiters' completions stood still for hang_timeout": Case(
+        {0: ledger(AHEAD), 1: ledger(STOPPED_AT_53)}, T + HANG - 0.01, [], {1: STOPPED}),
+    "NCCL (a): a rank that never made the group is blamed for its first collective": Case(
+        {0: ledger(nccl(1, 1, 0, t_enter=T, t_done=T)), 1: ledger()}, T + HANG,
+        [(True, (1,), (0,), "no_progress", "all_reduce #1")], {1: FROZEN}),
+    "NCCL (a): a rank whose record lags behind a completion its peer saw is not what the group "
+    "waits for: it never enqueued the next one": Case(
+        {0: ledger(nccl(11, 11, 10, t_enter=T, t_done=T)),
+         1: ledger(nccl(10, 10, 9, t_enter=T - 0.5, t_done=T - 1.0))}, T + HANG,
+        [(True, (1,), (0,), "stopped", "all_reduce #11")], {1: STOPPED}),
+    "NCCL (a): a sub-group's verdict names its members": Case(
+        {0: ledger(NCCL_IDLE, SUB_AHEAD), 1: ledger(NCCL_IDLE), 2: ledger(NCCL_IDLE, SUB_BEHIND)},
+        T + HANG, [(True, (2,), (0,), "no_progress", "all_reduce #8 on group ranks 0,2")],
+        {2: FROZEN}),
+    # -- (b) every member enqueued it, a GPU never started it -----------------------------------
+    "NCCL (b): a rank whose GPU never started #k while its peer's did is blamed": Case(
+        {0: ledger(AHEAD), 1: ledger(GPU_HELD)}, T + HANG,
+        [(True, (1,), (0,), "never_started", "all_reduce #54")]),
+    "NCCL (b): no GPU started #k: every rank is blamed": Case(
+        {0: ledger(GPU_HELD), 1: ledger(GPU_HELD)}, T + HANG,
+        [(True, (0, 1), (), "never_started", "all_reduce #54")]),
+    "NCCL (b): a member that enqueued lately gets hang_timeout for its GPU to start it": Case(
+        {0: ledger(AHEAD), 1: ledger(replace(GPU_HELD, t_enter=T + 1.0))}, T + HANG, []),
+    "NCCL (b): ... then it is blamed": Case(
+        {0: ledger(AHEAD), 1: ledger(replace(GPU_HELD, t_enter=T + 1.0))}, T + 1.0 + HANG,
+        [(True, (1,), (0,), "never_started", "all_reduce #54")]),
+    # -- (c) every member started it, none completed it -----------------------------------------
+    "NCCL (c): every rank started #k and none completed it: the group is stuck in it": Case(
+        {0: ledger(AHEAD), 1: ledger(AHEAD)}, T + HANG,
+        [(True, (0, 1), (0, 1), "never_completed", "all_reduce #54")]),
+    "NCCL (c): started not known (timing off) on every rank: stuck_in_collective": Case(
+        {0: ledger(replace(AHEAD, started=-1)), 1: ledger(replace(AHEAD, started=-1))},
+        T + HANG, [(True, (0, 1), (0, 1), "stuck_in_collective", "all_reduce #54")]),
+    "NCCL (c): a stopped rank, whose CPU drives the collective's network side, is blamed alone":
+        Case({0: ledger(AHEAD), 1: ledger(AHEAD)}, T + HANG,
+             [(True, (1,), (0,), "stopped", "all_reduce #54")], {1: STOPPED}),
+    "NCCL: every operation completed is no wait": Case(
+        {0: ledger(nccl(60, 60, 60, T, T)), 1: ledger(nccl(60, 60, 60, T, T))},
+        T + 10 * HANG, []),
+    "NCCL: a group whose member exited is not judged": Case(
+        {0: ledger(AHEAD)}, T + 10 * HANG, [], gone=(1,)),
+}
+
+
+@pytest.mark.parametrize("case", [*CASES.values(), *ASYNC_CASES.values()],
+                         ids=[*CASES, *ASYNC_CASES])
 def test_verdicts(case: Case) -> None:
     assert _rows(_judge(case)) == case.verdicts
+
+
+@pytest.mark.parametrize("key, text", [
+    ("NCCL (a): a rank that never enqueued #k while its peer did is hung when frozen",
+     "rank 1 never enqueued all_reduce #54 (made no progress); rank 0 waited 3.0 s"),
+    ("NCCL (b): a rank whose GPU never started #k while its peer's did is blamed",
+     "rank 1 enqueued all_reduce #54 on group world but its GPU never started it: a kernel "
+     "before it is stuck; rank 0 waited 3.0 s"),
+    ("NCCL (b): no GPU started #k: every rank is blamed",
+     "ranks 0,1 enqueued all_reduce #54 on group world but their GPUs never started it: a "
+     "kernel before it is stuck; waited 3.0 s"),
+    ("NCCL (c): every rank started #k and none completed it: the group is stuck in it",
+     "ranks 0,1 started all_reduce #54 on group world on the GPU but none completed it: stuck "
+     "inside the collective (NCCL or the network); waited 3.0 s"),
+    ("NCCL (c): started not known (timing off) on every rank: stuck_in_collective",
+     "ranks 0,1 enqueued all_reduce #54 on group world but none completed it (whether a GPU "
+     "started it is not known: TORCH_NCCL_ENABLE_TIMING is off); waited 3.0 s"),
+])
+def test_an_nccl_verdict_names_the_ranks_operation_group_and_side(key: str, text: str) -> None:
+    [verdict] = _judge(ASYNC_CASES[key])
+    assert verdict.describe() == text
+    assert Verdict.from_record(verdict.record()) == verdict
 
 
 def test_blamed_rank_waiting_in_another_group_is_named_with_where_it_waits() -> None:

@@ -16,6 +16,23 @@ it are *absent*:
   after the last one arrived, the stopped or idle members are blamed (all of them if none
   stands out).
 
+An **asynchronous** group (NCCL: a rank's CPU returns at enqueue, far ahead of its device)
+is judged by what each member enqueued, started on its device and completed
+(``GroupProgress.asynchronous``). The operation the group is blocked in is the first that no
+member completed, ``k``, when a member enqueued it (a member whose record lags behind a
+completion another member saw is not what the group waits for); the members that enqueued it
+wait, for as long as their completions have not moved. Then, once they waited ``hang_timeout``:
+
+- a member that never **enqueued** ``k`` is absent, judged as above (hung, stopped, or a busy
+  straggler);
+- else, once every member's last enqueue is ``hang_timeout`` old, a member whose device never
+  **started** ``k`` (its started count known and below ``k``) is blamed (``never_started``: a
+  kernel before it is stuck);
+- else a stopped member is blamed (its CPU drives the collective's network side);
+- else every waiter **started** it and none completed it: the group is stuck inside the
+  collective, NCCL or the network (``never_completed``; ``stuck_in_collective`` when started
+  is not known, timing off).
+
 A group one of whose members has left or recorded a fault of its own (it raised, is exiting,
 got SIGTERM) is not judged here: that fault is (``outcome.first_fault``), and the waiting
 members are its victims, not hung.
@@ -28,7 +45,7 @@ straggler report on once; ``HangMonitor`` feeds them from the ledgers and /proc.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Collection, Iterable, Mapping
+from typing import Any, Collection, Iterable, Literal, Mapping
 
 from ..ledger import FAULT_NONE, GroupProgress, LedgerReader, RankProgress, behind, seq_of
 from .progress import ProgressTracker
@@ -53,6 +70,12 @@ def op_label(op: str, seq: int, group: str = "world") -> str:
     return label if group == "world" else f"{label} on group {group}"
 
 
+# Why a verdict blames its ranks. never_started and never_completed are an asynchronous
+# group's (NCCL): enqueued but not started on the device; started and never completed.
+Reason = Literal["stopped", "no_progress", "straggler_timeout", "busy", "stuck_in_collective",
+                 "mismatch", "collective_deadline", "never_started", "never_completed"]
+
+
 @dataclass(frozen=True)
 class Verdict:
     """A finding about one operation of one group: a straggler report or a hang."""
@@ -63,9 +86,7 @@ class Verdict:
     op: str
     seq: int
     waited_s: float
-    # stopped | no_progress | straggler_timeout | busy | stuck_in_collective | mismatch |
-    # collective_deadline
-    reason: str
+    reason: Reason
     group_key: int = 0
     group: str = "world"  # see group_label
     ops: tuple[tuple[int, str], ...] = ()  # a mismatch: (rank, the operation it is in)
@@ -74,6 +95,8 @@ class Verdict:
     elsewhere: tuple[tuple[int, str], ...] = ()
     inside: bool = False  # the blamed ranks entered the operation (stopped inside it)
     doing: str = ""  # a straggler: what its process was seen doing ("waits for child 4717")
+    # an asynchronous group's (NCCL): absent ranks never enqueued the operation
+    asynchronous: bool = False
 
     @property
     def op_label(self) -> str:
@@ -109,6 +132,20 @@ class Verdict:
             where = ", ".join(f"{_ranks(tuple(ranks))} in {op}" for op, ranks in by_op.items())
             return (f"mismatched operations #{self.seq} on group {self.group}: {where}; they "
                     f"can never complete; blamed: {blamed}; waited {self.waited_s:.1f} s")
+        on_group = f"{self.op} #{self.seq} on group {self.group}"
+        if self.reason == "never_started":
+            gpus = "its GPU" if len(self.blamed) == 1 else "their GPUs"
+            waited = f"{waiters} waited" if self.waiting else "waited"
+            return (f"{blamed} enqueued {on_group} but {gpus} never started it: a kernel "
+                    f"before it is stuck; {waited} {self.waited_s:.1f} s")
+        if self.reason == "never_completed":
+            return (f"{blamed} started {on_group} on the GPU but none completed it: stuck "
+                    f"inside the collective (NCCL or the network); waited "
+                    f"{self.waited_s:.1f} s")
+        if self.reason == "stuck_in_collective" and self.asynchronous:
+            return (f"{blamed} enqueued {on_group} but none completed it (whether a GPU "
+                    f"started it is not known: TORCH_NCCL_ENABLE_TIMING is off); waited "
+                    f"{self.waited_s:.1f} s")
         if self.reason == "stuck_in_collective":
             return (f"{blamed} entered {self.op_label} but it never completed; "
                     f"{waiters} waited {self.waited_s:.1f} s")
@@ -121,7 +158,8 @@ class Verdict:
             waited = f"{waiters} waited" if self.waiting else "waited"
             return (f"{blamed} {'was' if len(self.blamed) == 1 else 'were'} stopped (SIGSTOP) "
                     f"inside {self.op_label}; {waited} {self.waited_s:.1f} s{where}")
-        return (f"{blamed} never reached {self.op_label} ({state}); "
+        reached = "enqueued" if self.asynchronous else "reached"
+        return (f"{blamed} never {reached} {self.op_label} ({state}); "
                 f"{waiters} waited {self.waited_s:.1f} s{where}")
 
 
@@ -138,9 +176,8 @@ def _elsewhere(ranks: list[int], key: int, target: int,
     for rank in ranks:
         snap = snaps.get(rank)
         for group in snap.groups if snap is not None else ():
-            if group.waiting and (group.key != key or group.entered < target):
-                found.append((rank, op_label(group.kind, seq_of(group.entered, group.is_world),
-                                             group_label(group))))
+            if group.waiting and (group.key != key or group.current < target):
+                found.append((rank, op_label(group.kind, group.seq, group_label(group))))
     return tuple(found)
 
 
@@ -213,9 +250,10 @@ class HangRules:
         verdicts.sort(key=lambda v: (not v.hung, bool(v.elsewhere)))
         return verdicts
 
-    def _judge_group(self, key: int, entries: dict[int, GroupProgress],
-                     snaps: Mapping[int, RankProgress], activity: Mapping[int, Activity],
-                     now: float) -> Verdict | None:
+    def _sync_wait(self, entries: dict[int, GroupProgress], now: float
+                   ) -> tuple[int, list[int], float, float] | None:
+        """A synchronous group's wait: (the entry waited in, its waiters, how long they
+        waited, when the first began), or None when no member waited ``hang_timeout``."""
         waiters = [r for r, g in entries.items()
                    if g.waiting and now - g.last_event >= self.hang_timeout]
         if not waiters:
@@ -229,17 +267,40 @@ class HangRules:
             return None
         # every rank in the operation waits in it, those that entered it last included
         waiters = [r for r, g in entries.items() if g.waiting and g.entered == target]
+        return (target, waiters, max(now - entries[r].last_event for r in waiters),
+                min(entries[r].t_enter for r in waiters))
+
+    def _async_wait(self, entries: dict[int, GroupProgress], now: float
+                    ) -> tuple[int, list[int], float, float] | None:
+        """An asynchronous group's wait (see the module doc), as ``_sync_wait`` gives it: the
+        first operation no member completed, the members that enqueued it, and how long since
+        their completions last moved."""
+        target = max(g.done for g in entries.values()) + 1
+        waiters = [r for r, g in entries.items() if g.entered >= target]
+        if not waiters:
+            return None
+        waited = max(now - entries[r].t_done for r in waiters)
+        if waited < self.hang_timeout:
+            return None
+        return target, waiters, waited, min(entries[r].t_done for r in waiters)
+
+    def _judge_group(self, key: int, entries: dict[int, GroupProgress],
+                     snaps: Mapping[int, RankProgress], activity: Mapping[int, Activity],
+                     now: float) -> Verdict | None:
+        asynchronous = next(iter(entries.values())).asynchronous
+        found = (self._async_wait if asynchronous else self._sync_wait)(entries, now)
+        if found is None:
+            return None
+        target, waiters, waited, began = found
         sample = entries[waiters[0]]
         members = [r for r in sample.member_ranks(self.world_size) if r in snaps]
-        waited = max(now - entries[r].last_event for r in waiters)
-        kind = entries[waiters[0]].kind
-        seq = seq_of(target, sample.is_world)
+        kind = sample.kind
+        seq = target if asynchronous else seq_of(target, sample.is_world)
         absent, _ = behind(members, entries, target)
         if absent:
-            # A process that took its rank after the waiters entered cannot be what they wait
-            # for: it replaced a rank of a generation since retired, whose wait another node's
-            # beat can still show for a moment while this node's replacements count anew.
-            began = min(entries[r].t_enter for r in waiters)
+            # A process that took its rank after the waiters began to wait cannot be what they
+            # wait for: it replaced a rank of a generation since retired, whose wait another
+            # node's beat can still show for a moment while this node's replacements count anew.
             absent = [r for r in absent if snaps[r].t_start <= began]
             if not absent:
                 return None
@@ -250,15 +311,26 @@ class HangRules:
         def idle(ranks: list[int]) -> list[int]:
             return [r for r in ranks if activity[r].idle_s >= self.hang_timeout]
 
-        def verdict(hung: bool, blamed: list[int], reason: str,
+        def verdict(hung: bool, blamed: list[int], reason: Reason,
                     ops: tuple[tuple[int, str], ...] = (), inside: bool = False) -> Verdict:
             waiting = [r for r in waiters if r not in blamed] if inside else waiters
             doing = "; ".join(activity[r].doing for r in sorted(blamed) if activity[r].doing)
             return Verdict(hung, tuple(sorted(blamed)), tuple(sorted(waiting)), kind, seq,
                            round(waited, 3), reason, key, group_label(sample), ops,
                            _elsewhere(sorted(blamed), key, target, snaps), inside,
-                           doing if reason in ("busy", "straggler_timeout") else "")
+                           doing if reason in ("busy", "straggler_timeout") else "",
+                           asynchronous)
 
+        if not absent and asynchronous:
+            if now - max(entries[r].t_enter for r in members) < self.hang_timeout:
+                return None  # a member enqueued lately: its device may not have caught up
+            idle_gpus = [r for r in waiters if 0 <= entries[r].started < target]
+            if idle_gpus:
+                return verdict(True, idle_gpus, "never_started", inside=True)
+            if stopped(members):
+                return verdict(True, stopped(members), "stopped", inside=True)
+            known = all(entries[r].started >= 0 for r in waiters)
+            return verdict(True, waiters, "never_completed" if known else "stuck_in_collective")
         if not absent:
             ops = tuple((r, entries[r].kind) for r in members if entries[r].entered == target)
             odd = mismatched(ops)
