@@ -33,7 +33,8 @@ needs_gpu = pytest.mark.skipif(
     not torch.cuda.is_available()
     or not hasattr(torch._C._distributed_c10d, "_dump_nccl_trace_json"),
     reason="NCCL's Flight Recorder needs a CUDA GPU and a CUDA build of torch")
-BACKENDS = [pytest.param({}, id="gloo"), pytest.param(NCCL_ENV, id="nccl", marks=needs_gpu)]
+BACKENDS = [pytest.param({}, id="gloo"),
+            pytest.param(NCCL_ENV, id="nccl", marks=[pytest.mark.gpu, needs_gpu])]
 
 
 def _run(scenario: str, folder: Path, env: dict[str, str] | None = None) -> list[dict[str, Any]]:

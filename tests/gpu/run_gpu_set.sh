@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The GPU set on a lent GPU machine, as one bounded command (CI never runs it: it has no GPU).
+# Uses the machine's own python3 (a CUDA build of torch, pytest, psutil); rankguard from src/.
+# Usage: tests/gpu/run_gpu_set.sh OUT_DIR   (writes OUT_DIR/gpu.log; exits with pytest's code)
+set -u
+out=${1:?usage: run_gpu_set.sh OUT_DIR}
+cd "$(dirname "$0")/../.."
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 -c "import torch; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version())"
+} > "$out/gpu.log" 2>&1
+timeout 360 python3 -m pytest -q -m gpu -p no:cacheprovider -rs -W ignore::pytest.PytestConfigWarning \
+    tests/gpu tests/runtime/test_fr_progress.py >> "$out/gpu.log" 2>&1
+code=$?
+echo "exit $code" >> "$out/gpu.log"
+exit $code
