@@ -175,3 +175,43 @@ def test_a_socket_to_another_machine_is_inside_the_job_only_where_its_root_is_co
             assert f"{b.address}:29555 (the job's store)" in inside.main.what
         finally:
             _kill(procs)
+
+
+def test_a_process_opening_a_fifo_no_one_writes_waits_on_a_file(start, tmp_path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    proc = start(f"open({str(fifo)!r}).read()")
+    seen = settle(proc.pid, lambda s: s.main.call is Call.FILE)
+    assert seen.main.what == f"openat of {fifo}"
+
+
+def test_a_process_waiting_for_a_file_lock_waits_on_the_file(start, tmp_path) -> None:
+    import fcntl
+
+    path = tmp_path / "lock"
+    with open(path, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        proc = start(f"import fcntl; f = open({str(path)!r}); fcntl.flock(f, fcntl.LOCK_EX)")
+        seen = settle(proc.pid, lambda s: s.main.call is Call.FDS)
+        assert seen.main.fds == (Fd.OUTSIDE,) and str(path) in seen.main.what
+
+
+def test_a_connection_not_yet_accepted_leads_to_the_listeners_owner(start) -> None:
+    listener = socket.create_server(("127.0.0.1", 0))  # this process: the job's, never accepts
+    try:
+        proc = start(f"import socket; socket.create_connection(('127.0.0.1', "
+                     f"{listener.getsockname()[1]})).recv(1)")
+        seen = settle(proc.pid, lambda s: s.main.call is Call.FDS,
+                      JobPeers(roots=(os.getpid(),)))
+        assert seen.main.fds == (Fd.JOB,), seen.main
+    finally:
+        listener.close()
+
+
+def test_a_stopped_child_is_seen_stopped(start) -> None:
+    proc = start("""
+        import os, signal, subprocess, sys
+        subprocess.run([sys.executable, '-c', 'import os, signal; os.kill(os.getpid(), signal.SIGSTOP)'])
+    """)
+    seen = settle(proc.pid, lambda s: s.main.call is Call.CHILD and bool(s.stopped_children))
+    assert seen.stopped_children == seen.children

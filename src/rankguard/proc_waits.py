@@ -42,9 +42,11 @@ class Call(enum.Enum):
     """The kind of system call a blocked thread is in."""
 
     NONE = "none"  # running, or between calls (a page fault)
-    FDS = "fds"  # read, recv, write, send, poll, select, epoll_wait, accept, connect on descriptors
+    # read, recv, write, send, poll, select, accept, connect on descriptors; a file lock wait
+    FDS = "fds"
     EPOLL = "epoll"  # epoll_wait: an event loop (its descriptors are in ``fds``)
     CHILD = "child"  # wait4, waitid: waits for a child process to end
+    FILE = "file"  # open blocked on a file: a FIFO with no writer yet, NFS, FUSE
     SLEEP = "sleep"  # nanosleep, clock_nanosleep, pause, sigsuspend, sigtimedwait
     FUTEX = "futex"  # a lock, a condition, a semaphore, a join: waits for another thread
     OTHER = "other"  # any other call
@@ -84,6 +86,7 @@ class TreeSample:
     children: tuple[int, ...] = ()  # live descendants
     disk_wait: tuple[int, ...] = ()  # descendants in uninterruptible (disk) wait
     stopped: bool = False  # the process is stopped (SIGSTOP) or traced
+    stopped_children: tuple[int, ...] = ()  # descendants stopped (SIGSTOP) or traced
 
     @property
     def main(self) -> ThreadWait:
@@ -106,7 +109,8 @@ _SYSCALLS = {
         Call.FDS: {0: "read", 17: "pread64", 19: "readv", 45: "recvfrom", 47: "recvmsg",
                    299: "recvmmsg", 1: "write", 20: "writev", 44: "sendto", 46: "sendmsg",
                    43: "accept", 288: "accept4", 42: "connect", 7: "poll", 271: "ppoll",
-                   23: "select", 270: "pselect6"},
+                   23: "select", 270: "pselect6", 73: "flock", 72: "fcntl"},
+        Call.FILE: {2: "open", 257: "openat", 437: "openat2"},
         Call.EPOLL: {232: "epoll_wait", 281: "epoll_pwait", 441: "epoll_pwait2"},
         Call.CHILD: {61: "wait4", 247: "waitid"},
         Call.SLEEP: {35: "nanosleep", 230: "clock_nanosleep", 34: "pause",
@@ -116,7 +120,9 @@ _SYSCALLS = {
     "aarch64": {
         Call.FDS: {63: "read", 67: "pread64", 65: "readv", 207: "recvfrom", 212: "recvmsg",
                    243: "recvmmsg", 64: "write", 66: "writev", 206: "sendto", 211: "sendmsg",
-                   202: "accept", 242: "accept4", 203: "connect", 73: "ppoll", 72: "pselect6"},
+                   202: "accept", 242: "accept4", 203: "connect", 73: "ppoll", 72: "pselect6",
+                   32: "flock", 25: "fcntl"},
+        Call.FILE: {56: "openat", 437: "openat2"},
         Call.EPOLL: {22: "epoll_pwait", 441: "epoll_pwait2"},
         Call.CHILD: {260: "wait4", 95: "waitid"},
         Call.SLEEP: {101: "nanosleep", 115: "clock_nanosleep", 133: "rt_sigsuspend",
@@ -340,7 +346,12 @@ class _Resolver:
         if state == _LISTEN:
             return Fd.OWN, f"a listening socket on port {local[1]}"
         mirror = next((f"socket:[{other}]" for other, (l2, r2, _) in self._sockets.items()
-                       if l2 == remote and r2 == local), None)
+                       if l2 == remote and r2 == local and other != 0), None)
+        if mirror is None and self._is_local(remote[0]):
+            # connected, not accepted yet: the listener's owner is at the other end
+            mirror = next((f"socket:[{other}]" for other, (l2, _, s2) in self._sockets.items()
+                           if s2 == _LISTEN and l2[1] == remote[1]
+                           and l2[0] in (remote[0], "0.0.0.0", "::")), None)
         where = f"{remote[0]}:{remote[1]}"
         if mirror is None:  # the peer is on another machine
             if remote[0] in self._peers.hosts:
@@ -352,6 +363,12 @@ class _Resolver:
         if kind is Fd.OWN:  # no process of the job holds the other end
             return Fd.OUTSIDE, f"socket to {where}"
         return kind, f"socket to {where}" + (" (its child)" if kind is Fd.CHILD else "")
+
+    def _is_local(self, address: str) -> bool:
+        """``address`` is this machine's (loopback, or the local end of one of its sockets)."""
+        assert self._sockets is not None
+        return (address.startswith("127.") or address == "::1"
+                or any(local[0] == address for local, _, _ in self._sockets.values()))
 
     def _roots_remotes(self) -> set[tuple[str, int]]:
         """Where the job's roots themselves (the agent) are connected on other machines: the
@@ -436,6 +453,10 @@ def _thread(pid: int, tid: str, state: str, resolver: _Resolver, mem: _Mem,
         what = (f"waits for child {children[0]} ({_comm(children[0])})" if children
                 else "waits for a child")
         return ThreadWait(int(tid), state, call, (), ends_in, switches, what)
+    if call is Call.FILE:
+        raw = mem.read(args[0 if name == "open" else 1], 256) or b""
+        path = raw.split(b"\0", 1)[0].decode(errors="replace") or "a file"
+        return ThreadWait(int(tid), state, call, (), ends_in, switches, f"{name} of {path}")
     if call in resolve:
         placed = [resolver.place(fd) for fd in _waited_fds(pid, name, args, mem)]
         worst = (next((what for kind, what in placed if kind is Fd.CHILD), None)
@@ -467,7 +488,7 @@ def sample(pid: int, peers: JobPeers | None = None,
     members = tree(pid)
     descendants = members[1:]
     cpu = 0.0
-    disk = []
+    disk, stopped = [], []
     for member in members:
         fields = stat if member == pid else _stat(f"/proc/{member}/stat")
         if fields is None:
@@ -475,6 +496,8 @@ def sample(pid: int, peers: JobPeers | None = None,
         cpu += sum(int(value) for value in fields[11:15]) / _TICKS  # utime stime cutime cstime
         if member != pid and fields[0] == "D":
             disk.append(member)
+        if member != pid and fields[0] in ("T", "t"):
+            stopped.append(member)
     resolver = _Resolver(pid, descendants, peers or JobPeers(), {} if known is None else known)
     mem = _Mem(pid)
     threads = []
@@ -497,4 +520,4 @@ def sample(pid: int, peers: JobPeers | None = None,
     if not threads:
         return None
     return TreeSample(cpu, tuple(threads), tuple(descendants), tuple(disk),
-                      threads[0].state in ("T", "t"))
+                      threads[0].state in ("T", "t"), tuple(stopped))

@@ -53,6 +53,8 @@ def late_server() -> Iterator[str]:
     ("url", "socket to 127.0.0.1:"),
     pytest.param("busy_child", "busy: ", marks=pytest.mark.slow),
     pytest.param("captured_child", "pipe from child", marks=pytest.mark.slow),
+    pytest.param("poll", "polls (clock_nanosleep", marks=pytest.mark.slow),
+    pytest.param("fifo", "openat of /", marks=pytest.mark.slow),
 ])
 def test_a_rank_waiting_outside_the_job_is_a_straggler_not_hung(run_rankguard, late_server,
                                                                 kind, doing):
@@ -88,3 +90,14 @@ def test_asking_a_hung_rank_for_its_stacks_again_and_again_does_not_hide_the_han
     assert asked >= 3  # the stacks were asked for while the rank hung
     # blamed one hang timeout after the others began to wait, plus the ticks and the load
     assert hang <= hang_event["waited_s"] < hang + 3.0, hang_event
+
+
+def test_a_rank_blocked_on_a_peer_ranks_socket_is_frozen(run_rankguard):
+    """Rank 0 waits for a byte from a socket rank 1 listens on (never accepted): a wait inside
+    the job, blamed one hang timeout after rank 1 began to wait at the barrier."""
+    run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", str(HANG),
+                         script("peer_socket.py")])
+    assert run.code == 3, run.stderr
+    hang = run.event("hang_detected")
+    assert (hang["blamed"], hang["reason"], hang["waiting"]) == ([0], "no_progress", [1])
+    assert hang["waited_s"] < HANG + 3.0, hang

@@ -387,6 +387,10 @@ class HangMonitor:
     _reported: ReportedOnce = field(default_factory=ReportedOnce)
     _gone: set[int] = field(default_factory=set)  # ranks whose process exited
 
+    def __post_init__(self) -> None:
+        # a main thread that wakes more often than the hang timeout is polling, not frozen
+        self.progress.poll_s = self.hang_timeout
+
     @property
     def rules(self) -> HangRules:
         return HangRules(self.world_size, self.hang_timeout, self.straggler_timeout)

@@ -76,8 +76,8 @@ _OUTSIDE_FDS = {Fd.CHILD, Fd.OUTSIDE, Fd.UNKNOWN}
 def _waits_outside(thread: ThreadWait, main: bool) -> bool:
     """The thread waits on a child or on something outside the job (or what it waits on could
     not be read: no evidence of a freeze)."""
-    if thread.state == "D" or thread.call in (Call.CHILD, Call.UNKNOWN):
-        return thread.state == "D" or thread.call is Call.CHILD or main
+    if thread.state == "D" or thread.call in (Call.CHILD, Call.FILE, Call.UNKNOWN):
+        return thread.call is not Call.UNKNOWN or main
     if thread.call is Call.FDS:
         if main:
             return bool(_OUTSIDE_FDS.intersection(thread.fds)) or not thread.fds
@@ -90,26 +90,33 @@ def _waits_outside(thread: ThreadWait, main: bool) -> bool:
     return False
 
 
-def judge(before: TreeSample, now: TreeSample, interval: float) -> Evidence:
+def judge(before: TreeSample, now: TreeSample, interval: float,
+          poll_s: float = POLL_S) -> Evidence:
     """What the process did between two samples ``interval`` seconds apart (see the module
-    doc). Pure: nothing is read here."""
+    doc). ``poll_s``: a timed wait of the main thread that ends within this many seconds is
+    part of a poll (the launcher gives its hang timeout: a loop that wakes more often than
+    that is a poll, a probe's wake-up of a long sleep is not). Pure: nothing is read here."""
     if now.stopped:
         return Evidence(Seen.STOPPED, "stopped (SIGSTOP)")
     share = (now.cpu_s - before.cpu_s) / max(interval, 1e-3)
     if share >= BUSY_SHARE:
-        return Evidence(Seen.BUSY, f"busy: {share:.0%} of a core in its process tree")
+        return Evidence(Seen.BUSY, f"{share:.0%} of a core in its process tree")
     if now.disk_wait:
         return Evidence(Seen.OUTSIDE, f"child {now.disk_wait[0]} is in disk wait")
     main = now.main
+    if (main.call is Call.CHILD and now.children
+            and set(now.children) <= set(now.stopped_children)):
+        return Evidence(Seen.FROZEN, f"{main.what}, which is stopped (SIGSTOP)")
     if _waits_outside(main, main=True):
         why = "in disk wait" if main.state == "D" else main.what
         return Evidence(Seen.OUTSIDE, why or "waits on what could not be read")
     earlier = next((t for t in before.threads if t.tid == main.tid), None)
     polls = (main.call in (Call.SLEEP, Call.FUTEX) and main.ends_in is not None
-             and main.ends_in <= POLL_S and earlier is not None
+             and main.ends_in <= poll_s and earlier is not None
              and earlier.switches != main.switches)
     if polls:
-        return Evidence(Seen.OUTSIDE, f"polls ({main.what} of {main.ends_in:.2f} s or less)")
+        return Evidence(Seen.OUTSIDE, f"polls ({main.what}, the next wake in "
+                                      f"{max(main.ends_in, 0.0):.2f} s)")
     if main.call is Call.FUTEX:  # it waits for another thread: what does that one wait for?
         helper = next((t for t in now.threads[1:] if _waits_outside(t, main=False)), None)
         if helper is not None:
@@ -144,8 +151,9 @@ class ProgressTracker:
     ``peers``: the job's processes on this machine and its other hosts (what a descriptor
     leading inside the job is, see ``proc_waits.JobPeers``)."""
 
-    def __init__(self, peers: JobPeers | None = None) -> None:
+    def __init__(self, peers: JobPeers | None = None, poll_s: float = POLL_S) -> None:
         self.peers = peers or JobPeers()
+        self.poll_s = poll_s  # see ``judge``
         self._last: dict[int, tuple[float, TreeSample]] = {}
         self._sockets: dict[int, dict[str, tuple[Fd, str]]] = {}  # placed, per rank
         self._seen: dict[int, Evidence] = {}
@@ -200,7 +208,7 @@ class ProgressTracker:
                 self._seen[rank] = Evidence(Seen.STOPPED, "stopped (SIGSTOP)")
             return
         t0, before = previous
-        seen = judge(before, current, now - t0)
+        seen = judge(before, current, now - t0, self.poll_s)
         self._seen[rank] = seen
         if seen.progressing:
             self._progress_at[rank] = now
