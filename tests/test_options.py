@@ -1,7 +1,10 @@
-"""The log folders a run makes, and removes again when it started nothing: never one that
-existed before it, nor one that holds anything."""
+"""The log folders a run makes (private, each one), and removes again when it started nothing:
+never one that existed before it, nor one that holds anything."""
 
-from rankguard.options import missing_dirs, remove_empty_dirs
+import os
+import stat
+
+from rankguard.options import missing_dirs, remove_empty_dirs, writable_dir
 
 
 def test_the_folders_missing_are_the_path_and_its_missing_parents_outermost_first(tmp_path):
@@ -19,3 +22,15 @@ def test_removing_them_keeps_a_folder_that_holds_anything_and_every_folder_above
     (tmp_path / "a" / "b" / "someone_elses").unlink()
     remove_empty_dirs(made)
     assert list(tmp_path.iterdir()) == []  # tmp_path itself existed before: kept
+
+
+def test_every_folder_a_log_dir_makes_is_private_whatever_the_umask(tmp_path):
+    """A run of several nodes logs to RUN_ID/HOST-PID/: RUN_ID was made 0755 by the umask."""
+    previous = os.umask(0o022)
+    try:
+        made = writable_dir("--log-dir", str(tmp_path / "run" / "node"))
+    finally:
+        os.umask(previous)
+    for folder in (tmp_path / "run", tmp_path / "run" / "node"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
+    assert made == str(tmp_path / "run" / "node")

@@ -84,11 +84,13 @@ def seconds(what: str, value: object) -> float:
 
 
 def writable_dir(option: str, path: str) -> str:
-    """``path`` made absolute, created if missing (private to the user: 0700), and checked to
-    be writable."""
+    """``path`` made absolute, created if missing (it and each parent it makes private to the
+    user: 0700), and checked to be writable."""
     path = os.path.abspath(path)
     try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
+        for folder in missing_dirs(path):  # os.makedirs gives the parents the umask's mode
+            with contextlib.suppress(FileExistsError):  # made meanwhile by another process
+                os.mkdir(folder, 0o700)
     except OSError as exc:
         raise UsageError(option, f"cannot create {path!r}: {exc.strerror}",
                          "choose a folder you can write to") from None

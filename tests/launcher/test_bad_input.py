@@ -91,6 +91,9 @@ def _run(args, tmp_path, env=None):
      "signal name"),
     (["--signals-to-handle", "SIGTERM,SIGKILL", "x.py"], "--signals-to-handle: SIGKILL cannot "
      "be caught"),
+    (["--signals-to-handle", "SIGTERM,SIGCHLD", "x.py"], "--signals-to-handle: SIGCHLD comes to "
+     "a healthy launcher each time a rank exits"),
+    (["--rdzv-backend", "zzz", "x.py"], "--rdzv-backend: unknown backend 'zzz'"),
     (["--no-python", "-m", "json.tool"], "--no-python: runs SCRIPT as an executable, and -m "
      "runs a Python module: they cannot go together"),
     (["--no-python", "x.py"], "is not executable (--no-python runs it as a program)"),

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from rankguard import private_files
+
 from ..conftest import ROOT, finish, launch
 
 WAIT_S = 60.0
@@ -83,9 +85,14 @@ def test_stacks_and_status_of_a_hung_run_show_the_outlier_and_leave_it_running(
 @pytest.mark.parametrize("name, option", [("stacks", "--timeout"), ("status", "--interval")])
 def test_a_run_that_does_not_exist_or_a_bad_option_is_one_line_and_exit_2(
         name: str, option: str, tmp_path: Path) -> None:
+    base = private_files.user_dir("the runs' log folder")  # made if it is not there yet
+    every_run = os.path.join(base, "..", os.path.basename(base))
     for args, what in ((["no-such-run-anywhere"], "RUN: no run's journal"),
                        ([option, "soon", str(tmp_path)], option),
-                       ([str(tmp_path)], "RUN: no run's journal")):
+                       ([str(tmp_path)], "RUN: no run's journal"),
+                       ([""], "RUN: is empty"),
+                       ([every_run], f"RUN: {every_run!r} is the folder of every run, not "
+                        "one run")):
         result = command(name, *args)
         assert result.returncode == 2 and result.stdout == "", result
         assert result.stderr.startswith(f"rankguard {name}: error: {what}"), result.stderr

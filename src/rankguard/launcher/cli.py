@@ -292,6 +292,7 @@ def parse(argv: list[str]) -> _config.RunConfig:
                          "number the nodes themselves", "leave --node-rank out")
     if ns.local_addr is not None and not ns.local_addr.strip():
         raise UsageError("--local-addr", "is empty", "give this node's address, or leave it out")
+    _check_backend(ns.rdzv_backend)
     rendezvous = None
     if max_nodes > 1:
         rendezvous = (_static(ns, min_nodes, max_nodes, node_rank, port)
@@ -433,6 +434,18 @@ _PASSED_ON = ("keep_alive_interval", "keep_alive_max_attempt")
 _ETCD_ONLY = ("protocol", "ssl_cert", "ssl_cert_key", "ca_cert")  # torch's etcd client's
 
 
+def _check_backend(backend: str) -> None:
+    """Raises UsageError for a ``--rdzv-backend`` rankguard does not run, on any number of
+    nodes (torchrun refuses an unknown one on one node too)."""
+    if backend == "etcd":
+        raise UsageError("--rdzv-backend", "'etcd' is torch's older etcd rendezvous, which "
+                         "rankguard does not run", "use --rdzv-backend etcd-v2 (the same etcd "
+                         "server, with torch's dynamic rendezvous)")
+    if backend not in ("static", "c10d", "etcd-v2"):
+        raise UsageError("--rdzv-backend", f"unknown backend {backend!r}",
+                         "use --rdzv-backend static, c10d or etcd-v2")
+
+
 def _rendezvous(ns: argparse.Namespace, min_nodes: int,
                 max_nodes: int) -> _config.RendezvousConfig:
     """The rendezvous settings of a run of several nodes.
@@ -442,13 +455,6 @@ def _rendezvous(ns: argparse.Namespace, min_nodes: int,
             ``--rdzv-conf`` key or value.
     """
     backend = ns.rdzv_backend
-    if backend == "etcd":
-        raise UsageError("--rdzv-backend", "'etcd' is torch's older etcd rendezvous, which "
-                         "rankguard does not run", "use --rdzv-backend etcd-v2 (the same etcd "
-                         "server, with torch's dynamic rendezvous)")
-    if backend not in ("c10d", "etcd-v2"):
-        raise UsageError("--rdzv-backend", f"unknown backend {backend!r}",
-                         "use --rdzv-backend static, c10d or etcd-v2")
     host, port = _endpoint(ns.rdzv_endpoint, _DEFAULT_PORTS[backend])
     values, extra = _conf(ns.rdzv_conf, backend)
     return _config.RendezvousConfig(min_nodes=min_nodes, max_nodes=max_nodes, host=host,

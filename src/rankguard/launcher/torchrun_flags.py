@@ -128,6 +128,12 @@ def default_signals() -> tuple[signal.Signals, ...]:
                  if sig not in _KEPT_IGNORED or signal.getsignal(sig) != signal.SIG_IGN)
 
 
+# signals a healthy launcher receives in its normal course: never a request to stop
+_ROUTINE = {signal.SIGCHLD: "each time a rank exits", signal.SIGWINCH: "when its terminal is "
+            "resized", signal.SIGURG: "with a socket's urgent data", signal.SIGCONT: "when it "
+            "is resumed after a stop"}
+
+
 def signals(text: str) -> tuple[signal.Signals, ...]:
     """``--signals-to-handle SIGTERM,SIGUSR1,...``: signal names, as torchrun takes them."""
     found = []
@@ -140,5 +146,9 @@ def signals(text: str) -> tuple[signal.Signals, ...]:
             raise UsageError("--signals-to-handle", f"{name} cannot be caught",
                              "leave it out: it ends the launcher at once (its guardian then "
                              "stops every rank)")
+        if sig in _ROUTINE:
+            raise UsageError("--signals-to-handle", f"{name} comes to a healthy launcher "
+                             f"{_ROUTINE[sig]}: handling it would stop every run",
+                             "leave it out")
         found.append(sig)
     return tuple(dict.fromkeys(found))

@@ -108,7 +108,14 @@ def _same_process(event: dict) -> bool:
 def _journal_path(target: str | None) -> str:
     if target is None:
         return _latest()
-    user_folder = os.path.join(private_files.user_dir_path(), target)
+    base = private_files.user_dir_path()
+    user_folder = os.path.join(base, target)
+    if not target.strip():
+        raise UsageError("RUN", "is empty", _known_runs())
+    if any(os.path.realpath(folder) == os.path.realpath(base) for folder in (target, user_folder)
+           if os.path.isdir(folder)):
+        raise UsageError("RUN", f"{target!r} is the folder of every run, not one run",
+                         _known_runs())
     candidates = [target, os.path.join(target, JOURNAL), os.path.join(user_folder, JOURNAL)]
     for path in candidates:
         if os.path.isfile(path) and (path.endswith(".jsonl") or path != target):

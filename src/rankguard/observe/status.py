@@ -159,7 +159,8 @@ def render(view: StatusView) -> str:
         if r.state == "waiting":
             what = f"waiting in {label} ({r.group})"
         elif r.state == "computing":
-            what = f"computing, after {label}" if r.op else "computing"
+            # a group's first operation not entered yet: its slot says none #-1
+            what = f"computing, after {label}" if r.op not in ("", "none") else "computing"
         else:
             what = r.state
         since = f"{r.since_s:.1f} s" if r.since_s is not None else ""

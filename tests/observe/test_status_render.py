@@ -1,0 +1,17 @@
+"""rankguard status's table, from plain views: what each rank's line says."""
+
+from rankguard.observe.status import RankView, StatusView, render
+
+
+def _line(view: RankView) -> str:
+    return render(StatusView("r1", 0, False, 0, None, (view,))).splitlines()[2]
+
+
+def test_a_rank_that_has_entered_nothing_yet_is_computing_after_nothing():
+    line = _line(RankView(0, 42, "computing", "running", "none", -1, "world", None))
+    assert "computing " in line and "none" not in line and "#-1" not in line, line
+
+
+def test_a_rank_after_its_last_collective_names_it():
+    line = _line(RankView(0, 42, "computing", "running", "all_reduce", 7, "world", 1.0))
+    assert "computing, after all_reduce #7" in line, line
