@@ -209,7 +209,8 @@ class ProgressTracker:
             return
         t0, before = previous
         seen = judge(before, current, now - t0, self.poll_s)
-        self._seen[rank] = seen
+        if seen.progressing or rank not in self._seen or not self._seen[rank].progressing:
+            self._seen[rank] = seen  # a straggler is described by what it last did
         if seen.progressing:
             self._progress_at[rank] = now
 
@@ -223,6 +224,8 @@ class ProgressTracker:
         return last is not None and last[1].stopped
 
     def doing(self, rank: int) -> str:
-        """What the rank's process was last seen doing, for people ("" if not sampled)."""
+        """What the rank's process was last seen doing that counted as progress (a poll's
+        wake-up, not the sleeps between), else what it was seen doing; for people ("" if not
+        sampled)."""
         seen = self._seen.get(rank)
         return seen.why if seen is not None else ""
