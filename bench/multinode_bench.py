@@ -12,6 +12,9 @@ pid and the time of its first all-reduce of each attempt). Times are from the fa
   has stepped; how long until every rank of the other node is gone;
 - node wedge: the same with SIGSTOP (a frozen machine); how long until every rank of the other
   node is gone (torchrun waits for gloo's 30-minute timeout: the bench stops at ``--cap``);
+- rank SIGSTOP: one rank of node 1 is stopped while the ranks all-reduce; how long until every
+  rank of node 0 is gone (rankguard names it on its own node and ends the round everywhere;
+  torchrun waits for gloo's timeout: the bench stops at ``--cap``);
 - node partition: node 1's link to the bridge goes down (nothing crosses, no reset is sent);
   how long until every rank of node 0 (the store's host) is gone;
 - node SIGKILL, next round: ``--max-restarts 1``; the node that does not host the store is
@@ -205,6 +208,21 @@ def node_fault(which: str, sig: int, cap: float) -> str:
         job.close()
 
 
+def rank_stop(which: str, cap: float) -> str:
+    """SIGSTOP one rank of node 1 (in the middle of its all-reduces); until node 0's ranks are
+    all gone (rankguard: --hang-timeout 3; node 0 hears the verdict from node 1)."""
+    job = Job(which, 0, [WORKER], {"STEPS": "100000"})
+
+    def stop_a_rank_of_node_1() -> None:
+        theirs = set(proctree.descendants(job.agents[1].pid))
+        os.kill(next(pid for pid in job.rank_pids().values() if pid in theirs), signal.SIGSTOP)
+
+    try:
+        return _until_gone(job, 0, stop_a_rank_of_node_1, cap)
+    finally:
+        job.close()
+
+
 def partition(which: str, cap: float) -> str:
     """Cut node 1's link; until node 0's ranks are all gone."""
     try:
@@ -280,6 +298,7 @@ def main() -> None:
         ("node SIGSTOP -> other node's ranks gone", lambda w: node_fault(w, signal.SIGSTOP,
                                                                           args.cap)),
         ("node partition -> store host's ranks gone", lambda w: partition(w, args.cap)),
+        ("rank SIGSTOP on node 1 -> node 0's ranks gone", lambda w: rank_stop(w, args.cap)),
         ("node SIGKILL -> next round's 1st all-reduce, hot spare",
          lambda w: node_loss_next_round(w, True, args.cap)),
         ("node SIGKILL -> next round's 1st all-reduce, no spare",
