@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from . import proctree
+
 _TICKS = os.sysconf("SC_CLK_TCK")
 # More descriptors than this in one poll or select are not resolved (a wait on that many is
 # an event loop's, and an event loop is no evidence either way).
@@ -144,11 +146,6 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _stat(path: str) -> list[str] | None:
-    text = _read(path)
-    return text[text.rindex(")") + 2:].split() if text else None
-
-
 def _children(pid: int) -> list[int]:
     found = []
     try:
@@ -168,11 +165,7 @@ def tree(pid: int) -> list[int]:
     """``pid`` and every live descendant (from the kernel's children lists, or a walk of
     /proc where the kernel keeps none)."""
     if not _HAS_CHILDREN_LISTS:
-        import psutil
-        try:
-            return [pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))]
-        except psutil.Error:
-            return [pid]
+        return [pid, *proctree.descendants(pid)]
     found, todo = [], [pid]
     while todo:
         current = todo.pop()
@@ -223,9 +216,12 @@ def _ends_in(name: str, args: list[int], mem: _Mem) -> float | None:
     if name in ("ppoll", "pselect6", "epoll_pwait2"):
         return _timespec_s(mem.read(args[2 if name == "ppoll" else 4 if name == "pselect6"
                                          else 3], 16))
-    if name == "select":
+    if name == "select":  # a timeval: seconds and microseconds
         data = mem.read(args[4], 16)
-        return None if data is None else (lambda s, us: s + us / 1e6)(*struct.unpack("qq", data))
+        if data is None:
+            return None
+        sec, usec = struct.unpack("qq", data)
+        return sec + usec / 1e6
     if name == "nanosleep":
         return _timespec_s(mem.read(args[0], 16))
     if name == "clock_nanosleep":
@@ -482,7 +478,7 @@ def sample(pid: int, peers: JobPeers | None = None,
     process, kept by the caller (a connection's peer never changes).
 
     Reads only /proc; the process is not signalled, stopped or traced."""
-    stat = _stat(f"/proc/{pid}/stat")
+    stat = proctree.stat_fields(pid)
     if stat is None:
         return None
     members = tree(pid)
@@ -490,7 +486,7 @@ def sample(pid: int, peers: JobPeers | None = None,
     cpu = 0.0
     disk, stopped = [], []
     for member in members:
-        fields = stat if member == pid else _stat(f"/proc/{member}/stat")
+        fields = stat if member == pid else proctree.stat_fields(member)
         if fields is None:
             continue
         cpu += sum(int(value) for value in fields[11:15]) / _TICKS  # utime stime cutime cstime
@@ -507,7 +503,7 @@ def sample(pid: int, peers: JobPeers | None = None,
         return None
     try:
         for tid in tids:
-            fields = _stat(f"/proc/{pid}/task/{tid}/stat")
+            fields = proctree.stat_fields(pid, tid)
             if fields is None:
                 continue
             if not threads:

@@ -64,11 +64,13 @@ def is_stopped(pid: int) -> bool:
         return False
 
 
-def stat_fields(pid: int) -> list[str] | None:
-    """The fields of ``/proc/PID/stat`` from the state (field 3) on, after the command name
-    (which may hold spaces and parentheses); None if it cannot be read."""
+def stat_fields(pid: int, tid: int | str | None = None) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` (of thread ``tid``'s ``/proc/PID/task/TID/stat``)
+    from the state (field 3) on, after the command name (which may hold spaces and
+    parentheses); None if it cannot be read."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        with open(path) as f:
             stat = f.read()
     except OSError:
         return None
