@@ -75,7 +75,9 @@ class ThreadWait:
     fds: tuple[Fd, ...] = ()
     # seconds until a timed wait ends on its own (None: no timeout, or not known)
     ends_in: float | None = None
-    switches: int = 0  # voluntary + involuntary context switches so far
+    # voluntary + involuntary context switches so far: read for the main thread only (the one
+    # whose polls the hang rules look for), 0 for the others
+    switches: int = 0
     what: str = ""  # for people: "socket to 10.0.0.5:443", "child 4717 (sleep)"
 
 
@@ -429,11 +431,11 @@ def _switches(pid: int, tid: str) -> int:
 
 
 def _thread(pid: int, tid: str, state: str, resolver: _Resolver, mem: _Mem,
-            children: list[int], resolve: frozenset[Call]) -> ThreadWait:
+            children: list[int], resolve: frozenset[Call], main: bool) -> ThreadWait:
     """One thread's wait; the descriptors of its call are placed if the call is in
-    ``resolve``."""
+    ``resolve``, its context switches counted if it is the ``main`` thread."""
     base = f"/proc/{pid}/task/{tid}"
-    switches = _switches(pid, tid)
+    switches = _switches(pid, tid) if main else 0
     if state != "S":
         return ThreadWait(int(tid), state, Call.NONE, switches=switches)
     text = _read(f"{base}/syscall")
@@ -510,7 +512,8 @@ def sample(pid: int, peers: JobPeers | None = None,
                 resolve = _MAIN_RESOLVES
             else:
                 resolve = frozenset({Call.FDS}) if threads[0].call is Call.FUTEX else frozenset()
-            threads.append(_thread(pid, tid, fields[0], resolver, mem, descendants, resolve))
+            threads.append(_thread(pid, tid, fields[0], resolver, mem, descendants, resolve,
+                                   main=not threads))
     finally:
         mem.close()
     if not threads:
