@@ -70,6 +70,7 @@ class Evidence:
         return self.seen in (Seen.BUSY, Seen.OUTSIDE)
 
 
+_STOPPED = Evidence(Seen.STOPPED, "stopped (SIGSTOP)")
 _OUTSIDE_FDS = {Fd.CHILD, Fd.OUTSIDE, Fd.UNKNOWN}
 
 
@@ -97,7 +98,7 @@ def judge(before: TreeSample, now: TreeSample, interval: float,
     part of a poll (the launcher gives its hang timeout: a loop that wakes more often than
     that is a poll, a probe's wake-up of a long sleep is not). Pure: nothing is read here."""
     if now.stopped:
-        return Evidence(Seen.STOPPED, "stopped (SIGSTOP)")
+        return _STOPPED
     share = (now.cpu_s - before.cpu_s) / max(interval, 1e-3)
     if share >= BUSY_SHARE:
         return Evidence(Seen.BUSY, f"{share:.0%} of a core in its process tree")
@@ -197,7 +198,7 @@ class ProgressTracker:
         self._seen.pop(rank, None)
 
     def _sample_proc(self, rank: int, pid: int, now: float) -> None:
-        current = proc_waits.sample(pid, self.peers, self._sockets.setdefault(rank, {}))
+        current = proc_waits.sample(pid, self.peers, self._sockets[rank])
         self.proc_reads += 1
         if current is None:
             return
@@ -205,11 +206,12 @@ class ProgressTracker:
         self._last[rank] = (now, current)
         if previous is None:
             if current.stopped:
-                self._seen[rank] = Evidence(Seen.STOPPED, "stopped (SIGSTOP)")
+                self._seen[rank] = _STOPPED
             return
         t0, before = previous
         seen = judge(before, current, now - t0, self.poll_s)
-        if seen.progressing or rank not in self._seen or not self._seen[rank].progressing:
+        kept = self._seen.get(rank)
+        if kept is None or seen.progressing or not kept.progressing:
             self._seen[rank] = seen  # a straggler is described by what it last did
         if seen.progressing:
             self._progress_at[rank] = now
