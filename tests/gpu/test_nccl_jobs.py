@@ -4,18 +4,10 @@ the reason where there is no CUDA GPU (CI)."""
 
 from __future__ import annotations
 
-import pytest
-import torch
-
 from tests.conftest import script
+from tests.gpu.nccl_ranks import GPU_SET, ONE_GPU
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
-    not torch.cuda.is_available() or not torch.distributed.is_nccl_available(),
-    reason="needs a CUDA GPU and a torch built with NCCL")]
-
-# several ranks on one GPU: NCCL's socket transport on loopback only
-ONE_GPU = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1",
-           "NCCL_NVLS_ENABLE": "0", "NCCL_COLLNET_ENABLE": "0", "NCCL_SOCKET_IFNAME": "lo"}
+pytestmark = GPU_SET
 
 
 def test_a_fault_free_nccl_job_runs_under_rankguard_run_and_keeps_its_backend(run_rankguard):
