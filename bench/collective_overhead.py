@@ -4,6 +4,14 @@
     python bench/collective_overhead.py --ranks 2 --sizes 1048576 --repeats 9
     python bench/collective_overhead.py --rankguard-arg=--collective-timeout=60   # bounded mode
     python bench/collective_overhead.py --pin --repeats 9     # ranks pinned: less noise
+    python bench/collective_overhead.py --backend nccl --ranks 2 8 --sizes 4096   # one GPU
+    python bench/collective_overhead.py --backend nccl --rankguard-env TORCH_NCCL_ENABLE_TIMING=0
+
+NCCL (``--backend nccl``): every rank on GPU 0, a host of its own through ``NCCL_HOSTID`` and
+NCCL's socket transport on loopback, so that one GPU serves any number of ranks; rankguard
+leaves NCCL groups as torch makes them and reads their progress on a thread of its own, so the
+main thread's CPU per all_reduce is what rankguard's settings (``TORCH_NCCL_ENABLE_TIMING=1``)
+cost there.
 
 One script, bench/collective_worker.py (plain torch.distributed, no rankguard import), times N
 all_reduces of each size after a warm-up (N: as many as fill ``--loop-seconds`` on the machine at
@@ -106,12 +114,23 @@ def guardian_of(pid: int) -> int | None:
     return None
 
 
+# several NCCL ranks on one GPU: NCCL's socket transport on loopback only
+ONE_GPU = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1",
+           "NCCL_NVLS_ENABLE": "0", "NCCL_COLLNET_ENABLE": "0", "NCCL_SOCKET_IFNAME": "lo"}
+
+
 def run_once(launcher: str, nproc: int, loops: list[str], extra: list[str],
-             pin: bool = False) -> Run:
+             pin: bool = False, backend: str = "gloo",
+             rankguard_env: dict[str, str] | None = None) -> Run:
     """Run the worker once under ``launcher``; ``loops``: its arguments; ``pin``: each rank
-    pins itself to one core."""
+    pins itself to one core; ``rankguard_env``: more environment under rankguard only."""
     log_dir = tempfile.mkdtemp(prefix="rankguard-bench-")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "RGBENCH_BACKEND": backend}
+    if backend == "nccl":
+        env.update(ONE_GPU)
+    if launcher == "rankguard":
+        env.update(rankguard_env or {})
     if pin:
         env["RGBENCH_PIN"] = "1"
     proc = subprocess.Popen(command(launcher, nproc, os.path.join(log_dir, "logs"), extra, loops),
@@ -138,10 +157,13 @@ def run_once(launcher: str, nproc: int, loops: list[str], extra: list[str],
             found = line.find(_RESULT)
             if found >= 0:
                 result = json.JSONDecoder().raw_decode(line, found + len(_RESULT) - 1)[0]
-                expected = "InstrumentedGroup" if launcher == "rankguard" else "ProcessGroup"
+                # NCCL groups are left as torch makes them, and keep their backend's name
+                wrapped = launcher == "rankguard" and backend == "gloo"
+                expected = "InstrumentedGroup" if wrapped else "ProcessGroup"
                 assert result["group"] == expected, (launcher, result["group"])
+                assert result["backend"] == backend, (launcher, result["backend"])
                 run.results[result["size"]].append(result)
-        code = proc.wait(timeout=60)
+        code = proc.wait(timeout=180)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -260,10 +282,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="runs under each launcher")
     parser.add_argument("--rankguard-arg", action="append", default=[],
                         help="an extra option for rankguard run (repeatable)")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
+                        help="nccl: every rank on GPU 0 (see the module doc)")
+    parser.add_argument("--rankguard-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an environment variable for the ranks under rankguard only "
+                             "(repeatable), e.g. TORCH_NCCL_ENABLE_TIMING=0")
     parser.add_argument("--pin", action="store_true",
                         help="each rank pins itself to one core (by local rank, wrapping "
                              "around), under both launchers alike")
     args = parser.parse_args()
+    rankguard_env = dict(item.partition("=")[::2] for item in args.rankguard_env)
     loops = [str(args.loop_seconds),
              *(f"{size}:{args.iters}" if args.iters else str(size) for size in args.sizes)]
     busy = machine_busy()
@@ -272,9 +300,12 @@ def main() -> None:
     for nproc in args.ranks:
         for round_ in range(args.repeats):
             for launcher in (LAUNCHERS if round_ % 2 else LAUNCHERS[::-1]):
-                runs.append(run_once(launcher, nproc, loops, args.rankguard_arg, args.pin))
+                runs.append(run_once(launcher, nproc, loops, args.rankguard_arg, args.pin,
+                                     args.backend, rankguard_env))
     counts = sorted({x["iters"] for r in runs for res in r.results.values() for x in res})
-    print(f"all_reduce, {args.repeats} runs under each launcher alternated, medians; "
+    settings = " ".join(args.rankguard_env)
+    print(f"{args.backend} all_reduce, {args.repeats} runs under each launcher alternated, "
+          f"medians{f' (rankguard with {settings})' if settings else ''}; "
           f"{counts[0]} to {counts[-1]} all_reduces per timed loop")
     print(f"{'':>73}   | CPU us per all_reduce and rank (robust to load)")
     print(f"{'ranks':>5} {'size':>6} {'torchrun':>14} {'rankguard':>14} {'difference':>12} "

@@ -2,6 +2,10 @@
 
     python collective_worker.py SECONDS SIZE[:N] [SIZE[:N] ...]
 
+With ``RGBENCH_BACKEND=nccl`` the tensors are on GPU 0 (each rank a host of its own through
+``NCCL_HOSTID``, so that several share one GPU) and each timed span ends with a device
+synchronisation; else gloo on CPU.
+
 For each SIZE (bytes of float32): 10 all_reduces, a warm-up of N / 5 (at least 10), a barrier,
 then N all_reduces timed (without N: as many as fill SECONDS by rank 0's first 10, the same on
 every rank). Around each timed loop rank 0 prints ``RGBENCH-BEGIN SIZE``
@@ -26,6 +30,18 @@ if os.environ.get("RGBENCH_PIN"):
 
 import torch  # noqa: E402 (after the pinning)
 import torch.distributed as dist  # noqa: E402
+
+BACKEND = os.environ.get("RGBENCH_BACKEND", "gloo")
+if BACKEND == "nccl":
+    os.environ.setdefault("NCCL_HOSTID", f"host{os.environ['RANK']}")
+    torch.cuda.set_device(0)
+DEVICE = torch.device("cuda", 0) if BACKEND == "nccl" else torch.device("cpu")
+
+
+def settle() -> None:
+    """Wait for the device (NCCL: the CPU returns at enqueue)."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def say(line: str) -> None:
@@ -56,18 +72,20 @@ def time_per_op(t: torch.Tensor, n: int) -> float:
     start = time.perf_counter()
     for _ in range(n):
         dist.all_reduce(t)
+    settle()
     return (time.perf_counter() - start) / n
 
 
 def iterations(per_op: float, seconds: float) -> int:
     """How many all_reduces fill ``seconds``, rank 0's figure on every rank."""
-    n = torch.tensor([max(10, math.ceil(seconds / per_op)) if dist.get_rank() == 0 else 0])
+    n = torch.tensor([max(10, math.ceil(seconds / per_op)) if dist.get_rank() == 0 else 0],
+                     device=DEVICE)
     dist.all_reduce(n, op=dist.ReduceOp.MAX)
     return int(n.item())
 
 
 def timed_loop(numel: int, iters: int | None, seconds: float) -> dict:
-    t = torch.ones(numel)
+    t = torch.ones(numel, device=DEVICE)
     iters = iters or iterations(time_per_op(t, 10), seconds)
     time_per_op(t, max(10, iters // 5))  # the warm-up proper
     dist.barrier()
@@ -77,6 +95,7 @@ def timed_loop(numel: int, iters: int | None, seconds: float) -> dict:
     start = time.perf_counter()
     for _ in range(iters):
         dist.all_reduce(t)
+    settle()
     wall = time.perf_counter() - start
     after = thread_cpu()
     if dist.get_rank() == 0:
@@ -88,14 +107,14 @@ def timed_loop(numel: int, iters: int | None, seconds: float) -> dict:
         threads[name] = threads.get(name, 0.0) + (used - before.get(tid, 0)) / 1e9
     return {"rank": dist.get_rank(), "size": numel * 4, "iters": iters, "wall_s": wall,
             "us_per_op": wall / iters * 1e6, "threads": threads,
-            "group": type(dist.group.WORLD).__name__}
+            "group": type(dist.group.WORLD).__name__, "backend": str(dist.get_backend())}
 
 
 def main() -> None:
     seconds = float(sys.argv[1])
     loops = [(int(size), int(n) if n else None) for size, _, n in
              (arg.partition(":") for arg in sys.argv[2:])]
-    dist.init_process_group("gloo")
+    dist.init_process_group(BACKEND)
     for size, iters in loops:
         result = timed_loop(max(1, size // 4), iters, seconds)
         say("RGBENCH " + json.dumps(result))

@@ -102,3 +102,37 @@ def test_completions_marked_by_another_thread_are_never_lost(tmp_path):
     assert not sweeper.is_alive()
     got = ledger.LedgerReader(path).read().groups[0]
     assert (got.entered, got.done) == (2 * n, 2 * n)
+
+
+def test_an_asynchronous_groups_progress_is_read_back_with_its_started_count(tmp_path):
+    path = str(tmp_path / "r0")
+    ledger.create(path, world_size=2)
+    writer = ledger.LedgerWriter(path)
+    sub = writer.add_group("1", [0, 1])
+    assert sub is not None
+    sub.publish(ledger.OP_CODES["all_reduce"], 51, 50, 49, 12.5, 11.0)
+    writer.world().enter(ledger.OP_CODES["init_process_group"])
+    world, group = ledger.LedgerReader(path).read().groups
+    assert not world.asynchronous and world.started == -1
+    assert (group.asynchronous, group.entered, group.started, group.done) == (True, 51, 50, 49)
+    assert (group.kind, group.t_enter, group.t_done) == ("all_reduce", 12.5, 11.0)
+    # torch numbers an asynchronous group's collectives from 1: no init entry to skip
+    assert (group.current, group.seq, group.waiting) == (50, 50, True)
+    assert writer.in_collective()
+    sub.reset()
+    again = ledger.LedgerReader(path).read().groups[1]
+    assert (again.asynchronous, again.entered, again.done) == (False, 0, 0)
+
+
+@pytest.mark.parametrize("is_world, asynchronous, done, stepped", [
+    (True, False, 1, False),  # the world's first entry is init_process_group
+    (True, False, 2, True),
+    (True, True, 1, True),  # torch's numbers: the first collective is 1
+    (False, False, 1, True),
+    (False, True, 0, False),
+])
+def test_a_group_has_stepped_once_its_first_collective_completed(is_world, asynchronous, done,
+                                                                 stepped):
+    group = ledger.GroupProgress(0, 3, is_world, 2, done, done, "all_reduce", 0.0, 0.0,
+                                 asynchronous=asynchronous)
+    assert group.stepped is stepped

@@ -23,7 +23,9 @@ Layout (little-endian):
     that issues its operations writes: the kind of the last op entered, time of the last enter,
     time of the last completion it recorded, entered, and how many completions it recorded;
   - the second, the completions recorded by any other thread (the completion sweeper): time of
-    the last, and how many.
+    the last, and how many; then, for an asynchronous group (NCCL, written by the rank's
+    progress sampler, ``runtime.async_groups``), the last operation its device started and
+    the slot's flags (``SLOT_ASYNC``).
 
   A slot's ``done`` is the sum of the two counts. With one writer per field no write needs a
   lock, and none can lose another's count. Each writer writes its fields in one store sequence,
@@ -56,8 +58,9 @@ from . import ledger_ring as _ring
 from .errors import LedgerError
 
 MAGIC = 0x52474C31  # "RGL1"
-# 2: the slot's times come before its counts; 3: a line per writer; 4: the ring
-VERSION = 4
+# 2: the slot's times come before its counts; 3: a line per writer; 4: the ring; 5: a slot's
+# started count and flags (asynchronous groups)
+VERSION = 5
 MAX_GROUPS = 64  # the world group and 63 sub-groups
 # magic version pid flags fault in_coll exit_code t_fault t_start blamed
 HEADER = struct.Struct("<IIqIIIiddQ8x")
@@ -66,6 +69,9 @@ _OFF_EXIT_CODE = 28
 SLOT = struct.Struct("<QQIII4xddQQ")  # a slot's first line: identity, issuing thread's part
 _SWEPT = struct.Struct("<dQ")  # its second line: completions recorded by other threads
 _OFF_SWEPT = 64
+_ASYNC = struct.Struct("<qI")  # after _SWEPT: the last operation started on the device, flags
+_OFF_ASYNC = _OFF_SWEPT + _SWEPT.size
+SLOT_ASYNC = 1  # a slot flag: the group is asynchronous (its counts are torch's, see GroupProgress)
 _KEY = struct.Struct("<Q")  # a slot's group key: 0 while no group has taken it
 SLOT_SIZE = 128
 RING_OFFSET = HEADER.size + MAX_GROUPS * SLOT_SIZE
@@ -278,7 +284,7 @@ class _SlotWriter:
     """
 
     __slots__ = ("_buf", "_offset", "_swept_offset", "_lock", "_kind", "_t_enter", "_t_done",
-                 "_entered", "_done", "_t_swept", "_swept", "_index", "_ring_base",
+                 "_entered", "_done", "_t_swept", "_swept", "_index", "_ring_base", "_async_offset",
                  "_ring_mask", "_pack_record")
 
     def __init__(self, buf: mmap.mmap, index: int) -> None:
@@ -290,6 +296,7 @@ class _SlotWriter:
         self._pack_record = _ring.RECORD.pack_into
         self._offset = offset + _OFF_STATE
         self._swept_offset = offset + _OFF_SWEPT
+        self._async_offset = offset + _OFF_ASYNC
         self._lock = threading.Lock()
         (self._kind, self._t_enter, self._t_done, self._entered,
          self._done) = _STATE.unpack_from(buf, self._offset)
@@ -331,6 +338,18 @@ class _SlotWriter:
             self._lock.release()
         return True
 
+    def publish(self, kind: int, enqueued: int, started: int, completed: int, t_enter: float,
+                t_done: float) -> None:
+        """Write an asynchronous group's progress as torch counts it (see ``GroupProgress``):
+        the kind of the operation it is in, the last operation enqueued, started on the device
+        (-1: not known) and completed, and when the first and last of those counts last moved.
+        Only the group's one writer (the rank's progress sampler) may call it, and no other
+        method of this slot may be used for the group."""
+        self._kind, self._t_enter, self._t_done = kind, t_enter, t_done
+        self._entered, self._done = enqueued, completed
+        _ASYNC.pack_into(self._buf, self._async_offset, started, SLOT_ASYNC)
+        _STATE.pack_into(self._buf, self._offset, kind, t_enter, t_done, enqueued, completed)
+
     @property
     def entered(self) -> int:
         return self._entered
@@ -341,6 +360,7 @@ class _SlotWriter:
         with self._lock:
             self._entered = self._done = self._swept = 0
             _ring.clear(self._buf, self._ring_base, self._index)
+            _ASYNC.pack_into(self._buf, self._async_offset, -1, 0)
             _SWEPT.pack_into(self._buf, self._swept_offset, self._t_swept, 0)
             _STATE.pack_into(self._buf, self._offset, self._kind, self._t_enter, self._t_done,
                              0, 0)
@@ -500,7 +520,18 @@ class GroupProgress:
     @property
     def seq(self) -> int:
         """The sequence number people see for :attr:`current` (``all_reduce #57``)."""
-        return self.current if self.asynchronous else seq_of(self.current, self.is_world)
+        return self.seq_at(self.current)
+
+    def seq_at(self, entry: int) -> int:
+        """The sequence number people see for this group's operation ``entry`` (as
+        ``entered`` and ``done`` count them)."""
+        return entry if self.asynchronous else seq_of(entry, self.is_world)
+
+    @property
+    def stepped(self) -> bool:
+        """The rank completed a collective of this group (the world group's
+        ``init_process_group`` is not one)."""
+        return self.done >= (2 if self.is_world and not self.asynchronous else 1)
 
     @property
     def last_event(self) -> float:
@@ -585,12 +616,16 @@ class LedgerReader:
             offset = HEADER.size + index * SLOT_SIZE
             if not _KEY.unpack_from(self._buf, offset)[0]:
                 continue  # a slot no group has taken
-            t_swept, swept = _SWEPT.unpack_from(self._buf, offset + _OFF_SWEPT)  # first (module doc)
+            # the second line first (module doc)
+            t_swept, swept = _SWEPT.unpack_from(self._buf, offset + _OFF_SWEPT)
+            started, slot_flags = _ASYNC.unpack_from(self._buf, offset + _OFF_ASYNC)
             key, members, is_world, size, kind, t_enter, t_done, entered, done = SLOT.unpack_from(
                 self._buf, offset)
-            name = op_name(kind)
+            asynchronous = bool(slot_flags & SLOT_ASYNC)
             groups.append(GroupProgress(key, members, bool(is_world), size, entered,
-                                        done + swept, name, t_enter, max(t_done, t_swept)))
+                                        done + swept, op_name(kind), t_enter,
+                                        max(t_done, t_swept), started if asynchronous else -1,
+                                        asynchronous))
         return RankProgress(pid, flags, fault, bool(fault_in_coll), t_fault, t_start,
                             tuple(groups), tuple(r for r in range(64) if blamed >> r & 1),
                             exit_code)

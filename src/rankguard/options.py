@@ -12,6 +12,7 @@ import math
 import os
 import re
 import stat
+from typing import Mapping
 
 from .deadline import MAX_SECONDS, check_seconds
 from .errors import UsageError
@@ -32,6 +33,26 @@ class Parser(argparse.ArgumentParser):
 # "nan" and "inf", none of which a person means as a count or a number of seconds.
 _INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
 _DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
+
+
+GLOO_ENV = "RANKGUARD_GLOO"  # how a rank's gloo groups are watched
+GLOO_MODES = ("wrap", "recorder")
+
+
+def gloo_mode(env: Mapping[str, str] | None = None) -> str:
+    """How gloo groups are watched, from ``RANKGUARD_GLOO`` in ``env`` (default: this
+    process's): ``wrap`` (the default: an instrumented group, bounded collectives) or
+    ``recorder`` (left as torch makes them, read from torch's Flight Recorder as NCCL groups
+    are; no bounded collectives).
+
+    Raises:
+        UsageError: it is set to something else.
+    """
+    mode = (os.environ if env is None else env).get(GLOO_ENV) or "wrap"
+    if mode not in GLOO_MODES:
+        raise UsageError(f"{GLOO_ENV}={mode!r}", "is not a way to watch gloo groups",
+                         f"set it to {' or '.join(GLOO_MODES)}, or unset it")
+    return mode
 
 
 MAX_LOCAL_RANKS = 1024  # rank processes one machine's supervisor starts at most: past it, a typo

@@ -9,8 +9,15 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version())"
 } > "$out/gpu.log" 2>&1
-timeout 360 python3 -m pytest -q -m gpu -p no:cacheprovider -rs -W ignore::pytest.PytestConfigWarning \
+timeout 360 python3 -m pytest -q -m gpu -p no:cacheprovider -rsP -W ignore::pytest.PytestConfigWarning \
     tests/gpu tests/runtime/test_fr_progress.py >> "$out/gpu.log" 2>&1
 code=$?
 echo "exit $code" >> "$out/gpu.log"
+if [ "${RGBENCH:-1}" = 1 ]; then  # issue 29's cost figures, against torchrun
+  timeout 150 python3 bench/collective_overhead.py --backend nccl --ranks 2 8 --sizes 4096 \
+      --repeats 2 --loop-seconds 1 > "$out/bench_timing_on.txt" 2>&1
+  timeout 60 python3 bench/collective_overhead.py --backend nccl --ranks 2 --sizes 4096 \
+      --repeats 2 --loop-seconds 1 --rankguard-env TORCH_NCCL_ENABLE_TIMING=0 \
+      > "$out/bench_timing_off.txt" 2>&1
+fi
 exit $code

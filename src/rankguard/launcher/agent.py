@@ -365,7 +365,7 @@ class Launcher:
             text += f"starting for {now - started:.0f} s"
         else:
             furthest = max(worlds, key=lambda g: g.entered)
-            label = op_label(furthest.kind, _ledger.seq_of(furthest.entered, True))
+            label = op_label(furthest.kind, furthest.seq)
             text += f"{label}, entered {now - furthest.t_enter:.1f} s ago"
         self._terminal.status(text)
 
@@ -498,7 +498,7 @@ class Launcher:
 
     @staticmethod
     def _all_stepped(snaps: dict[int, _ledger.RankProgress]) -> bool:
-        return all(snap.groups[0].done >= 2 for snap in snaps.values())  # init + a collective
+        return all(snap.groups[0].stepped for snap in snaps.values())
 
     # -- signals and the guardian ------------------------------------------------------------
 

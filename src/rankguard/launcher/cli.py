@@ -16,7 +16,7 @@ import socket
 import sys
 import uuid
 
-from .. import private_files, sealed
+from .. import options, private_files, sealed
 from ..errors import UsageError
 from ..options import (MAX_LOCAL_RANKS, Parser, missing_dirs, number, remove_empty_dirs,
                        writable_dir, writable_file)
@@ -277,6 +277,7 @@ def parse(argv: list[str]) -> _config.RunConfig:
     torchrun_flags.environment_defaults(p)
     ns = p.parse_args(argv)
     sealed.check_env()
+    options.gloo_mode()
     min_nodes, max_nodes = _nnodes(ns.nnodes)
     node_rank = int(number("--node-rank", ns.node_rank, int, 0, "e.g. --node-rank 0"))
     port = int(number("--master-port", ns.master_port, int, 0, "use a port from 1 to 65535"))

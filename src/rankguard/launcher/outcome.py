@@ -128,8 +128,7 @@ def deadline_verdict(rank: int, progress: _ledger.RankProgress,
     if not set(progress.blamed) <= alive:
         return None
     slot = _last_entered(progress)
-    seq = _ledger.seq_of(slot.entered, slot.is_world)
-    return Verdict(True, progress.blamed, (rank,), slot.kind, seq,
+    return Verdict(True, progress.blamed, (rank,), slot.kind, slot.seq,
                    round(max(progress.t_fault - slot.t_enter, 0.0), 3), "collective_deadline",
                    slot.key, group_label(slot))
 
@@ -211,7 +210,7 @@ def early_exit(state: RankState, states: list[RankState], now: float,
                 at = left
             else:
                 continue
-            where = op_label(group.kind, _ledger.seq_of(group.entered, group.is_world),
+            where = op_label(group.kind, group.seq_at(group.entered),
                              group_label(group))
             return Fault("exited", at, state.rank,
                          f"exited with code 0 before {where} (rank {peer.rank} went on to it)")

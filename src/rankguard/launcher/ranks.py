@@ -93,6 +93,9 @@ def base_env(config: RunConfig, token: str, master_port: int) -> dict[str, str]:
         MASTER_PORT=str(master_port), TORCHELASTIC_MAX_RESTARTS=str(config.max_restarts),
         TORCHELASTIC_RUN_ID=config.run_id, TORCHELASTIC_USE_AGENT_STORE="True",
         TORCH_NCCL_ASYNC_ERROR_HANDLING=env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        # NCCL then records when each operation starts on the device: what tells a rank whose
+        # GPU is stuck before a collective from a collective stuck in NCCL (launcher.monitor)
+        TORCH_NCCL_ENABLE_TIMING=env.get("TORCH_NCCL_ENABLE_TIMING", "1"),
         OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
         PYTHONUNBUFFERED=env.get("PYTHONUNBUFFERED", "1"),
         RANKGUARD_LAUNCHER_PID=str(os.getpid()),

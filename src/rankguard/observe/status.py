@@ -77,11 +77,11 @@ def snapshot(run: runs.Run) -> StatusView:
         else:
             group = "world" if slot.is_world else \
                 f"ranks {','.join(map(str, slot.member_ranks(world_size)))}"
-            entry = slot.entered if slot.waiting else slot.done
+            entry = slot.current if slot.waiting else slot.done
             since = now - (slot.t_enter if slot.waiting else slot.t_done)
             views.append(RankView(rank.rank, rank.pid,
                                   "waiting" if slot.waiting else "computing", process,
-                                  slot.kind, ledger.seq_of(entry, slot.is_world), group,
+                                  slot.kind, slot.seq_at(entry), group,
                                   since if (slot.waiting or slot.t_done) else None, marked))
     for other in far:
         waiting = other.entered > other.done

@@ -41,7 +41,7 @@ import traceback
 from typing import Any
 
 from .. import ledger as _ledger
-from .. import proctree
+from .. import options, proctree
 from ..errors import CollectiveError, UsageError, in_chain
 from ..inject import perform as _perform
 from ..inject import spec as _spec
@@ -122,6 +122,7 @@ def _prepare(rank: int, attempt: int) -> None:
         # the launcher judges a rank by its ledger after --hang-timeout: completions must
         # reach the ledger well within it
         current().completions.lag = completions.lag_for(rendezvous.wait_limit(None))
+        options.gloo_mode()  # refused here, before the script, rather than inside it
     except UsageError as error:
         print(f"rankguard: {error}", file=sys.stderr)
         sys.exit(2)

@@ -280,6 +280,19 @@ class FlightRecorderReader:
                                   int(entry.get("time_created_ns") or 0)))
         return found
 
+    def group_names(self) -> dict[int, tuple[str, str]]:
+        """Each group with an entry in the ring: ``pg_id`` -> (torch's group name, its
+        description, ``default_pg`` for the default group). Reads every entry (see the module
+        doc for the cost): for a group seen for the first time, not every tick."""
+        dump = json.loads(self._json(True, False))
+        found = {}
+        for entry in dump.get("entries", ()):
+            name, desc = (list(entry.get("process_group", ())) + ["", ""])[:2]
+            if name:
+                found[int(entry["pg_id"])] = (str(name), str(desc))
+        self._names.update((pg_id, name) for pg_id, (name, _) in found.items())
+        return found
+
     def write_dump(self, folder: str, rank: int, stack_traces: bool = False) -> str:
         """Write torch's own full dump of this rank, ``folder/torch_fr_rank_<rank>``, in the
         pickle format ``python -m torch.distributed.flight_recorder.fr_trace folder`` reads

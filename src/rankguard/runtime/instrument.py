@@ -16,7 +16,10 @@ It then patches three functions of ``torch.distributed`` so that user scripts ne
   within the run's hang timeout (see ``rendezvous``).
 - ``get_backend`` reports ``gloo`` for those groups, as the script expects.
 
-NCCL groups are left as they are in this version (no GPU to test them here).
+NCCL groups are left as torch makes them (libraries reach for their ``ProcessGroupNCCL``): once
+one exists, ``async_groups`` publishes their progress in the ledger from torch's Flight Recorder.
+With ``RANKGUARD_GLOO=recorder`` gloo groups are left as they are too and watched the same way
+(no bounded collectives then): how the test suite runs the NCCL path on CPU.
 """
 
 from __future__ import annotations
@@ -28,14 +31,16 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from .. import ledger as _ledger
-from .. import sealed
+from .. import options, sealed
 from ..deadline import Deadline
 from ..errors import GroupRetired, UsageError
+from . import async_groups
 from . import bounded as _bounded
 from . import deadline as _deadline
 from . import generations, groups, vacancies
 from . import probe as _probe
 from . import rendezvous
+from .fr_progress import Recorder
 from .state import WORLD, GroupRecord, current
 
 BACKEND = "rankguard_gloo"
@@ -204,7 +209,7 @@ def _create_group(options: Any, backend_options: Any) -> Any:
         else:
             slot = state.ledger.add_group(options.group_id, list(options.global_ranks_in_group))
             if slot is None:
-                _say_untracked(options.group_id)
+                async_groups.say_untracked(options.group_id)
     backend = ProcessGroupGloo(options.store, options.group_rank, options.group_size,
                                timeout=options.timeout)
     backend.options.global_ranks_in_group = list(options.global_ranks_in_group)
@@ -223,22 +228,6 @@ def _create_group(options: Any, backend_options: Any) -> Any:
         start_probing(state.probe_store if state.probe_store is not None else options.store,
                       record.rank)
     return group
-
-
-_untracked_said = False
-
-
-def _say_untracked(name: str) -> None:
-    """Say once per rank that a group has no ledger slot: its hangs go unseen."""
-    global _untracked_said
-    if _untracked_said:
-        return
-    _untracked_said = True
-    rank = os.environ.get("RANK", "?")
-    os.write(2, f"rankguard: rank {rank}: process group {name!r} and any created after it are "
-                f"not watched: the ledger holds {_ledger.MAX_GROUPS - 1} sub-groups (destroyed "
-                "ones included); a hang in them is not seen, but collective deadlines still "
-                "apply\n".encode())
 
 
 def _agreement_timeout(options: Any) -> float:
@@ -284,11 +273,29 @@ def _translate(backend: Any) -> Any:
     """The instrumented backend where plain gloo would serve the group, else ``backend``.
 
     Mixed specs (``cpu:gloo,cuda:nccl``) stay as they are: a Python process group replaces the
-    whole group, which would drop the NCCL half.
+    whole group, which would drop the NCCL half. So does gloo with ``RANKGUARD_GLOO=recorder``.
     """
+    if options.gloo_mode() == "recorder":
+        return backend
     if backend is None:
         return backend if _cuda_available() else BACKEND
     return BACKEND if str(backend).lower() == "gloo" else backend
+
+
+def _watch_async_groups() -> None:
+    """Once this rank has a group rankguard does not wrap (NCCL, or gloo in recorder mode),
+    publish its progress in the ledger (``async_groups``)."""
+    state = current()
+    if state.ledger is None:
+        return
+    from torch.distributed import distributed_c10d as c10d
+
+    uid_of = getattr(c10d, "_get_process_group_uid", None)
+    groups = list(getattr(getattr(c10d, "_world", None), "pg_names", None) or ())
+    if uid_of is not None and any(uid_of(group) >= 0 for group in groups):
+        async_groups.watch(state.ledger, Recorder.NCCL, state.completions.lag)
+    if options.gloo_mode() == "recorder" and groups:
+        async_groups.watch(state.ledger, Recorder.CPU, state.completions.lag)
 
 
 def _cuda_available() -> bool:
@@ -388,11 +395,13 @@ def install() -> None:
             world.enter(_ledger.OP_CODES["init_process_group"])  # not ours: the nearest point
             creating.entered = True
         try:
-            return original_init(backend, init_method, *args, **kwargs)
+            made = original_init(backend, init_method, *args, **kwargs)
         finally:
             creating.value = False
             if world is not None and creating.entered:
                 world.done()
+        _watch_async_groups()
+        return made
 
     @functools.wraps(original_new_group)
     def new_group(*args: Any, **kwargs: Any) -> Any:
@@ -407,7 +416,9 @@ def install() -> None:
             args = (*args[:2], _translate(args[2]), *args[3:])
         elif kwargs.get("backend") is not None:
             kwargs["backend"] = _translate(kwargs["backend"])
-        return original_new_group(*args, **kwargs)
+        made = original_new_group(*args, **kwargs)
+        _watch_async_groups()
+        return made
 
     @functools.wraps(original_get_backend)
     def get_backend(group: Any = None) -> Any:

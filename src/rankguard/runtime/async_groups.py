@@ -1,0 +1,294 @@
+"""Asynchronous process groups (NCCL) in the progress ledger, read from torch's Flight Recorder.
+
+rankguard leaves an NCCL group as torch made it (no wrapper: libraries reach for its
+``ProcessGroupNCCL``, see ``instrument``), and its CPU returns from a collective once it is
+enqueued, long before the device runs it. What the ledger needs of it, torch already counts in
+C++ for every group: the last operation enqueued, started on the device and completed
+(``fr_progress``). One daemon thread of the rank, the sampler, reads those counts every
+:func:`tick_for` seconds and publishes each group's in its ledger slot, flagged asynchronous, so
+the launcher's hang rules judge it by them (``launcher.monitor``). The thread that issues the
+operations does nothing more per operation: the cost of watching an NCCL group is one read of a
+few microseconds per tick, off that thread.
+
+A slot's times are when the sampler saw its counts move, so they are up to a tick (plus torch's
+own lag, about 0.2 s on NCCL) late. The kind of operation a group waits in is read only when its
+completions have not moved for ``STALL_S`` while one is pending (reading the pending entries
+costs about 1 ms with 50 of them).
+
+Groups are found by torch's group id in the recorder (``pg_id``); the first time one appears the
+sampler reads the recorder's entries once to learn its name and whether it is the default group
+(``default_pg``), and torch.distributed's registry for its members. The default group takes the
+ledger's world slot (a newer default group, after ``destroy_process_group``, takes it over);
+every other group a sub-group slot of its own.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
+
+from .. import ledger as _ledger
+from . import fr_progress
+from .fr_progress import FlightRecorderReader, FlightRecorderUnavailable, GroupCounts, Recorder
+
+MIN_TICK_S = 0.05
+MAX_TICK_S = 0.2  # torch's own counts lag about this much on NCCL: reading faster gains nothing
+STALL_S = 0.5  # a pending operation whose group completed nothing this long: learn its kind
+STOP_WAIT_S = 1.0  # how long stopping waits for the sampler's last tick
+NONE = _ledger.OP_CODES["none"]
+
+
+def tick_for(lag: float) -> float:
+    """The sampler's period when completions may reach the ledger ``lag`` seconds late
+    (``completions.lag_for``: a share of the launcher's hang timeout)."""
+    return max(MIN_TICK_S, min(MAX_TICK_S, lag))
+
+
+@dataclass(frozen=True)
+class Published:
+    """What the sampler last published for one group: torch's counts (``enqueued`` and
+    ``completed`` from 0, ``started`` -1 when not known), when the first and the last of them
+    last moved, and the kind of operation the group waits in with the number it is for."""
+
+    enqueued: int
+    started: int
+    completed: int
+    t_enter: float
+    t_done: float
+    kind: int = NONE
+    kind_of: int = 0  # the operation ``kind`` is the kind of (0: none)
+
+    @property
+    def pending(self) -> int:
+        """The first operation not completed, while one is enqueued; else 0."""
+        return self.completed + 1 if self.enqueued > self.completed else 0
+
+
+def advance(before: Published | None, counts: GroupCounts, timing: bool, now: float
+            ) -> Published:
+    """The group's record after the recorder said ``counts`` at ``now``: times move only where
+    the counts moved (a group seen for the first time has both at ``now``). torch says -1 for
+    "none"; with ``timing`` on (``TORCH_NCCL_ENABLE_TIMING``) a started count of -1 means none
+    started yet (0), without it, not known (-1). Pure."""
+    enqueued, completed = max(counts.enqueued, 0), max(counts.completed, 0)
+    started = max(counts.started, 0) if timing else -1
+    if before is None:
+        return Published(enqueued, started, completed, now, now)
+    return replace(before, enqueued=enqueued, started=started, completed=completed,
+                   t_enter=now if enqueued != before.enqueued else before.t_enter,
+                   t_done=now if completed != before.completed else before.t_done)
+
+
+def kind_wanted(record: Published, now: float) -> int:
+    """The operation whose kind the sampler should learn now (0: none): the one the group
+    waits in, once its completions have not moved for ``STALL_S`` and its kind is not known
+    yet. Pure."""
+    pending = record.pending
+    if pending and record.kind_of != pending and now - record.t_done >= STALL_S:
+        return pending
+    return 0
+
+
+@dataclass
+class _Bound:
+    """A group of a recorder and the ledger slot it publishes to."""
+
+    slot: _ledger._SlotWriter
+    is_world: bool
+    record: Published | None = None
+
+
+class AsyncGroupSampler:
+    """Publishes the progress of every group of ``readers`` in ``ledger`` (the module doc).
+
+    :meth:`sample` is one tick; :meth:`start` runs it every ``tick_s`` on a daemon thread,
+    which :meth:`stop` ends (bounded by ``STOP_WAIT_S``). Nothing it calls waits on a group,
+    a device or a peer.
+    """
+
+    def __init__(self, ledger: _ledger.LedgerWriter, readers: Sequence[FlightRecorderReader],
+                 tick_s: float, timing: bool, members: Callable[[str], list[int] | None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``members``: the global ranks of the group torch names so (None: not known yet);
+        ``timing``: whether the device's start of each operation is recorded."""
+        self.ledger = ledger
+        self.readers = list(readers)
+        self.tick_s = tick_s
+        self.timing = timing
+        self._members = members
+        self._clock = clock
+        self._bound: dict[tuple[Recorder, int], _Bound | None] = {}  # None: not watched
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # one tick at a time (the thread's, or a caller's)
+
+    def add(self, reader: FlightRecorderReader) -> None:
+        """Watch the groups of one more recorder (any thread)."""
+        with self._lock:
+            if all(r.recorder is not reader.recorder for r in self.readers):
+                self.readers.append(reader)
+
+    def sample(self) -> None:
+        """Read every recorder once and publish what moved."""
+        with self._lock:
+            for reader in self.readers:
+                self._sample(reader)
+
+    def _sample(self, reader: FlightRecorderReader) -> None:
+        progress = reader.read()
+        now = self._clock()
+        wanted: dict[int, int] = {}
+        for pg_id, counts in progress.groups.items():
+            key = (reader.recorder, pg_id)
+            if key not in self._bound:
+                if counts.enqueued < 1:
+                    continue  # nothing to show yet, and no entry to learn its name from
+                self._bind(reader, pg_id)
+            bound = self._bound.get(key)
+            if bound is None:
+                continue
+            record = advance(bound.record, counts, self.timing, now)
+            pending = kind_wanted(record, now)
+            if pending:
+                wanted[pg_id] = pending
+            self._publish(bound, record)
+        if wanted:
+            self._learn_kinds(reader, wanted, now)
+
+    def _publish(self, bound: _Bound, record: Published) -> None:
+        if record != bound.record:
+            bound.slot.publish(record.kind, record.enqueued, record.started, record.completed,
+                               record.t_enter, record.t_done)
+            bound.record = record
+
+    def _learn_kinds(self, reader: FlightRecorderReader, wanted: dict[int, int],
+                     now: float) -> None:
+        kinds: dict[int, str] = {}
+        for op in reader.active():
+            if wanted.get(op.pg_id) == op.seq:
+                kinds[op.pg_id] = op.kind
+        for pg_id, seq in wanted.items():
+            bound = self._bound[(reader.recorder, pg_id)]
+            assert bound is not None and bound.record is not None
+            code = _ledger.OP_CODES.get(kinds.get(pg_id, ""), NONE)
+            # not among the pending entries: completed meanwhile; asked again if still stalled
+            self._publish(bound, replace(bound.record, kind=code, kind_of=seq if code else 0))
+
+    def _bind(self, reader: FlightRecorderReader, pg_id: int) -> None:
+        name, desc = reader.group_names().get(pg_id, ("", ""))
+        key = (reader.recorder, pg_id)
+        if not name:
+            return  # its entries are not in the ring yet: asked again next tick
+        if desc == "default_pg":
+            for other, bound in self._bound.items():
+                if bound is not None and bound.is_world:  # an earlier default group's
+                    self._bound[other] = None
+            slot = self.ledger.world()
+            slot.reset()
+            self._bound[key] = _Bound(slot, True)
+            return
+        ranks = self._members(name)
+        if ranks is None:
+            return
+        slot = self.ledger.add_group(name, ranks)
+        if slot is None:
+            say_untracked(name)
+        self._bound[key] = None if slot is None else _Bound(slot, False)
+
+    def start(self) -> None:
+        """Run :meth:`sample` every ``tick_s`` on a daemon thread until :meth:`stop`."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="rankguard-async-groups",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.tick_s):
+            try:
+                self.sample()
+            except Exception as error:  # noqa: BLE001 (a broken read must not end the rank)
+                os.write(2, f"rankguard: rank {os.environ.get('RANK', '?')}: NCCL groups are no "
+                            f"longer watched: reading torch's Flight Recorder failed: "
+                            f"{error!r}\n".encode())
+                return
+
+    def stop(self) -> None:
+        """End the thread, waiting at most ``STOP_WAIT_S`` for its tick in progress, then
+        publish the groups' last counts (the ones a rank leaves with)."""
+        self._stop.set()
+        if self._thread is None or self._thread is threading.current_thread():
+            return
+        self._thread.join(STOP_WAIT_S)
+        if not self._thread.is_alive():
+            try:
+                self.sample()
+            except Exception:  # noqa: BLE001 (leaving: the last counts are a nicety)
+                pass
+
+
+_untracked_said = False
+
+
+def say_untracked(name: str) -> None:
+    """Say once per rank that a group has no ledger slot: its hangs go unseen."""
+    global _untracked_said
+    if _untracked_said:
+        return
+    _untracked_said = True
+    rank = os.environ.get("RANK", "?")
+    os.write(2, f"rankguard: rank {rank}: process group {name!r} and any created after it are "
+                f"not watched: the ledger holds {_ledger.MAX_GROUPS - 1} sub-groups (destroyed "
+                "ones included); a hang in them is not seen, but collective deadlines still "
+                "apply\n".encode())
+
+
+def torch_members(name: str) -> list[int] | None:
+    """The global ranks of this process's group named ``name`` in torch.distributed's
+    registry (None: no such group, or it is being destroyed)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    names = getattr(getattr(c10d, "_world", None), "pg_names", None) or {}
+    for group, group_name in list(names.items()):
+        if group_name == name:
+            try:
+                return list(c10d.get_process_group_ranks(group))
+            except (RuntimeError, ValueError):
+                return None
+    return None
+
+
+_sampler: AsyncGroupSampler | None = None
+_unavailable_said: set[Recorder] = set()
+
+
+def watch(ledger: _ledger.LedgerWriter, recorder: Recorder, lag: float) -> bool:
+    """Publish the groups of ``recorder`` in ``ledger`` from now on (idempotent); returns
+    whether they are watched. A recorder that cannot be read is said once on stderr, with how
+    to turn it on, and its groups go unwatched (the job runs on)."""
+    global _sampler
+    try:
+        reader = FlightRecorderReader(recorder)
+    except FlightRecorderUnavailable as error:
+        if recorder not in _unavailable_said:
+            _unavailable_said.add(recorder)
+            os.write(2, f"rankguard: rank {os.environ.get('RANK', '?')}: {recorder.value} "
+                        f"process groups are not watched: {error}\n".encode())
+        return False
+    if _sampler is None:
+        _sampler = AsyncGroupSampler(ledger, [reader], tick_for(lag), fr_progress.timing_on(),
+                                     torch_members)
+        _sampler.start()
+        atexit.register(_sampler.stop)
+    else:
+        _sampler.add(reader)
+    return True
+
+
+def sampler() -> AsyncGroupSampler | None:
+    """The rank's sampler, once :func:`watch` started it."""
+    return _sampler

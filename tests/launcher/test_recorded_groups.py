@@ -1,0 +1,66 @@
+"""Groups rankguard does not wrap (NCCL's) are judged by what torch's Flight Recorder counts:
+enqueued and completed, published in the ledger by the rank's sampler thread. On CPU the same
+path runs on gloo groups under ``RANKGUARD_GLOO=recorder``: real ranks, real gloo, the real
+recorder, the launcher's real verdicts. (The GPU set runs it on NCCL: tests/gpu.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import script
+
+RECORDER = {"RANKGUARD_GLOO": "recorder"}
+HANG = 2.0
+
+
+def job(*args: str, nproc: int = 2) -> list[str]:
+    return ["--nproc-per-node", str(nproc), "--hang-timeout", str(HANG),
+            script("async_job.py"), "gloo", *args]
+
+
+def test_a_clean_job_of_recorded_groups_ends_well_and_steps(run_rankguard):
+    run = run_rankguard(job("clean", nproc=3), env=RECORDER)
+    assert run.code == 0, run.stderr
+    assert all(f"OK rank={r} backend=gloo" in run.stdout for r in range(3)), run.stdout
+    assert not [e for e in run.events if e["event"] in ("hang_detected", "straggler")]
+
+
+@pytest.mark.parametrize("scenario, at, verdict", [
+    ("sleep", "7", "rank 1 never enqueued all_reduce #7 (made no progress); rank 0 waited"),
+    ("subgroup", "4", "rank 1 never enqueued all_reduce #4 on group ranks 0,1 (made no progress); "
+                      "rank 0 waited"),
+    ("reinit", "5", "rank 1 never enqueued all_reduce #5 (made no progress); rank 0 waited"),
+])
+def test_a_rank_that_never_enqueues_the_operation_is_blamed_by_name(run_rankguard, scenario,
+                                                                    at, verdict):
+    run = run_rankguard(job(scenario, at, nproc=3 if scenario == "subgroup" else 2),
+                        env=RECORDER)
+    assert run.code == 3, run.stderr
+    hang = run.event("hang_detected")
+    assert hang["blamed"] == [1]
+    assert f"rankguard: hang: {verdict}" in run.stderr, run.stderr
+    # the rank that issued operations ahead (asynchronously) waits in the first not completed
+    assert HANG <= hang["waited_s"] < HANG + 3, hang
+
+
+def test_a_busy_rank_is_a_straggler_and_the_job_ends_well(run_rankguard):
+    run = run_rankguard(job("busy", "4", str(3 * HANG)), env=RECORDER)
+    assert run.code == 0, run.stderr
+    assert run.event("straggler")["ranks"] == [1]
+    run.event("first_step")  # the world's first collective, as torch numbers them
+    assert "rankguard: straggler: rank 1 never enqueued all_reduce #4 (busy" in run.stderr
+
+
+def test_an_unreadable_recorder_is_said_once_and_the_job_runs_unwatched(run_rankguard):
+    run = run_rankguard(job("clean"), env={**RECORDER, "TORCH_FR_BUFFER_SIZE": "0"})
+    assert run.code == 0, run.stderr
+    said = [line for line in run.stderr.splitlines() if "process groups are not watched" in line]
+    assert len(said) == 2, run.stderr  # once per rank
+    assert "TORCH_FR_BUFFER_SIZE=2000" in said[0]
+
+
+def test_a_bad_gloo_mode_is_refused_before_the_script_runs(run_rankguard):
+    run = run_rankguard(job("clean"), env={"RANKGUARD_GLOO": "record"})
+    assert run.code == 2, run.stderr
+    assert "RANKGUARD_GLOO='record'" in run.stderr and "wrap or recorder" in run.stderr
+    assert "Traceback" not in run.stderr

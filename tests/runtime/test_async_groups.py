@@ -1,0 +1,60 @@
+"""The sampler's rules for an asynchronous group's record (pure; the sampler itself runs in
+real ranks in tests/launcher/test_recorded_groups.py and the GPU set)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rankguard.ledger import OP_CODES
+from rankguard.runtime.async_groups import (MAX_TICK_S, MIN_TICK_S, STALL_S, Published,
+                                            advance, kind_wanted, tick_for)
+from rankguard.runtime.fr_progress import GroupCounts
+
+AR = OP_CODES["all_reduce"]
+BEFORE = Published(enqueued=10, started=9, completed=8, t_enter=1.0, t_done=2.0, kind=AR,
+                   kind_of=9)
+
+ADVANCE = {
+    "a group seen for the first time has both times now; torch's -1 (none) reads 0":
+        (None, GroupCounts(-1, -1, -1), True, Published(0, 0, 0, 5.0, 5.0)),
+    "with timing off, started is not known (-1) whatever torch says":
+        (None, GroupCounts(3, 2, 1), False, Published(3, -1, 1, 5.0, 5.0)),
+    "nothing moved: the times stay":
+        (BEFORE, GroupCounts(10, 9, 8), True, BEFORE),
+    "a new enqueue moves the enqueue time only":
+        (BEFORE, GroupCounts(11, 9, 8), True,
+         Published(11, 9, 8, 5.0, 2.0, AR, 9)),
+    "a completion moves the completion time only; the kind learnt stays with its number":
+        (BEFORE, GroupCounts(10, 10, 9), True,
+         Published(10, 10, 9, 1.0, 5.0, AR, 9)),
+    "a start alone moves no time (the rules wait on completions)":
+        (BEFORE, GroupCounts(10, 10, 8), True,
+         Published(10, 10, 8, 1.0, 2.0, AR, 9)),
+    "a new group in the same slot (fewer counts) is a move too":
+        (BEFORE, GroupCounts(2, 2, 1), True, Published(2, 2, 1, 5.0, 5.0, AR, 9)),
+}
+
+
+@pytest.mark.parametrize("before, counts, timing, after", ADVANCE.values(), ids=ADVANCE.keys())
+def test_times_move_where_counts_moved(before, counts, timing, after):
+    assert advance(before, counts, timing, 5.0) == after
+
+
+KIND = {
+    "nothing pending: nothing to learn": (Published(8, 8, 8, 0.0, 0.0), 10.0, 0),
+    "pending, completions moved lately: not yet": (Published(9, 9, 8, 0.0, 9.9), 10.0, 0),
+    "pending and stalled: the first not completed":
+        (Published(12, 9, 8, 0.0, 10.0 - STALL_S), 10.0, 9),
+    "its kind already learnt: not again": (BEFORE, 2.0 + STALL_S, 0),
+    "a later operation stalled: learn it": (Published(12, 11, 10, 0.0, 0.0, AR, 9), 10.0, 11),
+}
+
+
+@pytest.mark.parametrize("record, now, wanted", KIND.values(), ids=KIND.keys())
+def test_the_kind_is_learnt_once_per_stalled_operation(record, now, wanted):
+    assert kind_wanted(record, now) == wanted
+
+
+@pytest.mark.parametrize("lag, tick", [(0.02, MIN_TICK_S), (0.1, 0.1), (1.0, MAX_TICK_S)])
+def test_the_tick_follows_the_completion_lag_within_bounds(lag, tick):
+    assert tick_for(lag) == tick
