@@ -158,7 +158,8 @@ def run_once(launcher: str, nproc: int, loops: list[str], extra: list[str],
             if found >= 0:
                 result = json.JSONDecoder().raw_decode(line, found + len(_RESULT) - 1)[0]
                 # NCCL groups are left as torch makes them, and keep their backend's name
-                wrapped = launcher == "rankguard" and backend == "gloo"
+                wrapped = (launcher == "rankguard" and backend == "gloo"
+                           and (rankguard_env or {}).get("RANKGUARD_GLOO") != "recorder")
                 expected = "InstrumentedGroup" if wrapped else "ProcessGroup"
                 assert result["group"] == expected, (launcher, result["group"])
                 assert result["backend"] == backend, (launcher, result["backend"])

@@ -24,6 +24,12 @@ STACKS_S = 1.0
 """How long processes asked for their stacks (SIGUSR1 to faulthandler) get to write them all:
 a dump takes a few ms. The launcher's stacks rung; a pool's hang verdict."""
 
+ASYNC_STALL_S = 0.5
+"""How long an asynchronous (NCCL) group's completions must stand still, with an operation
+pending, before it counts as waiting: a healthy NCCL group always has operations pending, and
+torch's counts and the rank's sampler each lag up to about 0.2 s. The rank's sampler learns the
+kind of the operation waited in then; the launcher starts reading /proc for the ranks then."""
+
 REAP_S = 2.0
 """How long SIGKILLed processes get to be gone and reaped: kernel work only, a few ms idle.
 The launcher's kill rung and its sweep of leftovers; ``proctree.kill_and_reap``."""

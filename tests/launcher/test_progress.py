@@ -99,3 +99,36 @@ def test_a_rank_whose_ledger_moves_again_forgets_what_proc_said(process):
     assert not tracker.stopped(1)
     assert tracker.idle_for(1, now + 0.2) == pytest.approx(0.1)
     assert tracker.proc_reads == 1
+
+
+def async_snap(enqueued: int, completed: int, t_enter: float, t_done: float) -> RankProgress:
+    """The ledger of an NCCL rank: its CPU runs ahead of its completions."""
+    group = GroupProgress(WORLD, 0b11, True, 2, enqueued, completed, "all_reduce", t_enter,
+                          t_done, completed, True)
+    return RankProgress(0, 0, 0, False, 0.0, 0.0, (group,))
+
+
+def test_an_nccl_group_with_operations_pending_is_not_a_wait_while_it_completes_them(process):
+    tracker = ProgressTracker()
+    now = time.monotonic()
+    tracker.start(1, process("stopped"), now)  # /proc would say stopped: it is never read
+    for n in range(1, 6):
+        now += 0.2
+        # both enqueued far ahead and complete as they go; rank 1 enqueues nothing more
+        tracker.sample(now, {0: async_snap(50 + n, n, now, now), 1: async_snap(50, n, 1.0, now)})
+    assert tracker.proc_reads == 0
+
+
+def test_an_nccl_group_whose_completions_stand_still_is_a_wait_from_its_last_one(process):
+    tracker = ProgressTracker()
+    now = time.monotonic()
+    tracker.start(1, process("sleeping"), now - 30)
+    stalled = now - 10  # rank 0's completions stopped then, with operations pending
+    ledgers = {0: async_snap(60, 50, stalled, stalled), 1: async_snap(50, 50, now - 20, now - 20)}
+    tracker.sample(now - 0.2, ledgers)  # takes rank 1's last entry as progress, at its time
+    tracker.sample(now, ledgers)
+    time.sleep(0.3)
+    later = time.monotonic()
+    tracker.sample(later, ledgers)
+    assert tracker.proc_reads == 2
+    assert tracker.idle_for(1, later) == pytest.approx(later - stalled)

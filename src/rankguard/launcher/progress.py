@@ -44,6 +44,7 @@ from typing import Mapping
 
 from .. import proc_waits
 from ..ledger import RankProgress
+from ..margins import ASYNC_STALL_S
 from ..proc_waits import Call, Fd, JobPeers, ThreadWait, TreeSample
 
 BUSY_SHARE = 0.05
@@ -140,9 +141,13 @@ def _last_entry(snap: RankProgress | None) -> float:
     return max((g.t_enter for g in snap.groups if g.entered), default=0.0) if snap else 0.0
 
 
-def _wait_began(snaps: Mapping[int, RankProgress]) -> float | None:
-    """When the earliest operation some rank still waits in began; None when none waits."""
-    began = [g.t_enter for snap in snaps.values() for g in snap.groups if g.waiting]
+def _wait_began(snaps: Mapping[int, RankProgress], now: float) -> float | None:
+    """When the earliest operation some rank still waits in began; None when none waits. An
+    asynchronous group (NCCL) has operations pending all the time: it waits from its last
+    completion, once that is ``ASYNC_STALL_S`` old."""
+    began = [g.t_done if g.asynchronous else g.t_enter
+             for snap in snaps.values() for g in snap.groups
+             if g.waiting and (not g.asynchronous or now - g.t_done >= ASYNC_STALL_S)]
     return min(began) if began else None
 
 
@@ -178,7 +183,7 @@ class ProgressTracker:
     def sample(self, now: float, snaps: Mapping[int, RankProgress]) -> None:
         """Update each tracked rank's progress from ``snaps`` (its ledger read at ``now``),
         and from /proc where the ledger is quiet and some rank waits."""
-        waiting_since = _wait_began(snaps)
+        waiting_since = _wait_began(snaps, now)
         for rank, pid in self._pid.items():
             entry = _last_entry(snaps.get(rank))
             if entry > self._entry.get(rank, 0.0):

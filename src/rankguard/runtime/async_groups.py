@@ -32,12 +32,13 @@ from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from .. import ledger as _ledger
+from ..margins import ASYNC_STALL_S
 from . import fr_progress
 from .fr_progress import FlightRecorderReader, FlightRecorderUnavailable, GroupCounts, Recorder
 
 MIN_TICK_S = 0.05
 MAX_TICK_S = 0.2  # torch's own counts lag about this much on NCCL: reading faster gains nothing
-STALL_S = 0.5  # a pending operation whose group completed nothing this long: learn its kind
+STALL_S = ASYNC_STALL_S  # pending, no completion this long: learn the kind of the one waited in
 STOP_WAIT_S = 1.0  # how long stopping waits for the sampler's last tick
 NONE = _ledger.OP_CODES["none"]
 
