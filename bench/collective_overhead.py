@@ -240,6 +240,15 @@ def report(runs: list[Run], nproc: int, sizes: list[int]) -> None:
               f" {statistics.median(native['torchrun']):>9.1f}"
               f" {statistics.median(native['rankguard']):>9.1f}"
               f" (95%: {low:+.0f} to {high:+.0f})")
+        if any(x.get("backend") == "nccl" for r in runs for x in r.results[size]):
+            issue = {name: _per_run(by[name], size, lambda x: x["issue_us_per_op"])
+                     for name in LAUNCHERS}
+            low, high = median_difference_interval(issue["torchrun"], issue["rankguard"])
+            mid = {name: statistics.median(issue[name]) for name in LAUNCHERS}
+            print(f"{'':>13} NCCL: the main thread's time to issue (enqueue) one all_reduce: "
+                  f"torchrun {mid['torchrun']:.2f} us, rankguard {mid['rankguard']:.2f} us "
+                  f"({mid['rankguard'] - mid['torchrun']:+.2f} us; 95% of the difference: "
+                  f"{low:+.2f} to {high:+.2f})")
 
 
 def cpu_report(runs: list[Run], nproc: int) -> None:

@@ -10,7 +10,8 @@ For each SIZE (bytes of float32): 10 all_reduces, a warm-up of N / 5 (at least 1
 then N all_reduces timed (without N: as many as fill SECONDS by rank 0's first 10, the same on
 every rank). Around each timed loop rank 0 prints ``RGBENCH-BEGIN SIZE``
 and ``RGBENCH-END SIZE`` (the bench samples its launcher's CPU between them), and every rank
-prints ``RGBENCH {json}``: its time per all_reduce and the CPU each of its threads used during
+prints ``RGBENCH {json}``: its time per all_reduce (and to issue one: on NCCL, the CPU's
+enqueue, before the device synchronisation), and the CPU each of its threads used during
 the loop (``/proc/self/task/*/schedstat``, nanoseconds), threads named by Python's
 ``threading`` where Python started them (rankguard's are ``rankguard-...``), ``main`` for the
 main thread and ``native`` for the others (gloo's, torch's).
@@ -95,6 +96,7 @@ def timed_loop(numel: int, iters: int | None, seconds: float) -> dict:
     start = time.perf_counter()
     for _ in range(iters):
         dist.all_reduce(t)
+    issued = time.perf_counter() - start  # NCCL: the CPU's enqueue of every all_reduce
     settle()
     wall = time.perf_counter() - start
     after = thread_cpu()
@@ -106,7 +108,8 @@ def timed_loop(numel: int, iters: int | None, seconds: float) -> dict:
         name = names.get(tid, "native")
         threads[name] = threads.get(name, 0.0) + (used - before.get(tid, 0)) / 1e9
     return {"rank": dist.get_rank(), "size": numel * 4, "iters": iters, "wall_s": wall,
-            "us_per_op": wall / iters * 1e6, "threads": threads,
+            "us_per_op": wall / iters * 1e6, "issue_us_per_op": issued / iters * 1e6,
+            "threads": threads,
             "group": type(dist.group.WORLD).__name__, "backend": str(dist.get_backend())}
 
 

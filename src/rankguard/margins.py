@@ -87,6 +87,16 @@ def rank_grace(grace: float) -> float:
     return max(grace * 0.8, 0.05)
 
 
+NCCL_ABORT_S = 0.6
+"""How long a SIGTERM teardown waits for NCCL's abort of the rank's communicators before it
+exits without it (the exit releases them too): an idle communicator's abort took 0.5 s, one with
+50 collectives queued behind a stuck one 1.3 to 2.9 s (one H100, over sockets). Bounded so that a
+rank torn down inside a stuck collective exits within a second (issue 29)."""
+
+NCCL_SYNC_S = 0.2
+"""How long a SIGTERM teardown waits for the device's queued work once NCCL's abort returned:
+what is left is the rank's own kernels; one that never ends (a stuck kernel) must not keep it."""
+
 CASCADE_WINDOW_S = 0.3
 """A rank's error inside a collective is judged only this long after it happened: the fault of
 a peer that caused it shows first (a dead peer's connection resets in ~20 ms; the launcher sees

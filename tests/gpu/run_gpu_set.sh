@@ -14,10 +14,12 @@ timeout 360 python3 -m pytest -q -m gpu -p no:cacheprovider -rsP -W ignore::pyte
 code=$?
 echo "exit $code" >> "$out/gpu.log"
 if [ "${RGBENCH:-1}" = 1 ]; then  # issue 29's cost figures, against torchrun
-  timeout 150 python3 bench/collective_overhead.py --backend nccl --ranks 2 8 --sizes 4096 \
-      --repeats 2 --loop-seconds 1 > "$out/bench_timing_on.txt" 2>&1
-  timeout 60 python3 bench/collective_overhead.py --backend nccl --ranks 2 --sizes 4096 \
-      --repeats 2 --loop-seconds 1 --rankguard-env TORCH_NCCL_ENABLE_TIMING=0 \
-      > "$out/bench_timing_off.txt" 2>&1
+  timeout 100 python3 bench/collective_overhead.py --backend nccl --ranks 2 --sizes 4096 \
+      --repeats 3 --iters 400 > "$out/bench_2_ranks.txt" 2>&1
+  timeout 100 python3 bench/collective_overhead.py --backend nccl --ranks 2 --sizes 4096 \
+      --repeats 3 --iters 400 --rankguard-env TORCH_NCCL_ENABLE_TIMING=0 \
+      > "$out/bench_2_ranks_timing_off.txt" 2>&1
+  timeout 120 python3 bench/collective_overhead.py --backend nccl --ranks 8 --sizes 4096 \
+      --repeats 1 --iters 60 > "$out/bench_8_ranks.txt" 2>&1
 fi
 exit $code

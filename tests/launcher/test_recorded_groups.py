@@ -13,9 +13,12 @@ RECORDER = {"RANKGUARD_GLOO": "recorder"}
 HANG = 2.0
 
 
-def job(*args: str, nproc: int = 2) -> list[str]:
-    return ["--nproc-per-node", str(nproc), "--hang-timeout", str(HANG),
-            script("async_job.py"), "gloo", *args]
+def job(*args: str, nproc: int = 2, flags: tuple[str, ...] = ("--hang-timeout", str(HANG))
+        ) -> list[str]:
+    return ["--nproc-per-node", str(nproc), *flags, script("async_job.py"), "gloo", *args]
+
+
+BOUNDED = ("--collective-timeout", "2", "--hang-timeout", "30")  # the deadline comes first
 
 
 def test_a_clean_job_of_recorded_groups_ends_well_and_steps(run_rankguard):
@@ -64,3 +67,33 @@ def test_a_bad_gloo_mode_is_refused_before_the_script_runs(run_rankguard):
     assert run.code == 2, run.stderr
     assert "RANKGUARD_GLOO='record'" in run.stderr and "wrap or recorder" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_a_collective_past_its_deadline_raises_naming_the_rank_that_never_enqueued_it(
+        run_rankguard):
+    run = run_rankguard(job("bounded", "5", flags=BOUNDED), env=RECORDER)
+    assert run.code == 3, run.stderr  # a hang: the rank it names is blamed
+    assert ("CollectiveTimeout: rank 0: all_reduce #5 on group 'world' passed its deadline of "
+            "2 s after 2." in run.stderr), run.stderr
+    assert "ranks that had not arrived: 1 (rank 1 had enqueued collectives up to #4)" \
+        in run.stderr, run.stderr
+    hang = run.event("hang_detected")
+    assert (hang["blamed"], hang["reason"]) == ([1], "collective_deadline"), hang
+
+
+def test_the_survivors_of_a_collective_deadline_regroup_and_all_reduce(run_rankguard):
+    run = run_rankguard(job("bounded_regroup", "5", "30", nproc=3, flags=BOUNDED),
+                        env=RECORDER)
+    assert run.code == 0, run.stderr
+    for rank in (0, 2):
+        assert f"CAUGHT rank={rank} missing=[1]" in run.stdout, run.stdout
+    assert "REGROUPED rank=0 size=2 sum=2" in run.stdout, run.stdout
+    assert "REGROUPED rank=1 size=2 sum=2" in run.stdout, run.stdout
+
+
+def test_a_deadline_block_bounds_the_wait_for_a_recorded_groups_collective(run_rankguard):
+    run = run_rankguard(job("deadline_block", "5", "2", flags=("--hang-timeout", "30")),
+                        env=RECORDER)
+    assert run.code == 1, run.stderr
+    assert ("CollectiveTimeout: rank 0: all_reduce #5 on group 'world' passed its deadline of "
+            "2 s after 2." in run.stderr), run.stderr

@@ -7,31 +7,34 @@ import pytest
 
 from rankguard.ledger import OP_CODES
 from rankguard.runtime.async_groups import (MAX_TICK_S, MIN_TICK_S, STALL_S, Published,
-                                            advance, kind_wanted, tick_for)
+                                            advance, kind_wanted, overdue, tick_for)
 from rankguard.runtime.fr_progress import GroupCounts
 
 AR = OP_CODES["all_reduce"]
 BEFORE = Published(enqueued=10, started=9, completed=8, t_enter=1.0, t_done=2.0, kind=AR,
-                   kind_of=9)
+                   kind_of=9, pending_since=2.0)
 
 ADVANCE = {
     "a group seen for the first time has both times now; torch's -1 (none) reads 0":
         (None, GroupCounts(-1, -1, -1), True, Published(0, 0, 0, 5.0, 5.0)),
-    "with timing off, started is not known (-1) whatever torch says":
-        (None, GroupCounts(3, 2, 1), False, Published(3, -1, 1, 5.0, 5.0)),
+    "with timing off, started is not known (-1) whatever torch says; it waits from now":
+        (None, GroupCounts(3, 2, 1), False, Published(3, -1, 1, 5.0, 5.0, pending_since=5.0)),
     "nothing moved: the times stay":
         (BEFORE, GroupCounts(10, 9, 8), True, BEFORE),
-    "a new enqueue moves the enqueue time only":
+    "a new enqueue moves the enqueue time only: the same operation is waited for":
         (BEFORE, GroupCounts(11, 9, 8), True,
-         Published(11, 9, 8, 5.0, 2.0, AR, 9)),
-    "a completion moves the completion time only; the kind learnt stays with its number":
+         Published(11, 9, 8, 5.0, 2.0, AR, 9, 2.0)),
+    "a completion moves the completion time, and the next operation is waited for from now":
         (BEFORE, GroupCounts(10, 10, 9), True,
-         Published(10, 10, 9, 1.0, 5.0, AR, 9)),
+         Published(10, 10, 9, 1.0, 5.0, AR, 9, 5.0)),
+    "the last completion leaves nothing waited for":
+        (BEFORE, GroupCounts(10, 10, 10), True,
+         Published(10, 10, 10, 1.0, 5.0, AR, 9, 0.0)),
     "a start alone moves no time (the rules wait on completions)":
         (BEFORE, GroupCounts(10, 10, 8), True,
-         Published(10, 10, 8, 1.0, 2.0, AR, 9)),
+         Published(10, 10, 8, 1.0, 2.0, AR, 9, 2.0)),
     "a new group in the same slot (fewer counts) is a move too":
-        (BEFORE, GroupCounts(2, 2, 1), True, Published(2, 2, 1, 5.0, 5.0, AR, 9)),
+        (BEFORE, GroupCounts(2, 2, 1), True, Published(2, 2, 1, 5.0, 5.0, AR, 9, 5.0)),
 }
 
 
@@ -58,3 +61,21 @@ def test_the_kind_is_learnt_once_per_stalled_operation(record, now, wanted):
 @pytest.mark.parametrize("lag, tick", [(0.02, MIN_TICK_S), (0.1, 0.1), (1.0, MAX_TICK_S)])
 def test_the_tick_follows_the_completion_lag_within_bounds(lag, tick):
     assert tick_for(lag) == tick
+
+
+WAITING = Published(12, 9, 8, 0.0, 0.0, pending_since=10.0)  # waits for #9 since 10.0
+OVERDUE = {
+    "nothing pending: never overdue": (Published(8, 8, 8, 0.0, 0.0), 99.0, 1.0, 1.0, False),
+    "no deadline in force": (WAITING, 99.0, None, None, False),
+    "waited less than the per-operation deadline": (WAITING, 12.9, 3.0, None, False),
+    "waited the per-operation deadline": (WAITING, 13.0, 3.0, None, True),
+    "the main thread's deadline passed while it is pending": (WAITING, 11.0, None, 11.0, True),
+    "the main thread's deadline is still ahead": (WAITING, 11.0, 3.0, 11.5, False),
+}
+
+
+@pytest.mark.parametrize("record, now, per_op_s, limit_at, expected", OVERDUE.values(),
+                         ids=OVERDUE.keys())
+def test_an_operation_is_overdue_once_it_waited_past_a_deadline(record, now, per_op_s,
+                                                                  limit_at, expected):
+    assert overdue(record, now, per_op_s, limit_at) is expected

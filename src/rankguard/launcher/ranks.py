@@ -20,7 +20,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 from .. import margins, recovery_file, sealed
 from ..proctree import MARKER
@@ -76,6 +76,26 @@ class Layout:
                    config.nproc)
 
 
+# torch's NCCL settings rankguard needs, each kept where the user set it (README, "NCCL"):
+NCCL_SETTINGS = {
+    # NCCL records when each operation starts on the device: what tells a rank whose GPU is
+    # stuck before a collective from a collective stuck in NCCL (launcher.monitor)
+    "TORCH_NCCL_ENABLE_TIMING": "1",
+    # a peer's abort or a remote error only marks the works failed: rankguard's verdict and
+    # abort decide, not torch's watchdog, which in modes 1 and 3 kills the process
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0",
+    # torch's heartbeat monitor kills a rank whose watchdog is stuck, or after a dump another
+    # rank's timeout asked for, unless its group was aborted: rankguard judges hangs itself
+    "TORCH_NCCL_ENABLE_MONITORING": "0",
+}
+
+
+def nccl_settings(env: Mapping[str, str]) -> dict[str, str]:
+    """torch's NCCL variables for the ranks: rankguard's ``NCCL_SETTINGS``, except where
+    ``env`` (the user's) sets one, even to an empty value. Pure."""
+    return {name: env.get(name, value) for name, value in NCCL_SETTINGS.items()}
+
+
 def base_env(config: RunConfig, token: str, master_port: int) -> dict[str, str]:
     """The environment every rank of the run shares (a warm spare starts with this).
 
@@ -92,10 +112,7 @@ def base_env(config: RunConfig, token: str, master_port: int) -> dict[str, str]:
         ROLE_WORLD_SIZE=str(world), ROLE_NAME=config.role, MASTER_ADDR=config.master_addr,
         MASTER_PORT=str(master_port), TORCHELASTIC_MAX_RESTARTS=str(config.max_restarts),
         TORCHELASTIC_RUN_ID=config.run_id, TORCHELASTIC_USE_AGENT_STORE="True",
-        TORCH_NCCL_ASYNC_ERROR_HANDLING=env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
-        # NCCL then records when each operation starts on the device: what tells a rank whose
-        # GPU is stuck before a collective from a collective stuck in NCCL (launcher.monitor)
-        TORCH_NCCL_ENABLE_TIMING=env.get("TORCH_NCCL_ENABLE_TIMING", "1"),
+        **nccl_settings(env),
         OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
         PYTHONUNBUFFERED=env.get("PYTHONUNBUFFERED", "1"),
         RANKGUARD_LAUNCHER_PID=str(os.getpid()),

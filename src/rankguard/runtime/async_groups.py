@@ -35,6 +35,7 @@ from .. import ledger as _ledger
 from ..margins import ASYNC_STALL_S
 from . import fr_progress
 from .fr_progress import FlightRecorderReader, FlightRecorderUnavailable, GroupCounts, Recorder
+from .state import WORLD
 
 MIN_TICK_S = 0.05
 MAX_TICK_S = 0.2  # torch's own counts lag about this much on NCCL: reading faster gains nothing
@@ -62,6 +63,7 @@ class Published:
     t_done: float
     kind: int = NONE
     kind_of: int = 0  # the operation ``kind`` is the kind of (0: none)
+    pending_since: float = 0.0  # since when the rank waits for :attr:`pending` (0.0: none)
 
     @property
     def pending(self) -> int:
@@ -77,11 +79,28 @@ def advance(before: Published | None, counts: GroupCounts, timing: bool, now: fl
     started yet (0), without it, not known (-1). Pure."""
     enqueued, completed = max(counts.enqueued, 0), max(counts.completed, 0)
     started = max(counts.started, 0) if timing else -1
+    pending = completed + 1 if enqueued > completed else 0
     if before is None:
-        return Published(enqueued, started, completed, now, now)
+        return Published(enqueued, started, completed, now, now,
+                         pending_since=now if pending else 0.0)
+    since = before.pending_since if pending == before.pending else (now if pending else 0.0)
     return replace(before, enqueued=enqueued, started=started, completed=completed,
                    t_enter=now if enqueued != before.enqueued else before.t_enter,
-                   t_done=now if completed != before.completed else before.t_done)
+                   t_done=now if completed != before.completed else before.t_done,
+                   pending_since=since)
+
+
+def overdue(record: Published, now: float, per_op_s: float | None,
+            limit_at: float | None) -> bool:
+    """Whether the operation the group waits in has passed its deadline: waited ``per_op_s``
+    (the job-wide collective timeout) since it became the first pending, or the deadline at
+    ``limit_at`` (a ``rankguard.deadline()`` block of the main thread) passed while it is
+    pending. None: no such deadline. Pure."""
+    if not record.pending:
+        return False
+    if per_op_s is not None and now - record.pending_since >= per_op_s:
+        return True
+    return limit_at is not None and now >= limit_at
 
 
 def kind_wanted(record: Published, now: float) -> int:
@@ -96,11 +115,34 @@ def kind_wanted(record: Published, now: float) -> int:
 
 @dataclass
 class _Bound:
-    """A group of a recorder and the ledger slot it publishes to."""
+    """A group of a recorder, the ledger slot it publishes to, its name as probes and errors
+    give it (``world`` for the default group, else torch's) and its members (global ranks;
+    empty for the world: every rank)."""
 
     slot: _ledger._SlotWriter
     is_world: bool
+    name: str
+    ranks: tuple[int, ...] = ()
     record: Published | None = None
+    overdue: bool = False  # its deadline passed once: reported, not again
+
+
+@dataclass(frozen=True)
+class Overdue:
+    """An operation of an asynchronous group that passed its deadline (``overdue``): the
+    group's name (``world``, or torch's) and members (empty: every rank), the operation's kind
+    and number, and how long the rank waited for it."""
+
+    group: str
+    ranks: tuple[int, ...]
+    is_world: bool
+    op: str
+    seq: int
+    waited_s: float
+    recorder: Recorder
+
+
+Deadlines = Callable[[], tuple["float | None", "float | None"]]  # (per operation s, limit_at)
 
 
 class AsyncGroupSampler:
@@ -113,10 +155,17 @@ class AsyncGroupSampler:
 
     def __init__(self, ledger: _ledger.LedgerWriter, readers: Sequence[FlightRecorderReader],
                  tick_s: float, timing: bool, members: Callable[[str], list[int] | None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 deadlines: Deadlines | None = None,
+                 on_overdue: Callable[[Overdue], None] | None = None) -> None:
         """``members``: the global ranks of the group torch names so (None: not known yet);
-        ``timing``: whether the device's start of each operation is recorded."""
+        ``timing``: whether the device's start of each operation is recorded; ``deadlines``:
+        the deadlines in force now, (seconds per operation, a monotonic instant), each None
+        when there is none; ``on_overdue``: called, on the sampler's thread and outside its
+        tick, for each operation that passed one (once per group)."""
         self.ledger = ledger
+        self._deadlines = deadlines
+        self.on_overdue = on_overdue
         self.readers = list(readers)
         self.tick_s = tick_s
         self.timing = timing
@@ -134,14 +183,32 @@ class AsyncGroupSampler:
                 self.readers.append(reader)
 
     def sample(self) -> None:
-        """Read every recorder once and publish what moved."""
+        """Read every recorder once and publish what moved; then report the operations that
+        passed their deadline."""
+        late: list[Overdue] = []
         with self._lock:
             for reader in self.readers:
-                self._sample(reader)
+                late += self._sample(reader)
+        if self.on_overdue is not None:
+            for op in late:
+                self.on_overdue(op)
 
-    def _sample(self, reader: FlightRecorderReader) -> None:
+    def describe(self, name: str) -> dict[str, object] | None:
+        """This rank's progress in the asynchronous group ``name`` (``world``: the default
+        group), as a peer's probe wants it (``groups.describe``); None: no such group."""
+        for bound in list(self._bound.values()):
+            if bound is not None and bound.name == name and bound.record is not None:
+                record = bound.record
+                return {"entered": record.enqueued, "done": record.completed,
+                        "op": _ledger.op_name(record.kind), "world": bound.is_world,
+                        "retired": None, "asynchronous": True}
+        return None
+
+    def _sample(self, reader: FlightRecorderReader) -> list[Overdue]:
         progress = reader.read()
         now = self._clock()
+        per_op_s, limit_at = self._deadlines() if self._deadlines is not None else (None, None)
+        late = []
         wanted: dict[int, int] = {}
         for pg_id, counts in progress.groups.items():
             key = (reader.recorder, pg_id)
@@ -157,8 +224,20 @@ class AsyncGroupSampler:
             if pending:
                 wanted[pg_id] = pending
             self._publish(bound, record)
+            if not bound.overdue and overdue(record, now, per_op_s, limit_at):
+                bound.overdue = True
+                wanted.setdefault(pg_id, record.pending)
+                late.append(pg_id)
         if wanted:
             self._learn_kinds(reader, wanted, now)
+        return [self._overdue(reader.recorder, pg_id, now) for pg_id in late]
+
+    def _overdue(self, recorder: Recorder, pg_id: int, now: float) -> Overdue:
+        bound = self._bound[(recorder, pg_id)]
+        assert bound is not None and bound.record is not None
+        record = bound.record
+        return Overdue(bound.name, bound.ranks, bound.is_world, _ledger.op_name(record.kind),
+                       record.pending, now - record.pending_since, recorder)
 
     def _publish(self, bound: _Bound, record: Published) -> None:
         if record != bound.record:
@@ -190,7 +269,7 @@ class AsyncGroupSampler:
                     self._bound[other] = None
             slot = self.ledger.world()
             slot.reset()
-            self._bound[key] = _Bound(slot, True)
+            self._bound[key] = _Bound(slot, True, WORLD)
             return
         ranks = self._members(name)
         if ranks is None:
@@ -198,7 +277,7 @@ class AsyncGroupSampler:
         slot = self.ledger.add_group(name, ranks)
         if slot is None:
             say_untracked(name)
-        self._bound[key] = None if slot is None else _Bound(slot, False)
+        self._bound[key] = None if slot is None else _Bound(slot, False, name, tuple(ranks))
 
     def start(self) -> None:
         """Run :meth:`sample` every ``tick_s`` on a daemon thread until :meth:`stop`."""
@@ -267,8 +346,11 @@ _sampler: AsyncGroupSampler | None = None
 _unavailable_said: set[Recorder] = set()
 
 
-def watch(ledger: _ledger.LedgerWriter, recorder: Recorder, lag: float) -> bool:
-    """Publish the groups of ``recorder`` in ``ledger`` from now on (idempotent); returns
+def watch(ledger: _ledger.LedgerWriter, recorder: Recorder, lag: float,
+          deadlines: Deadlines | None = None,
+          on_overdue: Callable[[Overdue], None] | None = None) -> bool:
+    """Publish the groups of ``recorder`` in ``ledger`` from now on (idempotent), and report
+    their operations that pass ``deadlines`` to ``on_overdue`` (see the sampler); returns
     whether they are watched. A recorder that cannot be read is said once on stderr, with how
     to turn it on, and its groups go unwatched (the job runs on)."""
     global _sampler
@@ -282,7 +364,7 @@ def watch(ledger: _ledger.LedgerWriter, recorder: Recorder, lag: float) -> bool:
         return False
     if _sampler is None:
         _sampler = AsyncGroupSampler(ledger, [reader], tick_for(lag), fr_progress.timing_on(),
-                                     torch_members)
+                                     torch_members, deadlines=deadlines, on_overdue=on_overdue)
         _sampler.start()
         atexit.register(_sampler.stop)
     else:

@@ -30,6 +30,8 @@ class _Scope(threading.local):
 
 _scope = _Scope()
 _default_seconds: float | None = None
+# the main thread's innermost block, for the thread that bounds NCCL groups (async_groups)
+_main_innermost: Deadline | None = None
 
 
 def set_default(seconds: float | None) -> None:
@@ -70,14 +72,27 @@ def until(limit: Deadline) -> Iterator[Deadline]:
     """:func:`deadline` for a deadline already made (a caller's, perhaps in another process):
     bound every collective of this thread inside the block by ``limit``, or by an enclosing
     block's deadline if that one is earlier. Yields the deadline in force."""
+    global _main_innermost
     _rank_state().record_only = False
     outer = _scope.innermost
     limit = limit.sooner(outer)
     _scope.innermost = limit
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        _main_innermost = limit
     try:
         yield limit
     finally:
         _scope.innermost = outer
+        if main:
+            _main_innermost = outer
+
+
+def main_thread_limit() -> Deadline | None:
+    """The innermost ``deadline()`` block the main thread is in, read from any thread (None:
+    none): what bounds the collectives of groups rankguard does not wrap (NCCL's), whose
+    operations the main thread only enqueues."""
+    return _main_innermost
 
 
 def current() -> Deadline | None:

@@ -127,8 +127,9 @@ def regroup(*, timeout: float = DEFAULT_TIMEOUT_S, exclude: Iterable[int] | None
     """Form the next generation of the default process group from the surviving ranks.
 
     Every surviving rank calls it (typically after catching a ``rankguard.CollectiveError``).
-    Returns within ``timeout`` (plus half a second for the last reads of who joined) plus the
-    time gloo takes to connect the members.
+    The new group has the old one's backend (gloo, or NCCL: its communicator aborted by the
+    error is destroyed). Returns within ``timeout`` (plus half a second for the last reads of
+    who joined) plus the time the backend takes to connect the members.
 
     Args:
         timeout: seconds to wait for every member to join.
@@ -205,6 +206,7 @@ def form_next(limit: Deadline, exclude: Iterable[int] | None = None,
                                 seq=number, group=WORLD, rank=rank,
                                 missing=[_previous(members, i) for i in joined.missing],
                                 waited=time.monotonic() - started)
+    backend = str(dist.get_backend())  # the new generation's is the old one's (gloo, nccl)
     groups.retire_all(f"replaced by generation {number}")
     groups.discard_all()
     state.completions.flush()
@@ -213,7 +215,7 @@ def form_next(limit: Deadline, exclude: Iterable[int] | None = None,
         state.ledger.clear_notice()  # it was about the generation that ended
     new_rank = members.index(rank)
     state.generation = number
-    dist.init_process_group("gloo", store=vacancies.group_store(number, state.lineage_root),
+    dist.init_process_group(backend, store=vacancies.group_store(number, state.lineage_root),
                             rank=new_rank, world_size=len(members), timeout=pg_timeout)
     state.last_failure = None
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(new_rank), str(len(members))

@@ -34,7 +34,7 @@ from .. import ledger as _ledger
 from .. import options, sealed
 from ..deadline import Deadline
 from ..errors import GroupRetired, UsageError
-from . import async_groups
+from . import async_deadline, async_groups
 from . import bounded as _bounded
 from . import deadline as _deadline
 from . import generations, groups, vacancies
@@ -291,11 +291,19 @@ def _watch_async_groups() -> None:
     from torch.distributed import distributed_c10d as c10d
 
     uid_of = getattr(c10d, "_get_process_group_uid", None)
-    groups = list(getattr(getattr(c10d, "_world", None), "pg_names", None) or ())
-    if uid_of is not None and any(uid_of(group) >= 0 for group in groups):
-        async_groups.watch(state.ledger, Recorder.NCCL, state.completions.lag)
-    if options.gloo_mode() == "recorder" and groups:
-        async_groups.watch(state.ledger, Recorder.CPU, state.completions.lag)
+    made = list(getattr(getattr(c10d, "_world", None), "pg_names", None) or ())
+    recorders = []
+    if uid_of is not None and any(uid_of(group) >= 0 for group in made):
+        recorders.append(Recorder.NCCL)
+    if options.gloo_mode() == "recorder" and made:
+        recorders.append(Recorder.CPU)
+    for recorder in recorders:
+        async_groups.watch(state.ledger, recorder, state.completions.lag,
+                           async_deadline.deadlines, async_deadline.expire)
+    default = c10d._get_default_group() if c10d.is_initialized() else None
+    if (recorders and state.bounded and default is not None
+            and state.groups.of(default) is None):  # a default group we do not wrap
+        start_probing(c10d._get_default_store(), c10d.get_rank())
 
 
 def _cuda_available() -> bool:

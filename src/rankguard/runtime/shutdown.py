@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from .. import ledger as _ledger
 from ..deadline import Deadline, check_seconds
 from ..errors import TeardownTimeout, first_line
-from . import barrier, eviction, generations, groups
+from ..margins import NCCL_ABORT_S
+from . import barrier, generations, groups, nccl_abort
 from .state import current
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -125,8 +126,12 @@ def _barrier(rank: int, size: int, limit: Deadline) -> tuple[list[int], str]:
 
 def _abort() -> None:
     groups.retire_all("aborted by rankguard.shutdown()")
-    try:
-        eviction.abort_nccl()
-    except Exception:  # noqa: BLE001 (exiting releases the communicators anyway)
-        pass
+    nccl = nccl_abort.nccl_groups()
+    if nccl and nccl_abort.abort(nccl, NCCL_ABORT_S).finished:
+        from torch.distributed import distributed_c10d as c10d
+
+        try:  # aborted: destroying is quick, and lets the script make a new default group
+            c10d.destroy_process_group()
+        except Exception:  # noqa: BLE001 (exiting releases the groups anyway)
+            pass
     groups.discard_all()

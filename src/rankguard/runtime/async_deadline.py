@@ -1,0 +1,145 @@
+"""Bounded collectives on groups rankguard does not wrap (NCCL's), with no code change.
+
+The main thread of an NCCL rank only enqueues its collectives; it waits for them later, in
+``torch.cuda.synchronize()``, ``work.wait()``, ``tensor.item()``, wherever the script reads a
+result. So the deadline is kept by the rank's sampler thread (``async_groups``), which sees
+each group's first operation not completed and since when: once it has waited the job's
+``--collective-timeout`` (``rankguard.init(collective_timeout=)``), or the main thread's
+``rankguard.deadline()`` block has passed while it is pending, :func:`expire` runs on that
+thread, in this order:
+
+1. the verdict first (an abort makes every pending operation read completed): the peers are
+   asked where they are in the group (``runtime.probe``, in bounded mode), and those that had
+   not enqueued the operation are named in a :class:`~rankguard.CollectiveTimeout`;
+2. the group's communicator is aborted (``nccl_abort``), which releases the main thread from
+   its wait; if the abort does not return within ``COLLECTIVE_ABORT_S`` (it has been reported
+   to hang on some NCCL versions) the rank records the error in its ledger, says it, and exits
+   with code 1 (the kill fallback: the launcher blames the ranks the error names);
+3. the error is raised in the main thread, where it waits (or, if it was not waiting, where it
+   is): it is the rank's ``last_failure``, so ``rankguard.regroup()`` leaves out the ranks it
+   names, and an uncaught one ends the rank with the launcher blaming them.
+
+Gloo groups under ``RANKGUARD_GLOO=recorder`` are bounded the same way, without the abort
+(gloo has none): the error is raised once the main thread runs Python again.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from typing import Any
+
+from .. import ledger as _ledger
+from ..errors import CollectiveTimeout
+from ..margins import ANSWER_WINDOW_S
+from . import deadline as _deadline
+from . import nccl_abort
+from .async_groups import Overdue
+from .fr_progress import Recorder
+from .state import WORLD, current
+
+COLLECTIVE_ABORT_S = 10.0  # NCCL's abort of a stuck group: 0.5 to 2.9 s measured (nccl_abort)
+NO_ANSWER = "did not answer (stopped, dead, or holding the GIL)"
+
+
+def deadlines() -> tuple[float | None, float | None]:
+    """The deadlines in force for the sampler (``async_groups.Deadlines``): the job-wide
+    seconds per operation, and the instant of the main thread's ``deadline()`` block."""
+    limit = _deadline.main_thread_limit()
+    return _deadline.default(), None if limit is None else limit.at
+
+
+def expire(op: Overdue) -> None:
+    """The operation ``op`` passed its deadline: name the missing ranks, abort its group and
+    raise the error in the main thread (module doc). Runs on the sampler's thread."""
+    error = _explain(op)
+    state = current()
+    state.last_failure = error
+    if op.recorder is Recorder.NCCL:
+        aborted = nccl_abort.abort(_named(op.group, nccl_abort.nccl_groups()),
+                                   COLLECTIVE_ABORT_S)
+        if not aborted.finished:
+            _give_up(error, f"NCCL's abort of the group did not return within "
+                            f"{COLLECTIVE_ABORT_S:g} s")
+    else:
+        # no abort: its collective stays stuck; destroying the group at exit would join its
+        # worker thread for the group's timeout, so it is never destroyed (as groups.retire)
+        for group, _ in _named(op.group, [(g, None) for g in _torch_groups()]):
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
+    raise_in_main_thread(error)
+
+
+def _explain(op: Overdue) -> CollectiveTimeout:
+    """The error for ``op``, naming the peers that had not enqueued it (asked, when this rank
+    can ask them: bounded mode)."""
+    rank = int(os.environ.get("RANK", "0"))
+    members = op.ranks or tuple(range(int(os.environ.get("WORLD_SIZE", "1"))))
+    peers = [r for r in members if r != rank]
+    asker = current().asker
+    answers = asker.ask(op.group, peers, window=ANSWER_WINDOW_S) if asker is not None else {}
+    missing, states = [], {}
+    for peer in peers if answers else []:
+        answer = answers.get(peer)
+        if answer is None:
+            missing.append(peer)
+            states[peer] = NO_ANSWER
+        elif int(answer.get("entered", 0)) < op.seq:
+            missing.append(peer)
+            states[peer] = (f"had enqueued collectives up to #{answer['entered']}"
+                            if answer.get("entered")
+                            else "had not enqueued any collective of the group")
+    block = _deadline.main_thread_limit()
+    limit = _deadline.default() if block is None or block.seconds is None else block.seconds
+    budget = f" of {limit:g} s" if limit is not None else ""
+    return CollectiveTimeout(f"passed its deadline{budget}", op=op.op, seq=op.seq,
+                             group=op.group, rank=rank, missing=missing, waited=op.waited_s,
+                             peers=states)
+
+
+def _torch_groups() -> list[Any]:
+    from torch.distributed import distributed_c10d as c10d
+
+    return list(getattr(c10d._world, "pg_names", None) or ())
+
+
+def _named(name: str, found: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    """Of ``found`` (group, backend) pairs, those of the group called ``name`` (``world``:
+    the default group)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    names = getattr(c10d._world, "pg_names", {})
+    default = c10d._get_default_group() if c10d.is_initialized() else None
+    return [(group, backend) for group, backend in found
+            if (group is default if name == WORLD else names.get(group) == name)]
+
+
+def _give_up(error: CollectiveTimeout, why: str) -> None:
+    """The kill fallback: record ``error`` as this rank's fault, blaming the ranks it names,
+    say it, and exit 1 at once."""
+    ledger = current().ledger
+    if ledger is not None:
+        ledger.record_blame(error.missing)
+        ledger.record_fault(_ledger.FAULT_RAISED, True)
+    try:
+        os.write(2, f"rankguard: {error} {why}: exiting 1\n".encode())
+    finally:
+        os._exit(1)
+
+
+def raise_in_main_thread(error: BaseException) -> None:
+    """Have the main thread raise ``error`` as soon as it runs Python again (at once, if it
+    is running it). What it raises is an instance of a subclass of ``type(error)`` made here
+    with the same message and attributes: Python raises a class there, not an instance."""
+    base = type(error)
+
+    def __init__(self: BaseException) -> None:
+        BaseException.__init__(self, *error.args)
+        self.__dict__.update(error.__dict__)
+
+    carrier = type(base.__name__, (base,), {"__init__": __init__, "__module__": base.__module__,
+                                            "__qualname__": base.__qualname__})
+    ident = threading.main_thread().ident
+    if ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident),
+                                                   ctypes.py_object(carrier))

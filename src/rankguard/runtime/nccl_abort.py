@@ -1,0 +1,85 @@
+"""Aborting this process's NCCL communicators, from any thread, within a bound.
+
+``ProcessGroupNCCL.abort()`` (``ncclCommAbort``) ends a collective stuck on a peer: the main
+thread blocked behind it in ``torch.cuda.synchronize()`` or ``work.wait()`` returns (without an
+error), and the CUDA context stays usable. It is not instant: the operations queued behind the
+stuck one each start and leave on the abort flag before it returns (0.5 s for an idle
+communicator, 1.3 to 2.9 s with 50 queued, on one H100 over sockets; docs/nccl-probe-2.11.md),
+and it has been reported to hang on some NCCL versions. So it runs on a thread of its own, and
+the caller waits for it only as long as it can afford: past that, the caller goes on (a process
+that exits releases its communicators with it).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Aborted:
+    """How an abort went: how many communicators it was asked to abort, whether every abort
+    returned within the bound, how long the caller waited, and the first error one raised."""
+
+    groups: int
+    finished: bool
+    took_s: float
+    error: str = ""
+
+
+def nccl_groups() -> list[tuple[Any, Any]]:
+    """Every process group of this process with an NCCL backend: (group, its backend). Empty
+    where torch.distributed is not imported or has no NCCL."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_nccl_available():
+        return []
+    import torch
+    from torch.distributed import distributed_c10d as c10d
+
+    found = []
+    for group in list(getattr(getattr(c10d, "_world", None), "pg_names", None) or ()):
+        try:
+            backend = group._get_backend(torch.device("cuda"))
+        except RuntimeError:  # no CUDA backend in this group
+            continue
+        if isinstance(backend, dist.ProcessGroupNCCL):
+            found.append((group, backend))
+    return found
+
+
+def abort(groups: list[tuple[Any, Any]], limit_s: float) -> Aborted:
+    """Abort the backends of ``groups`` (as :func:`nccl_groups` gives them) on a daemon thread,
+    and wait at most ``limit_s`` for it. Never raises: an abort's error is reported."""
+    if not groups:
+        return Aborted(0, True, 0.0)
+    errors: list[str] = []
+
+    def run() -> None:
+        for _, backend in groups:
+            try:
+                backend.abort()
+            except Exception as error:  # noqa: BLE001 (reported; the others are aborted still)
+                errors.append(f"{type(error).__name__}: {error}")
+
+    started = time.monotonic()
+    worker = threading.Thread(target=run, name="rankguard-nccl-abort", daemon=True)
+    worker.start()
+    worker.join(max(limit_s, 0.0))
+    return Aborted(len(groups), not worker.is_alive(), time.monotonic() - started,
+                   errors[0] if errors else "")
+
+
+def synchronize(limit_s: float) -> bool:
+    """``torch.cuda.synchronize()`` on a daemon thread, waiting at most ``limit_s``; whether it
+    returned (it may not: a kernel that never ends). Only where CUDA was initialised."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return True
+    worker = threading.Thread(target=torch.cuda.synchronize, name="rankguard-cuda-sync",
+                              daemon=True)
+    worker.start()
+    worker.join(max(limit_s, 0.0))
+    return not worker.is_alive()
