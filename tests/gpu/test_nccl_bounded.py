@@ -20,7 +20,7 @@ FLAGS = ["--collective-timeout", str(DEADLINE), "--hang-timeout", "60"]
 
 def test_an_nccl_collective_past_its_deadline_raises_naming_the_missing_rank(run_rankguard):
     run = run_rankguard(["--nproc-per-node", "2", *FLAGS, script("async_job.py"), "nccl",
-                         "bounded", "51"], timeout=180, env=ONE_GPU)
+                         "bounded", "51"], timeout=90, env=ONE_GPU)
     assert run.code == 3, run.stderr[-3000:]  # the rank it names is blamed for a hang
     assert ("CollectiveTimeout: rank 0: all_reduce #51 on group 'world' passed its deadline "
             "of 3 s" in run.stderr), run.stderr[-3000:]
@@ -32,7 +32,7 @@ def test_an_nccl_collective_past_its_deadline_raises_naming_the_missing_rank(run
 
 def test_after_an_nccl_deadline_the_survivors_regroup_on_the_gpu_and_all_reduce(run_rankguard):
     run = run_rankguard(["--nproc-per-node", "3", *FLAGS, script("async_job.py"), "nccl",
-                         "bounded_regroup", "51", "60"], timeout=240, env=ONE_GPU)
+                         "bounded_regroup", "51", "60"], timeout=120, env=ONE_GPU)
     print("\n".join(line for line in run.stdout.splitlines() if "CAUGHT" in line
                     or "REGROUPED" in line))
     assert run.code == 0, run.stderr[-3000:]

@@ -12,7 +12,7 @@ pytestmark = GPU_SET
 
 def test_a_fault_free_nccl_job_runs_under_rankguard_run_and_keeps_its_backend(run_rankguard):
     run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "10",
-                         script("nccl_allreduce.py"), "50"], timeout=180, env=ONE_GPU)
+                         script("nccl_allreduce.py"), "50"], timeout=90, env=ONE_GPU)
     assert run.code == 0, run.stderr[-3000:]
     for rank in (0, 1):
         assert f"OK rank={rank} backend=nccl" in run.stdout, run.stdout[-2000:]
@@ -23,7 +23,7 @@ def test_a_fault_free_nccl_job_runs_under_rankguard_run_and_keeps_its_backend(ru
 def test_a_sigkilled_nccl_rank_ends_the_job_naming_it(run_rankguard):
     run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "10", "--inject",
                          "kill:rank=1,at=8s", script("nccl_allreduce.py"), "100000"],
-                        timeout=180, env=ONE_GPU)
+                        timeout=90, env=ONE_GPU)
     assert run.code == 1, run.stderr[-3000:]
     assert run.event("run_end")["root_cause"].startswith("rank 1 "), run.stderr[-3000:]
     assert run.outcomes()[1] == "signalled"

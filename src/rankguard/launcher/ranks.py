@@ -76,11 +76,11 @@ class Layout:
                    config.nproc)
 
 
-# torch's NCCL settings rankguard needs, each kept where the user set it (README, "NCCL"):
+# torch's NCCL settings rankguard needs, each kept where the user set it (README, "NCCL").
+# Not TORCH_NCCL_ENABLE_TIMING, which tells a rank whose GPU is stuck before a collective from
+# a collective stuck in NCCL: it made enqueueing an all_reduce cost 668 us instead of 28 with
+# 400 queued (one H100, bench/collective_overhead.py --backend nccl): the user's to turn on.
 NCCL_SETTINGS = {
-    # NCCL records when each operation starts on the device: what tells a rank whose GPU is
-    # stuck before a collective from a collective stuck in NCCL (launcher.monitor)
-    "TORCH_NCCL_ENABLE_TIMING": "1",
     # a peer's abort or a remote error only marks the works failed: rankguard's verdict and
     # abort decide, not torch's watchdog, which in modes 1 and 3 kills the process
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0",

@@ -11,13 +11,16 @@ thread, in this order:
 1. the verdict first (an abort makes every pending operation read completed): the peers are
    asked where they are in the group (``runtime.probe``, in bounded mode), and those that had
    not enqueued the operation are named in a :class:`~rankguard.CollectiveTimeout`;
-2. the group's communicator is aborted (``nccl_abort``), which releases the main thread from
-   its wait; if the abort does not return within ``COLLECTIVE_ABORT_S`` (it has been reported
-   to hang on some NCCL versions) the rank records the error in its ledger, says it, and exits
-   with code 1 (the kill fallback: the launcher blames the ranks the error names);
-3. the error is raised in the main thread, where it waits (or, if it was not waiting, where it
-   is): it is the rank's ``last_failure``, so ``rankguard.regroup()`` leaves out the ranks it
-   names, and an uncaught one ends the rank with the launcher blaming them.
+2. the error is made pending in the main thread, before the abort: the main thread raises it
+   as soon as it runs Python again, which is when the abort releases it from its wait (or at
+   once, if it was not waiting), and never runs on past the failed collective. It is the
+   rank's ``last_failure``, so ``rankguard.regroup()`` leaves out the ranks it names (and
+   waits for the abort to end before it destroys the group: :func:`wait_for_abort`), and an
+   uncaught one ends the rank with the launcher blaming them;
+3. the group's communicator is aborted (``nccl_abort``); if the abort does not return within
+   ``COLLECTIVE_ABORT_S`` (it has been reported to hang on some NCCL versions) the rank records
+   the error in its ledger, says it, and exits with code 1 (the kill fallback: the launcher
+   blames the ranks the error names).
 
 Gloo groups under ``RANKGUARD_GLOO=recorder`` are bounded the same way, without the abort
 (gloo has none): the error is raised once the main thread runs Python again.
@@ -56,18 +59,34 @@ def expire(op: Overdue) -> None:
     error = _explain(op)
     state = current()
     state.last_failure = error
-    if op.recorder is Recorder.NCCL:
+    if op.recorder is not Recorder.NCCL:
+        # no abort: its collective stays stuck; destroying the group at exit would join its
+        # worker thread for the group's timeout, so it is never destroyed (as groups.retire)
+        for group, _ in _named(op.group, [(g, None) for g in _torch_groups()]):
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
+        raise_in_main_thread(error)
+        return
+    _settled.clear()
+    try:
+        raise_in_main_thread(error)
         aborted = nccl_abort.abort(_named(op.group, nccl_abort.nccl_groups()),
                                    COLLECTIVE_ABORT_S)
         if not aborted.finished:
             _give_up(error, f"NCCL's abort of the group did not return within "
                             f"{COLLECTIVE_ABORT_S:g} s")
-    else:
-        # no abort: its collective stays stuck; destroying the group at exit would join its
-        # worker thread for the group's timeout, so it is never destroyed (as groups.retire)
-        for group, _ in _named(op.group, [(g, None) for g in _torch_groups()]):
-            ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
-    raise_in_main_thread(error)
+    finally:
+        _settled.set()
+
+
+_settled = threading.Event()  # no abort of expire() is under way
+_settled.set()
+
+
+def wait_for_abort(seconds: float) -> bool:
+    """Wait, at most ``seconds``, until no abort of :func:`expire` is under way (the main thread
+    may catch its error while the abort still runs: the group must not be destroyed under it);
+    whether none is."""
+    return _settled.wait(max(seconds, 0.0))
 
 
 def _explain(op: Overdue) -> CollectiveTimeout:

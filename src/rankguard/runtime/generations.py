@@ -39,7 +39,7 @@ from .. import sealed
 from ..deadline import Deadline, check_seconds
 from ..errors import CollectiveTimeout, GroupRetired, PeerFailed, UsageError, first_line
 from ..margins import SECOND_ASK_WINDOW_S
-from . import barrier, groups, vacancies
+from . import async_deadline, barrier, groups, vacancies
 from .bounded import NO_ANSWER
 from .probe import clone_client
 from .state import WORLD, current
@@ -207,6 +207,7 @@ def form_next(limit: Deadline, exclude: Iterable[int] | None = None,
                                 missing=[_previous(members, i) for i in joined.missing],
                                 waited=time.monotonic() - started)
     backend = str(dist.get_backend())  # the new generation's is the old one's (gloo, nccl)
+    async_deadline.wait_for_abort(limit.left())  # an NCCL deadline's abort: not under it
     groups.retire_all(f"replaced by generation {number}")
     groups.discard_all()
     state.completions.flush()
