@@ -1,9 +1,10 @@
-"""Bounded collectives on NCCL (``python -m pytest -m gpu``), with no change to the script:
-rank 1 of a loop never enqueues all_reduce #51 while rank 0 waits for it in
+"""Bounded collectives and notices on NCCL (``python -m pytest -m gpu``), with no change to
+the script: rank 1 of a loop never enqueues all_reduce #51 while rank 0 waits for it in
 ``torch.cuda.synchronize()``. With ``--collective-timeout 3``, rank 0 raises
 ``rankguard.CollectiveTimeout`` naming rank 1 about 3 s into its wait (rankguard's thread
 aborted the communicator), its GPU is usable after it, and ``rankguard.regroup()`` forms a new
-NCCL group without rank 1 that all-reduces correctly. Skipped without a CUDA GPU."""
+NCCL group without rank 1 that all-reduces correctly. In bounded mode the launcher's notice
+that rank 1 hung releases rank 0 the same way. Skipped without a CUDA GPU."""
 
 from __future__ import annotations
 
@@ -43,3 +44,17 @@ def test_after_an_nccl_deadline_the_survivors_regroup_on_the_gpu_and_all_reduce(
         assert DEADLINE <= float(caught.group(1)) < DEADLINE + 6, caught.group(0)
     for rank in (0, 1):
         assert f"REGROUPED rank={rank} size=2 sum=2" in run.stdout, run.stdout[-3000:]
+
+
+def test_in_bounded_mode_the_launchers_notice_releases_an_nccl_rank_from_its_wait(
+        run_rankguard):
+    run = run_rankguard(["--nproc-per-node", "2", "--collective-timeout", "60", "--hang-timeout",
+                         "3", "--grace", "20", script("async_job.py"), "nccl", "bounded", "51"],
+                        timeout=90, env=ONE_GPU)
+    assert run.code == 3, run.stderr[-3000:]
+    assert run.event("hang_detected")["blamed"] == [1]
+    assert ("PeerFailed: rank 0: all_reduce #51 on group 'world' was abandoned: the supervisor "
+            "reported that rank 1 hung" in run.stderr), run.stderr[-3000:]
+    # its communicator aborted, rank 0 left the GPU on its own: no SIGTERM, far within --grace
+    assert not [e for e in run.events if e["event"] == "escalate" and e["step"] == "term"
+                and 0 in e["ranks"]], run.stderr[-3000:]

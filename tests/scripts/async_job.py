@@ -12,7 +12,6 @@ faulty one, before the world's all_reduce #AT (counted from 1, as torch numbers 
 - ``busy``: rank 1 computes in Python for SECONDS, then goes on; the job ends well.
 - ``gpu_stuck`` (NCCL): rank 1's GPU spins in a kernel before #AT; its CPU issues AT and 9 more.
 - ``subgroup``: rank 1 sleeps for good before the sub-group (ranks 0,1)'s all_reduce #AT.
-- ``reinit``: 3 all_reduces, the default group destroyed and made again; then ``sleep``.
 - ``bounded``: ``sleep``, run with a collective deadline: the others wait for their collectives
   as a training step does (gloo: polling in Python; NCCL: ``torch.cuda.synchronize()``), and the
   ``rankguard.CollectiveTimeout`` they raise ends them.
@@ -143,11 +142,6 @@ elif scenario == "subgroup":
         reduce_until(pair, at + 9, "sleep")
     else:
         time.sleep(FOREVER)  # a bystander: not what the pair waits for
-elif scenario == "reinit":
-    reduce_until(None, 3, "none")
-    dist.destroy_process_group()
-    dist.init_process_group(backend)
-    reduce_until(None, at + 9, "sleep")
 else:
     raise SystemExit(f"unknown scenario {scenario!r}")
 dist.destroy_process_group()

@@ -22,6 +22,11 @@ thread, in this order:
    the error in its ledger, says it, and exits with code 1 (the kill fallback: the launcher
    blames the ranks the error names).
 
+The supervisor's notice that a peer died or hung (``rankguard run`` posts it to ranks in bounded
+mode, and waits ``--grace`` for them to end on their own) is taken the same way
+(:func:`take_notice`): every NCCL communicator of the rank is aborted, so its process leaves the
+GPU at once, and a rank waiting in a collective raises :class:`~rankguard.PeerFailed` there.
+
 Gloo groups under ``RANKGUARD_GLOO=recorder`` are bounded the same way, without the abort
 (gloo has none): the error is raised once the main thread runs Python again.
 """
@@ -31,10 +36,10 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from typing import Any
+from typing import Any, Iterable
 
 from .. import ledger as _ledger
-from ..errors import CollectiveTimeout
+from ..errors import CollectiveError, CollectiveTimeout, PeerFailed
 from ..margins import ANSWER_WINDOW_S
 from . import deadline as _deadline
 from . import nccl_abort
@@ -60,19 +65,55 @@ def expire(op: Overdue) -> None:
     state = current()
     state.last_failure = error
     if op.recorder is not Recorder.NCCL:
-        # no abort: its collective stays stuck; destroying the group at exit would join its
-        # worker thread for the group's timeout, so it is never destroyed (as groups.retire)
-        for group, _ in _named(op.group, [(g, None) for g in _torch_groups()]):
-            ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
+        _keep_alive(group for group, _ in _named(op.group, [(g, None) for g in _torch_groups()]))
         raise_in_main_thread(error)
         return
+    _raise_and_abort(error, _named(op.group, nccl_abort.nccl_groups()), "the group")
+
+
+def take_notice(notice: tuple[str, int], waiting: Overdue | None) -> None:
+    """The supervisor posted ``notice`` (``died`` or ``hung``, and the rank; see
+    ``ledger.notice``): in bounded mode, abort every NCCL communicator of this rank and, if it
+    waits in ``waiting``, raise :class:`~rankguard.PeerFailed` there (module doc). Runs on the
+    sampler's thread."""
+    state = current()
+    if not state.bounded:
+        return  # the SIGTERM that follows the notice tears the rank down
+    kind, failed = notice
+    error = None
+    if waiting is not None:
+        rank = int(os.environ.get("RANK", "0"))
+        error = PeerFailed(f"was abandoned: the supervisor reported that "
+                           f"{_ledger.notice_text(kind, failed)}", op=waiting.op,
+                           seq=waiting.seq, group=waiting.group, rank=rank,
+                           missing=[failed] if failed >= 0 else [], waited=waiting.waited_s)
+        state.last_failure = error
+    if waiting is None or waiting.recorder is Recorder.NCCL:
+        _raise_and_abort(error, nccl_abort.nccl_groups(), "the communicators")
+    elif error is not None:
+        _keep_alive(_torch_groups())
+        raise_in_main_thread(error)
+
+
+def _keep_alive(groups: Iterable[Any]) -> None:
+    """Never destroy ``groups`` (gloo's, which cannot be aborted): a collective of theirs stays
+    stuck, and destroying one at exit would join its worker thread for the group's timeout (as
+    ``groups.retire`` does for wrapped groups)."""
+    for group in groups:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
+
+
+def _raise_and_abort(error: CollectiveError | None, groups: list[tuple[Any, Any]],
+                     what: str) -> None:
+    """Make ``error`` pending in the main thread, then abort ``groups`` (bounded; the kill
+    fallback if the abort hangs)."""
     _settled.clear()
     try:
-        raise_in_main_thread(error)
-        aborted = nccl_abort.abort(_named(op.group, nccl_abort.nccl_groups()),
-                                   COLLECTIVE_ABORT_S)
-        if not aborted.finished:
-            _give_up(error, f"NCCL's abort of the group did not return within "
+        if error is not None:
+            raise_in_main_thread(error)
+        aborted = nccl_abort.abort(groups, COLLECTIVE_ABORT_S)
+        if not aborted.finished and error is not None:
+            _give_up(error, f"NCCL's abort of {what} did not return within "
                             f"{COLLECTIVE_ABORT_S:g} s")
     finally:
         _settled.set()
@@ -133,7 +174,7 @@ def _named(name: str, found: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
             if (group is default if name == WORLD else names.get(group) == name)]
 
 
-def _give_up(error: CollectiveTimeout, why: str) -> None:
+def _give_up(error: CollectiveError, why: str) -> None:
     """The kill fallback: record ``error`` as this rank's fault, blaming the ranks it names,
     say it, and exit 1 at once."""
     ledger = current().ledger

@@ -157,15 +157,21 @@ class AsyncGroupSampler:
                  tick_s: float, timing: bool, members: Callable[[str], list[int] | None],
                  clock: Callable[[], float] = time.monotonic,
                  deadlines: Deadlines | None = None,
-                 on_overdue: Callable[[Overdue], None] | None = None) -> None:
+                 on_overdue: Callable[[Overdue], None] | None = None,
+                 on_notice: Callable[[tuple[str, int], Overdue | None], None] | None = None
+                 ) -> None:
         """``members``: the global ranks of the group torch names so (None: not known yet);
         ``timing``: whether the device's start of each operation is recorded; ``deadlines``:
         the deadlines in force now, (seconds per operation, a monotonic instant), each None
         when there is none; ``on_overdue``: called, on the sampler's thread and outside its
-        tick, for each operation that passed one (once per group)."""
+        tick, for each operation that passed one (once per group); ``on_notice``: called once,
+        the same way, when the supervisor posts a notice in the ledger (a peer died or hung),
+        with it and the operation this rank waits in (None: none)."""
         self.ledger = ledger
         self._deadlines = deadlines
         self.on_overdue = on_overdue
+        self.on_notice = on_notice
+        self._noticed = False
         self.readers = list(readers)
         self.tick_s = tick_s
         self.timing = timing
@@ -186,12 +192,31 @@ class AsyncGroupSampler:
         """Read every recorder once and publish what moved; then report the operations that
         passed their deadline."""
         late: list[Overdue] = []
+        notice, waiting = None, None
         with self._lock:
             for reader in self.readers:
                 late += self._sample(reader)
+            if self.on_notice is not None and not self._noticed:
+                notice = self.ledger.notice()
+                self._noticed = notice is not None
+                waiting = self._waiting_in() if notice is not None else None
+        if notice is not None and self.on_notice is not None:
+            self.on_notice(notice, waiting)
         if self.on_overdue is not None:
             for op in late:
                 self.on_overdue(op)
+
+    def _waiting_in(self) -> Overdue | None:
+        """The operation this rank has waited in longest, of every group watched; None when it
+        waits in none."""
+        now = self._clock()
+        pending = [(bound.record.pending_since, recorder.value, pg_id, recorder)
+                   for (recorder, pg_id), bound in self._bound.items()
+                   if bound is not None and bound.record is not None and bound.record.pending]
+        if not pending:
+            return None
+        _, _, pg_id, recorder = min(pending)
+        return self._overdue(recorder, pg_id, now)
 
     def describe(self, name: str) -> dict[str, object] | None:
         """This rank's progress in the asynchronous group ``name`` (``world``: the default
@@ -348,7 +373,8 @@ _unavailable_said: set[Recorder] = set()
 
 def watch(ledger: _ledger.LedgerWriter, recorder: Recorder, lag: float,
           deadlines: Deadlines | None = None,
-          on_overdue: Callable[[Overdue], None] | None = None) -> bool:
+          on_overdue: Callable[[Overdue], None] | None = None,
+          on_notice: Callable[[tuple[str, int], Overdue | None], None] | None = None) -> bool:
     """Publish the groups of ``recorder`` in ``ledger`` from now on (idempotent), and report
     their operations that pass ``deadlines`` to ``on_overdue`` (see the sampler); returns
     whether they are watched. A recorder that cannot be read is said once on stderr, with how
@@ -364,7 +390,8 @@ def watch(ledger: _ledger.LedgerWriter, recorder: Recorder, lag: float,
         return False
     if _sampler is None:
         _sampler = AsyncGroupSampler(ledger, [reader], tick_for(lag), fr_progress.timing_on(),
-                                     torch_members, deadlines=deadlines, on_overdue=on_overdue)
+                                     torch_members, deadlines=deadlines, on_overdue=on_overdue,
+                                     on_notice=on_notice)
         _sampler.start()
         atexit.register(_sampler.stop)
     else:

@@ -299,7 +299,8 @@ def _watch_async_groups() -> None:
         recorders.append(Recorder.CPU)
     for recorder in recorders:
         async_groups.watch(state.ledger, recorder, state.completions.lag,
-                           async_deadline.deadlines, async_deadline.expire)
+                           async_deadline.deadlines, async_deadline.expire,
+                           async_deadline.take_notice)
     default = c10d._get_default_group() if c10d.is_initialized() else None
     if (recorders and state.bounded and default is not None
             and state.groups.of(default) is None):  # a default group we do not wrap
