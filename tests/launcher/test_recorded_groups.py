@@ -5,6 +5,9 @@ recorder, the launcher's real verdicts. (The GPU set runs it on NCCL: tests/gpu.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from tests.conftest import script
@@ -112,3 +115,19 @@ def test_in_bounded_mode_the_supervisors_notice_ends_a_waiting_rank_on_its_own(r
     assert not [e for e in run.events if e["event"] == "escalate" and e["step"] == "term"
                 and 0 in e["ranks"]], run.events
     assert run.wall_s < 20, run.wall_s
+
+
+def test_every_rank_keeps_torchs_flight_recorder_dump_for_torchs_analyser(run_rankguard):
+    run = run_rankguard(job("sleep", "7"), env=RECORDER)
+    assert run.code == 3, run.stderr
+    folder = run.log_dir / "attempt0"
+    assert sorted(p.name for p in folder.glob("torch_fr_rank_*")) == \
+        ["torch_fr_rank_0", "torch_fr_rank_1"], run.stderr
+    assert "torch's Flight Recorder dump kept" in run.stderr, run.stderr
+    analysed = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(folder),
+         "--prefix", "torch_fr_rank_"], capture_output=True, text=True, timeout=60)
+    found = analysed.stdout + analysed.stderr
+    assert analysed.returncode == 0, found[-3000:]
+    assert "Not all ranks joining collective, sequence number: 7" in found, found[-3000:]
+    assert "missing ranks: {1}" in found, found[-3000:]

@@ -43,6 +43,7 @@ from ..errors import CollectiveError, CollectiveTimeout, PeerFailed
 from ..margins import ANSWER_WINDOW_S
 from . import deadline as _deadline
 from . import nccl_abort
+from . import async_groups
 from .async_groups import Overdue
 from .fr_progress import Recorder
 from .state import WORLD, current
@@ -109,6 +110,7 @@ def _raise_and_abort(error: CollectiveError | None, groups: list[tuple[Any, Any]
     fallback if the abort hangs)."""
     _settled.clear()
     try:
+        async_groups.keep_torch_dump()  # before the abort marks every operation completed
         if error is not None:
             raise_in_main_thread(error)
         aborted = nccl_abort.abort(groups, COLLECTIVE_ABORT_S)

@@ -9,7 +9,9 @@ once, whatever the main thread is doing, and the watcher starts the teardown:
 1. retire every instrumented process group: a main thread waiting in a bounded collective wakes
    within one slice, and no new collective starts;
 2. mark the pending completions in the ledger (so the supervisor's record is exact);
-3. abort NCCL communicators (``ncclCommAbort``) first, for at most ``NCCL_ABORT_S``: a
+3. keep torch's Flight Recorder dump of the rank beside its stacks file (groups rankguard does
+   not wrap, NCCL's: ``async_groups.keep_torch_dump``), before anything aborts them;
+   then abort NCCL communicators (``ncclCommAbort``), for at most ``NCCL_ABORT_S``: a
    synchronisation before it would wait behind a collective stuck on a peer for good; gloo has
    no in-process abort: its connections close when the process exits, which makes its peers
    fail at once instead of waiting;
@@ -41,7 +43,7 @@ import time
 from .. import ledger as _ledger
 from ..errors import UsageError
 from ..margins import NCCL_ABORT_S, NCCL_SYNC_S
-from . import groups, nccl_abort, stacks
+from . import async_groups, groups, nccl_abort, stacks
 from .state import current
 
 DEFAULT_GRACE_S = 5.0
@@ -169,6 +171,9 @@ def _steps(reason: str, progress: dict[str, str]) -> None:
     released = []
     if live:
         released.append(f"{len(live)} process group{'s' * (len(live) > 1)} released")
+    progress["step"] = "write torch's Flight Recorder dump"
+    if async_groups.keep_torch_dump() is not None:  # before the abort completes every op
+        released.append("torch's Flight Recorder dump kept")
     progress["step"] = "abort NCCL communicators"
     aborted = nccl_abort.abort(nccl_abort.nccl_groups(), NCCL_ABORT_S)
     if aborted.groups:
