@@ -4,7 +4,10 @@ and ``rankguard status`` from another node's point of view).
 
 A beat is ``{"seq": N, "host": H, "ranks": [ENTRY, ...]}`` (JSON), sealed with the job's secret
 (``sealed``) under the key ``key(prefix, node)``; each ENTRY is one rank's progress
-(:func:`beat_entry`). Pure functions.
+(:func:`beat_entry`). When some of its ranks' groups are asynchronous (NCCL: counted as torch
+counts them, see ``ledger.GroupProgress``) the beat also has ``"async": [[RANK, POSITION,
+STARTED], ...]``: the group at POSITION in the rank's entry (0: the world group, 1: its first
+sub-group) is asynchronous, its device started up to STARTED (-1: not known). Pure functions.
 """
 
 from __future__ import annotations
@@ -25,6 +28,25 @@ def beat_entry(rank: int, snap: RankProgress) -> list[int]:
         entry += [group.key, group.members, group.entered, group.done,
                   OP_CODES.get(group.kind, 0)]
     return entry
+
+
+def beat_async(rank: int, snap: RankProgress) -> list[list[int]]:
+    """Rank ``rank``'s asynchronous groups, for a beat's ``async`` list. Pure."""
+    return [[rank, position, group.started] for position, group in enumerate(snap.groups)
+            if group.asynchronous]
+
+
+def decode_async(value: bytes) -> dict[tuple[int, int], int]:
+    """A beat's asynchronous groups: (rank, position) -> started (see the module doc); what is
+    not ours is left out. Pure."""
+    try:
+        found = json.loads(value).get("async", [])
+    except (ValueError, AttributeError):
+        return {}
+    if not isinstance(found, list):
+        return {}
+    return {(item[0], item[1]): item[2] for item in found
+            if type(item) is list and len(item) == 3 and all(type(x) is int for x in item)}
 
 
 def decode_ranks(value: bytes) -> list[list[int]]:
@@ -48,11 +70,15 @@ def decode_ranks(value: bytes) -> list[list[int]]:
     return found
 
 
-def encode(sequence: int, host: str, progress: list[list[int]]) -> str:
+def encode(sequence: int, host: str, progress: list[list[int]],
+           asynchronous: list[list[int]] | None = None) -> str:
     """A beat: its sequence number (it changes every beat), the node's host and its ranks'
-    progress (``[rank, entered, done, kind]`` in the world group, each)."""
-    return json.dumps({"seq": sequence, "host": host, "ranks": progress},
-                      separators=(",", ":"))
+    progress (``[rank, entered, done, kind]`` in the world group, each), and their
+    asynchronous groups (:func:`beat_async`), if any."""
+    beat: dict[str, object] = {"seq": sequence, "host": host, "ranks": progress}
+    if asynchronous:
+        beat["async"] = asynchronous
+    return json.dumps(beat, separators=(",", ":"))
 
 
 def host_of(value: bytes) -> str:

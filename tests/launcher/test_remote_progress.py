@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from rankguard import ledger as L
-from rankguard.beats import beat_entry, decode_ranks, encode
+from rankguard.beats import beat_async, beat_entry, decode_async, decode_ranks, encode
 from rankguard.launcher.monitor import Activity, HangRules
 from rankguard.launcher.remote_progress import RemoteProgress
 from tests.launcher.snapshots import ledger, world
@@ -123,3 +123,31 @@ def test_a_beat_entry_carries_every_group_and_decodes_to_itself():
     remote.update({0: (_beat([*entry[:-1], "x"]), 1.0)})  # a sub-group field not a number
     assert [g.is_world for g in remote.snapshots(0.0, local_waiting=True)[1].groups] == [True]
     assert decode_ranks(_beat(entry[:-1])) == []  # a group cut short is not ours
+
+
+def test_a_ranks_asynchronous_groups_travel_in_the_beat_with_their_started_count():
+    nccl = L.GroupProgress(L.group_key("world"), 0b11, True, 2, 60, 50, "all_reduce", 0.0, 0.0,
+                           51, True)
+    sub = L.GroupProgress(L.group_key("tp"), 0b11, False, 2, 4, 4, "broadcast", 0.0, 0.0)
+    snap = ledger(nccl, sub)
+    assert beat_async(1, snap) == [[1, 0, 51]]
+    value = encode(1, "h1", [beat_entry(1, snap)], beat_async(1, snap)).encode()
+    assert decode_async(value) == {(1, 0): 51}
+    assert decode_async(_beat(beat_entry(1, snap))) == {}  # a gloo-only beat has none
+    assert decode_async(b'{"async": [[1, 0, "x"], [2], 7]}') == {}  # not ours: left out
+    remote = RemoteProgress(world_size=2, local={0})
+    remote.update({1: (value, 4.0)})
+    world, tp = remote.snapshots(0.0, local_waiting=True)[1].groups
+    assert (world.asynchronous, world.started, world.entered, world.done) == (True, 51, 60, 50)
+    assert (tp.asynchronous, tp.started) == (False, -1)
+
+
+def test_a_remote_nccl_rank_in_its_first_collective_is_shown_waiting_in_it():
+    nccl = L.GroupProgress(L.group_key("world"), 0b11, True, 2, 1, 0, "all_reduce", 0.0, 0.0,
+                           0, True)
+    snap = ledger(nccl)
+    remote = RemoteProgress(world_size=2, local={0})
+    remote.update({1: (encode(1, "h1", [beat_entry(1, snap)], beat_async(1, snap)).encode(),
+                       4.0)})
+    [world] = remote.snapshots(0.0, local_waiting=True)[1].groups
+    assert (world.entered, world.done, world.waiting) == (1, 0, True)  # not init_process_group

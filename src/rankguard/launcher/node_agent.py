@@ -51,7 +51,7 @@ from .remote_progress import RemoteProgress
 from .round_end import RoundChannel, RoundEnd, end_key
 from .summary import AttemptReport
 from .. import margins
-from ..beats import beat_entry
+from ..beats import beat_async, beat_entry
 
 
 def left_to_another_node(verdict: Verdict, local: set[int], nodes: int,
@@ -125,6 +125,7 @@ class NodeAgent(Launcher):
         self._lost_nodes = 0  # nodes this agent saw lost, in every round it took part in
         self._counted = False  # in the job's count of agents
         self._progress: list[list[int]] = []  # the ranks' progress, for this node's beats
+        self._asynchronous: list[list[int]] = []  # and their asynchronous groups
         self._remote: RemoteProgress | None = None  # the other nodes' ranks, from their beats
         self._job_end: tuple[str, int] | None = None  # a standby's view of the job's end
         self._group_rank = -1
@@ -259,7 +260,7 @@ class NodeAgent(Launcher):
                                 joined.group_rank, joined.group_world,
                                 self._beat_period,
                                 cfg.local_addr or socket.gethostname(),
-                                lambda: self._progress)
+                                lambda: self._progress, lambda: self._asynchronous)
         return Layout(joined.store_host, joined.store_port,
                       round_namespace(self.config.run_id, joined.number),
                       joined.world, joined.base, joined.group_rank, joined.group_world,
@@ -429,6 +430,8 @@ class NodeAgent(Launcher):
         # a new list each time: the beats' thread reads whichever it finds, never a half one
         self._progress = [beat_entry(rank, snap) for rank, snap in sorted(snaps.items())
                           if snap.groups]
+        self._asynchronous = [group for rank, snap in sorted(snaps.items())
+                              for group in beat_async(rank, snap)]
         return snaps
 
     def _remote_ranks(self, snaps: dict[int, RankProgress],

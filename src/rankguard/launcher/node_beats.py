@@ -121,13 +121,15 @@ class NodeBeats:
 
     def __init__(self, connect: Callable[[], Any], prefix: str, node: int, nodes: int,
                  period: float, host: str,
-                 progress: Callable[[], list[list[int]]] = list) -> None:
+                 progress: Callable[[], list[list[int]]] = list,
+                 asynchronous: Callable[[], list[list[int]]] = list) -> None:
         self._connect = connect
         self._keys = [beats.key(prefix, n) for n in range(nodes)]
         self._node = node
         self._period = period
         self._host = host
         self._progress = progress
+        self._asynchronous = asynchronous
         started = time.monotonic()
         self._heard = {n: Heard(None, started) for n in range(nodes) if n != node}
         self._last_exchange = started
@@ -196,7 +198,8 @@ class NodeBeats:
         with self._lock:
             self._pending_since = began = time.monotonic()
         mine = self._keys[self._node]
-        client.set(mine, sealed.seal(mine, beats.encode(sequence, self._host, self._progress())))
+        client.set(mine, sealed.seal(mine, beats.encode(sequence, self._host, self._progress(),
+                                                        self._asynchronous())))
         others = [n for n in self._heard]
         if client.check([self._keys[n] for n in others]):
             values = dict(zip(others, client.multi_get([self._keys[n] for n in others])))

@@ -2,7 +2,8 @@
 
 Each node's beat carries its ranks' progress (``beats.beat_entry``): per rank, the world group's
 ``entered, done, kind``, then one ``key, members, entered, done, kind`` per sub-group in its
-ledger (``members``: the bit mask of the ledger, ranks below 64). :class:`RemoteProgress` turns
+ledger (``members``: the bit mask of the ledger, ranks below 64), and which of those groups are
+asynchronous (NCCL) with the last operation their device started. :class:`RemoteProgress` turns
 the beats heard into the ledger records the hang rules judge (``monitor.HangRules``), so that a
 verdict compares every rank of the job, not only this node's, in every group: the node that
 holds a rank which never reached a collective names it even when every rank waiting for it is
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ..beats import GROUP_FIELDS, WORLD_FIELDS, decode_ranks
+from ..beats import GROUP_FIELDS, WORLD_FIELDS, decode_async, decode_ranks
 from ..ledger import FAULT_NONE, GroupProgress, RankProgress, group_key, op_name
 
 _WORLD_KEY = group_key("world")
@@ -45,6 +46,8 @@ class RemoteProgress:
         self._ranks: dict[int, tuple[int, int, int, float]] = {}
         # rank -> its sub-groups' fields, since when they are as they are, whether one waits
         self._subs: dict[int, tuple[list[int], float, bool]] = {}
+        # (rank, position of the group in its entry) -> started, for its asynchronous groups
+        self._async: dict[tuple[int, int], int] = {}
         self._snaps: dict[int, RankProgress] = {}  # made again only for ranks that changed
         self._stale: set[int] = set()  # ranks whose record must be made again
         self._members = (1 << world_size) - 1 if world_size <= 64 else 0
@@ -57,6 +60,11 @@ class RemoteProgress:
             if self._parsed.get(node) == value:
                 continue
             self._parsed[node] = value
+            for (rank, position), started in decode_async(value).items():
+                if rank not in local and 0 <= rank < world and \
+                        self._async.get((rank, position)) != started:
+                    self._async[(rank, position)] = started
+                    stale.add(rank)
             for entry in decode_ranks(value):
                 rank, entered, done = entry[0], entry[1], entry[2]
                 if rank in local or not 0 <= rank < world:
@@ -101,14 +109,19 @@ class RemoteProgress:
 
     def _snapshot(self, rank: int) -> RankProgress:
         entered, done, kind, since = self._ranks.get(rank, (0, 0, 0, 0.0))
-        if entered <= _INIT_ENTRY:
-            done = entered  # see _INIT_ENTRY
+        world_async = (rank, 0) in self._async
+        if entered <= _INIT_ENTRY and not world_async:
+            done = entered  # see _INIT_ENTRY (an asynchronous group counts no init entry)
         groups = [GroupProgress(_WORLD_KEY, self._members, True, self._world, entered, done,
-                                op_name(kind), since, since)]
+                                op_name(kind), since, since, self._async.get((rank, 0), -1),
+                                world_async)]
         fields, since, _ = self._subs.get(rank, ([], 0.0, False))
-        for at in range(0, len(fields), GROUP_FIELDS):
+        for position, at in enumerate(range(0, len(fields), GROUP_FIELDS), 1):
             key, members, entered, done, kind = group = fields[at:at + GROUP_FIELDS]
             if all(type(field) is int for field in group):
+                started = self._async.get((rank, position))
                 groups.append(GroupProgress(key, members, False, bin(members).count("1"),
-                                            entered, done, op_name(kind), since, since))
+                                            entered, done, op_name(kind), since, since,
+                                            -1 if started is None else started,
+                                            started is not None))
         return RankProgress(0, 0, FAULT_NONE, False, 0.0, 0.0, tuple(groups))
