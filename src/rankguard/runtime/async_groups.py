@@ -62,7 +62,9 @@ class Published:
     t_enter: float
     t_done: float
     kind: int = NONE
-    kind_of: int = 0  # the operation ``kind`` is the kind of (0: none)
+    # the operation ``kind`` is the kind of (0: none): the first one the recorder's entries show
+    # not completed, at or past ``pending``
+    kind_of: int = 0
     pending_since: float = 0.0  # since when the rank waits for :attr:`pending` (0.0: none)
 
     @property
@@ -106,9 +108,10 @@ def overdue(record: Published, now: float, per_op_s: float | None,
 def kind_wanted(record: Published, now: float) -> int:
     """The operation whose kind the sampler should learn now (0: none): the one the group
     waits in, once its completions have not moved for ``STALL_S`` and its kind is not known
-    yet. Pure."""
+    yet (``kind_of`` may be past ``pending``: torch's completed count lags its entries, and the
+    entries tell which operation is really waited in). Pure."""
     pending = record.pending
-    if pending and record.kind_of != pending and now - record.t_done >= STALL_S:
+    if pending and record.kind_of < pending and now - record.t_done >= STALL_S:
         return pending
     return 0
 
@@ -261,8 +264,10 @@ class AsyncGroupSampler:
         bound = self._bound[(recorder, pg_id)]
         assert bound is not None and bound.record is not None
         record = bound.record
-        return Overdue(bound.name, bound.ranks, bound.is_world, _ledger.op_name(record.kind),
-                       record.pending, now - record.pending_since, recorder)
+        known = record.kind_of >= record.pending  # else the kind is an earlier operation's
+        return Overdue(bound.name, bound.ranks, bound.is_world,
+                       _ledger.op_name(record.kind if known else NONE),
+                       max(record.pending, record.kind_of), now - record.pending_since, recorder)
 
     def _publish(self, bound: _Bound, record: Published) -> None:
         if record != bound.record:
@@ -272,16 +277,17 @@ class AsyncGroupSampler:
 
     def _learn_kinds(self, reader: FlightRecorderReader, wanted: dict[int, int],
                      now: float) -> None:
-        kinds: dict[int, str] = {}
-        for op in reader.active():
-            if wanted.get(op.pg_id) == op.seq:
-                kinds[op.pg_id] = op.kind
+        found: dict[int, tuple[int, str]] = {}  # pg_id -> the first op not completed, its kind
+        for op in reader.active():  # oldest first
+            if op.pg_id in wanted and op.seq >= wanted[op.pg_id] and op.pg_id not in found:
+                found[op.pg_id] = (op.seq, op.kind)
         for pg_id, seq in wanted.items():
             bound = self._bound[(reader.recorder, pg_id)]
             assert bound is not None and bound.record is not None
-            code = _ledger.OP_CODES.get(kinds.get(pg_id, ""), NONE)
-            # not among the pending entries: completed meanwhile; asked again if still stalled
-            self._publish(bound, replace(bound.record, kind=code, kind_of=seq if code else 0))
+            # none found: it completed meanwhile; not asked again until another one is waited in
+            seq, kind = found.get(pg_id, (seq, ""))
+            self._publish(bound, replace(bound.record, kind=_ledger.OP_CODES.get(kind, NONE),
+                                         kind_of=seq))
 
     def _bind(self, reader: FlightRecorderReader, pg_id: int) -> None:
         name, desc = reader.group_names().get(pg_id, ("", ""))
