@@ -4,6 +4,10 @@ never one that existed before it, nor one that holds anything."""
 import os
 import stat
 
+import pytest
+
+from rankguard import options
+from rankguard.errors import UsageError
 from rankguard.options import missing_dirs, remove_empty_dirs, writable_dir
 
 
@@ -34,3 +38,25 @@ def test_every_folder_a_log_dir_makes_is_private_whatever_the_umask(tmp_path):
     for folder in (tmp_path / "run", tmp_path / "run" / "node"):
         assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
     assert made == str(tmp_path / "run" / "node")
+
+
+@pytest.mark.parametrize("env, problem", [
+    ({"TORCH_FR_BUFFER_SIZE": "abc"}, "TORCH_FR_BUFFER_SIZE='abc': is not a number of entries"),
+    ({"TORCH_FR_BUFFER_SIZE": ""}, "TORCH_FR_BUFFER_SIZE='': is not a number of entries"),
+    ({"TORCH_NCCL_TRACE_BUFFER_SIZE": "99999999999999999999"},
+     "TORCH_NCCL_TRACE_BUFFER_SIZE='99999999999999999999': is not a number of entries"),
+    ({"TORCH_FR_BUFFER_SIZE": "0", "RANKGUARD_GLOO": "recorder"},
+     "TORCH_FR_BUFFER_SIZE=0: turns off torch's Flight Recorder"),
+])
+def test_a_flight_recorder_size_torch_would_abort_on_or_that_leaves_nothing_watched_is_refused(
+        env, problem):
+    with pytest.raises(UsageError) as refused:
+        options.check_flight_recorder(env)
+    assert str(refused.value).startswith(problem), refused.value
+
+
+@pytest.mark.parametrize("env", [{}, {"TORCH_FR_BUFFER_SIZE": "2000"},
+                                 {"TORCH_FR_BUFFER_SIZE": "0"}, {"TORCH_FR_BUFFER_SIZE": "-1"},
+                                 {"TORCH_FR_BUFFER_SIZE": "0", "RANKGUARD_GLOO": "wrap"}])
+def test_a_flight_recorder_size_torch_takes_is_accepted(env):
+    options.check_flight_recorder(env)

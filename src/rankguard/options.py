@@ -55,6 +55,32 @@ def gloo_mode(env: Mapping[str, str] | None = None) -> str:
     return mode
 
 
+FR_BUFFER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")  # torch's, first wins
+
+
+def check_flight_recorder(env: Mapping[str, str] | None = None) -> None:
+    """Check the size of torch's Flight Recorder as the ranks will get it from ``env``
+    (default: this process's): torch aborts a process whose size is not a whole number, and
+    ``RANKGUARD_GLOO=recorder`` watches gloo groups through the recorder, so it must be on.
+
+    Raises:
+        UsageError: the size is not a whole number, or it is 0 with ``RANKGUARD_GLOO=recorder``.
+    """
+    env = os.environ if env is None else env
+    name = next((n for n in FR_BUFFER_ENV if env.get(n) is not None), None)
+    if name is None:
+        return
+    value = env[name]
+    if not _INTEGER.fullmatch(value.strip()) or len(value.strip()) > 18:
+        raise UsageError(f"{name}={value!r}", "is not a number of entries (torch aborts every "
+                         "rank on it)", f"set it to 2000 (torch's default), 0 to turn torch's "
+                         "Flight Recorder off, or unset it")
+    if int(value) == 0 and gloo_mode(env) == "recorder":
+        raise UsageError(f"{name}=0", f"turns off torch's Flight Recorder, through which "
+                         f"{GLOO_ENV}=recorder watches gloo groups: nothing would be watched",
+                         f"unset {name}, or {GLOO_ENV}")
+
+
 MAX_LOCAL_RANKS = 1024  # rank processes one machine's supervisor starts at most: past it, a typo
 
 

@@ -56,12 +56,18 @@ def test_a_busy_rank_is_a_straggler_and_the_job_ends_well(run_rankguard):
     assert "rankguard: straggler: rank 1 never enqueued all_reduce #4 (busy" in run.stderr
 
 
-def test_an_unreadable_recorder_is_said_once_and_the_job_runs_unwatched(run_rankguard):
-    run = run_rankguard(job("clean"), env={**RECORDER, "TORCH_FR_BUFFER_SIZE": "0"})
-    assert run.code == 0, run.stderr
-    said = [line for line in run.stderr.splitlines() if "process groups are not watched" in line]
-    assert len(said) == 2, run.stderr  # once per rank
-    assert "TORCH_FR_BUFFER_SIZE=2000" in said[0]
+@pytest.mark.parametrize("size, problem", [
+    ("0", "TORCH_FR_BUFFER_SIZE=0: turns off torch's Flight Recorder, through which "
+          "RANKGUARD_GLOO=recorder watches gloo groups"),
+    ("abc", "TORCH_FR_BUFFER_SIZE='abc': is not a number of entries (torch aborts every rank "
+            "on it)"),
+])
+def test_a_recorder_size_that_would_leave_nothing_watched_is_refused_before_any_rank(
+        run_rankguard, size, problem):
+    run = run_rankguard(job("clean"), env={**RECORDER, "TORCH_FR_BUFFER_SIZE": size})
+    assert run.code == 2, run.stderr
+    assert problem in run.stderr and "Traceback" not in run.stderr, run.stderr
+    assert "[rank" not in run.stderr  # no rank started
 
 
 def test_a_bad_gloo_mode_is_refused_before_the_script_runs(run_rankguard):
@@ -131,3 +137,16 @@ def test_every_rank_keeps_torchs_flight_recorder_dump_for_torchs_analyser(run_ra
     assert analysed.returncode == 0, found[-3000:]
     assert "Not all ranks joining collective, sequence number: 7" in found, found[-3000:]
     assert "missing ranks: {1}" in found, found[-3000:]
+
+
+@pytest.mark.parametrize("kind, reason", [("hang", "made no progress"),
+                                          ("stop", "stopped (SIGSTOP)")])
+def test_a_fault_injected_at_an_operation_fires_on_a_group_rankguard_does_not_wrap(
+        run_rankguard, kind, reason):
+    run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", str(HANG), "--inject",
+                         f"{kind}:rank=1,at=op5", script("allreduce.py"), "400", "0.01"],
+                        env=RECORDER)
+    assert run.code == 3, run.stderr
+    assert f"[rank1]:rankguard: injecting {kind}:rank=1,at=op5" in run.stderr, run.stderr
+    assert f"rankguard: hang: rank 1 never enqueued all_reduce #5 ({reason})" in run.stderr, \
+        run.stderr

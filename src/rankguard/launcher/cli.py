@@ -278,6 +278,7 @@ def parse(argv: list[str]) -> _config.RunConfig:
     ns = p.parse_args(argv)
     sealed.check_env()
     options.gloo_mode()
+    options.check_flight_recorder()
     min_nodes, max_nodes = _nnodes(ns.nnodes)
     node_rank = int(number("--node-rank", ns.node_rank, int, 0, "e.g. --node-rank 0"))
     port = int(number("--master-port", ns.master_port, int, 0, "use a port from 1 to 65535"))

@@ -365,6 +365,46 @@ def _fill_vacancy(init_method: Any, kwargs: dict[str, Any]) -> tuple[None, dict[
     return None, kwargs
 
 
+# the torch.distributed functions that issue one collective each (``--inject ...,at=opN`` counts
+# them on a default group rankguard does not wrap); the ``*_object`` ones are counted by the
+# collectives they call
+_COLLECTIVE_CALLS = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_to_all",
+                     "all_to_all_single", "barrier", "broadcast", "gather", "reduce",
+                     "reduce_scatter", "reduce_scatter_tensor", "scatter", "send", "recv",
+                     "isend", "irecv")
+
+
+def _count_unwrapped_collectives(dist: Any, c10d: Any) -> None:
+    """For injected faults at an operation number (``at=opN``): count the collectives a script
+    issues through torch.distributed's functions on a default group rankguard does not wrap
+    (NCCL's; gloo's under ``RANKGUARD_GLOO=recorder``), which the wrapped group's own count
+    cannot see. Only when such a fault is armed: nothing is patched otherwise. Collectives
+    issued from C++ (DDP's) are not counted."""
+    state = current()
+    injector = state.injector
+    if injector is None or not injector.has_op_faults:
+        return
+    issued = [0]
+
+    def counted(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            group = kwargs.get("group")
+            if c10d.is_initialized() and (group is None or group is c10d.GroupMember.WORLD) \
+                    and state.groups.of(c10d._get_default_group()) is None:
+                issued[0] += 1
+                injector.before_op(issued[0])
+            return original(*args, **kwargs)
+        return call
+
+    for name in _COLLECTIVE_CALLS:
+        original = getattr(c10d, name, None)
+        if original is not None:
+            wrapped = counted(original)
+            for module in (dist, c10d):
+                setattr(module, name, wrapped)
+
+
 def install() -> None:
     """Register the instrumented backend and patch torch.distributed. Idempotent."""
     import torch.distributed as dist
@@ -438,5 +478,6 @@ def install() -> None:
         module.init_process_group = init_process_group
         module.new_group = new_group
         module.get_backend = get_backend
+    _count_unwrapped_collectives(dist, c10d)
     _installed = True
 
