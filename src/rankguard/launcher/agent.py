@@ -40,8 +40,8 @@ from .ranks import Layout, start_attempt
 from .monitor import HangMonitor, Verdict, op_label
 from .in_place import InPlace
 from .spares import Spares
-from .outcome import (EXIT_INTERNAL, FINAL_KINDS, Fault, RankOutcome, RankState, classify,
-                      deadline_verdict, first_fault, notice_kind, run_status)
+from .outcome import (EXIT_INTERNAL, FINAL_KINDS, Fault, FaultKind, RankOutcome, RankState,
+                      classify, deadline_verdict, first_fault, notice_kind, run_status)
 from .summary import AttemptReport, render
 from .terminal import Terminal
 
@@ -192,7 +192,7 @@ class Launcher:
                 report.stacks = teardown.capture_stacks(ranks, monitor, stopped=False)
                 culprits = set(result.hang.blamed) if result.hang else (
                     {result.fault.rank} if result.fault.rank is not None else set())
-                if result.fault.kind != "launcher_signal":
+                if result.fault.kind != FaultKind.LAUNCHER_SIGNAL:
                     teardown.notify_survivors(ranks, monitor, self._journal, culprits,
                                               notice_kind(result.fault), cfg.grace)
                 report.stacks.update(teardown.capture_stacks(ranks, monitor, stopped=True))
@@ -201,7 +201,7 @@ class Launcher:
                     report.verdict = result.hang.describe()
                 elif report.stacks:
                     self._journal.write("stacks", attempt=attempt, stacks=report.stacks)
-                if result.fault.kind != "launcher_signal":
+                if result.fault.kind != FaultKind.LAUNCHER_SIGNAL:
                     self._tell_why(ranks, culprits, notice_kind(result.fault))
                 teardown_at = time.monotonic()
                 teardown.stop_ranks(ranks, self._journal, cfg.grace, result.fault.kind)
@@ -256,7 +256,8 @@ class Launcher:
         """Repair ``result.fault`` by replacing its culprits, if the run's recovery mode and
         the ranks allow it (see ``in_place``); then the attempt goes on without it."""
         replacer = self._in_place
-        if replacer is None or result.fault is None or result.fault.kind == "launcher_signal":
+        if (replacer is None or result.fault is None
+                or result.fault.kind == FaultKind.LAUNCHER_SIGNAL):
             return False  # the launcher was told to stop: nothing to repair, nor to say
         fault, hang = result.fault, result.hang
         culprits = set(hang.blamed) if hang is not None else (
@@ -324,7 +325,7 @@ class Launcher:
             if self._signal is not None and result.fault is None:
                 name = proctree.signal_name(self._signal)
                 self._say(f"rankguard: received {name}; stopping all ranks")
-                result.fault = Fault("launcher_signal", now, None,
+                result.fault = Fault(FaultKind.LAUNCHER_SIGNAL, now, None,
                                      f"the launcher received {name}")
             if result.fault is not None or not ticked:
                 continue
@@ -466,7 +467,7 @@ class Launcher:
         if result.fault is None:
             result.hang = verdict
             # the fault began when the peers started waiting, not when we noticed
-            result.fault = Fault("hung", now - verdict.waited_s, None,
+            result.fault = Fault(FaultKind.HUNG, now - verdict.waited_s, None,
                                  "hang: " + verdict.describe(), verdict=verdict)
             self._say(f"rankguard: hang: {verdict.describe()}")
 

@@ -36,11 +36,12 @@ from ..journal import Journal
 from ..supervisor import RankFiles, RankProcess, RankProcesses
 from .config import RunConfig
 from .monitor import Verdict
-from .outcome import Fault
+from .outcome import Fault, FaultKind
 from .ranks import Layout, launcher_for, rank_env, recovery_path, replacement_env
 
 EXIT_WAIT_S = 1.0  # a rank that raised prints its traceback within ms, then leaves
-_REPLACEABLE = frozenset({"raised", "signalled", "exited", "hung"})
+_REPLACEABLE = frozenset({FaultKind.RAISED, FaultKind.SIGNALLED, FaultKind.EXITED,
+                          FaultKind.HUNG})
 
 
 @dataclass
@@ -81,7 +82,7 @@ class InPlace:
                 world: int) -> str | None:
         """Why ``fault`` cannot be repaired in place (None: it can). ``world``: the ranks of
         the job, on every node (another node's ranks can give a replacement the state)."""
-        if fault.kind == "replace_failed":
+        if fault.kind == FaultKind.REPLACE_FAILED:
             return "a replacement that does not join in time is not replaced again"
         if fault.kind not in _REPLACEABLE or not culprits:
             return "the fault names no rank to replace"
@@ -89,7 +90,7 @@ class InPlace:
         if not culprits <= local:
             return (f"rank {min(culprits - local)} runs on another node (whose agent "
                     "replaces it, or ends the round)")
-        if fault.kind == "exited" and any(_ended_well(ranks[r], snaps.get(r)) for r in culprits):
+        if fault.kind == FaultKind.EXITED and any(_ended_well(ranks[r], snaps.get(r)) for r in culprits):
             return "the rank ended its script (exit code 0)"
         if restarts_left < len(culprits):
             return "no restarts left (each replacement counts as one)"
@@ -113,7 +114,7 @@ class InPlace:
         replacements (the agent watches them from now on)."""
         stacks = ranks.stacks(Deadline.after(margins.STACKS_S),
                               [r for r in sorted(culprits) if ranks[r].alive])
-        self._stop(ranks, culprits, fault.kind == "raised")
+        self._stop(ranks, culprits, fault.kind == FaultKind.RAISED)
         kind = _ledger.NOTICE_HUNG if hang is not None else _ledger.NOTICE_DIED
         # not to a replacement still joining: it joins a generation formed after this fault
         # (its peers found the failed rank silent), and the notice would break that one; a
@@ -167,7 +168,7 @@ class InPlace:
                           "s after the fault")
             elif pending.deadline.passed() and pending.member.alive:
                 del self._pending[rank]
-                return Fault("replace_failed", now, rank, "was replaced, but the replacement "
+                return Fault(FaultKind.REPLACE_FAILED, now, rank, "was replaced, but the replacement "
                              f"did not join within {pending.deadline.seconds:g} s")
         return None
 

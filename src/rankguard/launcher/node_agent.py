@@ -43,7 +43,7 @@ from .config import RendezvousConfig, RunConfig, endpoint
 from .monitor import Verdict
 from . import node_takeover
 from .node_beats import NodeBeats, Silence
-from .outcome import Fault
+from .outcome import Fault, FaultKind
 from .ranks import Layout, recovery_path
 from .rendezvous import (JobStore, Rendezvous, RendezvousClosed, Round, agents_namespace,
                          connect, round_namespace, rounds_key)
@@ -155,12 +155,12 @@ class NodeAgent(Launcher):
             if isinstance(exc, RendezvousClosed) and not self._group_world:
                 fault = self._stood_by(now)
             elif isinstance(exc, _Interrupted):
-                fault = Fault("launcher_signal", now, None, str(exc))
+                fault = Fault(FaultKind.LAUNCHER_SIGNAL, now, None, str(exc))
             else:
-                fault = Fault("rendezvous", now, None, str(exc))
+                fault = Fault(FaultKind.RENDEZVOUS, now, None, str(exc))
             self._say(f"rankguard: {fault.describe()}")
             result = _Attempt(fault=fault)
-            if fault.kind != "standby_end":  # a standby ran no attempt: it reports none
+            if fault.kind != FaultKind.STANDBY_END:  # a standby ran no attempt: it reports none
                 result.report = AttemptReport(attempt, [], fault.describe())
             return result
 
@@ -175,7 +175,7 @@ class NodeAgent(Launcher):
     def _final(self, fault: Fault) -> bool:
         """With a static rendezvous every node must be in every round: a node lost or gone
         ends the job (its next round could never fill)."""
-        if self._rdzv_cfg.backend == "static" and fault.kind in ("node_lost", "node_left"):
+        if self._rdzv_cfg.backend == "static" and fault.kind in (FaultKind.NODE_LOST, FaultKind.NODE_LEFT):
             return True
         return super()._final(fault)
 
@@ -205,7 +205,7 @@ class NodeAgent(Launcher):
         ended = self._rdzv.recorded_end()
         self._job_end = ended
         how = f"{ended[0]}, exit code {ended[1]}" if ended is not None else "how is not known"
-        return Fault("standby_end", now, None, f"the job ended ({how}) while this node stood "
+        return Fault(FaultKind.STANDBY_END, now, None, f"the job ended ({how}) while this node stood "
                      "by; it leaves without having run")
 
     def _say_waiting_for_nodes(self, cfg: RendezvousConfig) -> None:
@@ -214,7 +214,7 @@ class NodeAgent(Launcher):
         self._say(f"rankguard: {cfg.next_round_wait}")
 
     def _run_status(self, fault: Fault | None) -> tuple[str, int]:
-        if fault is not None and fault.kind == "standby_end":
+        if fault is not None and fault.kind == FaultKind.STANDBY_END:
             return ("was a standby", self._job_end[1] if self._job_end is not None else 0)
         return super()._run_status(fault)
 
@@ -273,7 +273,7 @@ class NodeAgent(Launcher):
         if end.ok or end.node == self._group_rank:
             return None
         self._outside = end.fault(now)
-        if end.kind == "store_lost" and end.node < 0:  # the watcher lost the round's store
+        if end.kind == FaultKind.STORE_LOST and end.node < 0:  # the watcher lost the round's store
             self._outside = self._store_fault(self._outside.at, self._outside.detail)
         return self._outside
 
@@ -289,7 +289,7 @@ class NodeAgent(Launcher):
         last, self._last_look = self._last_look, now
         stopped_s = now - last if last is not None else 0.0
         if stopped_s > max(self.config.hang_timeout, _OWN_STOP_FLOOR_S):
-            self._outside = Fault("node_stopped", now, None, f"this node's agent was stopped "
+            self._outside = Fault(FaultKind.NODE_STOPPED, now, None, f"this node's agent was stopped "
                                   f"for {stopped_s:.1f} s, longer than --hang-timeout "
                                   f"{self.config.hang_timeout:g} s: the other nodes have "
                                   "counted this node lost, and gone on without it or ended")
@@ -415,13 +415,13 @@ class NodeAgent(Launcher):
         if quiet.node is None:
             self._outside = self._store_fault(now - quiet.silent_s, text)
             return self._outside
-        ours = RoundEnd(False, self._group_rank, "node_lost", None, text)
+        ours = RoundEnd(False, self._group_rank, FaultKind.NODE_LOST, None, text)
         try:
             standing = self._channel.publish(ours)
         except RuntimeError as exc:
             self._outside = self._store_fault(now, self._store_failure(exc))
             return self._outside
-        self._outside = (Fault("node_lost", now - quiet.silent_s, None, text)
+        self._outside = (Fault(FaultKind.NODE_LOST, now - quiet.silent_s, None, text)
                          if standing is ours else standing.fault(now))
         return self._outside
 
@@ -479,7 +479,7 @@ class NodeAgent(Launcher):
         except RuntimeError as exc:  # the store failed under a request of ours
             result.fault = self._store_fault(time.monotonic(), self._store_failure(exc))
             self._say(f"rankguard: {result.fault.describe()}")
-        if result.fault is not None and result.fault.kind == "store_lost":
+        if result.fault is not None and result.fault.kind == FaultKind.STORE_LOST:
             self._store_lost = True
         end = channel.end
         self._journal.write("round_end", ok=result.fault is None,
@@ -506,7 +506,7 @@ class NodeAgent(Launcher):
         end = channel.end
         now = time.monotonic()
         if self._signal is not None:
-            result.fault = Fault("launcher_signal", now, None, "the agent received a signal")
+            result.fault = Fault(FaultKind.LAUNCHER_SIGNAL, now, None, "the agent received a signal")
             channel.publish(RoundEnd.of(result.fault, node))
         elif end is not None and not end.ok:
             result.fault = end.fault(now)
@@ -525,7 +525,7 @@ class NodeAgent(Launcher):
     def _close_round(self) -> None:
         if self._channel is not None:
             end = self._channel.end
-            if (end is not None and end.kind == "node_lost") or self._round_host_lost:
+            if (end is not None and end.kind == FaultKind.NODE_LOST) or self._round_host_lost:
                 self._lost_nodes += 1  # it will never leave the job
             self._round_host_lost = False
             self._channel.close()
@@ -545,7 +545,7 @@ class NodeAgent(Launcher):
         if self._store_lost:  # its requests could block for good: nobody is left to tell
             return
         # the job ends here, or goes on without this node; but not without the job's store
-        ending = (fault is None or fault.kind not in ("launcher_signal", "standby_end")
+        ending = (fault is None or fault.kind not in (FaultKind.LAUNCHER_SIGNAL, FaultKind.STANDBY_END)
                   or (self._job.hosting and not self._job.round_stores))
         # torch's close and the host's wait for the others each take up to close_timeout
         limit = Deadline.after(2 * cfg.close_timeout + cfg.read_timeout)
@@ -583,9 +583,9 @@ class NodeAgent(Launcher):
         (``store_lost``). With etcd-v2 it is node 0's: that node is lost (``node_lost``), and
         the next round forms through etcd without it."""
         if not self._job.round_stores:
-            return Fault("store_lost", at, None, detail)
+            return Fault(FaultKind.STORE_LOST, at, None, detail)
         self._round_host_lost = True
-        return Fault("node_lost", at, None, f"node 0 of the round, which hosts its store, is "
+        return Fault(FaultKind.NODE_LOST, at, None, f"node 0 of the round, which hosts its store, is "
                      f"lost: {detail}")
 
     def _use_round_store(self, joined: Round) -> None:

@@ -21,6 +21,7 @@ values, ``now``, the timeouts): table-tested in tests/launcher/test_outcome_rule
 
 from __future__ import annotations
 
+import enum
 import signal
 from dataclasses import dataclass
 
@@ -31,6 +32,25 @@ from .monitor import P2P, Verdict, group_label, op_label
 
 OUTCOMES = ("ok", "raised", "exited", "signalled", "hung", "victim", "teardown_timeout")
 
+
+class FaultKind(enum.StrEnum):
+    """What went wrong first in an attempt (a :class:`Fault`'s kind); the journal and the
+    round's end record carry its value."""
+
+    RAISED = "raised"  # a rank's script raised
+    EXITED = "exited"  # a rank exited with an error code, or with 0 before its peers
+    SIGNALLED = "signalled"  # a rank was killed by a signal
+    HUNG = "hung"  # the hang rules blamed a rank
+    LAUNCHER_SIGNAL = "launcher_signal"  # the launcher itself was told to stop
+    # several nodes
+    NODE_LEFT = "node_left"  # another node's agent was stopped
+    NODE_LOST = "node_lost"  # another node went silent
+    NODE_STOPPED = "node_stopped"  # this node's agent was stopped by the round
+    STORE_LOST = "store_lost"  # the job's store is gone
+    RENDEZVOUS = "rendezvous"  # no round could be formed
+    STANDBY_END = "standby_end"  # the job ended while this node stood by
+    REPLACE_FAILED = "replace_failed"  # --recovery in-place: a replacement did not join
+
 # The launcher's exit codes (the README's table): see ``run_status``.
 EXIT_OK = 0
 EXIT_RANK_FAILED = 1
@@ -40,22 +60,20 @@ EXIT_INTERNAL = 4
 _SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 # Faults after which no restart is tried: the launcher was told to stop; with several nodes,
 # the job's store is gone, a round could not be formed, or (a standby) the job is over.
-FINAL_KINDS = frozenset({"launcher_signal", "store_lost", "rendezvous", "standby_end",
-                         "node_stopped"})
+FINAL_KINDS = frozenset({FaultKind.LAUNCHER_SIGNAL, FaultKind.STORE_LOST, FaultKind.RENDEZVOUS,
+                         FaultKind.STANDBY_END, FaultKind.NODE_STOPPED})
 
 
 # faults of another node as a whole, or of the store (several nodes)
-_ELSEWHERE = frozenset({"node_lost", "node_left", "node_stopped", "store_lost"})
+_ELSEWHERE = frozenset({FaultKind.NODE_LOST, FaultKind.NODE_LEFT, FaultKind.NODE_STOPPED,
+                        FaultKind.STORE_LOST})
 
 
 @dataclass(frozen=True)
 class Fault:
     """The first thing that went wrong in an attempt."""
 
-    # raised | exited | signalled | hung | launcher_signal; with several nodes also
-    # node_left | node_lost | node_stopped | store_lost | rendezvous | standby_end (see
-    # FINAL_KINDS)
-    kind: str
+    kind: FaultKind
     at: float  # monotonic
     rank: int | None = None
     detail: str = ""
@@ -68,8 +86,9 @@ class Fault:
         return f"rank {self.rank} {self.detail}"
 
 
-_NOTICES = {"hung": _ledger.NOTICE_HUNG, "node_lost": _ledger.NOTICE_NODE_LOST,
-            "store_lost": _ledger.NOTICE_STORE_LOST, "node_left": _ledger.NOTICE_NODE_LEFT}
+_NOTICES = {FaultKind.HUNG: _ledger.NOTICE_HUNG, FaultKind.NODE_LOST: _ledger.NOTICE_NODE_LOST,
+            FaultKind.STORE_LOST: _ledger.NOTICE_STORE_LOST,
+            FaultKind.NODE_LEFT: _ledger.NOTICE_NODE_LEFT}
 
 
 def notice_kind(fault: Fault) -> int:
@@ -114,7 +133,7 @@ class RankState:
 def raised_fault(rank: int, progress: _ledger.RankProgress) -> Fault:
     """The fault of a rank whose ledger says an exception reached the top of its script."""
     where = " inside a collective" if progress.fault_in_collective else ""
-    return Fault("raised", progress.t_fault, rank, f"raised an exception{where}",
+    return Fault(FaultKind.RAISED, progress.t_fault, rank, f"raised an exception{where}",
                  bool(progress.fault_in_collective))
 
 
@@ -149,17 +168,17 @@ def own_fault(state: RankState) -> Fault | None:
         assert progress is not None
         if progress.exit_code == 0:
             return None
-        return Fault("exited", progress.t_fault, state.rank, exit_detail(progress.exit_code))
+        return Fault(FaultKind.EXITED, progress.t_fault, state.rank, exit_detail(progress.exit_code))
     if code is None:
         return None
     if kind == _ledger.FAULT_TERMINATED:
         assert progress is not None
-        return Fault("signalled", progress.t_fault, state.rank,
+        return Fault(FaultKind.SIGNALLED, progress.t_fault, state.rank,
                      f"got SIGTERM (tore itself down, {exit_detail(code)})")
     if code == 0:
         return None
     assert state.exited_at is not None
-    return Fault("signalled" if code < 0 else "exited", state.exited_at, state.rank,
+    return Fault(FaultKind.SIGNALLED if code < 0 else FaultKind.EXITED, state.exited_at, state.rank,
                  exit_detail(code))
 
 
@@ -212,7 +231,7 @@ def early_exit(state: RankState, states: list[RankState], now: float,
                 continue
             where = op_label(group.kind, group.seq_at(group.entered),
                              group_label(group))
-            return Fault("exited", at, state.rank,
+            return Fault(FaultKind.EXITED, at, state.rank,
                          f"exited with code 0 before {where} (rank {peer.rank} went on to it)")
     return None
 
@@ -239,7 +258,7 @@ def first_fault(states: list[RankState], now: float, cascade_window: float,
             fault = early_exit(state, states, now, hang_timeout)
         if fault is None:
             continue
-        cascade = is_cascade(state.progress) and fault.kind == "raised"
+        cascade = is_cascade(state.progress) and fault.kind == FaultKind.RAISED
         if cascade and now - fault.at < cascade_window:
             continue
         faults.append((cascade, fault.at, fault))
@@ -308,7 +327,7 @@ def run_status(fault: Fault | None, launcher_signal: int | None) -> tuple[str, i
     number)."""
     if fault is None:
         return "succeeded", EXIT_OK
-    if fault.kind == "launcher_signal":
+    if fault.kind == FaultKind.LAUNCHER_SIGNAL:
         assert launcher_signal is not None
         return "was interrupted", _SIGNAL_EXIT.get(launcher_signal, 128 + launcher_signal)
-    return "failed", EXIT_HUNG if fault.kind == "hung" else EXIT_RANK_FAILED
+    return "failed", EXIT_HUNG if fault.kind == FaultKind.HUNG else EXIT_RANK_FAILED

@@ -38,7 +38,7 @@ from ..deadline import Deadline
 from ..store_calls import within
 from ..ledger_ring import wall_offset
 from .monitor import Verdict
-from .outcome import Fault
+from .outcome import Fault, FaultKind
 
 WATCH_SLICE_S = 3600.0
 
@@ -49,7 +49,7 @@ class RoundEnd:
 
     ok: bool
     node: int = -1  # the node rank of the agent that ended it
-    kind: str = ""  # a Fault kind (outcome), or node_left / node_lost / store_lost
+    kind: str = ""  # a FaultKind's value ("" when ok)
     rank: int | None = None  # the global rank at fault, if one is
     detail: str = ""
     cascade: bool = False
@@ -61,8 +61,8 @@ class RoundEnd:
     def of(cls, fault: Fault, node: int) -> RoundEnd:
         """The record of this node's ``fault``; a stop of this agent is ``node_left``."""
         at_wall = round(fault.at + wall_offset(), 6)
-        if fault.kind == "launcher_signal":  # "the launcher received SIGTERM"
-            return cls(False, node, "node_left", None,
+        if fault.kind == FaultKind.LAUNCHER_SIGNAL:  # "the launcher received SIGTERM"
+            return cls(False, node, FaultKind.NODE_LEFT, None,
                        fault.detail.replace("the launcher", "the agent"), at_wall=at_wall)
         return cls(False, node, fault.kind, fault.rank, fault.detail, fault.cascade, at_wall,
                    fault.verdict.record() if fault.verdict is not None else None)
@@ -80,10 +80,13 @@ class RoundEnd:
             if not isinstance(end.at_wall, (int, float)) or not (
                     end.hang is None or isinstance(end.hang, dict)):
                 raise TypeError("at_wall or hang")
+            if not end.ok:
+                FaultKind(end.kind)  # ValueError: not a kind of this rankguard
             return end
         except (ValueError, TypeError):
             text = value.decode(errors="replace") if isinstance(value, bytes) else value
-            return cls(False, -1, "store_lost", None, f"the round's end key holds {text[:80]!r}, "
+            return cls(False, -1, FaultKind.STORE_LOST, None,
+                       f"the round's end key holds {text[:80]!r}, "
                        "not a record of rankguard's")
 
     def fault(self, now: float) -> Fault:
@@ -91,10 +94,11 @@ class RoundEnd:
         the moment it happened there, on this machine's monotonic clock (``now`` if unknown,
         never later), with the hang's verdict."""
         # a node_lost record names the lost node in its text; its node is the one that saw it
-        where = f" (node {self.node})" if self.node >= 0 and self.kind != "node_lost" else ""
+        where = f" (node {self.node})" if self.node >= 0 and self.kind != FaultKind.NODE_LOST else ""
         at = min(now, self.at_wall - wall_offset()) if self.at_wall > 0 else now
         verdict = Verdict.from_record(self.hang) if self.hang is not None else None
-        return Fault(self.kind, at, self.rank, f"{self.detail}{where}", self.cascade, verdict)
+        return Fault(FaultKind(self.kind), at, self.rank, f"{self.detail}{where}", self.cascade,
+                     verdict)
 
     def describe(self) -> str:
         return "ok" if self.ok else self.fault(0.0).describe()
@@ -180,7 +184,7 @@ class RoundChannel:
         ``sealed``) ends the round as a fault that says so."""
         payload = sealed.unseal(self._key, value)
         if payload is None:
-            return RoundEnd(False, -1, "store_lost", None, "the round's end key holds a value "
+            return RoundEnd(False, -1, FaultKind.STORE_LOST, None, "the round's end key holds a value "
                             "without this job's seal: another process writes to the job's "
                             "store, or the nodes do not share RANKGUARD_SECRET")
         return RoundEnd.decode(payload)
@@ -221,5 +225,5 @@ class RoundChannel:
         except RuntimeError as exc:  # the store's connection failed: its host is gone
             if not self._closed and self._end is None:
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-                self._learn(RoundEnd(False, -1, "store_lost", None, f"lost {self._store_name} "
+                self._learn(RoundEnd(False, -1, FaultKind.STORE_LOST, None, f"lost {self._store_name} "
                                      f"(its node's agent is gone?): {first}"))
