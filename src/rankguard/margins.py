@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from .deadline import Deadline
 
-# -- what a process needs: measured facts (see DESIGN.md) -----------------------------------------
+# -- what a process needs: measured facts (see docs/design.md) -----------------------------------
 
 STACKS_S = 1.0
 """How long processes asked for their stacks (SIGUSR1 to faulthandler) get to write them all:
