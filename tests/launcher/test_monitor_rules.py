@@ -290,6 +290,15 @@ def test_an_nccl_verdict_names_the_ranks_operation_group_and_side(key: str, text
     assert Verdict.from_record(verdict.record()) == verdict
 
 
+def test_a_sub_groups_verdict_carries_its_members_as_data_and_the_worlds_none() -> None:
+    [verdict] = _judge(CASES["a sub-group's verdict names its members (ranks 0,2)"])
+    assert verdict.members == (0, 2)
+    assert Verdict.from_record(verdict.record()) == verdict
+    [world_verdict] = _judge(ASYNC_CASES[
+        "NCCL (a): a rank that never enqueued #k while its peer did is hung when frozen"])
+    assert world_verdict.members == ()
+
+
 def test_blamed_rank_waiting_in_another_group_is_named_with_where_it_waits() -> None:
     group_verdict, world_verdict = _judge(Case(CROSSED, T + HANG, []))
     assert group_verdict.elsewhere == ()

@@ -104,8 +104,10 @@ def test_a_rank_of_another_node_may_be_injected(tmp_path):
 
 def _stuck(group="world", waited=3.0, reason="stuck_in_collective", hung=True, blamed=(0, 1),
            elsewhere=()):
+    # a sub-group's verdict carries its members (the label is for people)
+    members = () if group == "world" else tuple(int(r) for r in group.split(" ")[1].split(","))
     return Verdict(hung, blamed, (0, 1), "all_reduce", 5, waited, reason, group=group,
-                   elsewhere=elsewhere)
+                   elsewhere=elsewhere, members=members)
 
 
 _IN_PAIR = ((1, "all_reduce #1 on group ranks 1,3"),)

@@ -97,6 +97,7 @@ class Verdict:
     doing: str = ""  # a straggler: what its process was seen doing ("waits for child 4717")
     # an asynchronous group's (NCCL): absent ranks never enqueued the operation
     asynchronous: bool = False
+    members: tuple[int, ...] = ()  # a sub-group's ranks (empty: the world group)
 
     @property
     def op_label(self) -> str:
@@ -113,6 +114,7 @@ class Verdict:
         try:
             verdict = cls(**{**fields, "blamed": tuple(fields["blamed"]),
                              "waiting": tuple(fields["waiting"]),
+                             "members": tuple(int(r) for r in fields.get("members", ())),
                              "ops": tuple((int(r), str(o)) for r, o in fields.get("ops", ())),
                              "elsewhere": tuple((int(r), str(o))
                                                 for r, o in fields.get("elsewhere", ()))})
@@ -319,7 +321,8 @@ class HangRules:
                            round(waited, 3), reason, key, group_label(sample), ops,
                            _elsewhere(sorted(blamed), key, target, snaps), inside,
                            doing if reason in ("busy", "straggler_timeout") else "",
-                           asynchronous)
+                           asynchronous,
+                           () if sample.is_world else tuple(sample.member_ranks(self.world_size)))
 
         if not absent and asynchronous:
             if now - max(entries[r].t_enter for r in members) < self.hang_timeout:

@@ -81,10 +81,7 @@ def left_to_another_node(verdict: Verdict, local: set[int], nodes: int,
         return verdict.waited_s < 2 * hang_timeout
     if not verdict.hung or verdict.reason != "stuck_in_collective":
         return False
-    if verdict.group == "world":
-        spans = nodes > 1
-    else:  # "ranks 0,2"
-        spans = not {int(r) for r in verdict.group.split(" ", 1)[1].split(",")} <= local
+    spans = nodes > 1 if not verdict.members else not set(verdict.members) <= local
     return spans and verdict.waited_s < 2 * hang_timeout
 
 
