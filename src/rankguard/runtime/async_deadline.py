@@ -41,15 +41,14 @@ from typing import Any, Iterable
 from .. import ledger as _ledger
 from ..errors import CollectiveError, CollectiveTimeout, PeerFailed
 from ..margins import ANSWER_WINDOW_S
+from . import async_groups, fr_progress, nccl_abort
 from . import deadline as _deadline
-from . import nccl_abort
-from . import async_groups
 from .async_groups import Overdue
+from .bounded import NO_ANSWER
 from .fr_progress import Recorder
 from .state import WORLD, current
 
 COLLECTIVE_ABORT_S = 10.0  # NCCL's abort of a stuck group: 0.5 to 2.9 s measured (nccl_abort)
-NO_ANSWER = "did not answer (stopped, dead, or holding the GIL)"
 
 
 def deadlines() -> tuple[float | None, float | None]:
@@ -66,7 +65,7 @@ def expire(op: Overdue) -> None:
     state = current()
     state.last_failure = error
     if op.recorder is not Recorder.NCCL:
-        _keep_alive(group for group, _ in _named(op.group, [(g, None) for g in _torch_groups()]))
+        _keep_alive(group for group, _ in _named(op.group, [(g, None) for g in fr_progress.torch_groups()]))
         raise_in_main_thread(error)
         return
     _raise_and_abort(error, _named(op.group, nccl_abort.nccl_groups()), "the group")
@@ -92,7 +91,7 @@ def take_notice(notice: tuple[str, int], waiting: Overdue | None) -> None:
     if waiting is None or waiting.recorder is Recorder.NCCL:
         _raise_and_abort(error, nccl_abort.nccl_groups(), "the communicators")
     elif error is not None:
-        _keep_alive(_torch_groups())
+        _keep_alive(fr_progress.torch_groups())
         raise_in_main_thread(error)
 
 
@@ -159,18 +158,12 @@ def _explain(op: Overdue) -> CollectiveTimeout:
                              peers=states)
 
 
-def _torch_groups() -> list[Any]:
-    from torch.distributed import distributed_c10d as c10d
-
-    return list(getattr(c10d._world, "pg_names", None) or ())
-
-
 def _named(name: str, found: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
     """Of ``found`` (group, backend) pairs, those of the group called ``name`` (``world``:
     the default group)."""
     from torch.distributed import distributed_c10d as c10d
 
-    names = getattr(c10d._world, "pg_names", {})
+    names = fr_progress.torch_groups()
     default = c10d._get_default_group() if c10d.is_initialized() else None
     return [(group, backend) for group, backend in found
             if (group is default if name == WORLD else names.get(group) == name)]

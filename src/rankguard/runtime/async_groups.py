@@ -363,8 +363,7 @@ def torch_members(name: str) -> list[int] | None:
     registry (None: no such group, or it is being destroyed)."""
     from torch.distributed import distributed_c10d as c10d
 
-    names = getattr(getattr(c10d, "_world", None), "pg_names", None) or {}
-    for group, group_name in list(names.items()):
+    for group, group_name in fr_progress.torch_groups().items():
         if group_name == name:
             try:
                 return list(c10d.get_process_group_ranks(group))

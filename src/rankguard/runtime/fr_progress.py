@@ -183,14 +183,22 @@ def _ranks(text: Any) -> tuple[int, ...]:
     return tuple(int(r) for r in str(text).strip("[] ").split(",") if r.strip())
 
 
+def torch_groups() -> dict[Any, str]:
+    """This process's process groups and their names, as torch.distributed's own registry
+    holds them now (a copy; empty where this torch keeps none, or torch.distributed was never
+    imported)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    return dict(getattr(getattr(c10d, "_world", None), "pg_names", None) or {})
+
+
 def _python_groups() -> dict[str, dict[str, str]]:
     """This process's groups as the dump's ``pg_config`` lists them (name -> name, desc,
     ranks), from torch.distributed's own registry; empty where this torch keeps none."""
     from torch.distributed import distributed_c10d as c10d
 
-    names = getattr(getattr(c10d, "_world", None), "pg_names", None) or {}
     found = {}
-    for group, name in list(names.items()):
+    for group, name in torch_groups().items():
         try:
             ranks = c10d.get_process_group_ranks(group)
         except (RuntimeError, ValueError):  # destroyed meanwhile, or not a group of ours

@@ -34,7 +34,7 @@ from .. import ledger as _ledger
 from .. import options, sealed
 from ..deadline import Deadline
 from ..errors import GroupRetired, UsageError
-from . import async_deadline, async_groups
+from . import async_deadline, async_groups, fr_progress, nccl_abort
 from . import bounded as _bounded
 from . import deadline as _deadline
 from . import generations, groups, vacancies
@@ -290,12 +290,10 @@ def _watch_async_groups() -> None:
         return
     from torch.distributed import distributed_c10d as c10d
 
-    uid_of = getattr(c10d, "_get_process_group_uid", None)
-    made = list(getattr(getattr(c10d, "_world", None), "pg_names", None) or ())
     recorders = []
-    if uid_of is not None and any(uid_of(group) >= 0 for group in made):
+    if nccl_abort.nccl_groups():
         recorders.append(Recorder.NCCL)
-    if options.gloo_mode() == "recorder" and made:
+    if options.gloo_mode() == "recorder" and fr_progress.torch_groups():
         recorders.append(Recorder.CPU)
     for recorder in recorders:
         async_groups.watch(state.ledger, recorder, state.completions.lag,

@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from . import fr_progress
+
 
 @dataclass(frozen=True)
 class Aborted:
@@ -37,10 +39,9 @@ def nccl_groups() -> list[tuple[Any, Any]]:
     if dist is None or not dist.is_available() or not dist.is_nccl_available():
         return []
     import torch
-    from torch.distributed import distributed_c10d as c10d
 
     found = []
-    for group in list(getattr(getattr(c10d, "_world", None), "pg_names", None) or ()):
+    for group in fr_progress.torch_groups():
         try:
             backend = group._get_backend(torch.device("cuda"))
         except RuntimeError:  # no CUDA backend in this group
