@@ -13,6 +13,7 @@ sub-group) is asynchronous, its device started up to STARTED (-1: not known). Pu
 from __future__ import annotations
 
 import json
+from typing import NamedTuple
 
 from .ledger import OP_CODES, RankProgress
 
@@ -36,17 +37,30 @@ def beat_async(rank: int, snap: RankProgress) -> list[list[int]]:
             if group.asynchronous]
 
 
+class Decoded(NamedTuple):
+    """A beat's progress: each rank's entry (:func:`decode_ranks`) and its asynchronous groups
+    (:func:`decode_async`)."""
+
+    ranks: list[list[int]]
+    asynchronous: dict[tuple[int, int], int]
+
+
+def decode(value: bytes) -> Decoded:
+    """A beat's progress, parsed once; what is not ours is left out (see :func:`decode_ranks`
+    and :func:`decode_async`). Pure."""
+    try:
+        beat = json.loads(value)
+    except ValueError:
+        return Decoded([], {})
+    if not isinstance(beat, dict):
+        return Decoded([], {})
+    return Decoded(_ranks(beat.get("ranks")), _async(beat.get("async", [])))
+
+
 def decode_async(value: bytes) -> dict[tuple[int, int], int]:
     """A beat's asynchronous groups: (rank, position) -> started (see the module doc); what is
     not ours is left out. Pure."""
-    try:
-        found = json.loads(value).get("async", [])
-    except (ValueError, AttributeError):
-        return {}
-    if not isinstance(found, list):
-        return {}
-    return {(item[0], item[1]): item[2] for item in found
-            if type(item) is list and len(item) == 3 and all(type(x) is int for x in item)}
+    return decode(value).asynchronous
 
 
 def decode_ranks(value: bytes) -> list[list[int]]:
@@ -54,20 +68,24 @@ def decode_ranks(value: bytes) -> list[list[int]]:
     ours is left out. The world group's fields are checked here; a sub-group's where it is used
     (:meth:`RemoteProgress.snapshots` leaves out one whose fields are not all whole numbers).
     Pure."""
-    try:
-        entries = json.loads(value)["ranks"]
-    except (ValueError, KeyError, TypeError):
-        return []
+    return decode(value).ranks
+
+
+def _async(found: object) -> dict[tuple[int, int], int]:
+    if not isinstance(found, list):
+        return {}
+    return {(item[0], item[1]): item[2] for item in found
+            if type(item) is list and len(item) == 3 and all(type(x) is int for x in item)}
+
+
+def _ranks(entries: object) -> list[list[int]]:
     if not isinstance(entries, list):
         return []
-    found = []
-    for entry in entries:
-        if (type(entry) is list and len(entry) >= WORLD_FIELDS
+    return [entry for entry in entries
+            if (type(entry) is list and len(entry) >= WORLD_FIELDS
                 and (len(entry) - WORLD_FIELDS) % GROUP_FIELDS == 0
                 and type(entry[0]) is int and type(entry[1]) is int and type(entry[2]) is int
-                and type(entry[3]) is int):
-            found.append(entry)
-    return found
+                and type(entry[3]) is int)]
 
 
 def encode(sequence: int, host: str, progress: list[list[int]],

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ..beats import GROUP_FIELDS, WORLD_FIELDS, decode_async, decode_ranks
+from ..beats import GROUP_FIELDS, WORLD_FIELDS, decode
 from ..ledger import FAULT_NONE, GroupProgress, RankProgress, group_key, op_name
 
 _WORLD_KEY = group_key("world")
@@ -60,12 +60,13 @@ class RemoteProgress:
             if self._parsed.get(node) == value:
                 continue
             self._parsed[node] = value
-            for (rank, position), started in decode_async(value).items():
+            decoded = decode(value)
+            for (rank, position), started in decoded.asynchronous.items():
                 if rank not in local and 0 <= rank < world and \
                         self._async.get((rank, position)) != started:
                     self._async[(rank, position)] = started
                     stale.add(rank)
-            for entry in decode_ranks(value):
+            for entry in decoded.ranks:
                 rank, entered, done = entry[0], entry[1], entry[2]
                 if rank in local or not 0 <= rank < world:
                     continue

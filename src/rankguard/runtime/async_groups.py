@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 
 from .. import ledger as _ledger
 from ..margins import ASYNC_STALL_S
-from . import fr_progress
+from . import fr_progress, nccl_abort
 from .fr_progress import FlightRecorderReader, FlightRecorderUnavailable, GroupCounts, Recorder
 from .state import WORLD
 
@@ -432,10 +432,7 @@ def keep_torch_dump() -> str | None:
         for reader in list(_sampler.readers):
             written.append(reader.write_dump(folder, rank))
 
-    worker = threading.Thread(target=write, name="rankguard-fr-dump", daemon=True)
-    worker.start()
-    worker.join(DUMP_WAIT_S)
-    if worker.is_alive() or not written:
+    if not nccl_abort.finished_within(write, DUMP_WAIT_S, "rankguard-fr-dump") or not written:
         os.write(2, f"rankguard: rank {rank}: torch's Flight Recorder dump was not written "
                     f"within {DUMP_WAIT_S:g} s\n".encode())
         return None

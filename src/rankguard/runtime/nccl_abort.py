@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from . import fr_progress
 
@@ -51,6 +51,15 @@ def nccl_groups() -> list[tuple[Any, Any]]:
     return found
 
 
+def finished_within(call: Callable[[], object], limit_s: float, name: str) -> bool:
+    """Run ``call`` on a daemon thread called ``name`` and wait at most ``limit_s`` for it;
+    whether it returned (one that did not is left running: the process's exit ends it)."""
+    worker = threading.Thread(target=call, name=name, daemon=True)
+    worker.start()
+    worker.join(max(limit_s, 0.0))
+    return not worker.is_alive()
+
+
 def abort(groups: list[tuple[Any, Any]], limit_s: float) -> Aborted:
     """Abort the backends of ``groups`` (as :func:`nccl_groups` gives them) on a daemon thread,
     and wait at most ``limit_s`` for it. Never raises: an abort's error is reported."""
@@ -66,11 +75,8 @@ def abort(groups: list[tuple[Any, Any]], limit_s: float) -> Aborted:
                 errors.append(f"{type(error).__name__}: {error}")
 
     started = time.monotonic()
-    worker = threading.Thread(target=run, name="rankguard-nccl-abort", daemon=True)
-    worker.start()
-    worker.join(max(limit_s, 0.0))
-    return Aborted(len(groups), not worker.is_alive(), time.monotonic() - started,
-                   errors[0] if errors else "")
+    finished = finished_within(run, limit_s, "rankguard-nccl-abort")
+    return Aborted(len(groups), finished, time.monotonic() - started, errors[0] if errors else "")
 
 
 def synchronize(limit_s: float) -> bool:
@@ -79,8 +85,4 @@ def synchronize(limit_s: float) -> bool:
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return True
-    worker = threading.Thread(target=torch.cuda.synchronize, name="rankguard-cuda-sync",
-                              daemon=True)
-    worker.start()
-    worker.join(max(limit_s, 0.0))
-    return not worker.is_alive()
+    return finished_within(torch.cuda.synchronize, limit_s, "rankguard-cuda-sync")
