@@ -18,7 +18,7 @@ PACKAGE = pathlib.Path(rankguard.__file__).parent
 
 # Each part, and the parts it may import. A part is a top-level module or a folder.
 BOTTOM = {"errors", "deadline", "margins"}
-SHARED = {"ledger", "journal", "sealed", "private_files", "proctree", "stack_requests", "options",
+SHARED = {"blame", "ledger", "journal", "sealed", "private_files", "proctree", "stack_requests", "options",
           "store_server", "pyfiles", "store_calls", "stack_groups", "ledger_ring", "recent_file",
           "beats", "recovery_file", "proc_waits"}
 MAY_IMPORT = {

@@ -25,6 +25,7 @@ import enum
 import signal
 from dataclasses import dataclass
 
+from .. import blame
 from .. import ledger as _ledger
 from ..proctree import exit_detail, signal_name
 from ..supervisor import RankProcess
@@ -246,23 +247,18 @@ def first_fault(states: list[RankState], now: float, cascade_window: float,
                 hang_timeout: float) -> Fault | None:
     """The root cause among the faults established at ``now`` (monotonic), or None.
 
-    A fault inside a collective (``is_cascade``) counts only ``cascade_window`` after it
-    happened, time for the fault of a peer that caused it to show; and it yields to any other
-    fault established meanwhile, which is more likely its cause than its effect. Among the
-    others the earliest wins. Pure: reads nothing but its arguments.
+    The rule is ``blame.root``'s, on each rank's fault timed by its ledger: a fault inside a
+    collective (``is_cascade``) is a consequence, counted only ``cascade_window`` after it
+    happened, and it yields to any own fault. Pure: reads nothing but its arguments.
     """
-    faults: list[tuple[bool, float, Fault]] = []
+    failures = []
     for state in states:
-        fault = own_fault(state)
-        if fault is None:
-            fault = early_exit(state, states, now, hang_timeout)
-        if fault is None:
-            continue
-        cascade = is_cascade(state.progress) and fault.kind == FaultKind.RAISED
-        if cascade and now - fault.at < cascade_window:
-            continue
-        faults.append((cascade, fault.at, fault))
-    return min(faults, key=lambda f: f[:2])[2] if faults else None
+        fault = own_fault(state) or early_exit(state, states, now, hang_timeout)
+        if fault is not None:
+            cascade = is_cascade(state.progress) and fault.kind == FaultKind.RAISED
+            failures.append(blame.Failure(state.rank, fault.at, cascade, fault))
+    first = blame.root(failures, now, cascade_window)
+    return first.detail if first else None
 
 
 def classify(states: list[RankState], root: Fault | None, hang: Verdict | None,

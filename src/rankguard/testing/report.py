@@ -2,8 +2,8 @@
 
 When rank 1 fails an assertion, rank 0 waiting for it in a collective fails too, a victim. The
 report puts first the ranks whose process ended during the test (how: its exit code, or the
-signal that killed it), then the rank that failed by itself, earliest in time, with its
-traceback; then the ranks that never finished (stuck), with their stacks; then the victims
+signal that killed it), then the rank that failed by itself, earliest in time (``blame``'s
+rule), with its traceback; then the ranks that never finished (stuck), with their stacks; then the victims
 (their error is a rankguard collective error: a peer's fault, not theirs), each with its
 traceback.
 """
@@ -11,6 +11,8 @@ traceback.
 from __future__ import annotations
 
 from typing import Any
+
+from .. import blame
 
 
 class RanksFailed(AssertionError):
@@ -29,9 +31,10 @@ def compose(world: int, answers: dict[int, dict[str, Any]], stacks: dict[int, st
     missing = sorted(set(range(world)) - set(answers))
     if not failed and not missing and not ended:
         return None
-    first = sorted((a["at"], r) for r, a in failed.items() if not a["collective"])
-    victims = sorted(r for r, a in failed.items() if a["collective"])
-    own = [r for _, r in first]
+    own_first, consequences = blame.ordered(
+        blame.Failure(r, a["at"], a["collective"], None) for r, a in failed.items())
+    own = [f.rank for f in own_first]
+    victims = [f.rank for f in consequences]
     head = [f"rank {rank} {detail} during the test" for rank, detail in sorted(ended.items())]
     if own and not ended:
         head.append(f"{_ranks(own[:1])} failed first ({failed[own[0]]['error']})")
