@@ -46,7 +46,7 @@ from ..errors import CollectiveError, UsageError, in_chain
 from ..inject import perform as _perform
 from ..inject import spec as _spec
 from . import deadline as _deadline
-from . import bounded, completions, eviction, init, instrument, rendezvous, stacks
+from . import bounded, completions, eviction, init, instrument, stacks, store_reachable
 from .state import current
 
 
@@ -121,7 +121,7 @@ def _prepare(rank: int, attempt: int) -> None:
             state.enable_bounded()
         # the launcher judges a rank by its ledger after --hang-timeout: completions must
         # reach the ledger well within it
-        current().completions.lag = completions.lag_for(rendezvous.wait_limit(None))
+        current().completions.lag = completions.lag_for(store_reachable.wait_limit(None))
         options.gloo_mode()  # refused here, before the script, rather than inside it
     except UsageError as error:
         print(f"rankguard: {error}", file=sys.stderr)

@@ -13,7 +13,7 @@ It then patches three functions of ``torch.distributed`` so that user scripts ne
   becomes ``rankguard_gloo``. Under the launcher, ``init_method="env://"`` (the default) is
   served by a client of the launcher's store under this attempt's own namespace, so stale keys of
   an earlier attempt can never meet a later one. A store at any other address must answer
-  within the run's hang timeout (see ``rendezvous``).
+  within the run's hang timeout (see ``store_reachable``).
 - ``get_backend`` reports ``gloo`` for those groups, as the script expects.
 
 NCCL groups are left as torch makes them (libraries reach for their ``ProcessGroupNCCL``): once
@@ -39,7 +39,7 @@ from . import bounded as _bounded
 from . import deadline as _deadline
 from . import generations, groups, vacancies
 from . import probe as _probe
-from . import rendezvous
+from . import store_reachable
 from .fr_progress import Recorder
 from .state import WORLD, GroupRecord, current
 
@@ -328,15 +328,15 @@ def _launchers_store(init_method: Any, kwargs: dict[str, Any]) -> bool:
     state = current()
     if not state.namespace or state.launcher_store is None or kwargs.get("store") is not None:
         return False
-    where = rendezvous.address(init_method)
+    where = store_reachable.address(init_method)
     if where is None:
         return False
     if (where[0], str(where[1])) == state.launcher_store:
         return init_method in (None, "env://")
-    limit = rendezvous.wait_limit(kwargs.get("timeout"))
+    limit = store_reachable.wait_limit(kwargs.get("timeout"))
     if limit is not None:
-        rendezvous.check_store(init_method, where[0], where[1], os.environ.get("RANK", "?"),
-                               limit, state.launcher_store)
+        store_reachable.check_store(init_method, where[0], where[1], os.environ.get("RANK", "?"),
+                                    limit, state.launcher_store)
     return False
 
 

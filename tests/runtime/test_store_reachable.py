@@ -71,7 +71,7 @@ SLACK_S = 20.0  # a loaded 2-core machine's scheduling delays, on top of a bound
 def test_check_store_returns_at_once_for_a_real_store():
     from torch.distributed import TCPStore
 
-    from rankguard.runtime.rendezvous import check_store
+    from rankguard.runtime.store_reachable import check_store
 
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     started = time.monotonic()
@@ -86,7 +86,7 @@ def test_check_store_returns_at_once_for_a_real_store():
 def test_check_store_gives_up_after_its_limit_naming_the_problem(port_kind, problem):
     """The store client left waiting on a deaf listener (see ``_shake_hands``) ends once the
     listener is gone, within the limit it was given: it outlives neither the rank nor this test."""
-    from rankguard.runtime.rendezvous import check_store
+    from rankguard.runtime.store_reachable import check_store
 
     with ends_its_threads(SLACK_S), PORTS[port_kind]() as port:
         started = time.monotonic()
