@@ -16,7 +16,7 @@ import pytest
 
 from rankguard import ledger as L
 from rankguard.launcher.monitor import Verdict
-from rankguard.launcher.outcome import (OUTCOMES, Fault, RankOutcome, RankState, classify,
+from rankguard.launcher.outcome import (OUTCOMES, Fault, RankOutcome, RankSnapshot, classify,
                                         deadline_verdict, first_fault, run_status)
 from rankguard.launcher.summary import AttemptReport, render
 from tests.launcher.snapshots import group, leaving, ledger, raised_in, world
@@ -30,7 +30,7 @@ def _in_step_loop(progress: L.RankProgress) -> L.RankProgress:
 
 @dataclass
 class FaultCase:
-    states: list[RankState]
+    states: list[RankSnapshot]
     now: float
     root: tuple[int | None, str, float] | None  # (rank, describe(), at) or None
     hint: str = ""
@@ -39,86 +39,87 @@ class FaultCase:
 FIRST_FAULT = {
     # sys.exit(3) in rank 1, whose interpreter is still tearing down; rank 0 failed in #11
     "nonzero exit is the root while its process lives on": FaultCase(
-        [RankState(0, raised_in(12, 1.2)), RankState(1, leaving(11, 1.0, 3))], 1.25,
+        [RankSnapshot(0, raised_in(12, 1.2)), RankSnapshot(1, leaving(11, 1.0, 3))], 1.25,
         (1, "rank 1 exited with code 3", 1.0)),
     "nonzero exit counts even before the peer fails": FaultCase(
-        [RankState(0, ledger(world(12, 11, t_enter=0.9))), RankState(1, leaving(11, 1.0, 3))],
+        [RankSnapshot(0, ledger(world(12, 11, t_enter=0.9))), RankSnapshot(1, leaving(11, 1.0, 3))],
         1.01, (1, "rank 1 exited with code 3", 1.0)),
     "sys.exit(0) before the peers' collective is the root": FaultCase(
-        [RankState(0, raised_in(12, 1.2)), RankState(1, leaving(11, 1.0, 0))], 1.21,
+        [RankSnapshot(0, raised_in(12, 1.2)), RankSnapshot(1, leaving(11, 1.0, 0))], 1.21,
         (1, "rank 1 exited with code 0 before all_reduce #11 (rank 0 went on to it)", 1.0)),
     # os._exit(0): nothing in the ledger; the exit is seen after the peer already failed
     "os._exit(0) seen late is timed by the failure it caused": FaultCase(
-        [RankState(0, raised_in(12, 1.2)), RankState(1, ledger(world(11)), 0, 1.25)], 1.3,
+        [RankSnapshot(0, raised_in(12, 1.2)), RankSnapshot(1, ledger(world(11)), 0, 1.25)], 1.3,
         (1, "rank 1 exited with code 0 before all_reduce #11 (rank 0 went on to it)", 1.2)),
     "the peer waits --hang-timeout for a rank that left with 0": FaultCase(
-        [RankState(0, ledger(world(12, 11, t_enter=1.0))), RankState(1, leaving(11, 0.9, 0))],
+        [RankSnapshot(0, ledger(world(12, 11, t_enter=1.0))), RankSnapshot(1, leaving(11, 0.9, 0))],
         1.0 + HANG, (1, "rank 1 exited with code 0 before all_reduce #11 (rank 0 went on to it)",
                      0.9)),
     # rankguard.StepLoop caught the failed all_reduce (done) and waits in its regroup
     "a peer still in its StepLoop --hang-timeout after a rank left with 0": FaultCase(
-        [RankState(0, _in_step_loop(ledger(world(12)))), RankState(1, leaving(11, 0.9, 0))],
+        [RankSnapshot(0, _in_step_loop(ledger(world(12)))), RankSnapshot(1, leaving(11, 0.9, 0))],
         0.9 + HANG, (1, "rank 1 exited with code 0 before all_reduce #11 (rank 0 went on to it)",
                      0.9)),
     "a peer in its StepLoop less than --hang-timeout after the departure: nothing yet":
-        FaultCase([RankState(0, _in_step_loop(ledger(world(12)))),
-                   RankState(1, leaving(11, 0.9, 0))], 0.9 + HANG - 0.1, None),
+        FaultCase([RankSnapshot(0, _in_step_loop(ledger(world(12)))),
+                   RankSnapshot(1, leaving(11, 0.9, 0))], 0.9 + HANG - 0.1, None),
     "a peer in its StepLoop that did no more than the leaver: no fault": FaultCase(
-        [RankState(0, _in_step_loop(ledger(world(11)))), RankState(1, leaving(11, 0.9, 0))],
+        [RankSnapshot(0, _in_step_loop(ledger(world(11)))), RankSnapshot(1, leaving(11, 0.9, 0))],
         0.9 + HANG + 5, None),
     "a peer waiting less than --hang-timeout proves nothing yet": FaultCase(
-        [RankState(0, ledger(world(12, 11, t_enter=1.0))), RankState(1, leaving(11, 0.9, 0))],
+        [RankSnapshot(0, ledger(world(12, 11, t_enter=1.0))), RankSnapshot(1, leaving(11, 0.9, 0))],
         1.0 + HANG - 0.1, None),
     "ranks that finished the same work are no fault": FaultCase(
-        [RankState(0, leaving(12, 1.0, 0), 0, 1.5), RankState(1, leaving(12, 1.1, 0), 0, 1.6)],
+        [RankSnapshot(0, leaving(12, 1.0, 0), 0, 1.5),
+         RankSnapshot(1, leaving(12, 1.1, 0), 0, 1.6)],
         2.0, None),
     "point-to-point counts differ between ranks: no evidence": FaultCase(
-        [RankState(0, ledger(world(12, 11, kind="recv", t_enter=1.0))),
-         RankState(1, leaving(11, 0.9, 0))], 10.0, None),
+        [RankSnapshot(0, ledger(world(12, 11, kind="recv", t_enter=1.0))),
+         RankSnapshot(1, leaving(11, 0.9, 0))], 10.0, None),
     "a failure in a collective waits for its cause to show": FaultCase(
-        [RankState(0, raised_in(12, 1.0)), RankState(1, ledger(world(12, 11)))], 1.0 + 0.1,
+        [RankSnapshot(0, raised_in(12, 1.0)), RankSnapshot(1, ledger(world(12, 11)))], 1.0 + 0.1,
         None),
     "a failure in a collective with no other cause is the root after the window": FaultCase(
-        [RankState(0, raised_in(12, 1.0)), RankState(1, ledger(world(12, 11)))],
+        [RankSnapshot(0, raised_in(12, 1.0)), RankSnapshot(1, ledger(world(12, 11)))],
         1.0 + WINDOW, (0, "rank 0 raised an exception inside a collective", 1.0)),
     "a peer that left as much as the failed rank is no cause": FaultCase(
-        [RankState(0, raised_in(12, 1.0)), RankState(1, leaving(12, 0.5, 0), 0, 0.6)],
+        [RankSnapshot(0, raised_in(12, 1.0)), RankSnapshot(1, leaving(12, 0.5, 0), 0, 0.6)],
         1.0 + WINDOW, (0, "rank 0 raised an exception inside a collective", 1.0)),
     # SIGKILL: the peer's gloo error is recorded before the launcher reaps the killed rank
     "a death beats the failure it caused, whatever the clock says": FaultCase(
-        [RankState(0, raised_in(12, 1.02)), RankState(1, ledger(world(11)), -9, 1.05)],
+        [RankSnapshot(0, raised_in(12, 1.02)), RankSnapshot(1, ledger(world(11)), -9, 1.05)],
         1.05, (1, "rank 1 was killed by SIGKILL", 1.05)),
     "a death beats the failure it caused, even when both are seen late": FaultCase(
-        [RankState(0, raised_in(12, 1.02)), RankState(1, ledger(world(11)), -9, 1.05)],
+        [RankSnapshot(0, raised_in(12, 1.02)), RankSnapshot(1, ledger(world(11)), -9, 1.05)],
         1.05 + WINDOW, (1, "rank 1 was killed by SIGKILL", 1.05)),
     "an exception outside a collective is the root at once": FaultCase(
-        [RankState(0, ledger(world(5), fault=L.FAULT_RAISED, t_fault=1.0)),
-         RankState(1, ledger(world(6, 5)))], 1.0, (0, "rank 0 raised an exception", 1.0)),
+        [RankSnapshot(0, ledger(world(5), fault=L.FAULT_RAISED, t_fault=1.0)),
+         RankSnapshot(1, ledger(world(6, 5)))], 1.0, (0, "rank 0 raised an exception", 1.0)),
     "a SIGTERM teardown counts when its exit is seen": FaultCase(
-        [RankState(0, ledger(world(5), fault=L.FAULT_TERMINATED, t_fault=1.0)),
-         RankState(1, ledger(world(6, 5)))], 2.0, None),
+        [RankSnapshot(0, ledger(world(5), fault=L.FAULT_TERMINATED, t_fault=1.0)),
+         RankSnapshot(1, ledger(world(6, 5)))], 2.0, None),
     "a SIGTERM teardown that exited": FaultCase(
-        [RankState(0, ledger(world(5), fault=L.FAULT_TERMINATED, t_fault=1.0), 0, 1.1),
-         RankState(1, ledger(world(6, 5)))], 2.0,
+        [RankSnapshot(0, ledger(world(5), fault=L.FAULT_TERMINATED, t_fault=1.0), 0, 1.1),
+         RankSnapshot(1, ledger(world(6, 5)))], 2.0,
         (0, "rank 0 got SIGTERM (tore itself down, exited with code 0)", 1.0)),
     "the earliest of two established faults": FaultCase(
-        [RankState(0, leaving(5, 1.5, 2)), RankState(1, ledger(world(5)), 4, 1.2)], 2.0,
+        [RankSnapshot(0, leaving(5, 1.5, 2)), RankSnapshot(1, ledger(world(5)), 4, 1.2)], 2.0,
         (1, "rank 1 exited with code 4", 1.2)),
     "the earliest of two failures in collectives, once both windows passed": FaultCase(
-        [RankState(0, raised_in(12, 1.1)), RankState(1, raised_in(12, 1.0))], 1.1 + WINDOW,
+        [RankSnapshot(0, raised_in(12, 1.1)), RankSnapshot(1, raised_in(12, 1.0))], 1.1 + WINDOW,
         (1, "rank 1 raised an exception inside a collective", 1.0)),
     "ranks that run on show no fault": FaultCase(
-        [RankState(0, ledger(world(12, 11, t_enter=1.0))), RankState(1, ledger(world(11)))],
+        [RankSnapshot(0, ledger(world(12, 11, t_enter=1.0))), RankSnapshot(1, ledger(world(11)))],
         1.0 + 10 * HANG, None),
     "sys.exit(0) before the peers' collective on a sub-group they share is the root": FaultCase(
-        [RankState(0, ledger(world(6), group(4, 3, "all_reduce", 1.0, 0b11, "a"))),
-         RankState(1, ledger(world(6), group(3, 3, "all_reduce", 0.5, 0b11, "a"),
+        [RankSnapshot(0, ledger(world(6), group(4, 3, "all_reduce", 1.0, 0b11, "a"))),
+         RankSnapshot(1, ledger(world(6), group(3, 3, "all_reduce", 0.5, 0b11, "a"),
                              fault=L.FAULT_EXITING, t_fault=0.9))],
         1.0 + HANG, (1, "rank 1 exited with code 0 before all_reduce #4 on group ranks 0,1 "
                      "(rank 0 went on to it)", 0.9)),
     "a peer ahead on a group the leaver is not in is no evidence": FaultCase(
-        [RankState(0, ledger(world(6), group(4, 3, "all_reduce", 1.0, 0b101, "b"))),
-         RankState(1, leaving(6, 0.9, 0))], 1.0 + 10 * HANG, None),
+        [RankSnapshot(0, ledger(world(6), group(4, 3, "all_reduce", 1.0, 0b101, "b"))),
+         RankSnapshot(1, leaving(6, 0.9, 0))], 1.0 + 10 * HANG, None),
 }
 
 
@@ -143,20 +144,20 @@ Ends = dict[int, tuple[str, int | None, str | None, str]]
 
 @dataclass
 class OutcomeCase:
-    states: list[RankState]
+    states: list[RankSnapshot]
     root: Fault | None
     hang: Verdict | None
     teardown_at: float | None
     ends: Ends
 
 
-def _clean(rank: int, at: float = 1.0) -> RankState:
-    return RankState(rank, ledger(world(5)), 0, at)
+def _clean(rank: int, at: float = 1.0) -> RankSnapshot:
+    return RankSnapshot(rank, ledger(world(5)), 0, at)
 
 
-def _torn_down(rank: int, at: float = TEARDOWN + 0.1) -> RankState:
+def _torn_down(rank: int, at: float = TEARDOWN + 0.1) -> RankSnapshot:
     """Stopped by the launcher's SIGTERM: tore itself down and exited 0."""
-    return RankState(rank, ledger(world(6, 5), fault=L.FAULT_TERMINATED, t_fault=at - 0.05), 0,
+    return RankSnapshot(rank, ledger(world(6, 5), fault=L.FAULT_TERMINATED, t_fault=at - 0.05), 0,
                      at)
 
 
@@ -167,97 +168,97 @@ CLASSIFY = {
     "every rank that exited 0 with no fault is ok": OutcomeCase(
         [_clean(0), _clean(1, 1.1)], None, None, None, {0: OK0, 1: OK0}),
     "the root cause's rank gets its fault's kind (exited), the others are victims": OutcomeCase(
-        [_torn_down(0), RankState(1, ledger(world(5)), 3, 1.0)], ROOT_1, None, TEARDOWN,
+        [_torn_down(0), RankSnapshot(1, ledger(world(5)), 3, 1.0)], ROOT_1, None, TEARDOWN,
         {0: VICTIM0, 1: ("exited", 3, None, "exited with code 3")}),
     "raised: an exception escaped the script": OutcomeCase(
-        [_torn_down(0), RankState(1, ledger(world(5), fault=L.FAULT_RAISED, t_fault=1.0), 1,
+        [_torn_down(0), RankSnapshot(1, ledger(world(5), fault=L.FAULT_RAISED, t_fault=1.0), 1,
                                   1.3)],
         Fault("raised", 1.0, 1, "raised an exception"), None, TEARDOWN,
         {0: VICTIM0, 1: ("raised", 1, None, "exited with code 1")}),
     "signalled: killed by a signal it did not expect": OutcomeCase(
-        [_torn_down(0), RankState(1, ledger(world(5)), -9, 1.0)],
+        [_torn_down(0), RankSnapshot(1, ledger(world(5)), -9, 1.0)],
         Fault("signalled", 1.0, 1, "was killed by SIGKILL"), None, TEARDOWN,
         {0: VICTIM0, 1: ("signalled", None, "SIGKILL", "was killed by SIGKILL")}),
     "a rank that was leaving keeps its script's exit code, though a signal ended it":
-        OutcomeCase([_torn_down(0), RankState(1, leaving(5, 1.0, 3), -9, 2.5, 0, True)],
+        OutcomeCase([_torn_down(0), RankSnapshot(1, leaving(5, 1.0, 3), -9, 2.5, 0, True)],
                     ROOT_1, None, TEARDOWN,
                     {0: VICTIM0, 1: ("exited", 3, "SIGKILL", "was killed by SIGKILL")}),
     "a rank that left with code 0 before its peers' collective is the root (exited)":
-        OutcomeCase([_torn_down(0), RankState(1, leaving(5, 1.0, 0), 0, 1.2)],
+        OutcomeCase([_torn_down(0), RankSnapshot(1, leaving(5, 1.0, 0), 0, 1.2)],
                     Fault("exited", 1.0, 1, "exited with code 0 before all_reduce #5"), None,
                     TEARDOWN, {0: VICTIM0, 1: ("exited", 0, None, "exited with code 0")}),
     "hung: the rank a hang blames, the others are victims": OutcomeCase(
         [_torn_down(0), _torn_down(1)], Fault("hung", 1.0, None, "hang: ..."), HUNG_1, TEARDOWN,
         {0: VICTIM0, 1: ("hung", 0, None, "exited with code 0")}),
     "hung even when the blamed rank needed SIGKILL": OutcomeCase(
-        [_torn_down(0), RankState(1, ledger(world(5)), -9, 7.0, 0, True)],
+        [_torn_down(0), RankSnapshot(1, ledger(world(5)), -9, 7.0, 0, True)],
         Fault("hung", 1.0, None, "hang: ..."), HUNG_1, TEARDOWN,
         {0: VICTIM0, 1: ("hung", None, "SIGKILL", "was killed by SIGKILL")}),
     "a straggler report blames no one": OutcomeCase(
         [_clean(0), _clean(1)], None, Verdict(False, (1,), (0,), "all_reduce", 10, 3.0, "busy"),
         None, {0: OK0, 1: OK0}),
     "teardown_timeout: a rank SIGKILLed after the grace period": OutcomeCase(
-        [RankState(0, ledger(world(6, 5)), -9, 7.0, 0, True),
-         RankState(1, ledger(world(5)), 3, 1.0)], ROOT_1, None, TEARDOWN,
+        [RankSnapshot(0, ledger(world(6, 5)), -9, 7.0, 0, True),
+         RankSnapshot(1, ledger(world(5)), 3, 1.0)], ROOT_1, None, TEARDOWN,
         {0: ("teardown_timeout", None, "SIGKILL", "was killed by SIGKILL"),
          1: ("exited", 3, None, "exited with code 3")}),
     "victim: any exit once the teardown began, whatever its code": OutcomeCase(
-        [RankState(0, ledger(world(6, 5)), 1, TEARDOWN + 0.2), RankState(1, ledger(world(5)), 3,
-                                                                         1.0)],
+        [RankSnapshot(0, ledger(world(6, 5)), 1, TEARDOWN + 0.2),
+         RankSnapshot(1, ledger(world(5)), 3, 1.0)],
         ROOT_1, None, TEARDOWN,
         {0: ("victim", 1, None, "exited with code 1"), 1: ("exited", 3, None,
                                                            "exited with code 3")}),
     "victim: failed inside a collective after the root cause, before the teardown":
-        OutcomeCase([RankState(0, raised_in(12, 1.1), 1, 1.2),
-                     RankState(1, ledger(world(11)), 3, 1.0)], ROOT_1, None, TEARDOWN,
+        OutcomeCase([RankSnapshot(0, raised_in(12, 1.1), 1, 1.2),
+                     RankSnapshot(1, ledger(world(11)), 3, 1.0)], ROOT_1, None, TEARDOWN,
                     {0: ("victim", 1, None, "exited with code 1"),
                      1: ("exited", 3, None, "exited with code 3")}),
     "a failure inside a collective before the root cause is its own": OutcomeCase(
-        [RankState(0, raised_in(12, 0.9), 1, 1.2), RankState(1, ledger(world(11)), 3, 1.0)],
+        [RankSnapshot(0, raised_in(12, 0.9), 1, 1.2), RankSnapshot(1, ledger(world(11)), 3, 1.0)],
         ROOT_1, None, TEARDOWN, {0: ("raised", 1, None, "exited with code 1"),
                                  1: ("exited", 3, None, "exited with code 3")}),
     # node 1 was killed; this node learned it at 1.4 (its beats), after its rank 0's
     # collective broke (1.1): the failure is still the lost node's effect
     "a failure inside a collective before another node's fault was learned is a victim":
-        OutcomeCase([RankState(0, raised_in(12, 1.1), 1, 1.2)],
+        OutcomeCase([RankSnapshot(0, raised_in(12, 1.1), 1, 1.2)],
                     Fault("node_lost", 1.4, None, "node 1 (host h1) has published no progress"),
                     None, TEARDOWN, {0: ("victim", 1, None, "exited with code 1")}),
     "a failure outside a collective after the root cause is its own, not a victim":
-        OutcomeCase([RankState(0, ledger(world(5), fault=L.FAULT_RAISED, t_fault=1.5), 1, 1.6),
-                     RankState(1, ledger(world(5)), 3, 1.0)], ROOT_1, None, TEARDOWN,
+        OutcomeCase([RankSnapshot(0, ledger(world(5), fault=L.FAULT_RAISED, t_fault=1.5), 1, 1.6),
+                     RankSnapshot(1, ledger(world(5)), 3, 1.0)], ROOT_1, None, TEARDOWN,
                     {0: ("raised", 1, None, "exited with code 1"),
                      1: ("exited", 3, None, "exited with code 3")}),
     "a rank that finished cleanly before the fault is ok": OutcomeCase(
-        [_clean(0, 0.5), RankState(1, ledger(world(5)), 3, 1.0)], ROOT_1, None, TEARDOWN,
+        [_clean(0, 0.5), RankSnapshot(1, ledger(world(5)), 3, 1.0)], ROOT_1, None, TEARDOWN,
         {0: OK0, 1: ("exited", 3, None, "exited with code 3")}),
     # it printed "done" and its script returned; its process was still exiting (flushing,
     # atexit) when a peer's crash made the launcher stop the ranks
     "a rank whose script ended with 0 before the teardown is ok, though it exited later":
-        OutcomeCase([RankState(0, leaving(5, 1.5, 0), 0, TEARDOWN + 0.2),
-                     RankState(1, ledger(world(5)), 3, 1.0)], ROOT_1, None, TEARDOWN,
+        OutcomeCase([RankSnapshot(0, leaving(5, 1.5, 0), 0, TEARDOWN + 0.2),
+                     RankSnapshot(1, ledger(world(5)), 3, 1.0)], ROOT_1, None, TEARDOWN,
                     {0: OK0, 1: ("exited", 3, None, "exited with code 3")}),
     "a rank whose script ended with 0 only once the teardown began is a victim": OutcomeCase(
-        [RankState(0, leaving(5, TEARDOWN + 0.1, 0), 0, TEARDOWN + 0.2),
-         RankState(1, ledger(world(5)), 3, 1.0)], ROOT_1, None, TEARDOWN,
+        [RankSnapshot(0, leaving(5, TEARDOWN + 0.1, 0), 0, TEARDOWN + 0.2),
+         RankSnapshot(1, ledger(world(5)), 3, 1.0)], ROOT_1, None, TEARDOWN,
         {0: VICTIM0, 1: ("exited", 3, None, "exited with code 3")}),
     # the launcher's notice to the survivors comes before the teardown: a failure after the
     # root cause may be its effect (PeerFailed caught, then sys.exit(2))
     "a rank that failed by itself after the root cause and exited after the teardown is a "
     "victim": OutcomeCase(
-        [RankState(0, leaving(5, 1.5, 2), 2, TEARDOWN + 0.2),
-         RankState(1, ledger(world(5)), 3, 1.0)], ROOT_1, None, TEARDOWN,
+        [RankSnapshot(0, leaving(5, 1.5, 2), 2, TEARDOWN + 0.2),
+         RankSnapshot(1, ledger(world(5)), 3, 1.0)], ROOT_1, None, TEARDOWN,
         {0: ("victim", 2, None, "exited with code 2"), 1: ("exited", 3, None,
                                                            "exited with code 3")}),
     "a rank that tore itself down on the teardown's SIGTERM after its script ended is a victim":
-        OutcomeCase([RankState(0, ledger(world(5), fault=L.FAULT_TERMINATED,
+        OutcomeCase([RankSnapshot(0, ledger(world(5), fault=L.FAULT_TERMINATED,
                                          t_fault=TEARDOWN + 0.1), 0, TEARDOWN + 0.2),
-                     RankState(1, ledger(world(5)), 3, 1.0)], ROOT_1, None, TEARDOWN,
+                     RankSnapshot(1, ledger(world(5)), 3, 1.0)], ROOT_1, None, TEARDOWN,
                     {0: VICTIM0, 1: ("exited", 3, None, "exited with code 3")}),
     "the launcher was signalled: every rank it stopped is a victim": OutcomeCase(
         [_torn_down(0), _torn_down(1)], Fault("launcher_signal", TEARDOWN, None, "..."), None,
         TEARDOWN, {0: VICTIM0, 1: VICTIM0}),
     "a rank still running is said so": OutcomeCase(
-        [RankState(0, ledger(world(5)))], None, None, None, {0: ("ok", None, None,
+        [RankSnapshot(0, ledger(world(5)))], None, None, None, {0: ("ok", None, None,
                                                                    "still running")}),
 }
 
@@ -274,7 +275,7 @@ def test_every_outcome_kind_is_proven_by_a_row() -> None:
 
 
 def test_outcome_carries_the_pid_for_the_journal() -> None:
-    [outcome] = classify([RankState(0, None, -15, 1.0, pid=4242)], None, None, None)
+    [outcome] = classify([RankSnapshot(0, None, -15, 1.0, pid=4242)], None, None, None)
     assert outcome.as_dict() == {"rank": 0, "pid": 4242, "outcome": "signalled",
                                  "exit_code": None, "signal": "SIGTERM"}
 

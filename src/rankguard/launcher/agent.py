@@ -40,7 +40,7 @@ from .ranks import Layout, start_attempt
 from .monitor import HangMonitor, Verdict, op_label
 from .in_place import InPlace
 from .spares import Spares
-from .outcome import (EXIT_INTERNAL, FINAL_KINDS, Fault, FaultKind, RankOutcome, RankState,
+from .outcome import (EXIT_INTERNAL, FINAL_KINDS, Fault, FaultKind, RankOutcome, RankSnapshot,
                       classify, deadline_verdict, first_fault, notice_kind, run_status)
 from .summary import AttemptReport, render
 from .terminal import Terminal
@@ -217,7 +217,7 @@ class Launcher:
         self._keep_recent(ranks, readers)
         for reader in readers.values():
             reader.close()
-        result.outcomes = classify([RankState.of(m, last.get(m.rank)) for m in ranks],
+        result.outcomes = classify([RankSnapshot.of(m, last.get(m.rank)) for m in ranks],
                                    result.fault, result.hang, teardown_at)
         for outcome in result.outcomes:
             self._journal.write("rank_exit", attempt=attempt, **outcome.as_dict())
@@ -436,7 +436,7 @@ class Launcher:
                 result: _Attempt, now: float) -> None:
         """Take the root cause among the faults the ranks show at ``now`` in their ledgers
         ``snaps``, if any (a rank's exception or exit is acted on before its slow exit)."""
-        states = [RankState.of(m, snaps[m.rank]) for m in ranks]
+        states = [RankSnapshot.of(m, snaps[m.rank]) for m in ranks]
         fault = first_fault(states, now, self._cascade_window, self.config.hang_timeout)
         if fault is not None:
             fault = self._cause_of(fault, now)

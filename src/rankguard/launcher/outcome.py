@@ -15,7 +15,7 @@ to an operation the leaver never entered, on a group they share, and failed in i
 there ``--hang-timeout``: its peers can never complete it.
 
 The run's exit code follows from the fault of its last attempt (``run_status``). Every decision
-here is pure, a function of its arguments (ledger snapshots and process exits as ``RankState``
+here is pure, a function of its arguments (ledger snapshots and process exits as ``RankSnapshot``
 values, ``now``, the timeouts): table-tested in tests/launcher/test_outcome_rules.py.
 """
 
@@ -114,7 +114,7 @@ class RankOutcome:
 
 
 @dataclass(frozen=True)
-class RankState:
+class RankSnapshot:
     """What the launcher knows of one rank at one moment: its ledger, and how its process
     ended once it has."""
 
@@ -126,7 +126,7 @@ class RankState:
     killed_by_launcher: bool = False  # needed SIGKILL after the grace period
 
     @classmethod
-    def of(cls, member: RankProcess, progress: _ledger.RankProgress | None) -> "RankState":
+    def of(cls, member: RankProcess, progress: _ledger.RankProgress | None) -> "RankSnapshot":
         return cls(member.rank, progress, member.returncode, member.exited_at, member.pid,
                    member.killed)
 
@@ -157,7 +157,7 @@ def _last_entered(progress: _ledger.RankProgress) -> _ledger.GroupProgress:
     return max(progress.groups, key=lambda g: g.t_enter)
 
 
-def own_fault(state: RankState) -> Fault | None:
+def own_fault(state: RankSnapshot) -> Fault | None:
     """The fault a rank's own ledger or exit shows, whatever its peers did; None for none yet
     (a rank that left with code 0 is judged by ``early_exit``)."""
     progress, code = state.progress, state.returncode
@@ -183,7 +183,7 @@ def own_fault(state: RankState) -> Fault | None:
                  exit_detail(code))
 
 
-def departure(state: RankState) -> float | None:
+def departure(state: RankSnapshot) -> float | None:
     """When the rank left with exit code 0 (its script ended, or its process exited 0 without
     a word in its ledger, as ``os._exit(0)``); None if it has not."""
     progress = state.progress
@@ -195,7 +195,7 @@ def departure(state: RankState) -> float | None:
     return None
 
 
-def early_exit(state: RankState, states: list[RankState], now: float,
+def early_exit(state: RankSnapshot, states: list[RankSnapshot], now: float,
                hang_timeout: float) -> Fault | None:
     """The fault of a rank that left with code 0 before an operation its peers went on to:
     some peer entered more operations of a group they share than the leaver did, and either
@@ -243,7 +243,7 @@ def is_cascade(progress: _ledger.RankProgress | None) -> bool:
         progress.fault_in_collective
 
 
-def first_fault(states: list[RankState], now: float, cascade_window: float,
+def first_fault(states: list[RankSnapshot], now: float, cascade_window: float,
                 hang_timeout: float) -> Fault | None:
     """The root cause among the faults established at ``now`` (monotonic), or None.
 
@@ -261,7 +261,7 @@ def first_fault(states: list[RankState], now: float, cascade_window: float,
     return first.detail if first else None
 
 
-def classify(states: list[RankState], root: Fault | None, hang: Verdict | None,
+def classify(states: list[RankSnapshot], root: Fault | None, hang: Verdict | None,
              teardown_at: float | None) -> list[RankOutcome]:
     """The outcome of every rank of a finished attempt, from each rank's last state.
 
@@ -309,7 +309,7 @@ def classify(states: list[RankState], root: Fault | None, hang: Verdict | None,
     return results
 
 
-def _left_at(state: RankState) -> float:
+def _left_at(state: RankSnapshot) -> float:
     """When the rank left: its clean ``departure`` (the end of its script, from its ledger),
     else when its exit was seen; 0 while it runs."""
     left = departure(state)
