@@ -1,5 +1,6 @@
 """Structure checks that grep can make (issue 30): a fault's kind is a ``FaultKind``, never a
-string literal written out in the launcher's code."""
+string literal written out in the launcher's code; the job store's keys are spelled in one
+module (``launcher/store_keys.py``)."""
 
 from __future__ import annotations
 
@@ -29,3 +30,15 @@ def test_the_check_finds_what_it_looks_for():
     assert LITERAL.search('if fault.kind == "store_lost":')
     assert LITERAL.search('fault.kind not in ("launcher_signal", "standby_end")')
     assert not LITERAL.search("if fault.kind == FaultKind.STORE_LOST:")
+
+
+# a key or prefix of the job's store, spelled out: "/rankguard/{run_id}/..."
+STORE_KEY = re.compile(r'f?"/rankguard/')
+
+
+def test_the_job_stores_keys_are_spelled_only_in_store_keys():
+    found = [f"{path.relative_to(SRC)}:{number}: {line.strip()}"
+             for path in sorted(SRC.rglob("*.py")) if path.name != "store_keys.py"
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if STORE_KEY.search(line)]
+    assert not found, "\n".join(found)

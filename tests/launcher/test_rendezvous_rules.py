@@ -9,7 +9,8 @@ from rankguard.launcher.config import RendezvousConfig
 from rankguard.launcher.monitor import Verdict
 from rankguard.launcher.node_agent import left_to_another_node
 from rankguard.launcher.outcome import Fault, run_status
-from rankguard.launcher.rendezvous import agents_namespace, assign, round_namespace
+from rankguard.launcher.rendezvous import assign
+from rankguard.launcher.store_keys import agents_namespace, round_namespace
 from rankguard.launcher.round_end import RoundEnd, replaces
 from tests.conftest import script
 

@@ -45,8 +45,8 @@ from . import node_takeover
 from .node_beats import NodeBeats, Silence
 from .outcome import Fault, FaultKind
 from .ranks import Layout, recovery_path
-from .rendezvous import (JobStore, Rendezvous, RendezvousClosed, Round, agents_namespace,
-                         connect, round_namespace, rounds_key)
+from .rendezvous import JobStore, Rendezvous, RendezvousClosed, Round, connect
+from .store_keys import agents_key, agents_namespace, left_key, round_namespace, rounds_key
 from .remote_progress import RemoteProgress
 from .round_end import RoundChannel, RoundEnd, end_key
 from .summary import AttemptReport
@@ -559,7 +559,7 @@ class NodeAgent(Launcher):
         if ending:
             self._rdzv.record_end(*self._run_status(fault))
             self._rdzv.shutdown()
-        key = f"/rankguard/{self.config.run_id}/left"
+        key = left_key(self.config.run_id)
         try:
             self._store.set(f"{key}.{self._store.add(key, 1)}", "1")
             if self._hosting:
@@ -613,7 +613,7 @@ class NodeAgent(Launcher):
     @property
     def _agents_key(self) -> str:
         """How many agents came to the job (counted once each, as they first join)."""
-        return f"/rankguard/{self.config.run_id}/agents"
+        return agents_key(self.config.run_id)
 
     # -- plumbing ------------------------------------------------------------------------------
 

@@ -110,7 +110,7 @@ class NodeBeats:
 
     Args:
         connect: makes a client of the job's store (one, for this object's thread).
-        prefix: the round's agents' prefix (``rendezvous.agents_namespace``).
+        prefix: the round's agents' prefix (``store_keys.agents_namespace``).
         node, nodes: this node's rank among the round's nodes, and their number.
         period: seconds between exchanges.
         host: this node's name, carried in its beat.

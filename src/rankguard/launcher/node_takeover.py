@@ -2,7 +2,7 @@
 several nodes), instead of a restart.
 
 The records live under the running round's agents' prefix of the job's store
-(``rendezvous.agents_namespace``), sealed with the job's secret: the nodes must share one
+(``store_keys.agents_namespace``), sealed with the job's secret: the nodes must share one
 (``RANKGUARD_SECRET`` set alike on every node), for the standby's ranks join the survivors'
 generation with it, and a standby must not act on a request anybody could write.
 

@@ -27,7 +27,7 @@ from ..proctree import MARKER
 from ..supervisor import RankFiles, RankProcesses, spawn
 from ..supervisor.rank_processes import Tee, Writer
 from .config import RunConfig
-from .store import namespace
+from .store_keys import attempt_namespace
 from .streams import Std
 from .terminal import Terminal
 
@@ -72,7 +72,7 @@ class Layout:
     @classmethod
     def one_node(cls, config: RunConfig, attempt: int, master_port: int) -> "Layout":
         """This node alone: every rank of the job is local, the store is the launcher's."""
-        return cls(config.master_addr, master_port, namespace(config.run_id, attempt),
+        return cls(config.master_addr, master_port, attempt_namespace(config.run_id, attempt),
                    config.nproc)
 
 

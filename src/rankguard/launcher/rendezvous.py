@@ -24,7 +24,7 @@ agents' count, the rounds' numbers, the job's end).
   ``--rdzv-endpoint``), as with c10d but without torch's handler: every node takes part in every
   round, so a node lost ends the job.
 
-Each round's keys live under its own prefix (:func:`round_namespace`).
+Each round's keys live under its own prefix (``store_keys.round_namespace``).
 
 **A round** (:meth:`Rendezvous.next_round`): torch's handler admits this node and gives it
 its node rank; then the agents agree, through the round's own prefix of the job's store, on
@@ -52,6 +52,7 @@ from ..deadline import Deadline
 from ..errors import RendezvousError, UsageError, first_line
 from ..store_calls import within
 from . import round_store
+from . import store_keys
 from .config import RendezvousConfig, endpoint
 
 _NO_SECOND_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
@@ -60,21 +61,6 @@ _ENDPOINT_OPTION = {"c10d": "--rdzv-endpoint", "etcd-v2": "--rdzv-endpoint",
                     "static": "--master-addr/--master-port"}
 _CONNECT_S = 1.0  # the most one connection attempt to the endpoint may take
 _RETRY_S = 0.05  # between attempts: an endpoint whose agent is starting is found this soon
-
-
-def round_namespace(run_id: str, number: int) -> str:
-    """The ranks' store prefix in round ``number`` of a multi-node run."""
-    return f"/rankguard/{run_id}/round{number}/"
-
-
-def rounds_key(run_id: str) -> str:
-    """The job-wide count of rounds formed (node 0 of each draws the round's number from it)."""
-    return f"/rankguard/{run_id}/rounds"
-
-
-def agents_namespace(run_id: str, number: int) -> str:
-    """The agents' store prefix in round ``number`` (its end, the nodes done)."""
-    return f"/rankguard/{run_id}/round{number}.agents/"
 
 
 @dataclass(frozen=True)
@@ -342,11 +328,11 @@ class Rendezvous:
 
         cfg = self._cfg
         assert cfg.node_rank is not None
-        prefix = f"/rankguard/{self._run_id}/static{self._static_rounds}/"
+        prefix = store_keys.static_namespace(self._run_id, self._static_rounds)
         self._static_rounds += 1
         store = PrefixStore(prefix, self._store)
         try:
-            claims = store.add(f"rankguard/node{cfg.node_rank}", 1)
+            claims = store.add(store_keys.node_claim_key(cfg.node_rank), 1)
         except RuntimeError as exc:
             raise RendezvousError(cfg.endpoint, f"lost the job's store at {cfg.endpoint}: "
                                   f"{first_line(exc)}") from None
@@ -394,7 +380,7 @@ class Rendezvous:
                 # the others stop at it, not at join_timeout
                 store.set(_PLAN_KEY, f"{_REFUSED}: {exc}")
                 raise
-            number = self._store.add(rounds_key(self._run_id), 1) - 1
+            number = self._store.add(store_keys.rounds_key(self._run_id), 1) - 1
             store.set(_PLAN_KEY, sealed.seal(_PLAN_KEY, _Plan(number, counts, where).encode()))
         store.wait([_PLAN_KEY], limit)
         plan = self._open(_PLAN_KEY, store.get(_PLAN_KEY), _Plan.decode)
@@ -463,7 +449,7 @@ class Rendezvous:
 
     @property
     def _end_key(self) -> str:
-        return f"/rankguard/{self._run_id}/job_end"
+        return store_keys.job_end_key(self._run_id)
 
     def shutdown(self) -> None:
         """Close the rendezvous (torch's ``shutdown``: no later round forms; bounded by

@@ -1,7 +1,7 @@
 """How a rendezvous round ends on every node: one record in the job's store.
 
 Each agent watches its own ranks as on one node. What it cannot see is another node's ranks,
-so each round has one **end** key (under ``rendezvous.agents_namespace``), written once:
+so each round has one **end** key (under ``store_keys.agents_namespace``), written once:
 
 - by the first agent that sees a fault among its ranks (or is told to stop): a
   :class:`RoundEnd` naming the node, the rank, the kind of fault and what happened. Written
@@ -121,7 +121,7 @@ class RoundChannel:
     Args:
         store: the agent's client of the job's store (its requests are short).
         connect: makes another client of the job's store, for the watcher.
-        prefix: the round's agents' prefix (``rendezvous.agents_namespace``).
+        prefix: the round's agents' prefix (``store_keys.agents_namespace``).
         nodes: how many nodes the round has.
         store_name: the store, for messages (``the job's store at HOST:PORT``).
         wake: called (from the watcher's thread) when the end is known.

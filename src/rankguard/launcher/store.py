@@ -3,7 +3,7 @@
 The port is bound first, without torch, so that a port in use is reported before anything starts;
 the listening socket is then handed to the TCPStore (``rankguard.store_server``, which keeps it on
 the address asked for). Ranks connect as clients (``TORCHELASTIC_USE_AGENT_STORE``), and each
-attempt works under its own key prefix (``namespace``), so nothing an earlier attempt left behind
+attempt works under its own key prefix (``store_keys.attempt_namespace``), so nothing an earlier attempt left behind
 can meet a later one.
 """
 
@@ -14,7 +14,7 @@ import socket
 from .. import store_server
 from ..store_server import host
 
-__all__ = ["host", "namespace", "reserve_port"]
+__all__ = ["host", "reserve_port"]
 
 
 def reserve_port(addr: str, port: int) -> socket.socket:
@@ -28,6 +28,3 @@ def reserve_port(addr: str, port: int) -> socket.socket:
                                      port_option="--master-port")
 
 
-def namespace(run_id: str, attempt: int) -> str:
-    """The key prefix of one attempt of one run."""
-    return f"/rankguard/{run_id}/attempt{attempt}/"
