@@ -194,6 +194,15 @@ def departure(state: RankState) -> float | None:
     return None
 
 
+def lingering(state: RankState, now: float, limit: float) -> float | None:
+    """How long ago the script of a rank ended with code 0 while its process still lives, once
+    that is at least ``limit`` seconds (``margins.linger_limit``); None otherwise. Pure."""
+    left = departure(state)
+    if state.returncode is not None or left is None or now - left < limit:
+        return None
+    return now - left
+
+
 def early_exit(state: RankState, states: list[RankState], now: float,
                hang_timeout: float) -> Fault | None:
     """The fault of a rank that left with code 0 before an operation its peers went on to:
