@@ -47,3 +47,11 @@ def test_rank_lists_show_runs_as_ranges() -> None:
     assert sg.rank_list([9, 0, 1, 2, 3]) == "0-3,9"
     assert sg.rank_list([1, 3]) == "1,3" and sg.rank_list([4, 5]) == "4,5"
     assert sg.last_dump("/nonexistent/stacks.txt") == ""
+
+
+def test_every_thread_of_a_dump_is_a_line_the_signalled_one_first() -> None:
+    lines = sg.every_thread(WAITING)
+    assert lines[0].startswith("main thread: all_reduce (") and "train_step" in lines[0], lines
+    assert lines[1].startswith("thread 2: wait (") and lines[1].endswith("threading.py:331)"), \
+        lines
+    assert sg.every_thread("") == []

@@ -34,6 +34,7 @@ EVENTS = (
     "node_takeover",
     "node_taken_over",
     "leftover",
+    "linger",
     "rendezvous",
     "round_end",
     "run_end",

@@ -350,6 +350,13 @@ class _SlotWriter:
         _ASYNC.pack_into(self._buf, self._async_offset, started, SLOT_ASYNC)
         _STATE.pack_into(self._buf, self._offset, kind, t_enter, t_done, enqueued, completed)
 
+    def keep(self, records: Iterable[_ring.RingRecord]) -> None:
+        """Write an asynchronous group's recent operations into its ring
+        (``ledger_ring.write_async``). Only the group's one writer (the rank's progress
+        sampler) may call it, as for :meth:`publish`."""
+        for record in records:
+            _ring.write_async(self._buf, self._ring_base, self._index, record)
+
     @property
     def entered(self) -> int:
         return self._entered
@@ -574,6 +581,11 @@ class RecentOp:
     is_world: bool
     t_enter: float  # monotonic, on the machine's clock
     t_done: float | None  # when it was seen completed (monotonic); None: it was not
+    # an asynchronous group's operation: where it stood, when its device was seen starting it
+    # (None: not seen, or not known), the bytes of its inputs (None: not known)
+    state: _ring.AsyncState | None = None
+    t_started: float | None = None
+    nbytes: int | None = None
 
 
 def behind(members: Iterable[int], entries: Mapping[int, GroupProgress],
@@ -640,11 +652,15 @@ class LedgerReader:
             key, members, is_world, _, _, _, t_done, _, done = SLOT.unpack_from(self._buf, offset)
             if not key:
                 continue
-            for record in _ring.read(self._buf, RING_OFFSET + _ring.offset(index), index,
-                                     done + swept, max(t_done, t_swept)):
+            asynchronous = bool(_ASYNC.unpack_from(self._buf, offset + _OFF_ASYNC)[1]
+                                & SLOT_ASYNC)
+            read = _ring.read_async if asynchronous else _ring.read
+            for record in read(self._buf, RING_OFFSET + _ring.offset(index), index,
+                               done + swept, max(t_done, t_swept)):
+                seq = record.entry if asynchronous else seq_of(record.entry, bool(is_world))
                 found.append(((record.t_enter, index, record.entry), RecentOp(
-                    0, op_name(record.kind), seq_of(record.entry, bool(is_world)), key, members,
-                    bool(is_world), record.t_enter, record.t_done)))
+                    0, op_name(record.kind), seq, key, members, bool(is_world), record.t_enter,
+                    record.t_done, record.state, record.t_started, record.nbytes)))
         found.sort(key=lambda pair: pair[0])
         return [dataclasses.replace(op, number=number)
                 for number, (_, op) in enumerate(found, 1)]

@@ -16,6 +16,14 @@ after the group's last record, the slot's count of completions and the time of i
 tell. (So a completion's time is when it was known at the latest, not the instant: the issuing
 thread records completions as it enters the next operation, the sweeper within its lag.)
 
+An asynchronous group's ring (NCCL's, read from torch's Flight Recorder) has records of its own
+(``ASYNC_RECORD``, the same size and place): the rank's sampler thread writes them from the
+recorder's entries (``runtime.fr_recent``), never the thread that issues the operations, with
+what the recorder knows of each: when it was enqueued, its number (torch's), its state
+(:class:`AsyncState`), when its device was seen starting and completing it, and the bytes of its
+inputs. An operation the slot's completed count has passed reads completed, at the slot's time
+of completion at the latest, whatever its record said when it was written.
+
 A reader copies a ring at once and keeps the records whose entry number agrees with their place:
 a record half written at the moment of the copy may show a wrong time, never a wrong order.
 Times are ``time.monotonic()``, on the clock of every process of the machine; ``wall_offset``
@@ -24,6 +32,8 @@ turns them into wall-clock time for people.
 
 from __future__ import annotations
 
+import enum
+import math
 import mmap
 import struct
 import time
@@ -32,6 +42,10 @@ from dataclasses import dataclass
 # when it was entered, its entry number, completions of the group seen so far, its kind
 RECORD = struct.Struct("<dQQB7x")
 RECORD_SIZE = RECORD.size
+# an asynchronous group's: when it was enqueued, its number, seconds from then to its start and
+# to its completion (NaN: not known, or not yet), its inputs' bytes (NaN: not known), kind, state
+ASYNC_RECORD = struct.Struct("<dQfffBB2x")
+assert ASYNC_RECORD.size == RECORD_SIZE
 WORLD_CAPACITY = 512  # powers of two: a record's place is ``entry & (capacity - 1)``
 GROUP_CAPACITY = 32
 
@@ -57,14 +71,62 @@ def clear(buf: mmap.mmap, base: int, slot: int) -> None:
     buf[base:base + length] = bytes(length)
 
 
+class AsyncState(enum.IntEnum):
+    """Where an asynchronous group's operation stood when its record was written."""
+
+    ENQUEUED = 0  # the CPU enqueued it; its device was not seen starting it (or not known)
+    STARTED = 1  # its device started it
+    COMPLETED = 2
+
+
 @dataclass(frozen=True)
 class RingRecord:
-    """One recent operation of one group of one rank, as read from its ledger."""
+    """One recent operation of one group of one rank, as read from its ledger (the last three
+    fields: an asynchronous group's only)."""
 
     entry: int  # its entry number in the group (``ledger.seq_of`` gives what people see)
     kind: int  # the operation's code (``ledger.op_name``)
     t_enter: float  # monotonic
     t_done: float | None  # monotonic; None while not seen completed
+    state: AsyncState | None = None
+    t_started: float | None = None  # monotonic; None: not seen (or not known)
+    nbytes: int | None = None
+
+
+def write_async(buf: mmap.mmap, base: int, slot: int, record: RingRecord) -> None:
+    """Write an asynchronous group's ``record`` into slot ``slot``'s ring at ``base``, at its
+    place (its entry number modulo the capacity). Only the group's one writer may call it."""
+    def after(t: float | None) -> float:
+        return math.nan if t is None else max(t - record.t_enter, 0.0)
+
+    ASYNC_RECORD.pack_into(
+        buf, base + (record.entry & (capacity(slot) - 1)) * RECORD_SIZE, record.t_enter,
+        record.entry, after(record.t_started), after(record.t_done),
+        math.nan if record.nbytes is None else float(record.nbytes), record.kind,
+        AsyncState.ENQUEUED if record.state is None else record.state)
+
+
+def read_async(buf: mmap.mmap, base: int, slot: int, done: int, t_done: float
+               ) -> list[RingRecord]:
+    """The records of an asynchronous group's ring (``write_async``), oldest first; ``done``
+    and ``t_done``: the slot's completed count now and when it last moved (an operation it has
+    passed reads completed by then, if its record did not say so)."""
+    places = capacity(slot)
+    raw = bytes(buf[base:base + places * RECORD_SIZE])
+    found = []
+    for index in range(places):
+        t_enter, entry, started, finished, nbytes, kind, state = ASYNC_RECORD.unpack_from(
+            raw, index * RECORD_SIZE)
+        if not entry or entry & (places - 1) != index or state > AsyncState.COMPLETED:
+            continue
+        seen_done = None if math.isnan(finished) else t_enter + finished
+        if seen_done is None and entry <= done:
+            seen_done, state = max(t_done, t_enter), AsyncState.COMPLETED
+        found.append(RingRecord(entry, kind, t_enter, seen_done, AsyncState(state),
+                                None if math.isnan(started) else t_enter + started,
+                                None if math.isnan(nbytes) else int(nbytes)))
+    found.sort(key=lambda record: record.entry)
+    return found
 
 
 def read(buf: mmap.mmap, base: int, slot: int, done: int, t_done: float) -> list[RingRecord]:

@@ -97,6 +97,16 @@ NCCL_SYNC_S = 0.2
 """How long a SIGTERM teardown waits for the device's queued work once NCCL's abort returned:
 what is left is the rank's own kernels; one that never ends (a stuck kernel) must not keep it."""
 
+def linger_limit(straggler_timeout: float) -> float:
+    """How long a rank's process may live on once its script ended with code 0 (its ledger
+    says so) before the launcher takes its stacks and ends it: ``--straggler-timeout``, the
+    bound of a rank that works without reaching a collective. A teardown may do real work (a
+    non-daemon thread writing a checkpoint, an upload in an atexit handler) for as long as a
+    busy straggler may; one blocked for good (a thread no one ends, a destructor waiting on the
+    GPU) is bounded all the same, where torchrun waits forever."""
+    return straggler_timeout
+
+
 CASCADE_WINDOW_S = 0.3
 """A rank's error inside a collective is judged only this long after it happened: the fault of
 a peer that caused it shows first (a dead peer's connection resets in ~20 ms; the launcher sees

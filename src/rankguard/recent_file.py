@@ -9,7 +9,11 @@ whether older operations were not kept) with each OP, in the order the rank ente
 ``{"n": number in the rank's order, "op": "all_reduce", "seq": 57, "world": true,
 "group": "3a9f...", "members": [0, 1], "t_enter": wall seconds, "t_done": wall seconds or
 null}`` (``group``: the group's key in hex, the same on every rank; ``t_done``: when the rank
-was seen to have completed it, null if it never was).
+was seen to have completed it, null if it never was). An operation of an asynchronous group
+(NCCL's, read from torch's Flight Recorder) has three more: ``"state"`` (``enqueued``,
+``started`` or ``completed``: how far its device got), ``"t_started"`` (wall seconds its device
+was seen starting it, or null: not seen, or not known) and ``"bytes"`` (its inputs' size, or
+null: not known); its ``t_enter`` is when the CPU enqueued it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 
 from . import ledger as _ledger
 from . import private_files
+from .ledger_ring import AsyncState
 from .errors import LedgerError
 
 FORMAT = 1
@@ -39,6 +44,14 @@ class Op:
     members: tuple[int, ...]
     t_enter: float
     t_done: float | None
+    state: str | None = None  # an asynchronous group's: enqueued, started or completed
+    t_started: float | None = None
+    bytes: int | None = None
+
+    @property
+    def asynchronous(self) -> bool:
+        """An operation of an asynchronous group (the CPU enqueued it; see the module doc)."""
+        return self.state is not None
 
     @property
     def group_label(self) -> str:
@@ -80,12 +93,18 @@ def write(attempt_dir: str, rank: int, attempt: int, pid: int,
     oldest: dict[int, int] = {}
     for op in ops:
         oldest.setdefault(op.group_key, op.seq - (0 if op.is_world else 1))
+    def entry(op: _ledger.RecentOp) -> dict[str, Any]:
+        found = {"n": op.number, "op": op.op, "seq": op.seq, "world": op.is_world,
+                 "group": f"{op.group_key:016x}",
+                 "members": [r for r in range(64) if op.members >> r & 1],
+                 "t_enter": wall(op.t_enter), "t_done": wall(op.t_done)}
+        if op.state is not None:
+            found.update(state=op.state.name.lower(), t_started=wall(op.t_started),
+                         bytes=op.nbytes)
+        return found
+
     record = {"format": FORMAT, "rank": rank, "attempt": attempt, "pid": pid,
-              "earlier": any(oldest.values()), "ops": [
-        {"n": op.number, "op": op.op, "seq": op.seq, "world": op.is_world,
-         "group": f"{op.group_key:016x}",
-         "members": [r for r in range(64) if op.members >> r & 1], "t_enter": wall(op.t_enter),
-         "t_done": wall(op.t_done)} for op in ops]}
+              "earlier": any(oldest.values()), "ops": [entry(op) for op in ops]}
     target = path(attempt_dir, rank)
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600)
@@ -116,11 +135,20 @@ def read(file: str) -> RankRecent:
         raise LedgerError(f"{file} is damaged ({type(exc).__name__}: {exc})") from exc
 
 
+STATES = tuple(state.name.lower() for state in AsyncState)
+
+
 def _op(entry: dict[str, Any]) -> Op:
-    done = entry["t_done"]
+    done, started, size = entry["t_done"], entry.get("t_started"), entry.get("bytes")
+    state = entry.get("state")
+    if state is not None and state not in STATES:
+        raise ValueError(f"{state!r} is not a state ({', '.join(STATES)})")
     return Op(int(entry["n"]), str(entry["op"]), int(entry["seq"]), bool(entry["world"]),
               str(entry["group"]), tuple(int(r) for r in entry["members"]),
-              _finite(entry["t_enter"]), None if done is None else _finite(done))
+              _finite(entry["t_enter"]), None if done is None else _finite(done),
+              None if state is None else str(state),
+              None if started is None else _finite(started),
+              None if size is None else int(size))
 
 
 def _finite(value: Any) -> float:

@@ -91,9 +91,9 @@ def rank_list(ranks: tuple[int, ...] | list[int]) -> str:
     return ",".join(parts)
 
 
-def main_thread(dump: str) -> tuple[Frame, ...]:
-    """The frames of the last dump's signalled (main) thread in ``dump``, innermost first;
-    the last thread of the text when no thread is marked current."""
+def _threads(dump: str) -> list[tuple[bool, list[Frame]]]:
+    """Every thread of ``dump`` in its order: whether it is the signalled (current) one, and
+    its frames, innermost first."""
     threads: list[tuple[bool, list[Frame]]] = []
     for line in dump.splitlines():
         head = _THREAD.match(line)
@@ -103,9 +103,26 @@ def main_thread(dump: str) -> tuple[Frame, ...]:
         frame = _FRAME.match(line)
         if frame and threads:
             threads[-1][1].append(Frame(frame["file"], int(frame["line"]), frame["func"]))
+    return threads
+
+
+def main_thread(dump: str) -> tuple[Frame, ...]:
+    """The frames of the last dump's signalled (main) thread in ``dump``, innermost first;
+    the last thread of the text when no thread is marked current."""
+    threads = _threads(dump)
     current = [frames for is_current, frames in threads if is_current]
     chosen = current[-1] if current else (threads[-1][1] if threads else [])
     return tuple(chosen)
+
+
+def every_thread(dump: str) -> list[str]:
+    """Where each thread of one dump is, a line each (:meth:`StackGroup.summary`), the
+    signalled (main) thread first: ``main thread: _shutdown (threading.py:1540)``,
+    ``thread 2: wait (threading.py:359) <- ... <- hold (job.py:12)``."""
+    threads = sorted(_threads(dump), key=lambda thread: not thread[0])
+    return [f"{'main thread' if current else f'thread {number}'}: "
+            f"{StackGroup((), tuple(frames)).summary()}"
+            for number, (current, frames) in enumerate(threads, 1)]
 
 
 def group(dumps: dict[int, str], ranks: list[int] | None = None) -> list[StackGroup]:
@@ -123,11 +140,13 @@ def describe(groups: list[StackGroup], indent: str = "") -> list[str]:
     return [f"{indent}{g.label()}: {g.summary()}" for g in groups]
 
 
-def last_dump(path: str) -> str:
-    """The text of a stacks file (all its dumps; :func:`main_thread` takes the last), or "" when
-    it cannot be read."""
+def last_dump(path: str, since: int = 0) -> str:
+    """The text of a stacks file (all its dumps; :func:`main_thread` takes the last) from byte
+    ``since`` on (a size it had before a request: the dump that answered it), or "" when it
+    cannot be read."""
     try:
-        with open(path, errors="replace") as f:
-            return f.read()
+        with open(path, "rb") as f:
+            f.seek(since)
+            return f.read().decode(errors="replace")
     except OSError:
         return ""

@@ -17,7 +17,7 @@ import pytest
 from rankguard import ledger as L
 from rankguard.launcher.monitor import Verdict
 from rankguard.launcher.outcome import (OUTCOMES, Fault, RankOutcome, RankSnapshot, classify,
-                                        deadline_verdict, first_fault, run_status)
+                                        deadline_verdict, first_fault, lingering, run_status)
 from rankguard.launcher.summary import AttemptReport, render
 from tests.launcher.snapshots import group, leaving, ledger, raised_in, world
 
@@ -354,3 +354,23 @@ def test_summary_of_a_clean_single_attempt_has_no_root_cause() -> None:
     assert render("r2", "succeeded", 0, [report], "/l", "/j", []).splitlines() == [
         "rankguard: run r2 succeeded after 1 attempt (exit code 0)",
         "  attempt 0: 0:ok", "  logs: /l  journal: /j"]
+
+
+LIMIT = 5.0
+LINGERING = {
+    "a script that ended with code 0 the limit ago, its process alive: it lingers":
+        (RankSnapshot(1, leaving(11, 1.0, 0)), 1.0 + LIMIT, LIMIT),
+    "less than the limit ago: not yet": (RankSnapshot(1, leaving(11, 1.0, 0)), 0.9 + LIMIT, None),
+    "its process exited: nothing lingers":
+        (RankSnapshot(1, leaving(11, 1.0, 0), returncode=0, exited_at=2.0), 9.0 + LIMIT, None),
+    "a script that ended with another code is a fault of its own, not a linger":
+        (RankSnapshot(1, leaving(11, 1.0, 3)), 9.0 + LIMIT, None),
+    "a script still running does not linger": (RankSnapshot(1, ledger(world(11))), 99.0, None),
+    "no ledger read: nothing known": (RankSnapshot(1, None), 99.0, None),
+}
+
+
+@pytest.mark.parametrize("state, now, since", LINGERING.values(), ids=LINGERING.keys())
+def test_a_rank_lingers_once_its_script_ended_well_the_limit_ago_and_its_process_lives(
+        state, now, since):
+    assert lingering(state, now, LIMIT) == since

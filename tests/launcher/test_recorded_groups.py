@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from tests.conftest import script
+from rankguard import recent_file
+from tests.conftest import ROOT, script
 
 RECORDER = {"RANKGUARD_GLOO": "recorder"}
 HANG = 2.0
@@ -150,3 +151,25 @@ def test_a_fault_injected_at_an_operation_fires_on_a_group_rankguard_does_not_wr
     assert f"[rank1]:rankguard: injecting {kind}:rank=1,at=op5" in run.stderr, run.stderr
     assert f"rankguard: hang: rank 1 never enqueued all_reduce #5 ({reason})" in run.stderr, \
         run.stderr
+
+
+def test_after_a_hang_the_report_lists_each_ranks_last_operations_of_the_stuck_group(
+        run_rankguard):
+    """The sampler keeps the recent-operations ring of a group it watches through the recorder
+    (issue 29): rank 0 enqueued #7 to #16 and waits in #7, rank 1 never enqueued #7."""
+    run = run_rankguard(job("sleep", "7"), env=RECORDER)
+    assert run.code == 3, run.stderr
+    made = subprocess.run([sys.executable, "-m", "rankguard.cli", "report", str(run.log_dir)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    kept = recent_file.read_attempt(str(run.log_dir / "attempt0"))
+    assert sorted(kept) == [0, 1], run.stderr
+    waiter, culprit = kept[0].ops, kept[1].ops
+    assert [op.label for op in waiter] == [f"all_reduce #{n}" for n in range(1, 17)], waiter
+    assert [op.label for op in culprit] == [f"all_reduce #{n}" for n in range(1, 7)], culprit
+    assert all(op.t_done is not None and op.t_done >= op.t_enter for op in waiter[:6] + culprit)
+    pending = waiter[6]  # the one rank 0 waits in, and those it enqueued after it
+    assert all(op.t_done is None and op.state == "enqueued" for op in waiter[6:]), waiter
+    assert all(op.bytes == 4096 for op in waiter + culprit), waiter  # 1024 float32 each
+    page = (run.log_dir / "report.html").read_text()
+    assert f"{pending.label} (4096 bytes): enqueued at +" in page and "never seen completed" in page

@@ -41,7 +41,8 @@ from .monitor import HangMonitor, Verdict, op_label
 from .in_place import InPlace
 from .spares import Spares
 from .outcome import (EXIT_INTERNAL, FINAL_KINDS, Fault, FaultKind, RankOutcome, RankSnapshot,
-                      classify, deadline_verdict, first_fault, notice_kind, run_status)
+                      classify, deadline_verdict, first_fault, lingering, notice_kind,
+                      run_status)
 from .summary import AttemptReport, render
 from .terminal import Terminal
 
@@ -330,6 +331,7 @@ class Launcher:
             if result.fault is not None or not ticked:
                 continue
             self._show_status(ranks, snaps, now)
+            self._end_lingering(ranks, monitor, snaps, now)
             if self._in_place is not None and self._in_place.pending:
                 result.fault = self._in_place.check(now)
                 if result.fault is not None:
@@ -348,6 +350,34 @@ class Launcher:
                 self._on_verdict(verdict, result, now)
         if result.fault is None:  # every rank has exited: nothing more will show
             self._decide(ranks, self._read_all(ranks, readers), result, math.inf)
+
+    def _end_lingering(self, ranks: RankProcesses, monitor: HangMonitor,
+                       snaps: dict[int, _ledger.RankProgress], now: float) -> None:
+        """End each rank whose script ended with code 0 at least ``margins.linger_limit`` ago
+        but whose process lives on (``teardown.end_lingering``: its stacks, SIGTERM, SIGKILL),
+        saying where it lingered. Not a fault: the run's result stays what its scripts said
+        (README, "A rank whose script ended but whose process lingers"). The loop waits for it
+        (up to ``margins.STACKS_S`` + ``--grace`` + ``margins.REAP_S``)."""
+        limit = margins.linger_limit(self.config.straggler_timeout)
+        for member in ranks.live():
+            snap = snaps.get(member.rank)
+            since = lingering(RankSnapshot.of(member, snap), now, limit)
+            if since is None or snap is None:
+                continue
+            where, killed = teardown.end_lingering(ranks, member, snap.stacks_ready,
+                                                   self.config.grace)
+            monitor.unwatch(member.rank)
+            self._journal.write("linger", attempt=ranks.number, rank=member.rank,
+                                pid=member.pid, since_s=round(since, 3), limit_s=limit,
+                                threads=where, stacks=member.stacks_path if where else None,
+                                killed=killed)
+            how = "SIGKILL" if killed else "SIGTERM"
+            lines = [f"rankguard: rank {member.rank}'s script ended {since:.1f} s ago (exit "
+                     f"code 0) but its process did not exit (--straggler-timeout {limit:g} s); "
+                     f"ended it with {how}; the run's result stays its scripts'. Where it "
+                     "lingered" + (":" if where else ": no stacks (it did not answer)")]
+            lines += [f"  {line}" for line in where]
+            self._say("\n".join(lines))
 
     def _show_status(self, ranks: RankProcesses, snaps: dict[int, _ledger.RankProgress],
                      now: float) -> None:

@@ -195,6 +195,15 @@ def departure(state: RankSnapshot) -> float | None:
     return None
 
 
+def lingering(state: RankSnapshot, now: float, limit: float) -> float | None:
+    """How long ago the script of a rank ended with code 0 while its process still lives, once
+    that is at least ``limit`` seconds (``margins.linger_limit``); None otherwise. Pure."""
+    left = departure(state)
+    if state.returncode is not None or left is None or now - left < limit:
+        return None
+    return now - left
+
+
 def early_exit(state: RankSnapshot, states: list[RankSnapshot], now: float,
                hang_timeout: float) -> Fault | None:
     """The fault of a rank that left with code 0 before an operation its peers went on to:

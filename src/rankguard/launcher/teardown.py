@@ -24,7 +24,7 @@ from __future__ import annotations
 import signal
 
 from .. import ledger as _ledger
-from .. import margins, proctree, stack_requests
+from .. import margins, proctree, stack_groups, stack_requests
 from ..deadline import Deadline
 from ..journal import Journal
 from ..supervisor import RankProcess, RankProcesses
@@ -68,6 +68,29 @@ def notify_survivors(ranks: RankProcesses, monitor: HangMonitor, journal: Journa
     journal.write("escalate", step="notice", ranks=sorted(told),
                   reason=_ledger.NOTICE_NAMES[kind], attempt=ranks.number)
     ranks.wait_exits(Deadline.after(grace), told)
+
+
+def end_lingering(ranks: RankProcesses, member: RankProcess, ready: bool, grace: float
+                  ) -> tuple[list[str], bool]:
+    """End one rank whose script ended but whose process lingers (``outcome.lingering``): its
+    stacks first (``ready``: its handler is installed; bounded by ``margins.STACKS_S``), then
+    SIGTERM, ``grace``, SIGKILL (bounded by ``margins.REAP_S``). Returns where each of its
+    threads was (``stack_groups.every_thread``; empty: no dump) and whether it needed the
+    SIGKILL."""
+    where: list[str] = []
+    size = stack_requests.file_size(member.stacks_path)
+    if ready and stack_requests.request(member.pid):
+        stack_requests.await_dumps({member: [member.stacks_path]}, {member.stacks_path: size},
+                                   Deadline.after(margins.STACKS_S),
+                                   gone=lambda m: m.proc.poll() is not None)
+        where = stack_groups.every_thread(stack_groups.last_dump(member.stacks_path, size))
+    ranks.signal(signal.SIGTERM, [member])
+    if ranks.wait_exits(Deadline.after(grace), {member.rank}):
+        return where, False
+    member.killed = True
+    ranks.signal(signal.SIGKILL, [member])
+    ranks.wait_exits(Deadline.after(margins.REAP_S), {member.rank})
+    return where, True
 
 
 def stop_ranks(ranks: RankProcesses, journal: Journal, grace: float, reason: str) -> None:

@@ -196,6 +196,7 @@ def _bar(span: Span, y: float, scale: _Scale, lane_end: float, t0: float) -> str
     completed is a red bar from its entry to the lane's end; a pool's call, whose duration is
     known, a bar from its start to its end."""
     x0 = scale.x(span.t0)
+    what = _e(_what(span, t0))
     if span.timed and span.t1 is not None:
         return (f'<rect class="op call" x="{x0:.1f}" y="{y + 6}" '
                 f'width="{max(scale.x(span.t1) - x0, 2):.1f}" height="{LANE_H - 12}" '
@@ -204,12 +205,22 @@ def _bar(span: Span, y: float, scale: _Scale, lane_end: float, t0: float) -> str
     if span.t1 is not None:
         return (f'<rect class="op" x="{x0 - 1:.1f}" y="{y + 6}" width="2" '
                 f'height="{LANE_H - 12}" fill="{OP_COLORS.get(span.op, OTHER_OP)}">'
-                f"<title>{_e(span.label)}: entered at +{span.t0 - t0:.3f} s, seen completed "
-                f"by +{span.t1 - t0:.3f} s</title></rect>")
+                f"<title>{what}, seen completed by +{span.t1 - t0:.3f} s</title></rect>")
     return (f'<rect class="op open" x="{x0:.1f}" y="{y + 6}" '
             f'width="{max(scale.x(lane_end) - x0, 2):.1f}" height="{LANE_H - 12}" '
-            f'fill="#d62728"><title>{_e(span.label)}: entered at +{span.t0 - t0:.3f} s, never '
-            "seen completed</title></rect>")
+            f'fill="#d62728"><title>{what}, never seen completed</title></rect>')
+
+
+def _what(span: Span, t0: float) -> str:
+    """``all_reduce #7: entered at +1.250 s``; an asynchronous group's operation: ``all_reduce
+    #7 (4096 bytes): enqueued at +1.250 s, started on the device at +1.300 s``."""
+    if not span.asynchronous:
+        return f"{span.label}: entered at +{span.t0 - t0:.3f} s"
+    size = f" ({span.nbytes} bytes)" if span.nbytes is not None else ""
+    text = f"{span.label}{size}: enqueued at +{span.t0 - t0:.3f} s"
+    if span.t_started is not None:
+        text += f", started on the device at +{span.t_started - t0:.3f} s"
+    return text
 
 
 def _flag(number: int, mark: Mark, scale: _Scale, height: float, section: Section,

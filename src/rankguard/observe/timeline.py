@@ -28,6 +28,11 @@ class Span:
     label: str  # all_reduce #57, barrier #3 on group ranks 0,2
     op: str  # all_reduce
     timed: bool = False  # t0 to t1 is its real duration (a pool's request), not when it was seen
+    # an asynchronous group's operation (NCCL's): t0 is when the CPU enqueued it; when its
+    # device was seen starting it (None: not seen, or not known); its inputs' bytes
+    asynchronous: bool = False
+    t_started: float | None = None
+    nbytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -148,7 +153,9 @@ def _attempt(number: int, events: list[dict[str, Any]],
     for rank, lane in lanes.items():
         kept = recent.get(rank)
         if kept is not None:
-            lane.spans = [Span(op.t_enter, op.t_done, op.label, op.op) for op in kept.ops]
+            lane.spans = [Span(op.t_enter, op.t_done, op.label, op.op,
+                               asynchronous=op.asynchronous, t_started=op.t_started,
+                               nbytes=op.bytes) for op in kept.ops]
             lane.earlier = kept.earlier
     _merge_exits(marks)
     ends = [lane.t_end for lane in lanes.values() if lane.t_end is not None]

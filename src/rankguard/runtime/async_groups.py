@@ -10,6 +10,10 @@ the launcher's hang rules judge it by them (``launcher.monitor``). The thread th
 operations does nothing more per operation: the cost of watching an NCCL group is one read of a
 few microseconds per tick, off that thread.
 
+The sampler also writes each group's recent operations into the slot's ring, from the
+recorder's entries it reads when a group stalls, before anything aborts it, and at the rank's
+clean exit (``fr_recent``), for ``rankguard report``.
+
 A slot's times are when the sampler saw its counts move, so they are up to a tick (plus torch's
 own lag, about 0.2 s on NCCL) late. The kind of operation a group waits in is read only when its
 completions have not moved for ``STALL_S`` while one is pending (reading the pending entries
@@ -28,13 +32,15 @@ import atexit
 import os
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from .. import ledger as _ledger
+from .. import ledger_ring
 from ..margins import ASYNC_STALL_S
-from . import fr_progress, nccl_abort
-from .fr_progress import FlightRecorderReader, FlightRecorderUnavailable, GroupCounts, Recorder
+from . import fr_progress, fr_recent, nccl_abort
+from .fr_progress import (Entry, FlightRecorderReader, FlightRecorderUnavailable, GroupCounts,
+                          Recorder)
 from .state import WORLD
 
 MIN_TICK_S = 0.05
@@ -128,6 +134,10 @@ class _Bound:
     ranks: tuple[int, ...] = ()
     record: Published | None = None
     overdue: bool = False  # its deadline passed once: reported, not again
+    times: fr_recent.CompletionTimes = field(init=False)  # when its completions were seen
+
+    def __post_init__(self) -> None:
+        self.times = fr_recent.CompletionTimes(fr_recent.capacity(self.is_world))
 
 
 @dataclass(frozen=True)
@@ -248,6 +258,7 @@ class AsyncGroupSampler:
             if bound is None:
                 continue
             record = advance(bound.record, counts, self.timing, now)
+            bound.times.saw(record.completed, now)
             pending = kind_wanted(record, now)
             if pending:
                 wanted[pg_id] = pending
@@ -278,7 +289,10 @@ class AsyncGroupSampler:
     def _learn_kinds(self, reader: FlightRecorderReader, wanted: dict[int, int],
                      now: float) -> None:
         found: dict[int, tuple[int, str]] = {}  # pg_id -> the first op not completed, its kind
-        for op in reader.active():  # oldest first
+        entries = reader.entries(only_active=True)  # oldest first
+        for op in entries:
+            if op.completed:
+                continue
             if op.pg_id in wanted and op.seq >= wanted[op.pg_id] and op.pg_id not in found:
                 found[op.pg_id] = (op.seq, op.kind)
         for pg_id, seq in wanted.items():
@@ -288,6 +302,32 @@ class AsyncGroupSampler:
             seq, kind = found.get(pg_id, (seq, ""))
             self._publish(bound, replace(bound.record, kind=_ledger.OP_CODES.get(kind, NONE),
                                          kind_of=seq))
+        self._keep(reader.recorder, entries, now)
+
+    def _keep(self, recorder: Recorder, entries: list[Entry], now: float) -> None:
+        """Write the recent operations ``entries`` show into the rings of the groups of
+        ``recorder`` that have published (``fr_recent``); under the tick's lock."""
+        offset = ledger_ring.wall_offset()
+        for pg_id in {entry.pg_id for entry in entries}:
+            bound = self._bound.get((recorder, pg_id))
+            if bound is None or bound.record is None:
+                continue
+            record = bound.record
+            bound.slot.keep(fr_recent.records(
+                entries, pg_id, fr_recent.capacity(bound.is_world), record.completed,
+                record.started, bound.times, now, offset))
+
+    def keep_recent(self, recorder: Recorder, entries: list[Entry]) -> bool:
+        """Write the recent operations ``entries`` (read from ``recorder`` by the caller: a
+        full dump) into the groups' rings; any thread. Waits at most ``STOP_WAIT_S`` for a tick
+        in progress; returns whether it wrote them."""
+        if not self._lock.acquire(timeout=STOP_WAIT_S):
+            return False
+        try:
+            self._keep(recorder, entries, self._clock())
+            return True
+        finally:
+            self._lock.release()
 
     def _bind(self, reader: FlightRecorderReader, pg_id: int) -> None:
         name, desc = reader.group_names().get(pg_id, ("", ""))
@@ -338,6 +378,8 @@ class AsyncGroupSampler:
         if not self._thread.is_alive():
             try:
                 self.sample()
+                for reader in list(self.readers):  # the recent operations it leaves with
+                    self.keep_recent(reader.recorder, reader.entries_of(reader.dump()))
             except Exception:  # noqa: BLE001 (leaving: the last counts are a nicety)
                 pass
 
@@ -416,8 +458,9 @@ _dumped = False
 def keep_torch_dump() -> str | None:
     """Write torch's Flight Recorder dump of this rank (``fr_progress.write_dump``) beside its
     stacks file (``RANKGUARD_STACKS``), once per process, where ``python -m
-    torch.distributed.flight_recorder.fr_trace FOLDER`` analyses every rank's together; returns
-    its path, or None (no group watched, no stacks folder, or it failed or took longer than
+    torch.distributed.flight_recorder.fr_trace FOLDER`` analyses every rank's together, and
+    keep the recent operations it holds in the ledger's rings (``fr_recent``); returns its path,
+    or None (no group watched, no stacks folder, or it failed or took longer than
     ``DUMP_WAIT_S``: said on stderr). Called before anything aborts a communicator: an abort
     makes every pending operation read completed."""
     global _dumped
@@ -429,8 +472,11 @@ def keep_torch_dump() -> str | None:
     written: list[str] = []
 
     def write() -> None:
+        assert _sampler is not None
         for reader in list(_sampler.readers):
-            written.append(reader.write_dump(folder, rank))
+            dump = reader.dump()
+            _sampler.keep_recent(reader.recorder, reader.entries_of(dump))
+            written.append(reader.write_dump(folder, rank, dump=dump))
 
     if not nccl_abort.finished_within(write, DUMP_WAIT_S, "rankguard-fr-dump") or not written:
         os.write(2, f"rankguard: rank {rank}: torch's Flight Recorder dump was not written "

@@ -13,9 +13,10 @@ without replacing torch's group object, for any backend torch records:
 
 Bounds and cost: :meth:`FlightRecorderReader.read` asks for no entries (the per-group status
 only: 7 us median on torch 2.13 CPU with 2000 entries held; 5 us on NCCL, 2.11);
-:meth:`FlightRecorderReader.active` returns the entries not completed yet and is meant for a
-verdict, not every tick (about 1 ms with 50 pending on NCCL; on gloo torch marks no entry
-completed, so it reads the whole ring: 23 ms median at 2000 entries);
+:meth:`FlightRecorderReader.entries` (and :meth:`~FlightRecorderReader.active`, the entries not
+completed yet) is meant for a verdict, not every tick (about 1 ms with 50 pending on NCCL, JSON;
+on gloo torch marks no entry completed, so it reads the whole ring: 23 ms median at 2000 entries
+in JSON, 18 to 23 ms read from torch's pickle and parsed, on a loaded 2-core machine);
 :meth:`FlightRecorderReader.write_dump` writes torch's full dump (15 ms on gloo at 2000
 entries, 17 ms on NCCL; seconds with stack traces, off by default). None of them waits on the group, the
 device or a peer: they read what the recorder holds under its own mutex.
@@ -127,10 +128,13 @@ class Progress:
 
 
 @dataclass(frozen=True)
-class ActiveOp:
-    """An operation the recorder has not seen completed: its group (``pg_id`` and name), its
-    number in the group, its kind (the ledger's name, ``all_reduce``), its state and when the
-    CPU enqueued it (ns, on torch's clock)."""
+class Entry:
+    """One operation the recorder holds: its group (``pg_id`` and name), its number in the
+    group, its kind (the ledger's name, ``all_reduce``), torch's state for it, whether it
+    completed (NCCL marks it ``completed``; gloo leaves it ``scheduled`` and marks it
+    ``retired``), when the CPU enqueued it, when its device was seen starting and completing it
+    (ns on torch's wall clock; 0: not recorded, as on gloo or with timing off), and the bytes
+    of its input tensors (None: a dtype this module does not know)."""
 
     pg_id: int
     group: str
@@ -138,6 +142,59 @@ class ActiveOp:
     kind: str
     state: OpState
     created_ns: int
+    completed: bool = False
+    started_ns: int = 0
+    completed_ns: int = 0
+    nbytes: int | None = None
+
+
+# bytes per element of the dtypes torch names in its entries (c10's ScalarType names)
+DTYPE_BYTES = {"Bool": 1, "Byte": 1, "Char": 1, "QInt8": 1, "QUInt8": 1, "Float8_e5m2": 1,
+               "Float8_e4m3fn": 1, "Float8_e5m2fnuz": 1, "Float8_e4m3fnuz": 1,
+               "Float8_e8m0fnu": 1, "Short": 2, "Half": 2, "BFloat16": 2, "UInt16": 2,
+               "Int": 4, "Float": 4, "QInt32": 4, "UInt32": 4, "ComplexHalf": 4, "Long": 8,
+               "Double": 8, "UInt64": 8, "ComplexFloat": 8, "ComplexDouble": 16}
+
+
+def _time_ns(value: Any) -> int:
+    """torch's time of an entry: the JSON dump writes it as a string, 0 when not recorded; the
+    pickle dump as an int, None when not recorded."""
+    return int(value or 0)
+
+
+def input_bytes(sizes: Any, dtypes: Any) -> int | None:
+    """The bytes of an entry's input tensors, from its ``input_sizes`` (a shape per tensor) and
+    ``input_dtypes``; None when they do not match or a dtype is not in ``DTYPE_BYTES``. Pure."""
+    if not isinstance(sizes, (list, tuple)) or not isinstance(dtypes, (list, tuple)) or \
+            len(sizes) != len(dtypes):
+        return None
+    total = 0
+    for shape, dtype in zip(sizes, dtypes):
+        width = DTYPE_BYTES.get(str(dtype))
+        if width is None or not isinstance(shape, (list, tuple)):
+            return None
+        count = 1
+        for extent in shape:
+            count *= int(extent)
+        total += count * width
+    return total
+
+
+def entry_of(raw: Mapping[str, Any]) -> Entry:
+    """One entry of torch's dump (JSON or pickle: both spellings of its times) as an
+    :class:`Entry`. Pure.
+
+    Raises:
+        KeyError, TypeError, ValueError: not an entry of torch's dump.
+    """
+    state = raw.get("state", "scheduled")
+    return Entry(int(raw["pg_id"]), str((list(raw.get("process_group", ())) + [""])[0]),
+                 int(raw["collective_seq_id"]), op_kind(str(raw.get("profiling_name", ""))),
+                 state, _time_ns(raw.get("time_created_ns")),
+                 bool(raw.get("retired")) or state == "completed",
+                 _time_ns(raw.get("time_discovered_started_ns")),
+                 _time_ns(raw.get("time_discovered_completed_ns")),
+                 input_bytes(raw.get("input_sizes"), raw.get("input_dtypes")))
 
 
 def buffer_size(env: Mapping[str, str] | None = None) -> int:
@@ -269,24 +326,21 @@ class FlightRecorderReader:
                                   _ranks(c.get("ranks", "[]")))
                 for name, c in dump.get("pg_config", {}).items() if name}
 
-    def active(self) -> list[ActiveOp]:
+    def entries(self, only_active: bool) -> list[Entry]:
+        """The entries the recorder holds, oldest first; with ``only_active``, those torch has
+        not marked completed (on gloo that is every one: see the module doc for the cost).
+        Learns the names of their groups for :meth:`read`."""
+        found = self.entries_of(pickle.loads(self._pickle(True, False, only_active)))
+        self._learn(found)
+        return found
+
+    def active(self) -> list[Entry]:
         """The operations not seen completed, oldest first (for a verdict: its cost is in the
         module doc). Learns the names of their groups for :meth:`read`."""
-        dump = json.loads(self._json(True, True))
-        found = []
-        for entry in dump.get("entries", ()):
-            # gloo leaves its entries "scheduled" and marks them retired once complete
-            if entry.get("retired") or entry.get("state") == "completed":
-                continue
-            pg_id = int(entry["pg_id"])
-            name = str(entry.get("process_group", ("",))[0])
-            if name:
-                self._names[pg_id] = name
-            found.append(ActiveOp(pg_id, name, int(entry["collective_seq_id"]),
-                                  op_kind(str(entry.get("profiling_name", ""))),
-                                  entry.get("state", "scheduled"),
-                                  int(entry.get("time_created_ns") or 0)))
-        return found
+        return [entry for entry in self.entries(only_active=True) if not entry.completed]
+
+    def _learn(self, entries: list[Entry]) -> None:
+        self._names.update((entry.pg_id, entry.group) for entry in entries if entry.group)
 
     def group_names(self) -> dict[int, tuple[str, str]]:
         """Each group with an entry in the ring: ``pg_id`` -> (torch's group name, its
@@ -301,19 +355,32 @@ class FlightRecorderReader:
         self._names.update((pg_id, name) for pg_id, (name, _) in found.items())
         return found
 
-    def write_dump(self, folder: str, rank: int, stack_traces: bool = False) -> str:
+    def dump(self, stack_traces: bool = False) -> dict[str, Any]:
+        """torch's own full dump of this rank (every entry; the pickle format, about three
+        times cheaper to read than the JSON one: 10 ms at 2000 gloo entries), as a dict.
+
+        ``stack_traces``: with the Python stacks of every entry (seconds on NCCL: never on a
+        hang's path)."""
+        return pickle.loads(self._pickle(True, stack_traces, False))
+
+    @staticmethod
+    def entries_of(dump: Mapping[str, Any]) -> list[Entry]:
+        """The entries of a :meth:`dump`, oldest first."""
+        return [entry_of(raw) for raw in dump.get("entries", ())]
+
+    def write_dump(self, folder: str, rank: int, stack_traces: bool = False,
+                   dump: dict[str, Any] | None = None) -> str:
         """Write torch's own full dump of this rank, ``folder/torch_fr_rank_<rank>``, in the
         pickle format ``python -m torch.distributed.flight_recorder.fr_trace folder`` reads
         (every rank's file in one folder); returns its path. The file is created 0600 and
         replaced atomically (a reader never sees half of it).
 
-        ``stack_traces``: with the Python stacks of every entry (seconds on NCCL: never on a
-        hang's path).
+        ``stack_traces``: as for :meth:`dump`; ``dump``: one :meth:`dump` already read.
 
         Raises:
             OSError: the file cannot be written.
         """
-        dump = pickle.loads(self._pickle(True, stack_traces, False))
+        dump = self.dump(stack_traces) if dump is None else dict(dump)
         # torch lists gloo's groups as one nameless group without ranks (2.13), and the
         # analyser needs every group its entries name: take them from torch.distributed
         config = {name: c for name, c in dump.get("pg_config", {}).items() if name}
