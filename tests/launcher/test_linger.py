@@ -1,8 +1,7 @@
 """A rank whose script returned (code 0) but whose process does not exit (a non-daemon thread
 blocked for good, an atexit handler that sleeps) is ended by the launcher once
 ``margins.linger_limit`` passed, with its stacks and a line saying where it lingered; the run's
-result stays its scripts'. Real ranks, real threads, real signals. (Before this, the launcher
-waited for such a process forever, as torchrun does.)"""
+result stays its scripts'. Real ranks, real threads, real signals."""
 
 from __future__ import annotations
 
