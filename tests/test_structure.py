@@ -1,8 +1,10 @@
 """Structure checks that grep can make (issue 30): a fault's kind is a ``FaultKind``, never a
-string literal written out in the launcher's code."""
+string literal written out in the launcher's code; the launcher is composed (it holds a node
+link), never extended by a subclass; its signal handlers raise nothing."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -29,3 +31,37 @@ def test_the_check_finds_what_it_looks_for():
     assert LITERAL.search('if fault.kind == "store_lost":')
     assert LITERAL.search('fault.kind not in ("launcher_signal", "standby_end")')
     assert not LITERAL.search("if fault.kind == FaultKind.STORE_LOST:")
+
+
+# class X(Launcher):, class X(agent.Launcher, Other):
+SUBCLASS = re.compile(r"^\s*class\s+\w+\s*\([^)]*\bLauncher\b")
+
+
+def test_no_class_derives_from_the_launcher():
+    """What several nodes add goes through the launcher's node link (``node_link``)."""
+    found = [f"{path.relative_to(SRC)}:{number}: {line.strip()}"
+             for path in sorted(SRC.rglob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if SUBCLASS.search(line)]
+    assert not found, "\n".join(found)
+
+
+def test_no_signal_handler_of_the_launcher_raises():
+    """A signal handler sets a flag and wakes waits; the loops act (a raise from a handler
+    lands wherever the main thread happens to be)."""
+    launcher = SRC / "launcher"
+    handlers = [(path, node) for path in sorted(launcher.glob("*.py"))
+                for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.FunctionDef)
+                and node.name in ("_on_signal", "on_signal", "interrupt")]
+    assert handlers, "the launcher's signal handlers were not found"
+    found = [f"{path.relative_to(SRC)}:{node.lineno}: {node.name}" for path, node in handlers
+             if any(isinstance(inner, ast.Raise) for inner in ast.walk(node))]
+    assert not found, "\n".join(found)
+
+
+def test_the_subclass_check_finds_what_it_looks_for():
+    assert SUBCLASS.search("class NodeAgent(Launcher):")
+    assert SUBCLASS.search("class NodeAgent(agent.Launcher):")
+    assert not SUBCLASS.search("class MultiNode:")
+    assert not SUBCLASS.search("class LauncherError(Exception):")
