@@ -65,3 +65,23 @@ def test_the_subclass_check_finds_what_it_looks_for():
     assert SUBCLASS.search("class NodeAgent(agent.Launcher):")
     assert not SUBCLASS.search("class MultiNode:")
     assert not SUBCLASS.search("class LauncherError(Exception):")
+
+
+def test_the_attempt_loops_decision_reads_no_clock_and_does_no_io():
+    """``watch_rules`` decides from what the loop observed (its time included); the loop acts."""
+    tree = ast.parse((SRC / "launcher" / "watch_rules.py").read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
+    assert not imported & {"time", "os", "socket", "subprocess", "threading", "selectors"}
+
+
+def test_no_infinite_time_stands_for_a_decision():
+    """'Decide now, they have all exited' is a method of its own (``cause_once_ended``), not a
+    time of ``math.inf`` that a callee tests for."""
+    found = [f"{path.relative_to(SRC)}:{number}: {line.strip()}"
+             for path in sorted((SRC / "launcher").glob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if "isinf(" in line]
+    assert not found, "\n".join(found)

@@ -23,7 +23,7 @@ import sys
 import time
 import traceback
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from .. import ledger as _ledger
@@ -40,7 +40,9 @@ from .in_place import InPlace
 from .spares import Spares
 from .node_link import LinkContext, NodeLink
 from .outcome import (EXIT_INTERNAL, FINAL_KINDS, Fault, FaultKind, RankOutcome, RankState,
-                      classify, deadline_verdict, first_fault, notice_kind)
+                      classify, notice_kind)
+from . import watch_rules
+from .watch_rules import Act, Decision, Look, Say, Tick
 from .summary import AttemptReport, render
 from .terminal import Terminal
 
@@ -291,59 +293,86 @@ class Launcher:
     def _watch_until_fault(self, ranks: RankProcesses, monitor: HangMonitor,
                            readers: dict[int, _ledger.LedgerReader], result: _Attempt,
                            started: float) -> None:
-        """Handle events until every rank exited cleanly or the first fault. The ledgers are
-        read once per tick and once when ranks exit; every check of that moment shares it."""
+        """Handle events until every rank exited cleanly or the first fault. Each look gathers
+        what it needs (exits, the node link's news, the ledgers once per tick and when ranks
+        exit: every check of that moment shares them), ``watch_rules`` decides, this acts."""
         tick = Deadline.after(TICK_S)
         while ranks.live() and result.fault is None:
             exited = ranks.pump(tick)
             now = time.monotonic()
             outside = self._link.outside_fault(now)
-            if outside is not None:
-                result.fault, result.hang = outside, outside.verdict
-                self._say(f"rankguard: {outside.describe()}; stopping this node's ranks")
-                break
             ticked = tick.passed()
             if ticked:
                 tick = Deadline.after(TICK_S)
-            snaps = self._read_all(ranks, readers) if exited or ticked else {}
+            snaps = self._read_all(ranks, readers) if (exited or ticked) and outside is None \
+                else {}
             if snaps and result.first_step_at is None and self._all_stepped(snaps):
                 result.first_step_at = now
                 self._journal.write("first_step", attempt=ranks.number,
                                     since_start_s=round(now - started, 3))
                 self._prepare_spares(ranks.number)
-            for member in exited:
+            for member in exited if outside is None else []:
                 monitor.unwatch(member.rank)
-                verdict = self._deadline_verdict(member.rank, snaps[member.rank], ranks)
-                if verdict is not None:
-                    self._on_verdict(verdict, result, now)
-            if exited and result.fault is None:
-                self._decide(ranks, snaps, result, now)
-            if self._signal is not None and result.fault is None:
-                name = proctree.signal_name(self._signal)
-                self._say(f"rankguard: received {name}; stopping all ranks")
-                result.fault = Fault(FaultKind.LAUNCHER_SIGNAL, now, None,
-                                     f"the launcher received {name}")
-            if result.fault is not None or not ticked:
+            look = self._look(ranks, snaps, now, tuple(m.rank for m in exited), outside)
+            decision, look = self._decided(watch_rules.on_events, look)
+            self._act(decision, result)
+            if decision.act is Act.STOP or not ticked:
                 continue
             self._show_status(ranks, snaps, now)
+            overdue = None
             if self._in_place is not None and self._in_place.pending:
-                result.fault = self._in_place.check(now)
-                if result.fault is not None:
-                    self._say(f"rankguard: {result.fault.describe()}; stopping the other ranks")
-                    continue
-                if not self._in_place.pending:
+                overdue = self._in_place.check(now)
+                if overdue is None and not self._in_place.pending:
                     self._prepare_spares(ranks.number)
-            self._check_raised(ranks, snaps, result, now)
-            if result.fault is None:
-                self._decide(ranks, snaps, result, now)
-            live = {m.rank: snaps[m.rank] for m in ranks.live()}
-            verdicts = monitor.check(now, live, self._link.remote_ranks(live, now))
-            if self._in_place is not None and self._in_place.pending:
-                continue  # the survivors wait for the replacement: its own deadline bounds it
-            for verdict in verdicts:
-                self._on_verdict(verdict, result, now)
+            verdicts: tuple[Verdict, ...] = ()
+            if overdue is None:
+                live = {m.rank: snaps[m.rank] for m in ranks.live()}
+                verdicts = tuple(monitor.check(now, live, self._link.remote_ranks(live, now)))
+            tick_look = Tick(overdue, verdicts)
+            look = replace(look, replacing=self._in_place is not None and self._in_place.pending)
+            decision, _ = self._decided(lambda seen: watch_rules.on_tick(seen, tick_look), look)
+            self._act(decision, result)
         if result.fault is None:  # every rank has exited: nothing more will show
-            self._decide(ranks, self._read_all(ranks, readers), result, math.inf)
+            snaps = self._read_all(ranks, readers)
+            fault = watch_rules.all_exited(tuple(RankState.of(m, snaps[m.rank]) for m in ranks),
+                                           self._link.cascade_window, self.config.hang_timeout)
+            if fault is not None:
+                result.fault = self._link.cause_once_ended(fault)
+                self._say(f"rankguard: {result.fault.describe()}")
+
+    def _look(self, ranks: RankProcesses, snaps: dict[int, _ledger.RankProgress], now: float,
+              exited: tuple[int, ...], outside: Fault | None) -> Look:
+        """What the loop observed at ``now``: ``snaps``, the ledgers read then (if read)."""
+        return Look(now, tuple(RankState.of(m, snaps.get(m.rank)) for m in ranks),
+                    frozenset(m.rank for m in ranks.live()), exited=exited, outside=outside,
+                    signal=self._signal, theirs=self._link.leaves_to_others,
+                    cascade_window=self._link.cascade_window,
+                    hang_timeout=self.config.hang_timeout, in_place=self._in_place is not None)
+
+    def _decided(self, decide: Callable[[Look], Decision], look: Look) -> tuple[Decision, Look]:
+        """``decide(look)``, after asking the node link for the cause of the fault the ranks
+        show when the decision needs it; and the look with its answer."""
+        decision = decide(look)
+        if decision.act is Act.ASK_CAUSE:
+            assert decision.fault is not None
+            look = replace(look, cause=self._link.cause_of(decision.fault, look.now))
+            decision = decide(look)
+        return decision, look
+
+    def _act(self, decision: Decision, result: _Attempt) -> None:
+        """Say and journal what ``decision`` reports; take its fault, if it stops the attempt."""
+        for report in decision.reports:
+            if isinstance(report, Say):
+                self._say(report.line)
+                continue
+            verdict = report.verdict
+            self._journal.write("straggler", ranks=list(verdict.blamed), op=verdict.op,
+                                seq=verdict.seq, waited_s=verdict.waited_s,
+                                waiting=list(verdict.waiting), group=verdict.group)
+            self._say(f"rankguard: straggler: {verdict.describe()}; waiting up to "
+                      f"--straggler-timeout {self.config.straggler_timeout:g} s")
+        if decision.act is Act.STOP:
+            result.fault, result.hang = decision.fault, decision.hang
 
     def _show_status(self, ranks: RankProcesses, snaps: dict[int, _ledger.RankProgress],
                      now: float) -> None:
@@ -408,56 +437,6 @@ class Launcher:
         snaps = {member.rank: readers[member.rank].read() for member in ranks}
         self._link.observed(snaps)
         return snaps
-
-    def _check_raised(self, ranks: RankProcesses, snaps: dict[int, _ledger.RankProgress],
-                      result: _Attempt, now: float) -> None:
-        """A live rank that raised ``CollectiveError`` naming ranks that never arrived reports
-        a hang (once the cascade window has passed: a peer's death may explain it)."""
-        for member in ranks.live():
-            progress = snaps[member.rank]
-            if progress.fault != _ledger.FAULT_RAISED or result.fault is not None:
-                continue
-            if now - progress.t_fault < margins.CASCADE_WINDOW_S:
-                continue
-            verdict = self._deadline_verdict(member.rank, progress, ranks)
-            if verdict is not None:
-                self._on_verdict(verdict, result, now)
-
-    def _decide(self, ranks: RankProcesses, snaps: dict[int, _ledger.RankProgress],
-                result: _Attempt, now: float) -> None:
-        """Take the root cause among the faults the ranks show at ``now`` in their ledgers
-        ``snaps``, if any (a rank's exception or exit is acted on before its slow exit)."""
-        states = [RankState.of(m, snaps[m.rank]) for m in ranks]
-        fault = first_fault(states, now, self._link.cascade_window, self.config.hang_timeout)
-        if fault is not None:
-            fault = self._link.cause_of(fault, now)
-        if fault is not None:
-            result.fault = fault
-            stopping = "; stopping the other ranks" if ranks.live() and self._in_place is None \
-                else ""
-            self._say(f"rankguard: {fault.describe()}{stopping}")
-
-    @staticmethod
-    def _deadline_verdict(rank: int, progress: _ledger.RankProgress,
-                          ranks: RankProcesses) -> Verdict | None:
-        return deadline_verdict(rank, progress, {m.rank for m in ranks.live()})
-
-    def _on_verdict(self, verdict: Verdict, result: _Attempt, now: float) -> None:
-        if self._link.leaves_to_others(verdict):
-            return
-        if not verdict.hung:
-            self._journal.write("straggler", ranks=list(verdict.blamed), op=verdict.op,
-                                seq=verdict.seq, waited_s=verdict.waited_s,
-                                waiting=list(verdict.waiting), group=verdict.group)
-            self._say(f"rankguard: straggler: {verdict.describe()}; waiting up to "
-                      f"--straggler-timeout {self.config.straggler_timeout:g} s")
-            return
-        if result.fault is None:
-            result.hang = verdict
-            # the fault began when the peers started waiting, not when we noticed
-            result.fault = Fault(FaultKind.HUNG, now - verdict.waited_s, None,
-                                 "hang: " + verdict.describe(), verdict=verdict)
-            self._say(f"rankguard: hang: {verdict.describe()}")
 
     @staticmethod
     def _all_stepped(snaps: dict[int, _ledger.RankProgress]) -> bool:

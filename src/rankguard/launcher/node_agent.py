@@ -25,7 +25,6 @@ loses the store while it still needs it.
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import sys
@@ -47,6 +46,7 @@ from . import node_takeover
 from .node_beats import NodeBeats, Silence
 from .node_link import LinkContext
 from .outcome import Fault, FaultKind, run_status
+from .watch_rules import LATER, Later
 from .ranks import Layout, recovery_path
 from .rendezvous import (JobStore, Rendezvous, RendezvousClosed, Round, agents_namespace,
                          connect, round_namespace, rounds_key)
@@ -469,24 +469,47 @@ class MultiNode:
                       for snap in snaps.values() for group in snap.groups)
         return self._remote.snapshots(cutoff, waiting)
 
-    def cause_of(self, fault: Fault, now: float) -> Fault | None:
+    def cause_of(self, fault: Fault, now: float) -> Fault | Later:
         """An error inside a collective while a node has gone quiet (its agent and ranks were
         killed: their connections broke at once) is that node's loss. Decided once every other
         node has beaten since (the error is this node's own), one of them has not beaten twice,
         or ``--hang-timeout`` has passed (a silent node is then named by ``_silent_fault``)."""
-        beats, channel = self._beats, self._channel
-        if not fault.cascade or beats is None or channel is None:
+        if not self._judges(fault):
             return fault
-        evidence = _CRASH_EVIDENCE_BEATS * self._beat_period
-        until = Deadline(fault.at + self._config.hang_timeout, self._config.hang_timeout)
-        while True:
-            quiet = beats.quiet_since(fault.at, evidence)
-            if (quiet is not None or beats.all_alive_after(fault.at) or channel.end is not None
-                    or until.passed() or self._signal_received() is not None):
-                break
-            if not math.isinf(now):
-                return None  # the ranks are still being watched: look again next tick
-            channel.wait(until.within(TICK_S))  # they have all exited: wait here
+        judged, quiet = self._cascade_judged(fault)
+        return self._named(fault, quiet) if judged else LATER
+
+    def cause_once_ended(self, fault: Fault) -> Fault:
+        if not self._judges(fault):
+            return fault
+        assert self._channel is not None
+        until = self._cascade_until(fault)
+        judged, quiet = self._cascade_judged(fault)
+        while not judged:
+            self._channel.wait(until.within(TICK_S))
+            judged, quiet = self._cascade_judged(fault)
+        return self._named(fault, quiet)
+
+    def _judges(self, fault: Fault) -> bool:
+        """Whether ``fault`` may be another node's effect: an error inside a collective, in a
+        round this node is in."""
+        return fault.cascade and self._beats is not None and self._channel is not None
+
+    def _cascade_until(self, fault: Fault) -> Deadline:
+        return Deadline(fault.at + self._config.hang_timeout, self._config.hang_timeout)
+
+    def _cascade_judged(self, fault: Fault) -> tuple[bool, Silence | None]:
+        """Whether the beats tell now where ``fault`` came from, and the node quiet since."""
+        beats, channel = self._beats, self._channel
+        assert beats is not None and channel is not None
+        quiet = beats.quiet_since(fault.at, _CRASH_EVIDENCE_BEATS * self._beat_period)
+        judged = (quiet is not None or beats.all_alive_after(fault.at) or channel.end is not None
+                  or self._cascade_until(fault).passed()
+                  or self._signal_received() is not None)
+        return judged, quiet
+
+    def _named(self, fault: Fault, quiet: Silence | None) -> Fault:
+        """``fault``, or the loss of the node found quiet since."""
         if quiet is None or quiet.node is None:
             return fault
         return self._lost(quiet, time.monotonic())

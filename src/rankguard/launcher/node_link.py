@@ -27,6 +27,7 @@ from .monitor import Verdict
 from .outcome import Fault, run_status
 from .ranks import Layout
 from .spares import Spares
+from .watch_rules import Later
 
 
 @dataclass(frozen=True)
@@ -84,9 +85,15 @@ class NodeLink(Protocol):
         judged beside its own (``snaps``, read at ``now``)."""
         ...
 
-    def cause_of(self, fault: Fault, now: float) -> Fault | None:
-        """The root cause to act on when the ranks show ``fault`` at ``now`` (``inf``: they have
-        all exited, decide now), or None to decide on a later tick."""
+    def cause_of(self, fault: Fault, now: float) -> Fault | Later:
+        """The root cause to act on when the ranks, still watched, show ``fault`` at ``now``
+        (it, or what it is an effect of elsewhere), or ``LATER`` to decide on a later look."""
+        ...
+
+    def cause_once_ended(self, fault: Fault) -> Fault:
+        """:meth:`cause_of` once every rank of this node has exited (nothing more will show
+        here): waits for the evidence from the other nodes, within ``--hang-timeout`` of the
+        fault."""
         ...
 
     def leaves_to_others(self, verdict: Verdict) -> bool:
@@ -152,7 +159,10 @@ class OneNode:
                      now: float) -> dict[int, RankProgress]:
         return {}
 
-    def cause_of(self, fault: Fault, now: float) -> Fault | None:
+    def cause_of(self, fault: Fault, now: float) -> Fault | Later:
+        return fault
+
+    def cause_once_ended(self, fault: Fault) -> Fault:
         return fault
 
     def leaves_to_others(self, verdict: Verdict) -> bool:
