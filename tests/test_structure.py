@@ -1,9 +1,11 @@
 """Structure checks that grep can make (issue 30): a fault's kind is a ``FaultKind``, never a
 string literal written out in the launcher's code; the job store's keys are spelled in one
-module (``launcher/store_keys.py``)."""
+module (``launcher/store_keys.py``); the launcher is composed (it holds a node link), never
+extended by a subclass; its signal handlers raise nothing."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -17,10 +19,12 @@ LITERAL = re.compile(rf'(Fault\(\s*"({KINDS})"|RoundEnd\([^)]*"({KINDS})"'
                      rf'|\.kind\s*(==|!=|not in|in)\s*\(?"({KINDS})")')
 
 
-def _lines_matching(pattern: re.Pattern[str], except_in: str) -> list[str]:
-    """Every source line that ``pattern`` finds, outside the module named ``except_in``."""
+def _lines_matching(pattern: re.Pattern[str], except_in: str = "", under: Path = SRC
+                    ) -> list[str]:
+    """Every source line below ``under`` that ``pattern`` finds, outside the module named
+    ``except_in``."""
     return [f"{path.relative_to(SRC)}:{number}: {line.strip()}"
-            for path in sorted(SRC.rglob("*.py")) if path.name != except_in
+            for path in sorted(under.rglob("*.py")) if path.name != except_in
             for number, line in enumerate(path.read_text().splitlines(), 1)
             if pattern.search(line)]
 
@@ -43,4 +47,52 @@ STORE_KEY = re.compile(r'f?"/rankguard/')
 
 def test_the_job_stores_keys_are_spelled_only_in_store_keys():
     found = _lines_matching(STORE_KEY, "store_keys.py")
+    assert not found, "\n".join(found)
+
+
+# class X(Launcher):, class X(agent.Launcher, Other):
+SUBCLASS = re.compile(r"^\s*class\s+\w+\s*\([^)]*\bLauncher\b")
+
+
+def test_no_class_derives_from_the_launcher():
+    """What several nodes add goes through the launcher's node link (``node_link``)."""
+    found = _lines_matching(SUBCLASS)
+    assert not found, "\n".join(found)
+
+
+def test_no_signal_handler_of_the_launcher_raises():
+    """A signal handler sets a flag and wakes waits; the loops act (a raise from a handler
+    lands wherever the main thread happens to be)."""
+    launcher = SRC / "launcher"
+    handlers = [(path, node) for path in sorted(launcher.glob("*.py"))
+                for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.FunctionDef)
+                and node.name in ("_on_signal", "on_signal", "interrupt")]
+    assert handlers, "the launcher's signal handlers were not found"
+    found = [f"{path.relative_to(SRC)}:{node.lineno}: {node.name}" for path, node in handlers
+             if any(isinstance(inner, ast.Raise) for inner in ast.walk(node))]
+    assert not found, "\n".join(found)
+
+
+def test_the_subclass_check_finds_what_it_looks_for():
+    assert SUBCLASS.search("class NodeAgent(Launcher):")
+    assert SUBCLASS.search("class NodeAgent(agent.Launcher):")
+    assert not SUBCLASS.search("class MultiNode:")
+    assert not SUBCLASS.search("class LauncherError(Exception):")
+
+
+def test_the_attempt_loops_decision_reads_no_clock_and_does_no_io():
+    """``watch_rules`` decides from what the loop observed (its time included); the loop acts."""
+    tree = ast.parse((SRC / "launcher" / "watch_rules.py").read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
+    assert not imported & {"time", "os", "socket", "subprocess", "threading", "selectors"}
+
+
+def test_no_infinite_time_stands_for_a_decision():
+    """'Decide now, they have all exited' is a method of its own (``cause_once_ended``), not a
+    time of ``math.inf`` that a callee tests for."""
+    found = _lines_matching(re.compile(r"isinf\("), under=SRC / "launcher")
     assert not found, "\n".join(found)

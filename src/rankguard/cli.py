@@ -89,8 +89,10 @@ def _run(argv: list[str]) -> int:
         print(f"rankguard run: error: {exc}", file=sys.stderr)
         return 2
     from .launcher.agent import Launcher
+    from .launcher.node_link import OneNode
 
-    return Launcher(config, sock).run()
+    one_node = OneNode(config, sock)
+    return Launcher(config, one_node.port, lambda _: one_node).run()
 
 
 if __name__ == "__main__":

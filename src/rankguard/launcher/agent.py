@@ -18,14 +18,13 @@ from __future__ import annotations
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import traceback
 import uuid
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
 
 from .. import ledger as _ledger
 from .. import ledger_ring, margins, proctree, recent_file
@@ -33,16 +32,17 @@ from ..deadline import Deadline
 from ..journal import Journal
 from ..proctree import MARKER
 from ..supervisor import RankProcesses
-from . import store as _store
 from . import guardian, teardown
 from .config import RunConfig
-from .ranks import Layout, start_attempt
+from .ranks import start_attempt
 from .monitor import HangMonitor, Verdict, op_label
 from .in_place import InPlace
 from .spares import Spares
+from .node_link import LinkContext, NodeLink
 from .outcome import (EXIT_INTERNAL, FINAL_KINDS, Fault, FaultKind, RankOutcome, RankSnapshot,
-                      classify, deadline_verdict, first_fault, lingering, notice_kind,
-                      run_status)
+                      classify, lingering, notice_kind)
+from . import watch_rules
+from .watch_rules import Act, Decision, Look, Say, Tick
 from .summary import AttemptReport, render
 from .terminal import Terminal
 
@@ -64,20 +64,16 @@ class _Attempt:
 class Launcher:
     """Runs ``config`` to the end; ``run()`` returns the process exit code."""
 
-    def __init__(self, config: RunConfig, listen_socket: socket.socket | None) -> None:
-        """``listen_socket``: the job's store port, bound (``store.reserve_port``); None when
-        the store is another's (several nodes: ``node_agent``)."""
+    def __init__(self, config: RunConfig, port: int,
+                 link: Callable[[LinkContext], NodeLink]) -> None:
+        """``port``: the job's store port; ``link``: makes this node's link to the others
+        (``node_link.OneNode`` on one node, ``node_agent.MultiNode`` with several)."""
         self.config = config
-        self._socket = listen_socket
-        self._port = listen_socket.getsockname()[1] if listen_socket is not None else \
-            config.rendezvous.port if config.rendezvous is not None else 0
-        # how long a rank's error inside a collective waits for the fault that caused it
-        self._cascade_window = margins.CASCADE_WINDOW_S
+        self._port = port
         self._token = uuid.uuid4().hex
         self._journal = Journal(config.journal_path, config.run_id)
         self._terminal = Terminal(status=config.streams.any_shown(config.nproc))
         self._status_at = -math.inf  # when the status line was last drawn (monotonic)
-        self._store: Any = None
         self._signal: int | None = None
         self._wakeup_r, self._wakeup_w = os.pipe()
         self._guardian: subprocess.Popen[bytes] | None = None
@@ -88,6 +84,9 @@ class Launcher:
         self._in_place = InPlace(config, self._token, self._journal, self._say,
                                  self._spares.take if self._spares is not None
                                  else lambda: None) if config.in_place else None
+        self._link = link(LinkContext(config, self._journal, self._say,
+                                      lambda: self._signal, self._wake,
+                                      self._spares, self._in_place))
 
     def run(self) -> int:
         """Run every attempt; returns the exit code. An error of rankguard's own (not of a
@@ -121,7 +120,7 @@ class Launcher:
                             max_restarts=cfg.max_restarts, hang_timeout=cfg.hang_timeout,
                             straggler_timeout=cfg.straggler_timeout, grace=cfg.grace,
                             master_port=self._port, log_dir=cfg.log_dir, pid=os.getpid(),
-                            injections=[s.text for s in cfg.injections], **self._run_fields())
+                            injections=[s.text for s in cfg.injections], **self._link.run_fields())
         reports: list[AttemptReport] = []
         restart_s: list[float] = []
         last_fault: Fault | None = None
@@ -146,8 +145,8 @@ class Launcher:
                 self._spares.close()
             tracking.close(kill=True)
             self._stop_guardian()
-            self._leave(attempt_result.fault)
-        status, code = self._run_status(attempt_result.fault)
+            self._link.leave(attempt_result.fault)
+        status, code = self._link.run_status(attempt_result.fault, self._signal)
         root = next((r.root_cause for r in reports if r.root_cause), None)
         # rank output first, then count what was lost
         self._terminal.end_status()
@@ -166,18 +165,23 @@ class Launcher:
         cfg = self.config
         result = _Attempt()
         spares = self._spares
-        layout = self._layout = self._join(attempt)
+        layout = self._link.join(attempt)
+        if isinstance(layout, Fault):
+            self._say(f"rankguard: {layout.describe()}")
+            result.fault = layout
+            if layout.kind != FaultKind.STANDBY_END:  # a standby ran no attempt: it reports none
+                result.report = AttemptReport(attempt, [], layout.describe())
+            return result
+        self._layout = layout
         ranks = start_attempt(cfg, attempt, self._token, layout, self._ledger_dir,
                               spares.take if spares is not None else lambda: None,
-                              self._terminal, replacing=self._replacing_a_node())
+                              self._terminal, replacing=self._link.replacing_a_node())
         started = time.monotonic()
         self._journal.write("attempt_start", attempt=attempt)
         for member in ranks:
             self._journal.write("rank_start", attempt=attempt, rank=member.rank, pid=member.pid,
                                 warm=member.warm)
-        self._started(ranks)
-        if self._store is None:
-            self._store = _store.host(self._socket, cfg.master_addr)
+        self._link.started(ranks)
         ranks.add_reader(self._wakeup_r, self._drain_wakeup)
         monitor = HangMonitor(layout.world, cfg.hang_timeout, cfg.straggler_timeout)
         readers = {m.rank: _ledger.LedgerReader(m.ledger_path) for m in ranks}
@@ -185,7 +189,7 @@ class Launcher:
             monitor.watch(member.rank, member.pid, readers[member.rank], member.started_at)
         try:
             self._watch(ranks, monitor, readers, result, started)
-            self._settle(result)
+            result.fault, result.hang = self._link.settle(result.fault, result.hang)
             report = AttemptReport(attempt, [], None)
             teardown_at = None
             if result.fault is not None:
@@ -283,73 +287,93 @@ class Launcher:
         result.fault = result.hang = None
         return True
 
-    def _replacing_a_node(self) -> bool:
-        """Whether this attempt's ranks replace those of a lost node (several nodes only)."""
-        return False
-
-    def _started(self, ranks: RankProcesses) -> None:
-        """The attempt's ranks have started (several nodes keep them for later notices)."""
-
     def _replacements(self) -> int:
         return self._in_place.used if self._in_place is not None else 0
 
     def _watch_until_fault(self, ranks: RankProcesses, monitor: HangMonitor,
                            readers: dict[int, _ledger.LedgerReader], result: _Attempt,
                            started: float) -> None:
-        """Handle events until every rank exited cleanly or the first fault. The ledgers are
-        read once per tick and once when ranks exit; every check of that moment shares it."""
+        """Handle events until every rank exited cleanly or the first fault. Each look gathers
+        what it needs (exits, the node link's news, the ledgers once per tick and when ranks
+        exit: every check of that moment shares them), ``watch_rules`` decides, this acts."""
         tick = Deadline.after(TICK_S)
         while ranks.live() and result.fault is None:
             exited = ranks.pump(tick)
             now = time.monotonic()
-            outside = self._outside_fault(now)
-            if outside is not None:
-                result.fault, result.hang = outside, outside.verdict
-                self._say(f"rankguard: {outside.describe()}; stopping this node's ranks")
-                break
+            outside = self._link.outside_fault(now)
             ticked = tick.passed()
             if ticked:
                 tick = Deadline.after(TICK_S)
-            snaps = self._read_all(ranks, readers) if exited or ticked else {}
+            snaps = self._read_all(ranks, readers) if (exited or ticked) and outside is None \
+                else {}
             if snaps and result.first_step_at is None and self._all_stepped(snaps):
                 result.first_step_at = now
                 self._journal.write("first_step", attempt=ranks.number,
                                     since_start_s=round(now - started, 3))
                 self._prepare_spares(ranks.number)
-            for member in exited:
+            for member in exited if outside is None else []:
                 monitor.unwatch(member.rank)
-                verdict = self._deadline_verdict(member.rank, snaps[member.rank], ranks)
-                if verdict is not None:
-                    self._on_verdict(verdict, result, now)
-            if exited and result.fault is None:
-                self._decide(ranks, snaps, result, now)
-            if self._signal is not None and result.fault is None:
-                name = proctree.signal_name(self._signal)
-                self._say(f"rankguard: received {name}; stopping all ranks")
-                result.fault = Fault(FaultKind.LAUNCHER_SIGNAL, now, None,
-                                     f"the launcher received {name}")
-            if result.fault is not None or not ticked:
+            look = self._look(ranks, snaps, now, tuple(m.rank for m in exited), outside)
+            decision, look = self._decided(watch_rules.on_events, look)
+            self._act(decision, result)
+            if decision.act is Act.STOP or not ticked:
                 continue
             self._show_status(ranks, snaps, now)
             self._end_lingering(ranks, monitor, snaps, now)
+            overdue = None
             if self._in_place is not None and self._in_place.pending:
-                result.fault = self._in_place.check(now)
-                if result.fault is not None:
-                    self._say(f"rankguard: {result.fault.describe()}; stopping the other ranks")
-                    continue
-                if not self._in_place.pending:
+                overdue = self._in_place.check(now)
+                if overdue is None and not self._in_place.pending:
                     self._prepare_spares(ranks.number)
-            self._check_raised(ranks, snaps, result, now)
-            if result.fault is None:
-                self._decide(ranks, snaps, result, now)
-            live = {m.rank: snaps[m.rank] for m in ranks.live()}
-            verdicts = monitor.check(now, live, self._remote_ranks(live, now))
-            if self._in_place is not None and self._in_place.pending:
-                continue  # the survivors wait for the replacement: its own deadline bounds it
-            for verdict in verdicts:
-                self._on_verdict(verdict, result, now)
+            verdicts: tuple[Verdict, ...] = ()
+            if overdue is None:
+                live = {m.rank: snaps[m.rank] for m in ranks.live()}
+                verdicts = tuple(monitor.check(now, live, self._link.remote_ranks(live, now)))
+            tick_look = Tick(overdue, verdicts)
+            look = replace(look, replacing=self._in_place is not None and self._in_place.pending)
+            decision, _ = self._decided(lambda seen: watch_rules.on_tick(seen, tick_look), look)
+            self._act(decision, result)
         if result.fault is None:  # every rank has exited: nothing more will show
-            self._decide(ranks, self._read_all(ranks, readers), result, math.inf)
+            snaps = self._read_all(ranks, readers)
+            fault = watch_rules.all_exited(tuple(RankSnapshot.of(m, snaps[m.rank]) for m in ranks),
+                                           self._link.cascade_window, self.config.hang_timeout)
+            if fault is not None:
+                result.fault = self._link.cause_once_ended(fault)
+                self._say(f"rankguard: {result.fault.describe()}")
+
+    def _look(self, ranks: RankProcesses, snaps: dict[int, _ledger.RankProgress], now: float,
+              exited: tuple[int, ...], outside: Fault | None) -> Look:
+        """What the loop observed at ``now``: ``snaps``, the ledgers read then (if read)."""
+        return Look(now, tuple(RankSnapshot.of(m, snaps.get(m.rank)) for m in ranks),
+                    frozenset(m.rank for m in ranks.live()), exited=exited, outside=outside,
+                    signal=self._signal, theirs=self._link.leaves_to_others,
+                    cascade_window=self._link.cascade_window,
+                    hang_timeout=self.config.hang_timeout, in_place=self._in_place is not None)
+
+    def _decided(self, decide: Callable[[Look], Decision], look: Look) -> tuple[Decision, Look]:
+        """``decide(look)``, after asking the node link for the cause of the fault the ranks
+        show when the decision needs it; and the look with its answer."""
+        decision = decide(look)
+        if decision.act is Act.ASK_CAUSE:
+            assert decision.fault is not None
+            look = replace(look, cause=self._link.cause_of(decision.fault, look.now))
+            decision = decide(look)
+        return decision, look
+
+    def _act(self, decision: Decision, result: _Attempt) -> None:
+        """Say and journal what ``decision`` reports; take its fault, if it stops the attempt."""
+        for report in decision.reports:
+            if isinstance(report, Say):
+                self._say(report.line)
+                continue
+            verdict = report.verdict
+            self._journal.write("straggler", ranks=list(verdict.blamed), op=verdict.op,
+                                seq=verdict.seq, waited_s=verdict.waited_s,
+                                waiting=list(verdict.waiting), group=verdict.group)
+            self._say(f"rankguard: straggler: {verdict.describe()}; waiting up to "
+                      f"--straggler-timeout {self.config.straggler_timeout:g} s")
+        if decision.act is Act.STOP:
+            result.fault, result.hang = decision.fault, decision.hang
 
     def _end_lingering(self, ranks: RankProcesses, monitor: HangMonitor,
                        snaps: dict[int, _ledger.RankProgress], now: float) -> None:
@@ -424,8 +448,9 @@ class Launcher:
                                 member.rank if member.rank in culprits else first)
 
     def _final(self, fault: Fault) -> bool:
-        """Whether no restart is tried after ``fault`` (see ``outcome.FINAL_KINDS``)."""
-        return fault.kind in FINAL_KINDS
+        """Whether no restart is tried after ``fault`` (see ``outcome.FINAL_KINDS``; with
+        several nodes, also how they meet)."""
+        return self._link.final(fault) or fault.kind in FINAL_KINDS
 
     def _prepare_spares(self, attempt: int) -> None:
         """Once an attempt has started well, get spares ready for its restart, if any remains."""
@@ -436,96 +461,11 @@ class Launcher:
             self._journal.write("spares", attempt=attempt, started=started,
                                 pids=self._spares.pids())
 
-    def _remote_ranks(self, snaps: dict[int, _ledger.RankProgress],
-                      now: float) -> dict[int, _ledger.RankProgress]:
-        """The job's ranks that are not this launcher's (another node's), as far as it knows
-        their progress, to be judged beside its own (``snaps``, read at ``now``). None on one
-        node."""
-        return {}
-
-    @staticmethod
-    def _read_all(ranks: RankProcesses,
+    def _read_all(self, ranks: RankProcesses,
                   readers: dict[int, _ledger.LedgerReader]) -> dict[int, _ledger.RankProgress]:
-        return {member.rank: readers[member.rank].read() for member in ranks}
-
-    def _check_raised(self, ranks: RankProcesses, snaps: dict[int, _ledger.RankProgress],
-                      result: _Attempt, now: float) -> None:
-        """A live rank that raised ``CollectiveError`` naming ranks that never arrived reports
-        a hang (once the cascade window has passed: a peer's death may explain it)."""
-        for member in ranks.live():
-            progress = snaps[member.rank]
-            if progress.fault != _ledger.FAULT_RAISED or result.fault is not None:
-                continue
-            if now - progress.t_fault < margins.CASCADE_WINDOW_S:
-                continue
-            verdict = self._deadline_verdict(member.rank, progress, ranks)
-            if verdict is not None:
-                self._on_verdict(verdict, result, now)
-
-    def _decide(self, ranks: RankProcesses, snaps: dict[int, _ledger.RankProgress],
-                result: _Attempt, now: float) -> None:
-        """Take the root cause among the faults the ranks show at ``now`` in their ledgers
-        ``snaps``, if any (a rank's exception or exit is acted on before its slow exit)."""
-        states = [RankSnapshot.of(m, snaps[m.rank]) for m in ranks]
-        fault = first_fault(states, now, self._cascade_window, self.config.hang_timeout)
-        if fault is not None:
-            fault = self._cause_of(fault, now)
-        if fault is not None:
-            result.fault = fault
-            stopping = "; stopping the other ranks" if ranks.live() and self._in_place is None \
-                else ""
-            self._say(f"rankguard: {fault.describe()}{stopping}")
-
-    def _cause_of(self, fault: Fault, now: float) -> Fault | None:
-        """The root cause to act on when the ranks show ``fault`` at ``now`` (``inf``: they have
-        all exited, decide now), or None to decide on a later tick. On one node, ``fault``."""
-        return fault
-
-    @staticmethod
-    def _deadline_verdict(rank: int, progress: _ledger.RankProgress,
-                          ranks: RankProcesses) -> Verdict | None:
-        return deadline_verdict(rank, progress, {m.rank for m in ranks.live()})
-
-    def _on_verdict(self, verdict: Verdict, result: _Attempt, now: float) -> None:
-        if not verdict.hung:
-            self._journal.write("straggler", ranks=list(verdict.blamed), op=verdict.op,
-                                seq=verdict.seq, waited_s=verdict.waited_s,
-                                waiting=list(verdict.waiting), group=verdict.group)
-            self._say(f"rankguard: straggler: {verdict.describe()}; waiting up to "
-                      f"--straggler-timeout {self.config.straggler_timeout:g} s")
-            return
-        if result.fault is None:
-            result.hang = verdict
-            # the fault began when the peers started waiting, not when we noticed
-            result.fault = Fault(FaultKind.HUNG, now - verdict.waited_s, None,
-                                 "hang: " + verdict.describe(), verdict=verdict)
-            self._say(f"rankguard: hang: {verdict.describe()}")
-
-    # -- what a run of several nodes adds (node_agent); here, on one node, nothing ------------
-
-    def _run_fields(self) -> dict[str, Any]:
-        """Fields of the ``run_start`` event beyond one node's."""
-        return {}
-
-    def _join(self, attempt: int) -> Layout:
-        """Where this attempt's ranks sit in the job: on one node, all of it."""
-        return Layout.one_node(self.config, attempt, self._port)
-
-    def _outside_fault(self, now: float) -> Fault | None:
-        """A fault that ended the attempt elsewhere (another node), seen at ``now``."""
-        return None
-
-    def _settle(self, result: _Attempt) -> None:
-        """Once this node's ranks have all ended or one faulted: tell the other nodes, and
-        learn how the attempt ended for the job."""
-
-    def _leave(self, fault: Fault | None) -> None:
-        """After the last attempt, which ended with ``fault``: leave the job (bounded, never
-        raises)."""
-
-    def _run_status(self, fault: Fault | None) -> tuple[str, int]:
-        """How the run ended, from its last attempt's ``fault`` (see ``run_status``)."""
-        return run_status(fault, self._signal)
+        snaps = {member.rank: readers[member.rank].read() for member in ranks}
+        self._link.observed(snaps)
+        return snaps
 
     @staticmethod
     def _all_stepped(snaps: dict[int, _ledger.RankProgress]) -> bool:
@@ -544,8 +484,17 @@ class Launcher:
             signal.signal(sig, on_signal)
 
     def _on_signal(self, signum: int) -> None:
+        """A signal handler: sets the flag the loops read and wakes the link's waits."""
         if self._signal is None:
             self._signal = signum  # the attempt's loop says so and acts
+        self._link.interrupt()
+
+    def _wake(self) -> None:
+        """Wake the attempt's event loop (from another thread)."""
+        try:
+            os.write(self._wakeup_w, b"\0")
+        except (BlockingIOError, OSError):
+            pass  # full: it is awake already
 
     def _drain_wakeup(self) -> None:
         try:

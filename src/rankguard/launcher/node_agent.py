@@ -1,7 +1,8 @@
 """The agent of one node in a run of several nodes (``rankguard run --nnodes N ...``).
 
-It is the one-node launcher (``agent.Launcher``: ranks, ledgers, hang rules, teardown, spares,
-journal) with three things added per attempt:
+``MultiNode`` is the node link (``node_link.NodeLink``) the launcher (``agent.Launcher``:
+ranks, ledgers, hang rules, teardown, spares, journal) holds on several nodes. It adds, per
+attempt:
 
 1. **join** a round of torch's rendezvous (``rendezvous``): this node's rank among the nodes,
    its ranks' global numbers, the round's number. The ranks get torchrun's multi-node
@@ -24,10 +25,10 @@ loses the store while it still needs it.
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import sys
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -38,18 +39,19 @@ from .. import ledger as _ledger
 from ..ledger import RankProgress
 from ..supervisor import RankProcesses
 from ..store_calls import StoreStalled, within
-from .agent import TICK_S, Launcher, _Attempt
+from .agent import TICK_S, Launcher
 from .config import RendezvousConfig, RunConfig, endpoint
 from .monitor import Verdict
 from . import node_takeover
 from .node_beats import NodeBeats, Silence
-from .outcome import Fault, FaultKind
+from .node_link import LinkContext
+from .outcome import Fault, FaultKind, run_status
+from .watch_rules import LATER, Later
 from .ranks import Layout, recovery_path
 from .rendezvous import JobStore, Rendezvous, RendezvousClosed, Round, connect
 from .store_keys import agents_key, agents_namespace, left_key, round_namespace, rounds_key
 from .remote_progress import RemoteProgress
 from .round_end import RoundChannel, RoundEnd, end_key
-from .summary import AttemptReport
 from .. import margins
 from ..beats import beat_async, beat_entry
 
@@ -101,13 +103,22 @@ class _Interrupted(Exception):
     """The agent received SIGINT or SIGTERM while it waited in the rendezvous."""
 
 
-class NodeAgent(Launcher):
-    """One node's agent; ``run()`` returns its exit code (the same on every node for the
-    job's outcome)."""
+class MultiNode:
+    """One node's link to the others of its job (``node_link.NodeLink``): the launcher that
+    holds it ends with the same exit code on every node for the job's outcome."""
 
-    def __init__(self, config: RunConfig, job: JobStore) -> None:
-        super().__init__(config, None)
+    cascade_window = margins.NODE_CASCADE_WINDOW_S
+
+    def __init__(self, context: LinkContext, job: JobStore) -> None:
+        config = context.config
         assert config.rendezvous is not None
+        self._config = config
+        self._journal = context.journal
+        self._say = context.say
+        self._signal_received = context.signal_received
+        self._spares = context.spares
+        self._in_place = context.in_place
+        self._wake = context.wake
         self._rdzv_cfg = config.rendezvous
         self._job = job
         self._store = job.store  # the job's store: the launcher hosts no other
@@ -128,38 +139,33 @@ class NodeAgent(Launcher):
         self._group_rank = -1
         self._group_world = 0
         self._local_ranks: set[int] = set()
-        self._in_rendezvous = False
+        self._joined = threading.Event()  # torch's rendezvous returned, or a signal came
+        self._layout: Layout | None = None  # this attempt's
         self._outside: Fault | None = None  # the fault another node ended this round with
         self._beat_period = beat_period(config.hang_timeout)
         self._last_look: float | None = None  # when _silent_fault last looked (monotonic)
-        self._cascade_window = margins.NODE_CASCADE_WINDOW_S
         self._takeover: node_takeover.Takeover | None = None  # the lost node this one replaces
         self._awaited: dict[int, tuple[Deadline, float]] = {}  # lost nodes being taken over
         self._ranks: RankProcesses | None = None  # this attempt's, for notices
 
-    def _run_fields(self) -> dict[str, Any]:
+    def run_fields(self) -> dict[str, Any]:
         cfg = self._rdzv_cfg
         return {"nnodes": f"{cfg.min_nodes}:{cfg.max_nodes}", "rdzv_backend": cfg.backend,
                 "rdzv_endpoint": cfg.endpoint, "store_host": self._hosting}
 
     # -- each attempt ----------------------------------------------------------------------------
 
-    def _run_attempt(self, attempt: int) -> _Attempt:
+    def join(self, attempt: int) -> Layout | Fault:
         try:
-            return super()._run_attempt(attempt)
+            self._layout = self._join(attempt)
+            return self._layout
         except (RendezvousError, _Interrupted) as exc:
             now = time.monotonic()
             if isinstance(exc, RendezvousClosed) and not self._group_world:
-                fault = self._stood_by(now)
-            elif isinstance(exc, _Interrupted):
-                fault = Fault(FaultKind.LAUNCHER_SIGNAL, now, None, str(exc))
-            else:
-                fault = Fault(FaultKind.RENDEZVOUS, now, None, str(exc))
-            self._say(f"rankguard: {fault.describe()}")
-            result = _Attempt(fault=fault)
-            if fault.kind != FaultKind.STANDBY_END:  # a standby ran no attempt: it reports none
-                result.report = AttemptReport(attempt, [], fault.describe())
-            return result
+                return self._stood_by(now)
+            if isinstance(exc, _Interrupted):
+                return Fault(FaultKind.LAUNCHER_SIGNAL, now, None, str(exc))
+            return Fault(FaultKind.RENDEZVOUS, now, None, str(exc))
 
     def _warm_up(self) -> None:
         """Start the warm spares before the first round (when restarts are allowed): a standby
@@ -169,12 +175,11 @@ class NodeAgent(Launcher):
             started = self._spares.fill()
             self._journal.write("spares", attempt=0, started=started, pids=self._spares.pids())
 
-    def _final(self, fault: Fault) -> bool:
+    def final(self, fault: Fault) -> bool:
         """With a static rendezvous every node must be in every round: a node lost or gone
         ends the job (its next round could never fill)."""
-        if self._rdzv_cfg.backend == "static" and fault.kind in (FaultKind.NODE_LOST, FaultKind.NODE_LEFT):
-            return True
-        return super()._final(fault)
+        return self._rdzv_cfg.backend == "static" and fault.kind in (FaultKind.NODE_LOST,
+                                                                     FaultKind.NODE_LEFT)
 
     def _count_in(self) -> None:
         """Count this agent into the job, unless the job has ended already.
@@ -186,7 +191,7 @@ class NodeAgent(Launcher):
         cfg = self._rdzv_cfg
         ended = self._rdzv.recorded_end()
         if ended is not None:
-            raise RendezvousError(cfg.endpoint, f"a job with --rdzv-id {self.config.run_id} "
+            raise RendezvousError(cfg.endpoint, f"a job with --rdzv-id {self._config.run_id} "
                                   f"has ended already in the store at {cfg.endpoint} "
                                   f"({ended[0]}, exit code {ended[1]}): give each job a new "
                                   "--rdzv-id")
@@ -210,10 +215,10 @@ class NodeAgent(Launcher):
         wait silently otherwise)."""
         self._say(f"rankguard: {cfg.next_round_wait}")
 
-    def _run_status(self, fault: Fault | None) -> tuple[str, int]:
+    def run_status(self, fault: Fault | None, signum: int | None) -> tuple[str, int]:
         if fault is not None and fault.kind == FaultKind.STANDBY_END:
             return ("was a standby", self._job_end[1] if self._job_end is not None else 0)
-        return super()._run_status(fault)
+        return run_status(fault, signum)
 
     def _join(self, attempt: int) -> Layout:
         cfg = self._rdzv_cfg
@@ -221,49 +226,74 @@ class NodeAgent(Launcher):
         self._outside = None
         self._takeover = None
         self._awaited.clear()
-        self._in_rendezvous = True
-        try:
-            if self._signal is not None:
-                raise _Interrupted("the agent was stopped before the round formed")
-            if not self._counted:
-                self._count_in()
-                self._warm_up()
-                self._takeover = self._stand_by_in_place()
-            if self._takeover is None and attempt > 0:
-                self._say_waiting_for_nodes(cfg)
-            joined = self._took_over(self._takeover) if self._takeover is not None else \
-                self._rdzv.next_round(self.config.nproc)
-        finally:
-            self._in_rendezvous = False
+        if self._signal_received() is not None:
+            raise _Interrupted("the agent was stopped before the round formed")
+        if not self._counted:
+            self._count_in()
+            self._warm_up()
+            self._takeover = self._stand_by_in_place()
+        if self._takeover is None and attempt > 0:
+            self._say_waiting_for_nodes(cfg)
+        joined = self._took_over(self._takeover) if self._takeover is not None else \
+            self._next_round()
         self._group_rank, self._group_world = joined.group_rank, joined.group_world
         self._use_round_store(joined)
-        self._local_ranks = set(range(joined.base, joined.base + self.config.nproc))
+        self._local_ranks = set(range(joined.base, joined.base + self._config.nproc))
         self._journal.context(round=joined.number)
         self._journal.write("rendezvous", attempt=attempt, group_rank=joined.group_rank,
                             group_world_size=joined.group_world, base_rank=joined.base,
                             world_size=joined.world, endpoint=cfg.endpoint,
                             beats={"store": endpoint(*self._round_addr),
-                                   "prefix": agents_namespace(self.config.run_id, joined.number),
+                                   "prefix": agents_namespace(self._config.run_id, joined.number),
                                    "nodes": joined.group_world})
-        last = joined.base + self.config.nproc - 1
+        last = joined.base + self._config.nproc - 1
         self._say(f"rankguard: round {joined.number}: node {joined.group_rank} of "
                   f"{joined.group_world}, ranks {joined.base} to {last} of {joined.world}")
         self._last_look = None  # a new round: the wait in the rendezvous is no gap
         self._channel = RoundChannel(
-            self._round_store, self._connect, agents_namespace(self.config.run_id, joined.number),
-            joined.group_world, self._store_name, self._poke, cfg.read_timeout)
+            self._round_store, self._connect, agents_namespace(self._config.run_id, joined.number),
+            joined.group_world, self._store_name, self._wake, cfg.read_timeout)
         self._remote = RemoteProgress(joined.world, self._local_ranks)
-        self._beats = NodeBeats(self._connect, agents_namespace(self.config.run_id, joined.number),
+        self._beats = NodeBeats(self._connect, agents_namespace(self._config.run_id, joined.number),
                                 joined.group_rank, joined.group_world,
                                 self._beat_period,
                                 cfg.local_addr or socket.gethostname(),
                                 lambda: self._progress, lambda: self._asynchronous)
         return Layout(joined.store_host, joined.store_port,
-                      round_namespace(self.config.run_id, joined.number),
+                      round_namespace(self._config.run_id, joined.number),
                       joined.world, joined.base, joined.group_rank, joined.group_world,
                       joined.number)
 
-    def _outside_fault(self, now: float) -> Fault | None:
+    def _next_round(self) -> Round:
+        """torch's rendezvous (``Rendezvous.next_round``, bounded by ``join_timeout``), on a
+        helper thread, so that a signal ends the wait at once: the handler only sets the
+        event waited on here. The thread is then left to end on its own (the agent leaves).
+
+        Raises:
+            _Interrupted: a signal came first.
+            RendezvousError: as ``next_round`` does.
+        """
+        answer: list[Round | BaseException] = []
+
+        def join() -> None:
+            try:
+                answer.append(self._rdzv.next_round(self._config.nproc))
+            except BaseException as exc:  # noqa: BLE001 (raised again in the agent's thread)
+                answer.append(exc)
+            finally:
+                self._joined.set()
+
+        self._joined.clear()
+        threading.Thread(target=join, name="rankguard-rendezvous", daemon=True).start()
+        if self._signal_received() is None:
+            self._joined.wait()  # the thread's call is bounded (join_timeout)
+        if self._signal_received() is not None:
+            raise _Interrupted("the agent received a signal while it waited for the round")
+        if isinstance(answer[0], BaseException):
+            raise answer[0]
+        return answer[0]
+
+    def outside_fault(self, now: float) -> Fault | None:
         end = self._channel.end if self._channel is not None else None
         if end is None:
             return self._silent_fault(now)
@@ -285,13 +315,13 @@ class NodeAgent(Launcher):
             return None
         last, self._last_look = self._last_look, now
         stopped_s = now - last if last is not None else 0.0
-        if stopped_s > max(self.config.hang_timeout, _OWN_STOP_FLOOR_S):
+        if stopped_s > max(self._config.hang_timeout, _OWN_STOP_FLOOR_S):
             self._outside = Fault(FaultKind.NODE_STOPPED, now, None, f"this node's agent was stopped "
                                   f"for {stopped_s:.1f} s, longer than --hang-timeout "
-                                  f"{self.config.hang_timeout:g} s: the other nodes have "
+                                  f"{self._config.hang_timeout:g} s: the other nodes have "
                                   "counted this node lost, and gone on without it or ended")
             return self._outside
-        quiet = self._beats.silence(now, self.config.hang_timeout, frozenset(self._awaited))
+        quiet = self._beats.silence(now, self._config.hang_timeout, frozenset(self._awaited))
         overdue = self._takeovers_done(now)
         if overdue is not None:
             return overdue
@@ -307,7 +337,7 @@ class NodeAgent(Launcher):
         """In-place recovery, a secret the nodes share, and the job's store for the rounds'
         traffic (with etcd-v2 a round's store is its node 0's: a standby could not reach it
         before it has joined)."""
-        return self.config.in_place and node_takeover.possible() and not self._job.round_stores
+        return self._config.in_place and node_takeover.possible() and not self._job.round_stores
 
     def _stand_by_in_place(self) -> node_takeover.Takeover | None:
         """A node that comes while a round runs waits to take the place of one of its nodes
@@ -315,7 +345,7 @@ class NodeAgent(Launcher):
         runs, or once the round or the job ended (then it joins the next round as usual)."""
         if not self._takeover_allowed():
             return None
-        store, run_id = self._store, self.config.run_id
+        store, run_id = self._store, self._config.run_id
         rounds = store.add(rounds_key(run_id), 0)
         prefix = agents_namespace(run_id, rounds - 1)
         if rounds == 0 or store.check([end_key(prefix)]):
@@ -326,11 +356,11 @@ class NodeAgent(Launcher):
                   "place of a node that is lost")
         seen = 0
         while True:
-            if self._signal is not None:
+            if self._signal_received() is not None:
                 raise _Interrupted("the agent was stopped while it stood by")
             if store.check([end_key(prefix)]) or self._rdzv.recorded_end() is not None:
                 return None
-            request, seen = node_takeover.take(store, prefix, seen, self.config.nproc)
+            request, seen = node_takeover.take(store, prefix, seen, self._config.nproc)
             if request is not None:
                 self._say(f"rankguard: taking the place of node {request.node} of round "
                           f"{request.number}: {request.cause}")
@@ -342,10 +372,10 @@ class NodeAgent(Launcher):
         return Round(request.number, request.node, request.nodes, request.base, request.world,
                      request.store_host, request.store_port)
 
-    def _replacing_a_node(self) -> bool:
+    def replacing_a_node(self) -> bool:
         return self._takeover is not None
 
-    def _started(self, ranks: RankProcesses) -> None:
+    def started(self, ranks: RankProcesses) -> None:
         self._ranks = ranks
         request = self._takeover
         if request is None or self._in_place is None:
@@ -363,9 +393,9 @@ class NodeAgent(Launcher):
         assert node is not None and self._layout is not None
         if not self._takeover_allowed() or self._in_place is None:
             return False
-        prefix = agents_namespace(self.config.run_id, self._layout.round or 0)
+        prefix = agents_namespace(self._config.run_id, self._layout.round or 0)
         request = node_takeover.Takeover(
-            self._layout.round or 0, node, self._group_world, node * self.config.nproc,
+            self._layout.round or 0, node, self._group_world, node * self._config.nproc,
             self._layout.world, self._round_addr[0], self._round_addr[1],
             quiet.describe(self._store_name),
             time.time() - quiet.silent_s)
@@ -375,7 +405,7 @@ class NodeAgent(Launcher):
             asked = node_takeover.ask(self._round_store, prefix, request)
         except RuntimeError:
             return False  # the store failed: the round ends (_lost says so)
-        limit = margins.replacement_limit(self.config.hang_timeout)
+        limit = margins.replacement_limit(self._config.hang_timeout)
         self._awaited[node] = (Deadline.after(limit), now)
         self._lost_nodes += 1  # its agent will never leave the job
         for member in self._ranks.live() if self._ranks is not None else []:
@@ -422,93 +452,115 @@ class NodeAgent(Launcher):
                          if standing is ours else standing.fault(now))
         return self._outside
 
-    def _read_all(self, ranks: Any, readers: Any) -> Any:
-        snaps = super()._read_all(ranks, readers)
+    def observed(self, snaps: dict[int, RankProgress]) -> None:
         # a new list each time: the beats' thread reads whichever it finds, never a half one
         self._progress = [beat_entry(rank, snap) for rank, snap in sorted(snaps.items())
                           if snap.groups]
         self._asynchronous = [group for rank, snap in sorted(snaps.items())
                               for group in beat_async(rank, snap)]
-        return snaps
 
-    def _remote_ranks(self, snaps: dict[int, RankProgress],
+    def remote_ranks(self, snaps: dict[int, RankProgress],
                       now: float) -> dict[int, RankProgress]:
         if self._beats is None or self._remote is None:
             return {}
         self._remote.update(self._beats.heard())
-        cutoff = now - self.config.hang_timeout
+        cutoff = now - self._config.hang_timeout
         waiting = any(group.waiting and group.last_event <= cutoff
                       for snap in snaps.values() for group in snap.groups)
         return self._remote.snapshots(cutoff, waiting)
 
-    def _cause_of(self, fault: Fault, now: float) -> Fault | None:
+    def cause_of(self, fault: Fault, now: float) -> Fault | Later:
         """An error inside a collective while a node has gone quiet (its agent and ranks were
         killed: their connections broke at once) is that node's loss. Decided once every other
         node has beaten since (the error is this node's own), one of them has not beaten twice,
         or ``--hang-timeout`` has passed (a silent node is then named by ``_silent_fault``)."""
-        beats, channel = self._beats, self._channel
-        if not fault.cascade or beats is None or channel is None:
+        if not self._judges(fault):
             return fault
-        evidence = _CRASH_EVIDENCE_BEATS * self._beat_period
-        until = Deadline(fault.at + self.config.hang_timeout, self.config.hang_timeout)
-        while True:
-            quiet = beats.quiet_since(fault.at, evidence)
-            if (quiet is not None or beats.all_alive_after(fault.at) or channel.end is not None
-                    or until.passed() or self._signal is not None):
-                break
-            if not math.isinf(now):
-                return None  # the ranks are still being watched: look again next tick
-            channel.wait(until.within(TICK_S))  # they have all exited: wait here
+        judged, quiet = self._cascade_judged(fault)
+        return self._named(fault, quiet) if judged else LATER
+
+    def cause_once_ended(self, fault: Fault) -> Fault:
+        if not self._judges(fault):
+            return fault
+        assert self._channel is not None
+        until = self._cascade_until(fault)
+        judged, quiet = self._cascade_judged(fault)
+        while not judged:
+            self._channel.wait(until.within(TICK_S))
+            judged, quiet = self._cascade_judged(fault)
+        return self._named(fault, quiet)
+
+    def _judges(self, fault: Fault) -> bool:
+        """Whether ``fault`` may be another node's effect: an error inside a collective, in a
+        round this node is in."""
+        return fault.cascade and self._beats is not None and self._channel is not None
+
+    def _cascade_until(self, fault: Fault) -> Deadline:
+        return Deadline(fault.at + self._config.hang_timeout, self._config.hang_timeout)
+
+    def _cascade_judged(self, fault: Fault) -> tuple[bool, Silence | None]:
+        """Whether the beats tell now where ``fault`` came from, and the node quiet since."""
+        beats, channel = self._beats, self._channel
+        assert beats is not None and channel is not None
+        quiet = beats.quiet_since(fault.at, _CRASH_EVIDENCE_BEATS * self._beat_period)
+        judged = (quiet is not None or beats.all_alive_after(fault.at) or channel.end is not None
+                  or self._cascade_until(fault).passed()
+                  or self._signal_received() is not None)
+        return judged, quiet
+
+    def _named(self, fault: Fault, quiet: Silence | None) -> Fault:
+        """``fault``, or the loss of the node found quiet since."""
         if quiet is None or quiet.node is None:
             return fault
         return self._lost(quiet, time.monotonic())
 
-    def _on_verdict(self, verdict: Verdict, result: _Attempt, now: float) -> None:
-        if not left_to_another_node(verdict, self._local_ranks, self._group_world,
-                                    self.config.hang_timeout):
-            super()._on_verdict(verdict, result, now)
+    def leaves_to_others(self, verdict: Verdict) -> bool:
+        return left_to_another_node(verdict, self._local_ranks, self._group_world,
+                                    self._config.hang_timeout)
 
-    def _settle(self, result: _Attempt) -> None:
+    def settle(self, fault: Fault | None,
+               hang: Verdict | None) -> tuple[Fault | None, Verdict | None]:
         channel = self._channel
         assert channel is not None
         try:
-            self._settle_with(channel, result)
+            fault, hang = self._settle_with(channel, fault, hang)
         except RuntimeError as exc:  # the store failed under a request of ours
-            result.fault = self._store_fault(time.monotonic(), self._store_failure(exc))
-            self._say(f"rankguard: {result.fault.describe()}")
-        if result.fault is not None and result.fault.kind == FaultKind.STORE_LOST:
+            fault = self._store_fault(time.monotonic(), self._store_failure(exc))
+            self._say(f"rankguard: {fault.describe()}")
+        if fault is not None and fault.kind == FaultKind.STORE_LOST:
             self._store_lost = True
         end = channel.end
-        self._journal.write("round_end", ok=result.fault is None,
+        self._journal.write("round_end", ok=fault is None,
                             node=end.node if end is not None else None,
                             rank=end.rank if end is not None else None,
                             root_cause=end.describe() if end is not None and not end.ok else None)
+        return fault, hang
 
-    def _settle_with(self, channel: RoundChannel, result: _Attempt) -> None:
+    def _settle_with(self, channel: RoundChannel, fault: Fault | None,
+                     hang: Verdict | None) -> tuple[Fault | None, Verdict | None]:
         node = self._group_rank
-        fault = result.fault
         if fault is not None:
             if fault is not self._outside:  # this node's own: end the round with it
                 self._end_round(channel.publish(RoundEnd.of(fault, node)))
-            return
+            return fault, hang
         channel.done()
         self._last_look = None  # the attempt's teardown is no gap of this agent's
-        while channel.end is None and self._signal is None:
+        while channel.end is None and self._signal_received() is None:
             channel.wait(Deadline.after(TICK_S))
             silent = self._silent_fault(time.monotonic())
             if silent is not None:
-                result.fault = silent
                 self._say(f"rankguard: {silent.describe()}")
-                return
+                return silent, hang
         end = channel.end
         now = time.monotonic()
-        if self._signal is not None:
-            result.fault = Fault(FaultKind.LAUNCHER_SIGNAL, now, None, "the agent received a signal")
-            channel.publish(RoundEnd.of(result.fault, node))
+        if self._signal_received() is not None:
+            fault = Fault(FaultKind.LAUNCHER_SIGNAL, now, None, "the agent received a signal")
+            channel.publish(RoundEnd.of(fault, node))
         elif end is not None and not end.ok:
-            result.fault = end.fault(now)
-            result.hang = result.fault.verdict
-            self._say(f"rankguard: {result.fault.describe()}")
+            fault = end.fault(now)
+            hang = fault.verdict
+            self._say(f"rankguard: {fault.describe()}")
+        return fault, hang
 
     def _end_round(self, standing: RoundEnd) -> None:
         """Our fault was published; if another node's stood first (the two met), the job's
@@ -531,7 +583,7 @@ class NodeAgent(Launcher):
             self._beats.close()
             self._beats = None
 
-    def _leave(self, fault: Fault | None) -> None:
+    def leave(self, fault: Fault | None) -> None:
         """Close the rendezvous when the job ends here (not when only this node leaves: it was
         stopped, or stood by); count this agent out. The store's host then waits, up to
         ``close_timeout``, until every agent that came (standbys too) has left, but for the
@@ -553,13 +605,13 @@ class NodeAgent(Launcher):
                       "node left the job (its host is frozen?); leaving anyway")
 
     def _count_out(self, fault: Fault | None, ending: bool) -> None:
-        """``_leave``'s store requests: the job's end (when ``ending`` here, with ``fault``),
+        """``leave``'s store requests: the job's end (when ``ending`` here, with ``fault``),
         then this agent's count."""
         cfg = self._rdzv_cfg
         if ending:
-            self._rdzv.record_end(*self._run_status(fault))
+            self._rdzv.record_end(*self.run_status(fault, self._signal_received()))
             self._rdzv.shutdown()
-        key = left_key(self.config.run_id)
+        key = left_key(self._config.run_id)
         try:
             self._store.set(f"{key}.{self._store.add(key, 1)}", "1")
             if self._hosting:
@@ -613,7 +665,7 @@ class NodeAgent(Launcher):
     @property
     def _agents_key(self) -> str:
         """How many agents came to the job (counted once each, as they first join)."""
-        return agents_key(self.config.run_id)
+        return agents_key(self._config.run_id)
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -625,20 +677,10 @@ class NodeAgent(Launcher):
         return TCPStore(host, port, is_master=False,
                         timeout=timedelta(seconds=self._rdzv_cfg.read_timeout))
 
-    def _poke(self) -> None:
-        """Wake the attempt's event loop (from the watcher's thread)."""
-        try:
-            os.write(self._wakeup_w, b"\0")
-        except (BlockingIOError, OSError):
-            pass  # full: it is awake already
-
-    def _on_signal(self, signum: int) -> None:
-        super()._on_signal(signum)
+    def interrupt(self) -> None:
         if self._channel is not None:
             self._channel.interrupt()
-        if self._in_rendezvous:
-            self._in_rendezvous = False
-            raise _Interrupted("the agent received a signal while it waited for the round")
+        self._joined.set()
 
 
 def main(config: RunConfig) -> int:
@@ -649,7 +691,8 @@ def main(config: RunConfig) -> int:
         UsageError: the job's store cannot be reached or hosted; nothing was started.
     """
     assert config.rendezvous is not None
-    code = NodeAgent(config, connect(config.rendezvous, config.run_id)).run()
+    job = connect(config.rendezvous, config.run_id)
+    code = Launcher(config, config.rendezvous.port, lambda context: MultiNode(context, job)).run()
     # Everything of the job is written and closed by now; the interpreter's own exit could
     # still abort the process ("terminate called without an active exception", exit -6):
     # - a store this process hosts is still open to clients that may never close their
