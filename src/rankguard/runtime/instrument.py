@@ -84,33 +84,19 @@ def _make_op(name: str, backend_method: str, op_name: str) -> Callable[..., Any]
     state = current()
     record_of_id = state.groups.of_id
     tracker = state.completions  # never replaced: bootstrap only sets its lag
-    pending = tracker.pending
+    issue = tracker.issue
 
     def op(self: Any, *args: Any, **kwargs: Any) -> Any:
         group = record_of_id(id(self))
         if not state.record_only:
             return full_path(group, args, kwargs)
-        # The path of a job with no deadline, bound or injected fault. It runs with cold caches
-        # right after the previous operation's wait, where each call frame costs microseconds:
-        # the tracker's enter() and add() are inlined (see CompletionTracker's hot path).
+        # The path of a job with no deadline, bound or injected fault: the record, then gloo.
         if group.retired is not None:
             raise GroupRetired(group.name, group.retired)
         slot = group.slot
         if slot is None:
             return getattr(group.backend, backend_method)(*args, **kwargs)
-        if len(pending) < tracker.reap_at:
-            slot.step(code, 0)
-        else:
-            tracker.enter(slot, code)
-        try:
-            work = getattr(group.backend, backend_method)(*args, **kwargs)
-        except BaseException:
-            slot.done()  # refused at once (bad arguments): it is not in progress
-            raise
-        pending.append((slot, work))
-        if tracker.asleep:
-            tracker.wake()
-        return work
+        return issue(slot, code, getattr(group.backend, backend_method), args, kwargs)
 
     def full_path(group: GroupRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if state.bounded:
@@ -121,20 +107,15 @@ def _make_op(name: str, backend_method: str, op_name: str) -> Callable[..., Any]
         limit = _deadline.current()
         if limit is not None:
             _bounded.limit_options(args, limit)
-        entry = 0
-        if slot is not None:
+        start = getattr(group.backend, backend_method)
+        if slot is None:
+            entry, work = 0, start(*args, **kwargs)
+        else:
             if group.is_world and state.injector is not None:
                 # entered - 1 collectives so far, +1 for init
                 state.injector.before_op(slot.entered)
-            entry = tracker.enter(slot, code)
-        try:
-            work = getattr(group.backend, backend_method)(*args, **kwargs)
-        except BaseException:
-            if slot is not None:
-                slot.done()  # refused at once (bad arguments, or a connection gone)
-            raise
-        if slot is not None:
-            tracker.add(slot, work)
+            work = issue(slot, code, start, args, kwargs)
+            entry = slot.entered  # this one's number: this thread is the slot's one writer
         if not state.bounded and limit is None:
             return work
         return _bounded.work_class()(work, group, entry, op_name, limit)
