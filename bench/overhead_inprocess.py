@@ -121,9 +121,16 @@ def rank_main(rank: int, world: int, store_path: str, sizes: list[int], rounds: 
         slot = state.current().ledger.world()
         tracker = state.current().completions
 
+        def started() -> object:
+            return work
+
         def enter_and_track() -> None:  # the previous op's completion folded into the entry
-            tracker.enter(slot, 2)
-            tracker.add(slot, work)
+            tracker.issue(slot, 2, started, (), {})  # as the instrumented op calls it
+
+        if not hasattr(tracker, "issue"):  # rankguard before CompletionTracker.issue
+            def enter_and_track() -> None:  # noqa: F811
+                tracker.enter(slot, 2)
+                tracker.add(slot, work)
 
         tracker.add(slot, work)
         steps = {"ledger entry alone": lambda: slot.enter(2),

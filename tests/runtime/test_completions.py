@@ -221,3 +221,32 @@ def test_the_thread_sleeps_while_nothing_is_outstanding_and_wakes_for_new_works(
         assert tracker.sweeps == sweeps
     tracker.close()
     assert not tracker._thread.is_alive()
+
+
+def test_issue_enters_starts_and_watches_the_operation_in_one_call(world):
+    slot, gloo, reader = world
+    tracker = CompletionTracker(lag=3600.0)  # the thread would not sweep within the test
+    tensor = torch.ones(4)
+    work = tracker.issue(slot, ledger.OP_CODES["all_reduce"], gloo.allreduce, ([tensor],), {})
+    work.wait()
+    got = reader.read().groups[0]
+    assert (got.entered, got.done, got.waiting) == (1, 0, True)  # entered, not yet recorded
+    assert tracker.flush()
+    got = reader.read().groups[0]
+    assert (got.entered, got.done, got.waiting) == (1, 1, False)
+    assert not tracker._pending
+    tracker.close()
+
+
+def test_an_operation_its_backend_refuses_is_recorded_done_and_the_error_raised(world):
+    slot, gloo, reader = world
+    tracker = CompletionTracker(lag=3600.0)
+    options = dist.BroadcastOptions()
+    options.rootRank = 5  # a one-rank group: gloo refuses it at once
+    with pytest.raises(RuntimeError, match="invalid root rank"):
+        tracker.issue(slot, ledger.OP_CODES["broadcast"], gloo.broadcast,
+                      ([torch.ones(4)], options), {})
+    got = reader.read().groups[0]
+    assert (got.entered, got.done, got.waiting) == (1, 1, False)  # not in progress
+    assert not tracker._pending
+    tracker.close()

@@ -46,7 +46,7 @@ from ..errors import CollectiveError, UsageError, in_chain
 from ..inject import perform as _perform
 from ..inject import spec as _spec
 from . import deadline as _deadline
-from . import bounded, completions, eviction, init, instrument, stacks, store_reachable
+from . import completions, eviction, failures, init, instrument, stacks, store_reachable
 from .state import current
 
 
@@ -167,7 +167,7 @@ def _from_backend(error: BaseException) -> bool:
     backend_error = getattr(dist, "DistError", None) if dist is not None else None
     if backend_error is not None and isinstance(error, backend_error):
         return True
-    return bounded.gloo_failure(error)
+    return failures.is_gloo_failure(error)
 
 
 def _exit_code(code: object) -> int:

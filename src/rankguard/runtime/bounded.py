@@ -22,7 +22,8 @@ from typing import Any
 from .. import ledger as _ledger
 from ..deadline import Deadline
 from ..errors import CollectiveError, CollectiveTimeout, GroupRetired, PeerFailed
-from . import groups
+from . import failures, groups
+from .failures import Cause
 from .peer_wait import PEER_TO_PEER, PeerWait
 from .state import GroupRecord, current
 
@@ -36,12 +37,6 @@ def limit_options(args: tuple[Any, ...], limit: Deadline) -> None:
     options = args[-1] if args else None
     if options is not None and hasattr(options, "timeout"):
         options.timeout = timedelta(seconds=limit.left(at_least=_MIN_TIMEOUT_S))
-
-
-def gloo_failure(error: BaseException) -> bool:
-    """Whether ``error`` is gloo's report of a failed connection (a peer that died or closed
-    it), which a send raises at once, rather than a refusal of bad arguments."""
-    return isinstance(error, RuntimeError) and "third_party/gloo" in str(error)
 
 
 def retire_and_explain(record: GroupRecord, entry: int, op: str, started: float,
@@ -92,18 +87,20 @@ def explain(record: GroupRecord, entry: int, op: str, waited: float, limit: Dead
         elif answer.get("retired"):
             states[peer] = f"arrived, then gave up ({answer['retired']})"
     text = str(error or "")
-    timed_out = "timed out" in text.lower() or (limit is not None and limit.passed())
-    if reported is not None and reported.get("supervisor"):
+    why = failures.cause(text, limit is not None and limit.passed(), reported)
+    if why is Cause.SUPERVISOR_NOTICE:
+        assert reported is not None
         who = f"rank {reported['rank']}" if reported["rank"] >= 0 else "a rank"
         kind, cause = PeerFailed, (f"was abandoned: the supervisor reported that {who} "
                                    f"{reported['kind']}")
-    elif reported is not None:
+    elif why is Cause.PEER_NOTICE:
+        assert reported is not None
         kind, cause = PeerFailed, f"was abandoned: {groups.notice_text(reported)}"
-    elif timed_out:
+    elif why is Cause.DEADLINE:
         kind, cause = CollectiveTimeout, f"passed its deadline{_budget(limit, left_at_start)}"
     else:
-        first = text.splitlines()[0] if text else "the supervisor reported a failed peer"
-        kind, cause = PeerFailed, f"failed because a peer failed ({_short(first)})"
+        gloo_says = failures.summary(text) if text else "the supervisor reported a failed peer"
+        kind, cause = PeerFailed, f"failed because a peer failed ({gloo_says})"
     if unasked:
         cause += f" (the peers could not be asked where they were: {unasked})"
     return kind(cause, op=op, seq=seq, group=record.name, rank=record.rank,
@@ -133,147 +130,143 @@ def take_supervisor_notice(record: GroupRecord) -> None:
                       {"supervisor": True, "kind": kind, "rank": rank})
 
 
-def _short(gloo_text: str) -> str:
-    """gloo's message without its source path prefix."""
-    if gloo_text.startswith("[") and "] " in gloo_text:
-        gloo_text = gloo_text.split("] ", 1)[1]
-    return gloo_text if len(gloo_text) <= 160 else gloo_text[:157] + "..."
+class BoundedWork:
+    """A gloo work handle whose ``wait`` is bounded and explains its failure.
+
+    The behaviour of the handle an operation returns in bounded mode. That handle's class is
+    :func:`work_class`'s, which adds torch's ``Work`` as a base (C++ code, DDP's reducer, calls
+    these methods through it); it can be made only once torch is imported.
+    """
+
+    def __init__(self, inner: Any, group: GroupRecord, entry: int, op: str,
+                 limit: Deadline | None) -> None:
+        super().__init__()
+        self._inner = inner
+        self._group = group
+        self._entry = entry
+        self._op = op
+        self._limit = limit
+        self._started = time.monotonic()
+        self._handed: Any = None  # the future of ours handed to C++, if any
+        self._peer_wait: PeerWait | None = None  # a send's or recv's wait, once begun
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        inner = self._inner
+        own = None
+        if timeout is not None and timeout > timedelta(0):
+            own = Deadline.after(timeout.total_seconds())
+        if self._op in PEER_TO_PEER:
+            return self._wait_for_peer(own)
+        while True:
+            try:
+                return inner.wait(SLICE)
+            except RuntimeError:
+                if inner.is_completed():
+                    # it may have finished just after this slice timed out: its own
+                    # outcome decides, not the slice's timeout
+                    try:
+                        return inner.wait(SLICE)
+                    except RuntimeError as final:
+                        raise self._failure(final) from final
+                self._raise_if_retired()
+                if own is not None and own.passed():
+                    raise self._failure(None, own) from None
+
+    def _wait_for_peer(self, own: Deadline | None) -> bool:
+        """A send's or recv's wait: gloo's runs once, for the whole deadline, on a thread
+        of its own (see ``runtime.peer_wait``), and this one gives up at a notice."""
+        if self._peer_wait is None:
+            limit = own.sooner(self._limit) if own is not None else self._limit
+            self._peer_wait = PeerWait(
+                self._inner, None if limit is None else limit.left(_MIN_TIMEOUT_S))
+        waiting = self._peer_wait
+        while not waiting.over(SLICE.total_seconds()):
+            self._raise_if_retired()
+        if waiting.error is not None:
+            raise self._failure(waiting.error) from waiting.error
+        return waiting.result
+
+    def _raise_if_retired(self) -> None:
+        group = self._group
+        take_supervisor_notice(group)
+        if group.retired is not None:
+            if group.notice is not None:
+                raise retire_and_explain(group, self._entry, self._op, self._started,
+                                         self._limit, None, group.notice) from None
+            raise GroupRetired(group.name, group.retired) from None
+
+    def _failure(self, error: BaseException | None,
+                 limit: Deadline | None = None) -> CollectiveError:
+        if error is None and limit is not None:
+            error = TimeoutError("timed out")
+        return retire_and_explain(self._group, self._entry, self._op, self._started,
+                                  limit or self._limit, error)
+
+    def is_completed(self) -> bool:
+        return self._inner.is_completed()
+
+    def result(self) -> Any:
+        return self._inner.result()
+
+    def synchronize(self) -> None:
+        self._inner.synchronize()
+
+    def get_future(self) -> Any:
+        patch_autograd_backward()
+        current().handed_out.append(self)
+        return self._inner.get_future()
+
+    def releasable_future(self, value: Any = None) -> Any:
+        """A future of ours (a Python one: for a DDP communication hook, not for C++
+        code) that completes as the work does, with ``value`` (None: the work's own
+        result), or fails as soon as the group retires (a peer's or the supervisor's
+        notice), releasing DDP's backward waiting on it."""
+        patch_autograd_backward()
+        state = current()
+        state.handed_out.append(self)
+        self._handed = _relayed(self._inner.get_future(), value)
+        if state.completions.on_sweep is None:  # the supervisor's notice: polled
+            state.completions.on_sweep = _release_handed_out
+            groups.on_notice_taken.append(_release_handed_out)  # a peer's: at once
+        return self._handed
+
+    def release_if_retired(self) -> None:
+        """Fail the future handed to C++ if the group has retired meanwhile (a peer's or
+        the supervisor's notice): C++ code waiting on it raises then."""
+        handed = self._handed
+        if handed is None or handed.done():
+            return
+        take_supervisor_notice(self._group)
+        if self._group.retired is not None:
+            _settle(handed, error=RuntimeError(f"rankguard: {self._group.retired}"))
+
+    def explain_if_failed(self) -> CollectiveError | None:
+        # the future, not the work: gloo fails the future first, and the C++ waiter can
+        # raise before the work itself is marked completed
+        future = self._inner.get_future()
+        if not future.done():
+            group = self._group
+            if self._handed is not None and self._handed.done() and group.retired:
+                if group.notice is not None:  # released by release_if_retired
+                    return retire_and_explain(group, self._entry, self._op, self._started,
+                                              self._limit, None, group.notice)
+                return self._failure(None, Deadline.after(0.0))
+            return None
+        try:
+            future.wait()  # done: returns at once, or raises gloo's error
+        except RuntimeError as error:
+            return self._failure(error)
+        return None
 
 
 @functools.cache
-def work_class() -> type:
-    """Build the Work subclass (torch must be imported first)."""
+def work_class() -> type[BoundedWork]:
+    """The class of a bounded work handle: :class:`BoundedWork` on torch's ``Work`` (torch
+    must be imported first). Made once per process."""
     import torch.distributed as dist
 
-    class BoundedWork(dist.Work):
-        """A gloo work handle whose ``wait`` is bounded and explains its failure."""
-
-        def __init__(self, inner: Any, group: GroupRecord, entry: int, op: str,
-                     limit: Deadline | None) -> None:
-            super().__init__()
-            self._inner = inner
-            self._group = group
-            self._entry = entry
-            self._op = op
-            self._limit = limit
-            self._started = time.monotonic()
-            self._handed: Any = None  # the future of ours handed to C++, if any
-            self._peer_wait: PeerWait | None = None  # a send's or recv's wait, once begun
-
-        def wait(self, timeout: timedelta | None = None) -> bool:
-            inner = self._inner
-            own = None
-            if timeout is not None and timeout > timedelta(0):
-                own = Deadline.after(timeout.total_seconds())
-            if self._op in PEER_TO_PEER:
-                return self._wait_for_peer(own)
-            while True:
-                try:
-                    return inner.wait(SLICE)
-                except RuntimeError:
-                    if inner.is_completed():
-                        # it may have finished just after this slice timed out: its own
-                        # outcome decides, not the slice's timeout
-                        try:
-                            return inner.wait(SLICE)
-                        except RuntimeError as final:
-                            raise self._failure(final) from final
-                    self._raise_if_retired()
-                    if own is not None and own.passed():
-                        raise self._failure(None, own) from None
-
-        def _wait_for_peer(self, own: Deadline | None) -> bool:
-            """A send's or recv's wait: gloo's runs once, for the whole deadline, on a thread
-            of its own (see ``runtime.peer_wait``), and this one gives up at a notice."""
-            if self._peer_wait is None:
-                limit = own.sooner(self._limit) if own is not None else self._limit
-                self._peer_wait = PeerWait(
-                    self._inner, None if limit is None else limit.left(_MIN_TIMEOUT_S))
-            waiting = self._peer_wait
-            while not waiting.over(SLICE.total_seconds()):
-                self._raise_if_retired()
-            if waiting.error is not None:
-                raise self._failure(waiting.error) from waiting.error
-            return waiting.result
-
-        def _raise_if_retired(self) -> None:
-            group = self._group
-            take_supervisor_notice(group)
-            if group.retired is not None:
-                if group.notice is not None:
-                    raise retire_and_explain(group, self._entry, self._op, self._started,
-                                             self._limit, None, group.notice) from None
-                raise GroupRetired(group.name, group.retired) from None
-
-        def _failure(self, error: BaseException | None,
-                     limit: Deadline | None = None) -> CollectiveError:
-            if error is None and limit is not None:
-                error = TimeoutError("timed out")
-            return retire_and_explain(self._group, self._entry, self._op, self._started,
-                                      limit or self._limit, error)
-
-        def is_completed(self) -> bool:
-            return self._inner.is_completed()
-
-        def result(self) -> Any:
-            return self._inner.result()
-
-        def synchronize(self) -> None:
-            self._inner.synchronize()
-
-        def get_future(self) -> Any:
-            if not _backward_explained:
-                _explain_backward_failures()
-            current().handed_out.append(self)
-            return self._inner.get_future()
-
-        def releasable_future(self, value: Any = None) -> Any:
-            """A future of ours (a Python one: for a DDP communication hook, not for C++
-            code) that completes as the work does, with ``value`` (None: the work's own
-            result), or fails as soon as the group retires (a peer's or the supervisor's
-            notice), releasing DDP's backward waiting on it."""
-            if not _backward_explained:
-                _explain_backward_failures()
-            state = current()
-            state.handed_out.append(self)
-            self._handed = _relayed(self._inner.get_future(), value)
-            if state.completions.on_sweep is None:  # the supervisor's notice: polled
-                state.completions.on_sweep = _release_handed_out
-                groups.on_notice_taken.append(_release_handed_out)  # a peer's: at once
-            return self._handed
-
-        def release_if_retired(self) -> None:
-            """Fail the future handed to C++ if the group has retired meanwhile (a peer's or
-            the supervisor's notice): C++ code waiting on it raises then."""
-            handed = self._handed
-            if handed is None or handed.done():
-                return
-            take_supervisor_notice(self._group)
-            if self._group.retired is not None:
-                _settle(handed, error=RuntimeError(f"rankguard: {self._group.retired}"))
-
-        def explain_if_failed(self) -> CollectiveError | None:
-            # the future, not the work: gloo fails the future first, and the C++ waiter can
-            # raise before the work itself is marked completed
-            future = self._inner.get_future()
-            if not future.done():
-                group = self._group
-                if self._handed is not None and self._handed.done() and group.retired:
-                    if group.notice is not None:  # released by release_if_retired
-                        return retire_and_explain(group, self._entry, self._op, self._started,
-                                                  self._limit, None, group.notice)
-                    return self._failure(None, Deadline.after(0.0))
-                return None
-            try:
-                future.wait()  # done: returns at once, or raises gloo's error
-            except RuntimeError as error:
-                return self._failure(error)
-            return None
-
-    return BoundedWork
-
-
-_backward_explained = False
+    return type("BoundedWork", (BoundedWork, dist.Work),
+                {"__module__": __name__, "__doc__": BoundedWork.__doc__})
 
 
 def _relayed(inner: Any, value: Any = None) -> Any:
@@ -313,14 +306,29 @@ def _release_handed_out() -> None:
         work.release_if_retired()
 
 
-def _explain_backward_failures() -> None:
+_backward_patched = False  # patch_autograd_backward() ran in this process
+
+
+def patch_autograd_backward() -> None:
     """Make ``backward()`` raise the rankguard error of a collective that C++ code (DDP's
-    reducer) issued and that failed, chained to the RuntimeError that C++ raised. Installed the
-    first time a work's future goes to C++, when torch is fully imported."""
-    global _backward_explained
+    reducer) issued and that failed, chained to the RuntimeError that C++ raised.
+
+    What it changes: it replaces ``torch.autograd.backward`` (which ``Tensor.backward`` calls),
+    for the whole process and for the rest of its life, with a wrapper. The wrapper calls
+    torch's; when that raises a RuntimeError while works of ours were handed to C++
+    (``RankState.handed_out``), it raises the failure behind them (:func:`failure_behind`)
+    instead, chained to torch's error; otherwise torch's error passes unchanged.
+
+    When: the first time a bounded work's future is handed out (``get_future``,
+    ``releasable_future``), torch being imported by then; later calls do nothing. A process
+    that never hands a future to C++ keeps torch's function.
+    """
+    global _backward_patched
+    if _backward_patched:
+        return
     import torch.autograd
 
-    _backward_explained = True
+    _backward_patched = True
     original = torch.autograd.backward
 
     @functools.wraps(original)

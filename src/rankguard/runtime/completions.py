@@ -36,6 +36,11 @@ waiting after it completed, for ``MIN_LAG_S``. Where nobody judges ``done`` agai
 
 At interpreter exit the thread is stopped and the works it holds are released before modules
 are torn down (left to finalization, gloo could abort the process).
+
+The issuing thread's entry points are :meth:`CompletionTracker.issue` (enter, start, watch: the
+whole operation in one call, for the path with nothing else to do between those steps) and
+:meth:`CompletionTracker.enter` then :meth:`CompletionTracker.add` (for a caller that needs the
+entry number, or acts between them). Any thread may :meth:`CompletionTracker.flush`.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from __future__ import annotations
 import atexit
 import collections
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, TypeVar
 
 MIN_LAG_S = 0.02
 EXACT_OPS = 16  # a process's first operations: each marks the previous done as it enters
@@ -52,6 +57,27 @@ MAX_LAG_S = 1.0
 # Of the supervisor's hang timeout, the share a completion may reach the ledger late: a rank is
 # judged only after a whole hang timeout without an event, so 7/8 of it is left as margin.
 LAG_SHARE = 0.125
+
+
+class Slot(Protocol):
+    """A group's slot in the progress ledger, as the tracker writes it (``ledger``'s)."""
+
+    def step(self, kind: int, finished: int) -> int:
+        """Record ``finished`` completions and the entry of an operation of ``kind``; returns
+        its entry number."""
+
+    def done(self, wait: bool = True) -> bool:
+        """Record one completion (``wait=False``: only if no other thread is writing it)."""
+
+
+class Work(Protocol):
+    """An issued operation's handle (gloo's work)."""
+
+    def is_completed(self) -> bool:
+        """Whether the operation is over (done or failed)."""
+
+
+W = TypeVar("W", bound=Work)
 
 
 def lag_for(hang_timeout: float | None) -> float:
@@ -69,12 +95,9 @@ class CompletionTracker:
 
     def __init__(self, lag: float = MAX_LAG_S) -> None:
         self.lag = lag
-        self._pending: collections.deque[tuple[Any, Any]] = collections.deque()
-        # The issuing thread's hot path (the instrumented group) uses these three directly,
-        # as :meth:`enter` and :meth:`add` would: a call frame costs microseconds when cold.
-        self.pending = self._pending  # append ``(slot, work)``, then wake() if asleep
-        self.reap_at = 1  # below this many works held, an entry is just ``slot.step(kind, 0)``
-        self.asleep = True  # the thread waits for works (or is not started): wake() it
+        self._pending: collections.deque[tuple[Slot, Work]] = collections.deque()
+        self._reap_at = 1  # below this many works held, an entry is just ``slot.step(kind, 0)``
+        self._asleep = True  # the thread waits for works (or is not started): wake() it
         self._wake = threading.Event()
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
@@ -84,7 +107,39 @@ class CompletionTracker:
         self.sweeps = 0  # how many times the thread has swept, for tests and benchmarks
         self.on_sweep: Callable[[], None] | None = None  # called on the thread after a sweep
 
-    def enter(self, slot: Any, kind: int) -> int:
+    @property
+    def asleep(self) -> bool:
+        """Whether the thread waits for works to be added (or is not started yet)."""
+        return self._asleep
+
+    def issue(self, slot: Slot, kind: int, start: Callable[..., W], args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> W:
+        """Enter an operation of ``kind`` in ``slot`` (as :meth:`enter`), start it with
+        ``start(*args, **kwargs)`` and watch the work that returns (as :meth:`add`); returns
+        that work. Only the thread that issues ``slot``'s operations may call it.
+
+        One call frame for the whole step: this runs on every operation, right after the
+        previous one's wait, with cold caches, where each frame costs microseconds.
+
+        Raises: whatever ``start`` raises (bad arguments, a connection gone), after recording
+        the operation done: refused at once, it is not in progress.
+        """
+        pending = self._pending
+        if len(pending) < self._reap_at:
+            slot.step(kind, 0)
+        else:
+            self.enter(slot, kind)
+        try:
+            work = start(*args, **kwargs)
+        except BaseException:
+            slot.done()
+            raise
+        pending.append((slot, work))
+        if self._asleep:
+            self.wake()
+        return work
+
+    def enter(self, slot: Slot, kind: int) -> int:
         """Record in ``slot`` that the calling thread enters an operation of ``kind``; returns
         its entry number. Only the thread that issues ``slot``'s operations may call it.
 
@@ -97,13 +152,13 @@ class CompletionTracker:
         sweeper marks what it finds completed).
         """
         pending = self._pending
-        if len(pending) < self.reap_at:
+        if len(pending) < self._reap_at:
             return slot.step(kind, 0)
         finished = 0
         if self._exact_left:
             self._exact_left -= 1
             if not self._exact_left:
-                self.reap_at = REAP_AT
+                self._reap_at = REAP_AT
         if self._lock.acquire(blocking=False):
             try:
                 while pending and pending[0][1].is_completed():
@@ -116,11 +171,11 @@ class CompletionTracker:
                 self._lock.release()
         return slot.step(kind, finished)
 
-    def add(self, slot: Any, work: Any) -> None:
+    def add(self, slot: Slot, work: Work) -> None:
         """Watch ``work``, the operation just entered with :meth:`enter`; call ``slot.done()``
         when it completes."""
         self._pending.append((slot, work))
-        if self.asleep:
+        if self._asleep:
             self.wake()
 
     def wake(self) -> None:
@@ -167,7 +222,7 @@ class CompletionTracker:
             self._lock.release()
         return True
 
-    def _oldest(self) -> tuple[Any, Any] | None:
+    def _oldest(self) -> tuple[Slot, Work] | None:
         try:
             return self._pending[0]
         except IndexError:
@@ -180,10 +235,10 @@ class CompletionTracker:
         while True:
             self._wake.clear()
             if not pending:
-                self.asleep = True
+                self._asleep = True
                 if not pending:  # re-check: add() may have appended before it saw asleep
                     self._wake.wait()
-            self.asleep = False
+            self._asleep = False
             if self._closing.wait(period):
                 return
             self.flush()

@@ -25,10 +25,13 @@ With ``RANKGUARD_GLOO=recorder`` gloo groups are left as they are too and watche
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import os
+import threading
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .. import ledger as _ledger
 from .. import options, sealed
@@ -76,6 +79,49 @@ _OPS = {
 
 
 _installed = False  # install() ran in this process
+
+
+@dataclass
+class DefaultGroupForming:
+    """``init_process_group`` is forming the default group on the thread that registered this.
+
+    Attributes:
+        entered: the ledger recorded init's entry (then init records it done when it ends).
+    """
+
+    entered: bool = False
+
+
+class _Forming:
+    """What ``init_process_group`` tells the group creator that torch calls inside it.
+
+    torch calls a registered backend's creator (:func:`_create_group`) from inside its own
+    ``init_process_group`` and ``new_group``, with torch's arguments only (the store, the
+    ranks, the options): nothing of ours can ride down that call stack. So our
+    ``init_process_group`` registers here, before it calls torch's, the default group it is
+    forming, and the creator looks it up. Keyed by thread: a ``new_group`` that another thread
+    calls meanwhile forms a sub-group, not the default one.
+    """
+
+    def __init__(self) -> None:
+        self._by_thread: dict[int, DefaultGroupForming] = {}
+
+    @contextlib.contextmanager
+    def default_group(self) -> Iterator[DefaultGroupForming]:
+        """Within the block, the calling thread forms the default group."""
+        thread, forming = threading.get_ident(), DefaultGroupForming()
+        self._by_thread[thread] = forming
+        try:
+            yield forming
+        finally:
+            del self._by_thread[thread]
+
+    def on_this_thread(self) -> DefaultGroupForming | None:
+        """The default group the calling thread is forming, or None (a sub-group)."""
+        return self._by_thread.get(threading.get_ident())
+
+
+_forming = _Forming()
 _MIN_AGREEMENT_S = 0.001  # gloo's least timeout, for a secret's broadcast past its deadline
 
 
@@ -84,33 +130,19 @@ def _make_op(name: str, backend_method: str, op_name: str) -> Callable[..., Any]
     state = current()
     record_of_id = state.groups.of_id
     tracker = state.completions  # never replaced: bootstrap only sets its lag
-    pending = tracker.pending
+    issue = tracker.issue
 
     def op(self: Any, *args: Any, **kwargs: Any) -> Any:
         group = record_of_id(id(self))
         if not state.record_only:
             return full_path(group, args, kwargs)
-        # The path of a job with no deadline, bound or injected fault. It runs with cold caches
-        # right after the previous operation's wait, where each call frame costs microseconds:
-        # the tracker's enter() and add() are inlined (see CompletionTracker's hot path).
+        # The path of a job with no deadline, bound or injected fault: the record, then gloo.
         if group.retired is not None:
             raise GroupRetired(group.name, group.retired)
         slot = group.slot
         if slot is None:
             return getattr(group.backend, backend_method)(*args, **kwargs)
-        if len(pending) < tracker.reap_at:
-            slot.step(code, 0)
-        else:
-            tracker.enter(slot, code)
-        try:
-            work = getattr(group.backend, backend_method)(*args, **kwargs)
-        except BaseException:
-            slot.done()  # refused at once (bad arguments): it is not in progress
-            raise
-        pending.append((slot, work))
-        if tracker.asleep:
-            tracker.wake()
-        return work
+        return issue(slot, code, getattr(group.backend, backend_method), args, kwargs)
 
     def full_path(group: GroupRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if state.bounded:
@@ -121,20 +153,15 @@ def _make_op(name: str, backend_method: str, op_name: str) -> Callable[..., Any]
         limit = _deadline.current()
         if limit is not None:
             _bounded.limit_options(args, limit)
-        entry = 0
-        if slot is not None:
+        start = getattr(group.backend, backend_method)
+        if slot is None:
+            entry, work = 0, start(*args, **kwargs)
+        else:
             if group.is_world and state.injector is not None:
                 # entered - 1 collectives so far, +1 for init
                 state.injector.before_op(slot.entered)
-            entry = tracker.enter(slot, code)
-        try:
-            work = getattr(group.backend, backend_method)(*args, **kwargs)
-        except BaseException:
-            if slot is not None:
-                slot.done()  # refused at once (bad arguments, or a connection gone)
-            raise
-        if slot is not None:
-            tracker.add(slot, work)
+            work = issue(slot, code, start, args, kwargs)
+            entry = slot.entered  # this one's number: this thread is the slot's one writer
         if not state.bounded and limit is None:
             return work
         return _bounded.work_class()(work, group, entry, op_name, limit)
@@ -197,15 +224,16 @@ def _create_group(options: Any, backend_options: Any) -> Any:
     from torch.distributed import ProcessGroupGloo
 
     state = current()
-    is_world = bool(getattr(state.creating_default, "value", False))
+    forming = _forming.on_this_thread()
+    is_world = forming is not None
     slot = None
     if state.ledger is not None:
-        if is_world:
+        if forming is not None:
             slot = state.ledger.world()
             # The rank joins the rendezvous here (gloo connects to every peer), not earlier:
             # a rank stuck before this point is absent from init, not inside it.
             slot.enter(_ledger.OP_CODES["init_process_group"])
-            state.creating_default.entered = True
+            forming.entered = True
         else:
             slot = state.ledger.add_group(options.group_id, list(options.global_ranks_in_group))
             if slot is None:
@@ -436,17 +464,15 @@ def install() -> None:
             state.awaiting_state = True
         backend = _translate(backend)
         state.pg_timeout = kwargs.get("timeout")
-        creating = state.creating_default
-        creating.value, creating.entered = True, False
-        if world is not None and backend != BACKEND:
-            world.enter(_ledger.OP_CODES["init_process_group"])  # not ours: the nearest point
-            creating.entered = True
-        try:
-            made = original_init(backend, init_method, *args, **kwargs)
-        finally:
-            creating.value = False
-            if world is not None and creating.entered:
-                world.done()
+        with _forming.default_group() as forming:
+            if world is not None and backend != BACKEND:
+                world.enter(_ledger.OP_CODES["init_process_group"])  # not ours: the nearest point
+                forming.entered = True
+            try:
+                made = original_init(backend, init_method, *args, **kwargs)
+            finally:
+                if world is not None and forming.entered:
+                    world.done()
         _watch_async_groups()
         return made
 

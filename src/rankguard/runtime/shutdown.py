@@ -24,35 +24,18 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from dataclasses import dataclass, field
 
 from .. import ledger as _ledger
 from ..deadline import Deadline, check_seconds
 from ..errors import TeardownTimeout, first_line
 from ..margins import NCCL_ABORT_S
 from . import barrier, generations, groups, nccl_abort
+from .shutdown_report import ShutdownReport
 from .state import current
 
 DEFAULT_TIMEOUT_S = 10.0
 _DESTROY_ALLOWANCE_S = 0.5
 _calls = itertools.count()
-
-
-@dataclass(frozen=True)
-class ShutdownReport:
-    """What ``rankguard.shutdown()`` did.
-
-    Attributes:
-        clean: every rank arrived and the process groups were destroyed.
-        missing: the ranks that did not arrive within the timeout.
-        waited: seconds spent in the barrier.
-        detail: why it was not clean, in words ("" when clean).
-    """
-
-    clean: bool
-    missing: list[int] = field(default_factory=list)
-    waited: float = 0.0
-    detail: str = ""
 
 
 def shutdown(timeout: float = DEFAULT_TIMEOUT_S, *, strict: bool = False) -> ShutdownReport:

@@ -11,7 +11,9 @@ objects. The registry holds the groups weakly: a group that torch destroys and n
 drops out. A record outlives :meth:`GroupRegistry.discard_all` (regroup, an aborted shutdown):
 a stale reference to an old group still finds its record, which says the group was retired.
 
-This module is the bottom of the runtime: it imports nothing of it but ``completions``.
+This module is the bottom of the runtime: it imports nothing of it but ``completions`` (and,
+for the types of its fields only, ``probe`` and ``shutdown_report``, which import nothing of the
+runtime).
 """
 
 from __future__ import annotations
@@ -21,11 +23,18 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import ledger as _ledger
 from ..errors import CollectiveError
 from .completions import CompletionTracker
+
+if TYPE_CHECKING:  # the types of fields; importing torch here would import it in every rank
+    from torch.distributed import ProcessGroupGloo, Store
+
+    from ..inject.perform import Injector
+    from .probe import Asker, Responder
+    from .shutdown_report import ShutdownReport
 
 WORLD = "world"  # the name of the default group in messages, probes and notices
 
@@ -51,8 +60,8 @@ class GroupRecord:
     ranks: list[int]
     rank: int
     is_world: bool
-    slot: Any = None
-    backend: Any = None
+    slot: _ledger._SlotWriter | None = None
+    backend: ProcessGroupGloo | None = None
     retired: str | None = None
     notice: dict[str, Any] | None = None
     discarded: bool = False
@@ -73,12 +82,12 @@ class GroupRegistry:
 
     def __init__(self) -> None:
         self._records: dict[int, GroupRecord] = {}
-        self._refs: dict[int, weakref.ref[Any]] = {}
+        self._refs: dict[int, weakref.ref[object]] = {}
         # ``of`` without its frame, for the hot path: the record for ``id(group)``, or None
         self.of_id = self._records.get
         self.lock = threading.Lock()  # held while a record's retirement changes
 
-    def add(self, group: Any, record: GroupRecord) -> None:
+    def add(self, group: object, record: GroupRecord) -> None:
         """Keep ``record`` for ``group`` (weakly: it goes when the group does)."""
         key = id(group)
 
@@ -90,7 +99,7 @@ class GroupRegistry:
             self._refs[key] = weakref.ref(group, forget)
             self._records[key] = record
 
-    def of(self, group: Any) -> GroupRecord | None:
+    def of(self, group: object) -> GroupRecord | None:
         """The record of ``group``, or None for a group rankguard does not instrument."""
         return self._records.get(id(group))
 
@@ -114,6 +123,16 @@ class GroupRegistry:
         with self.lock:
             for record in list(self._records.values()):
                 record.discarded = True
+
+
+class HandedOut(Protocol):
+    """A work whose future went to C++ code (DDP's reducer): ``runtime.bounded``'s."""
+
+    def explain_if_failed(self) -> CollectiveError | None:
+        """The rankguard error of its operation if that failed, else None."""
+
+    def release_if_retired(self) -> None:
+        """Fail the future C++ waits on if the group retired meanwhile."""
 
 
 @dataclass(eq=False)
@@ -140,8 +159,6 @@ class RankState:
         last_failure: the last collective error this rank raised in this generation.
         aborted: the ``ShutdownReport`` of the ``shutdown()`` that aborted this rank's groups;
             a later call, with no group created since, returns it again (not "clean").
-        creating_default: per thread, whether ``init_process_group`` is creating the default
-            group (``value``) and whether the ledger recorded its entry (``entered``).
         record_only: every operation so far needs nothing but its record in the ledger (not
             bounded, no injected fault, no deadline ever set): the instrumented group takes its
             shortest path. Once False, it stays False.
@@ -151,24 +168,23 @@ class RankState:
     """
 
     ledger: _ledger.LedgerWriter | None = None
-    injector: Any = None
+    injector: Injector | None = None
     namespace: str | None = None
     launcher_store: tuple[str, str] | None = None
     bounded: bool = False
     generation: int = 0
     pg_timeout: timedelta | None = None
-    asker: Any = None
-    responder: Any = None
-    lineage_root: Any = None
-    lineage_client: Any = None
-    probe_store: Any = None
+    asker: Asker | None = None
+    responder: Responder | None = None
+    lineage_root: Store | None = None
+    lineage_client: Store | None = None
+    probe_store: Store | None = None
     completions: CompletionTracker = field(default_factory=CompletionTracker)
     groups: GroupRegistry = field(default_factory=GroupRegistry)
-    handed_out: collections.deque[Any] = field(
+    handed_out: collections.deque[HandedOut] = field(
         default_factory=lambda: collections.deque(maxlen=256))
     last_failure: CollectiveError | None = None
-    aborted: Any = None  # the report of the shutdown() that aborted the groups, until a new one
-    creating_default: threading.local = field(default_factory=threading.local)
+    aborted: ShutdownReport | None = None
     record_only: bool = True
     awaiting_state: bool = False
 

@@ -33,7 +33,7 @@ from .. import ledger as _ledger
 from .. import recovery_file
 from ..deadline import check_seconds
 from ..errors import CollectiveError, GroupRetired, UsageError, first_line, in_chain
-from . import bounded, ddp_layout, generations, peer_state, vacancies
+from . import ddp_layout, failures, generations, peer_state, vacancies
 from .state import current
 
 
@@ -321,4 +321,4 @@ def peer_fault(error: BaseException | None) -> BaseException | None:
     ``GroupRetired``, or gloo's error for a connection a peer closed, which a send raises at
     once), or None when ``error`` is not one."""
     return in_chain(error, lambda e: isinstance(e, (CollectiveError, GroupRetired))
-                    or bounded.gloo_failure(e))
+                    or failures.is_gloo_failure(e))
