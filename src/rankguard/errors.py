@@ -23,6 +23,7 @@ person understands.
 
 from __future__ import annotations
 
+import enum
 from typing import Callable, Sequence
 
 
@@ -157,14 +158,37 @@ class PoolError(RankguardError):
     stays usable (it heals in the background) unless the error is :class:`PoolClosed`."""
 
 
+class RequestCause(enum.StrEnum):
+    """Why a call of a pool failed (:attr:`RequestFailed.cause`). A ``str``: it compares equal
+    to, prints as and goes into JSON as its value."""
+
+    RAISED = "raised"  # an exception in the function
+    EXITED = "exited"  # the process exited (or closed its channel)
+    SIGNALLED = "signalled"  # killed by a signal
+    FROZEN = "frozen"  # stopped (SIGSTOP) at the deadline
+    DEADLINE = "deadline"  # still running when the request's deadline passed
+
+
+class UnavailableState(enum.StrEnum):
+    """Why no replica could run a call (:attr:`PoolUnavailable.state`). A ``str``, like
+    :class:`RequestCause`."""
+
+    HEALING = "healing"  # faults retired every replica; a new one is starting
+    FAILED = "failed"  # start-ups keep failing, or the setup raised
+    STARTING = "starting"  # the first replica is not ready yet
+    BUSY = "busy"  # the replicas ran other calls until the deadline, or the queue is full
+    ABANDONED = "abandoned"  # the caller gave the call up while it waited
+
+
 class RequestFailed(PoolError):
     """A rank failed the request in flight; only that request is affected.
 
     Attributes:
         rank: the rank that failed first (the root cause), or None if none could be singled out.
-        cause: ``raised`` (an exception in the function), ``exited`` (the process exited),
-            ``signalled`` (killed by a signal), ``frozen`` (stopped, e.g. SIGSTOP), or
-            ``deadline`` (still running when the request's deadline passed).
+        cause: a :class:`RequestCause` (a ``str``): ``raised`` (an exception in the function),
+            ``exited`` (the process exited), ``signalled`` (killed by a signal), ``frozen``
+            (stopped, e.g. SIGSTOP), or ``deadline`` (still running when the request's
+            deadline passed).
         detail: the cause in words (the exception, the exit code, the signal).
         error_type: the exception's class name, for ``raised``; else None.
         remote_traceback: the rank's traceback, for ``raised``; else "".
@@ -172,11 +196,11 @@ class RequestFailed(PoolError):
         took: seconds from the start of the call to this error.
     """
 
-    def __init__(self, rank: int | None, cause: str, detail: str, *,
+    def __init__(self, rank: int | None, cause: RequestCause | str, detail: str, *,
                  error_type: str | None = None, remote_traceback: str = "",
                  victims: Sequence[int] = (), took: float = 0.0) -> None:
         self.rank = rank
-        self.cause = cause
+        self.cause = RequestCause(cause)
         self.detail = detail
         self.error_type = error_type
         self.remote_traceback = remote_traceback
@@ -196,15 +220,17 @@ class PoolUnavailable(PoolError):
     warm ranks of a ``@pytest.mark.ranks`` test do not start.
 
     Attributes:
-        state: ``healing`` (a fault retired the group; a new one is coming), ``failed`` (groups
-            keep failing at start-up; see ``detail``), ``starting``, or ``busy`` (the group was
-            running other calls until the deadline).
+        state: an :class:`UnavailableState` (a ``str``): ``healing`` (a fault retired the
+            group; a new one is coming), ``failed`` (groups keep failing at start-up; see
+            ``detail``), ``starting``, ``busy`` (the group was running other calls until the
+            deadline, or too many calls wait), or ``abandoned`` (the caller gave the call up
+            while it waited).
         retry_after: seconds after which a retry may succeed (an estimate).
         detail: what is going on, in words.
     """
 
-    def __init__(self, state: str, retry_after: float, detail: str) -> None:
-        self.state = state
+    def __init__(self, state: UnavailableState | str, retry_after: float, detail: str) -> None:
+        self.state = UnavailableState(state)
         self.retry_after = retry_after
         self.detail = detail
         super().__init__(f"pool unavailable ({state}): {detail}")

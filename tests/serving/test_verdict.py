@@ -4,11 +4,12 @@ are stopped. No processes: the decision only (the end-to-end proof is in test_po
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 
 import pytest
 
-from rankguard.serving.verdict import Outcome, behind, verdict
+from rankguard.serving.verdict import CHANNEL_CLOSED, Ending, Outcome, behind, verdict
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,8 @@ def outcome(*news: tuple[int, str, object]) -> Outcome:
     return got
 
 
-KILLED = "was killed by SIGKILL"
-EXIT3 = "exited with code 3"
+KILLED = Ending.of(-signal.SIGKILL)  # as the supervisor reports the rank's return code
+EXIT3 = Ending.of(3)
 
 # (world, news, final, positions, stopped) -> (rank, cause, victims, words in the detail);
 # None: no verdict yet (or none needed)
@@ -60,7 +61,7 @@ CASES = {
         2, outcome((0, "dead", EXIT3)), False, {}, (),
         (0, "exited", [], "exited with code 3 during the request")),
     "a rank that channel-closed counts as exited": (
-        2, outcome((1, "dead", "closed its channel")), False, {}, (), (1, "exited", [], "closed")),
+        2, outcome((1, "dead", CHANNEL_CLOSED)), False, {}, (), (1, "exited", [], "closed")),
     "a rank's own exception is the cause, its peer's collective error a consequence": (
         2, outcome((0, "failed", victim()), (1, "failed", own())), False, {}, (),
         (1, "raised", [0], "raised ValueError: boom")),

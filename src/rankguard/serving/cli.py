@@ -17,9 +17,8 @@ from typing import Any
 
 from ..errors import UsageError
 from ..options import Parser, number, writable_dir, writable_file
-from .pool import MAX_QUEUE, check_size
+from .pool_options import HEALING_MODES, MAX_QUEUE, check_size
 from ..serving.budgets import HTTP_ANSWER_S
-from ..serving.pool import HEALING_MODES
 
 PROG = "rankguard serve"
 MAX_BODY = 1 << 20  # bytes: the default limit on a request's body (1 MiB)

@@ -55,11 +55,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import PoolClosed, PoolUnavailable, RequestFailed, UsageError
+from ..errors import PoolClosed, PoolUnavailable, RequestFailed, UnavailableState, UsageError
 from ..options import number
 from . import metrics
 from .budgets import CUT_CLOSE_S
+from .metrics import CallOutcome
 from .pool import Abandon, Pool
+from .pool_state import PoolState
 from .service import Service
 
 TIMEOUT_HEADER = "x-request-timeout"
@@ -240,32 +242,33 @@ class _Server:
             except (ValueError, TypeError) as error:
                 return self.error(422, "InvalidRequest", str(error))
         started = time.monotonic()
-        outcome = "ok"
+        outcome: CallOutcome | None = CallOutcome.OK  # None: it never reached the ranks
         try:
             result, failure = await self._outcome(request, body, timeout)
             if failure is not None:
                 raise failure
         except _ShuttingDown:
-            outcome = "closed"
+            outcome = CallOutcome.CLOSED
             return self.error(503, "PoolClosed", self._end_reason)
         except UsageError as error:  # the body cannot be pickled (too deeply nested)
-            outcome = "invalid"
+            outcome = None
             return self.error(422, "InvalidRequest", f"the body cannot be sent to the ranks: "
                               f"{error.problem}")
         except RequestFailed as error:
-            outcome = "failed"
+            outcome = CallOutcome.FAILED
             return self.error(500, "RequestFailed", str(error), rank=error.rank,
                               cause=error.cause, victims=error.victims,
                               error_type=error.error_type)
         except PoolUnavailable as error:
-            outcome = "abandoned" if error.state == "abandoned" else "unavailable"
+            outcome = CallOutcome.ABANDONED if error.state == UnavailableState.ABANDONED \
+                else CallOutcome.UNAVAILABLE
             return self.error(503, "PoolUnavailable", str(error), state=error.state,
                               retry_after=error.retry_after)
         except PoolClosed as error:
-            outcome = "closed"
+            outcome = CallOutcome.CLOSED
             return self.error(503, "PoolClosed", str(error))
         finally:
-            if outcome != "invalid":  # never reached the ranks
+            if outcome is not None:
                 self.stats.observe_request(outcome, time.monotonic() - started)
         try:
             return self.answer(200, {"result": result,
@@ -275,25 +278,25 @@ class _Server:
 
     async def healthz(self, request: Request) -> Response:
         if self.pool is None:
-            return self.answer(503, {"state": "starting"})
+            return self.answer(503, {"state": PoolState.STARTING})
         status = self.pool.status()
         body = {"state": status.state, "replicas": status.replicas, "idle": status.idle,
                 "serving": status.serving, "suspect": status.suspect,
                 "waiting": status.waiting, "spares_ready": status.spares_ready,
                 "spares_starting": status.spares_starting,
                 "last_start_failure": status.last_start_failure}
-        return self.answer(200 if status.state == "ready" else 503, body)
+        return self.answer(200 if status.state == PoolState.READY else 503, body)
 
     async def livez(self, request: Request) -> Response:
-        state = "starting" if self.pool is None else self.pool.status().state
+        state = PoolState.STARTING if self.pool is None else self.pool.status().state
         return self.answer(200, {"live": True, "state": state})
 
     async def readyz(self, request: Request) -> Response:
         status = self.pool.status() if self.pool is not None else None
         if status is not None and status.idle:
             return self.answer(200, {"ready": True, "idle": status.idle})
-        why = "starting" if status is None else ("busy" if status.state == "ready" else
-                                                  status.state)
+        why = PoolState.STARTING if status is None else (
+            UnavailableState.BUSY if status.state == PoolState.READY else status.state)
         return self.answer(503, {"ready": False, "reason": why},
                            {"Retry-After": str(_NOT_READY_RETRY_S)})
 

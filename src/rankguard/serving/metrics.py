@@ -26,6 +26,7 @@ The names are stable (the README lists them):
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -33,15 +34,28 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily, Metric)
 
-from .pool import Pool, PoolStatus
+from ..errors import RequestCause
+from .pool import Pool
+from .pool_state import PoolState, PoolStatus
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-CAUSES = ("raised", "exited", "signalled", "frozen", "deadline")
-STATES = ("starting", "ready", "healing", "failed", "closed")
+CAUSES = tuple(RequestCause)
+STATES = tuple(PoolState)
 REPLICA_STATES = ("idle", "serving", "suspect", "spare", "starting")
-# a call's outcome: its result; RequestFailed; PoolUnavailable; PoolClosed (before it started,
-# or cut by the pool's close); given up while it waited, its client gone
-OUTCOMES = ("ok", "failed", "unavailable", "closed", "abandoned")
+
+
+class CallOutcome(enum.StrEnum):
+    """How a call ended (the ``outcome`` label of ``rankguard_request_seconds`` and of
+    ``rankguard_pool_requests``, and the pool's ``requests_*`` counts)."""
+
+    OK = "ok"  # its result
+    FAILED = "failed"  # RequestFailed
+    UNAVAILABLE = "unavailable"  # PoolUnavailable
+    CLOSED = "closed"  # PoolClosed (before it started, or cut by the pool's close)
+    ABANDONED = "abandoned"  # given up while it waited, its client gone
+
+
+OUTCOMES = tuple(CallOutcome)
 # seconds: a request is answered within its timeout (at most minutes); a heal takes a fraction
 # of a second with a ready spare, seconds without one
 REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -69,7 +83,7 @@ class ServeMetrics:
             self._requests.labels(outcome)  # every outcome shown from the start, at 0
         self.registry.register(_PoolCollector(pool, codes, disconnects))
 
-    def observe_request(self, outcome: str, seconds: float) -> None:
+    def observe_request(self, outcome: CallOutcome, seconds: float) -> None:
         self._requests.labels(outcome).observe(seconds)
 
     def exposition(self) -> bytes:

@@ -19,6 +19,7 @@ the ranks answered, their ledgers and their process states.
 
 from __future__ import annotations
 
+import enum
 import os
 import sys
 import threading
@@ -39,7 +40,8 @@ from ..runtime.init import GRACE_ENV
 from .budgets import (COLLECTIVE_MARGIN_S, EXIT_STATUS_S, POOL_RANK_GRACE_S, REAP_S,
                       REGROUP_MARGIN_S, SEND_S, SHUTDOWN_MARGIN_S, STORE_S)
 from .channel import ChannelClosed, LeaderEnd, dumps, pair
-from .verdict import Outcome, verdict
+from .messages import Op
+from .verdict import CHANNEL_CLOSED, Ending, Outcome, verdict
 
 WORKER_MODULE = "rankguard.serving.worker"
 _WORKER = [sys.executable, "-m", WORKER_MODULE]
@@ -51,6 +53,14 @@ StartRank = Callable[[dict[str, str], str, int], Any]  # (env, log, channel fd) 
 def cold_start(env: dict[str, str], log: str, channel_fd: int) -> Any:
     """A rank of a replica in a new Python process (``python -m rankguard.serving.worker``)."""
     return spawn(_WORKER, env, log=log, pass_fds=(channel_fd,))
+
+
+class StartState(enum.StrEnum):
+    """Where a replica's start-up stands."""
+
+    STARTING = "starting"
+    READY = "ready"
+    FAILED = "failed"  # see ``Replica.failure``
 
 
 @dataclass
@@ -100,7 +110,7 @@ class Replica:
         self._on_change = on_change
         self._cond = threading.Condition()
         self._ready: set[int] = set()
-        self._dead: dict[int, str] = {}  # rank -> how it ended
+        self._dead: dict[int, Ending] = {}  # rank -> how it ended
         self._requests = 0
         self._current: Outcome | None = None  # the last request's outcome
         self._unfinished = False  # the last request failed, and may still be running
@@ -140,7 +150,7 @@ class Replica:
         self._ranks.watch(self._on_exit, f"rankguard-replica{number}")
         for end in self.ends:
             try:
-                end.send({"op": "start", "setup": setup}, Deadline.after(SEND_S))
+                end.send({"op": Op.START, "setup": setup}, Deadline.after(SEND_S))
             except (ChannelClosed, TimeoutError):
                 pass  # that rank is gone already: its exit says so
 
@@ -194,17 +204,18 @@ class Replica:
 
     # -- start-up ---------------------------------------------------------------------------
 
-    def start_state(self) -> str:
+    def start_state(self) -> StartState:
         """``starting``, ``ready`` or ``failed`` (then see ``failure``); never blocks."""
         if self.ready_at is not None:
-            return "ready"
-        return "starting" if self.failure is None else "failed"
+            return StartState.READY
+        return StartState.STARTING if self.failure is None else StartState.FAILED
 
-    def wait_started(self, until: Deadline) -> str:
+    def wait_started(self, until: Deadline) -> StartState:
         """Wait until the replica is ready or failed, at most until ``until`` (past the
         replica's ``start_by``, it has failed); returns :meth:`start_state`."""
         with self._cond:
-            self._cond.wait_for(lambda: self.start_state() != "starting", until.wait_time())
+            self._cond.wait_for(lambda: self.start_state() != StartState.STARTING,
+                                until.wait_time())
         if not self._start_by.passed():
             return self.start_state()
         self._start_overdue()
@@ -230,7 +241,7 @@ class Replica:
         except ChannelClosed:
             self._ranks.remove_reader(end.fileno())
             self._ranks.call_at(Deadline.after(EXIT_STATUS_S),
-                                partial(self._gone, rank, "closed its channel"))
+                                partial(self._gone, rank, CHANNEL_CLOSED))
             return
         self._take(rank, messages)
 
@@ -238,24 +249,25 @@ class Replica:
         end = self.ends[member.rank]
         self._take(member.rank, end.drain())  # what it said before it ended comes first
         self._ranks.remove_reader(end.fileno())
-        self._gone(member.rank, member.ending())
+        self._gone(member.rank, Ending.of(member.returncode))
 
     def _take(self, rank: int, messages: list[Any]) -> None:
         changed = False
         with self._cond:
             for message in messages:
                 op = message.get("op")
-                if op == "ready":
+                if op == Op.READY:
                     self._ready.add(rank)
-                    if len(self._ready) == self.world and self.start_state() == "starting":
+                    if len(self._ready) == self.world and \
+                            self.start_state() == StartState.STARTING:
                         self.ready_at = time.monotonic()
                         changed = True
-                elif op == "setup_failed" and self.start_state() == "starting":
+                elif op == Op.SETUP_FAILED and self.start_state() == StartState.STARTING:
                     self.failure = StartFailure(
                         rank, f"failed its setup: {message['error']}: {message['message']}",
                         message["traceback"])
                     changed = True
-                elif op == "answer":
+                elif op == Op.ANSWER:
                     outcome = self._current
                     if outcome is None or message["id"] not in (self._requests, None):
                         continue  # not an answer to the request in flight
@@ -264,25 +276,25 @@ class Replica:
                         outcome.results[rank] = message["result"]
                     else:
                         outcome.failures[rank] = message
-                elif op == "regrouped":
+                elif op == Op.REGROUPED:
                     self._regrouped[rank] = message["ok"]
             self._cond.notify_all()
         if changed:
             self._on_change()
 
-    def _gone(self, rank: int, detail: str) -> None:
-        """Rank ``rank`` ended (``detail`` says how) or can no longer be reached."""
+    def _gone(self, rank: int, ending: Ending) -> None:
+        """Rank ``rank`` ended (``ending`` says how) or can no longer be reached."""
         with self._cond:
             if rank in self._dead:
                 return
-            self._dead[rank] = detail
-            if self.start_state() == "starting":
+            self._dead[rank] = ending
+            if self.start_state() == StartState.STARTING:
                 output = self.log_since(rank, limit=2000).strip()
-                self.failure = StartFailure(rank, f"exited during start-up ({detail})"
+                self.failure = StartFailure(rank, f"exited during start-up ({ending.detail})"
                                             + (f":\n{output}" if output else ""))
             outcome = self._current
             if outcome is not None and rank not in outcome.dead:
-                outcome.dead[rank] = detail
+                outcome.dead[rank] = ending
                 outcome.order.append(rank)
             self._cond.notify_all()
         self._on_change()
@@ -333,7 +345,7 @@ class Replica:
         with self._cond:
             request = self._requests + 1
         try:
-            data = dumps({"op": "run", "id": request, "deadline": collectives, **command})
+            data = dumps({"op": Op.RUN, "id": request, "deadline": collectives, **command})
         except Exception as error:  # noqa: BLE001 (whatever pickling raises)
             raise UsageError("Pool.run", f"the function or its arguments cannot be pickled: "
                              f"{error}", "use a module-level function and picklable "
@@ -343,8 +355,8 @@ class Replica:
             self._requests = request
             self._current = outcome
             self._unfinished = True
-            for rank, detail in self._dead.items():
-                outcome.dead[rank] = detail
+            for rank, ending in self._dead.items():
+                outcome.dead[rank] = ending
                 outcome.order.append(rank)
         for rank, end in enumerate(self.ends):
             if rank in outcome.dead:
@@ -401,7 +413,7 @@ class Replica:
             self._regrouped = {}
         try:
             for end in self.ends:
-                end.send({"op": "regroup", "deadline": until.before(REGROUP_MARGIN_S)}, until)
+                end.send({"op": Op.REGROUP, "deadline": until.before(REGROUP_MARGIN_S)}, until)
         except (ChannelClosed, TimeoutError):
             return False
 
@@ -445,7 +457,7 @@ class Replica:
         if self.alive():
             for end in self.ends:
                 try:
-                    end.send({"op": "exit", "deadline": until.before(SHUTDOWN_MARGIN_S)}, until)
+                    end.send({"op": Op.EXIT, "deadline": until.before(SHUTDOWN_MARGIN_S)}, until)
                 except (ChannelClosed, TimeoutError):
                     break
             self._ranks.wait_exits(until)

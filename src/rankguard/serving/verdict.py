@@ -22,7 +22,28 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .. import ledger as _ledger
-from ..errors import RequestFailed
+from .. import proctree
+from ..errors import RequestCause, RequestFailed
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a rank's process ended, or stopped being reachable: in words, and as a cause."""
+
+    detail: str  # "was killed by SIGKILL", "exited with code 3", "closed its channel"
+    cause: RequestCause = RequestCause.EXITED  # EXITED or SIGNALLED
+
+    @classmethod
+    def of(cls, returncode: int | None) -> Ending:
+        """The ending of a process whose Popen return code is ``returncode`` (negative: a
+        signal)."""
+        if returncode is None:
+            return cls("")
+        return cls(proctree.exit_detail(returncode),
+                   RequestCause.SIGNALLED if returncode < 0 else RequestCause.EXITED)
+
+
+CHANNEL_CLOSED = Ending("closed its channel")  # counts as an exit
 
 
 @dataclass
@@ -31,7 +52,7 @@ class Outcome:
 
     results: dict[int, Any] = field(default_factory=dict)
     failures: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> its answer
-    dead: dict[int, str] = field(default_factory=dict)  # rank -> how it ended
+    dead: dict[int, Ending] = field(default_factory=dict)  # rank -> how it ended
     order: list[int] = field(default_factory=list)  # ranks in the order their news arrived
 
     @property
@@ -67,14 +88,13 @@ def verdict(world: int, outcome: Outcome, took: float, *, final: bool,
     """
     victims = sorted(r for r, a in outcome.failures.items() if a["collective"])
     for rank in outcome.order:
-        if rank in outcome.dead:
-            detail = outcome.dead[rank]
-            cause = "signalled" if detail.startswith("was killed") else "exited"
-            return RequestFailed(rank, cause, f"{detail} during the request", victims=victims,
-                                 took=took)
+        ending = outcome.dead.get(rank)
+        if ending is not None:
+            return RequestFailed(rank, ending.cause, f"{ending.detail} during the request",
+                                 victims=victims, took=took)
         answer = outcome.failures.get(rank)
         if answer is not None and not answer["collective"]:
-            return RequestFailed(rank, "raised", f"raised {answer['error']}: "
+            return RequestFailed(rank, RequestCause.RAISED, f"raised {answer['error']}: "
                                  f"{answer['message']}", error_type=answer["error"],
                                  remote_traceback=answer["traceback"], victims=victims,
                                  took=took)
@@ -88,15 +108,15 @@ def verdict(world: int, outcome: Outcome, took: float, *, final: bool,
     # answered; when every rank is silent and none is behind, the deadline was the call's
     culprits = frozen or [r for r in silent if r in absent] or (silent if outcome.answered else [])
     if not culprits and silent:
-        return RequestFailed(None, "deadline", "did not finish before the call's deadline: "
-                             "every rank was still running it and none was behind the others "
-                             "(the deadline was too short for the call, no rank is at fault)",
-                             took=took)
+        return RequestFailed(None, RequestCause.DEADLINE, "did not finish before the call's "
+                             "deadline: every rank was still running it and none was behind "
+                             "the others (the deadline was too short for the call, no rank is "
+                             "at fault)", took=took)
     if not culprits:  # every rank answered with a collective error and none is to blame
         first = next(r for r in outcome.order if r in outcome.failures)
         answer = outcome.failures[first]
-        return RequestFailed(None, "raised", f"failed: rank {first} raised {answer['error']}: "
-                             f"{answer['message']}", error_type=answer["error"],
+        return RequestFailed(None, RequestCause.RAISED, f"failed: rank {first} raised "
+                             f"{answer['error']}: {answer['message']}", error_type=answer["error"],
                              victims=victims, took=took)
     rank = culprits[0]
     context = f"; it never reached {where}" if rank in absent and where else ""
@@ -104,10 +124,10 @@ def verdict(world: int, outcome: Outcome, took: float, *, final: bool,
         context += f" (ranks {', '.join(map(str, culprits))} did not answer)"
     victims = sorted(set(victims) | (set(range(world)) - set(absent) - set(culprits)))
     if rank in frozen:
-        return RequestFailed(rank, "frozen", f"was frozen (its process is stopped) at the "
-                             f"request's deadline{context}", victims=victims, took=took)
-    return RequestFailed(rank, "deadline", f"was still running when the request's deadline "
-                         f"passed{context}", victims=victims, took=took)
+        return RequestFailed(rank, RequestCause.FROZEN, f"was frozen (its process is stopped) "
+                             f"at the request's deadline{context}", victims=victims, took=took)
+    return RequestFailed(rank, RequestCause.DEADLINE, f"was still running when the request's "
+                         f"deadline passed{context}", victims=victims, took=took)
 
 
 def behind(world: int, positions: Mapping[int, Position]) -> tuple[list[int], str]:

@@ -5,6 +5,8 @@ channel to the leader (``RANKGUARD_SERVE_FD``). It turns on the rank runtime (``
 SIGTERM teardown, stacks on demand, bounded collectives), dies with the leader
 (PR_SET_PDEATHSIG), makes the leader's modules importable, and then:
 
+Its messages are dicts whose ``op`` is a ``serving.messages.Op``:
+
 1. receives ``{"op": "start", "setup": fn | None}``, joins the group's gloo process group and
    runs ``setup(rank, world_size)``; answers ``ready``, or ``setup_failed`` with the traceback;
 2. serves requests, one at a time:
@@ -46,6 +48,7 @@ from ..runtime import internal
 from ..runtime.init import init
 from .budgets import SHUTDOWN_LEAST_S
 from .channel import ChannelClosed, RankEnd
+from .messages import Op
 from .leader_env import FD, LEADER, MAIN, SYS_PATH
 
 
@@ -120,36 +123,36 @@ def main() -> None:
     except ChannelClosed:
         os._exit(0)
     except BaseException as error:  # noqa: BLE001 (reported to the leader, whatever it is)
-        end.send({"op": "setup_failed", **_failure(error)})
+        end.send({"op": Op.SETUP_FAILED, **_failure(error)})
         os._exit(1)
-    end.send({"op": "ready", "pid": os.getpid()})
+    end.send({"op": Op.READY, "pid": os.getpid()})
     while True:
         try:
             command = end.receive(_loads)
         except ChannelClosed:
             os._exit(0)
         except Exception as error:  # noqa: BLE001 (a request whose function cannot be loaded)
-            end.send({"op": "answer", "id": None, **_failure(error)})
+            end.send({"op": Op.ANSWER, "id": None, **_failure(error)})
             continue
         op = command["op"]
-        if op == "run":
-            answer = {"op": "answer", "id": command["id"], **_run(command, state, rank)}
+        if op == Op.RUN:
+            answer = {"op": Op.ANSWER, "id": command["id"], **_run(command, state, rank)}
             try:
                 end.send(answer)
             except (pickle.PicklingError, TypeError, AttributeError) as error:
-                end.send({"op": "answer", "id": command["id"], **_failure(error),
+                end.send({"op": Op.ANSWER, "id": command["id"], **_failure(error),
                           "message": f"its result cannot be pickled: {error}"})
-        elif op == "regroup":
+        elif op == Op.REGROUP:
             try:
                 internal.regroup(command["deadline"], exclude=[])
-                end.send({"op": "regrouped", "ok": True})
+                end.send({"op": Op.REGROUPED, "ok": True})
             except RankguardError as error:
-                end.send({"op": "regrouped", "ok": False, "message": str(error)})
+                end.send({"op": Op.REGROUPED, "ok": False, "message": str(error)})
         else:
             limit: Deadline = command["deadline"]
             internal.shutdown(limit if limit.remaining() >= SHUTDOWN_LEAST_S
                               else Deadline.after(SHUTDOWN_LEAST_S))
-            end.send({"op": "bye"})
+            end.send({"op": Op.BYE})
             os._exit(0)
 
 

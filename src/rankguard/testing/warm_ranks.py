@@ -20,9 +20,9 @@ from typing import Any
 
 from .. import margins
 from ..deadline import Deadline
-from ..errors import PoolUnavailable
+from ..errors import PoolUnavailable, UnavailableState
 from ..serving.budgets import REGROUP_MARGIN_S, STACKS_S
-from ..serving.replica import Replica
+from ..serving.replica import Replica, StartState
 from ..serving.verdict import Outcome
 from . import processes
 from .rank_tasks import run_test
@@ -46,11 +46,11 @@ class WarmRanks:
         start_by = Deadline.after(START_S)
         self._replica = Replica(0, world, None, self.folder, {processes.TAG: tag}, start_by)
         state = self._replica.wait_started(start_by)
-        if state != "ready":
+        if state != StartState.READY:
             failure = self._replica.failure
             logs = self.logs()
             self.close(graceful=False)
-            raise PoolUnavailable("failed", 0.0, f"the warm ranks did not start: "
+            raise PoolUnavailable(UnavailableState.FAILED, 0.0, f"the warm ranks did not start: "
                                   f"{failure.describe() if failure else state}\n{logs}")
 
     @property
@@ -104,7 +104,7 @@ class WarmRanks:
             seen = replica.wait(outcome, answers_by.within(MISSING_GRACE_S), settled)
         answers: dict[int, dict[str, Any]] = {r: {"outcome": "passed"} for r in seen.results}
         answers.update({r: {"outcome": "failed", **a} for r, a in seen.failures.items()})
-        answers.update({r: {"outcome": "ended", "detail": replica.ending(r) or how}
+        answers.update({r: {"outcome": "ended", "detail": replica.ending(r) or how.detail}
                         for r, how in seen.dead.items()})
         return answers
 

@@ -1,0 +1,131 @@
+"""A pool's options (``rankguard.Pool``'s arguments), checked once into one frozen
+:class:`PoolOptions`, with the defaults that derive from others (``suspect_after``,
+``max_queue``, ``min_call_s``)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import UsageError, shown
+from ..options import MAX_LOCAL_RANKS, seconds
+from .budgets import MIN_CALL_FRACTION, SUSPECT_FRACTION
+
+QUEUE_PER_REPLICA = 32  # the default bound on the calls waiting for a replica, per replica
+MAX_QUEUE = 10_000  # calls that may wait at most, whatever max_queue asks
+
+
+class HealingMode(enum.StrEnum):
+    """What a call does when no replica is ready (``Pool(on_healing=)``)."""
+
+    WAIT = "wait"  # wait for one within its deadline
+    FAIL = "fail"  # raise PoolUnavailable at once
+
+
+HEALING_MODES = tuple(mode.value for mode in HealingMode)
+
+
+@dataclass(frozen=True)
+class PoolOptions:
+    """What ``rankguard.Pool`` was asked for, checked; the meaning of each is on ``Pool``.
+    Build it with :meth:`checked`."""
+
+    world_size: int
+    setup: Callable[[int, int], Any] | None
+    spares: int
+    timeout: float
+    replicas: int
+    suspect_after: float
+    max_queue: int
+    on_healing: HealingMode
+    start_timeout: float
+    max_backoff: float
+    journal: str | None
+    log_dir: str | None  # None: a temporary folder of the pool's own
+    env: Mapping[str, str]
+    zygote: bool
+
+    @property
+    def min_call_s(self) -> float:
+        """The least time a call must have left to start on a replica: a tenth of
+        ``timeout``."""
+        # rounded: 3 s x 0.1 is 0.30000000000000004, and a deadline of 0.3 s must be allowed
+        return round(self.timeout * MIN_CALL_FRACTION, 9)
+
+    @classmethod
+    def checked(cls, world_size: int, setup: Callable[[int, int], Any] | None = None, *,
+                spares: int = 1, timeout: float = 30.0, replicas: int = 1,
+                suspect_after: float | None = None, max_queue: int | None = None,
+                on_healing: str = "wait", start_timeout: float = 120.0,
+                max_backoff: float = 30.0, journal: str | None = None,
+                log_dir: str | None = None, env: Mapping[str, str] | None = None,
+                zygote: bool = True) -> PoolOptions:
+        """The options ``Pool(...)`` was given, checked, with their defaults.
+
+        Raises:
+            UsageError: a bad argument, naming it and the fix.
+        """
+        check_size(world_size, spares, replicas)
+        if not isinstance(zygote, bool):
+            raise UsageError("Pool(zygote)", f"expected True or False, got {shown(zygote)}")
+        limit = seconds("Pool(timeout)", timeout)
+        suspect = limit * SUSPECT_FRACTION if suspect_after is None else \
+            seconds("Pool(suspect_after)", suspect_after)
+        if suspect > limit:
+            raise UsageError("Pool(suspect_after)", f"{suspect:g} s is longer than the pool's "
+                             f"timeout of {limit:g} s", "give at most the timeout")
+        queue = QUEUE_PER_REPLICA * replicas if max_queue is None else \
+            _whole_number("Pool(max_queue)", max_queue, 0)
+        if queue > MAX_QUEUE:
+            raise UsageError("Pool(max_queue)", f"{shown(queue)} is above {MAX_QUEUE}",
+                             "each waiting call holds a thread (rankguard serve's, or the "
+                             "caller's): queue at most that many")
+        start = seconds("Pool(start_timeout)", start_timeout)
+        backoff = seconds("Pool(max_backoff)", max_backoff)
+        if on_healing not in HEALING_MODES:
+            raise UsageError("Pool(on_healing)", f"{on_healing!r} is not one of "
+                             f"{', '.join(HEALING_MODES)}")
+        if setup is not None and not callable(setup):
+            raise UsageError("Pool(setup)", f"{setup!r} is not callable")
+        return cls(world_size, setup, spares, limit, replicas, suspect, queue,
+                   HealingMode(on_healing), start, backoff, journal or None, log_dir or None,
+                   dict(env or {}), zygote)
+
+
+def check_size(world_size: Any, spares: Any, replicas: Any = 1,
+               names: tuple[str, str, str] = ("Pool(world_size)", "Pool(spares)",
+                                              "Pool(replicas)")) -> None:
+    """Refuse a pool size that is not whole numbers (``world_size`` >= 1, ``spares`` >= 0,
+    ``replicas`` >= 1), or whose ``world_size * (replicas + spares)`` rank processes exceed
+    ``MAX_LOCAL_RANKS`` on this machine; ``names``: how the caller calls the three
+    (``--world-size``, ``--spares``, ``--replicas``).
+
+    Raises:
+        UsageError: naming the value and the fix.
+    """
+    for what, value, least in ((names[0], world_size, 1), (names[1], spares, 0),
+                               (names[2], replicas, 1)):
+        _whole_number(what, value, least)
+        if value > MAX_LOCAL_RANKS:
+            raise UsageError(what, f"{shown(value)} is above {MAX_LOCAL_RANKS}",
+                             f"start at most {MAX_LOCAL_RANKS} rank processes on one machine")
+    groups = replicas + spares
+    if world_size * groups > MAX_LOCAL_RANKS:
+        raise UsageError(f"{names[0]}, {names[1]} and {names[2]}",
+                         f"{world_size} ranks per replica x {groups} replicas ({replicas} "
+                         f"serving and {spares} spare(s)) is more than {MAX_LOCAL_RANKS} rank "
+                         "processes", f"start at most {MAX_LOCAL_RANKS} rank processes on one "
+                         "machine")
+
+
+def _whole_number(what: str, value: Any, least: int) -> int:
+    """``value`` if it is an int (not a bool) of at least ``least``.
+
+    Raises:
+        UsageError: naming ``what``.
+    """
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise UsageError(what, f"expected a whole number >= {least}, got {shown(value)}")
+    return value

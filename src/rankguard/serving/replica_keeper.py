@@ -1,0 +1,261 @@
+"""The pool's supervisor thread: it keeps ``replicas + spares`` replicas started (forked from
+the pool's zygote, or cold), with backoff when start-ups keep failing, retires the replicas
+that faults or dead ranks made unfit (regrouped in place, or killed after their stacks), and
+shuts every replica down when the pool closes.
+
+It sleeps until something happens (a replica became ready, failed, lost a rank; a call retired
+one; a backoff ended): no polling tick. It starts replicas outside the pool's lock: starting
+ranks takes a while (the first store imports torch, a fork waits for the zygote), and calls,
+probes and metrics must not wait for it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import NamedTuple
+
+from .. import stack_groups
+from ..deadline import Deadline
+from ..errors import RequestCause, RequestFailed
+from .budgets import REGROUP_MARGIN_S, REGROUP_S, STACKS_S
+from .pool_options import PoolOptions
+from .pool_zygote import PoolZygote
+from .replica import Replica, StartFailure, StartState
+from .replica_set import Event, ReplicaSet
+
+
+class _Start(NamedTuple):
+    """A replica the supervisor is to start: its number, and whether from the zygote."""
+
+    number: int
+    fork: bool
+
+
+class ReplicaKeeper:
+    """A pool's supervisor thread; see the module docstring.
+
+    Args:
+        options: the pool's options.
+        log_dir: the pool's log folder (each replica's goes in it).
+        replicas: the pool's replica set, and its lock.
+        event: writes a journal event.
+    """
+
+    def __init__(self, options: PoolOptions, log_dir: str, replicas: ReplicaSet,
+                 event: Event) -> None:
+        self._options = options
+        self._log_dir = log_dir
+        self._set = replicas
+        self._event = event
+        self.zygote = PoolZygote(options.zygote, options.env, log_dir, options.start_timeout,
+                                 replicas.wake, event)
+        self._thread = threading.Thread(target=self._supervise, name="rankguard-pool",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, until: Deadline) -> None:
+        """Wait, until ``until`` at most, for the thread to end (once the pool is closed)."""
+        self._thread.join(until.timeout())
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def _supervise(self) -> None:
+        """Until the pool closes: take in what changed, start what is missing, and sleep until
+        the next change (``ReplicaSet.wake``, or any ``notify_all``) or the end of a backoff.
+        Then shut the replicas down, here: the ranks die with the thread that started them
+        (PR_SET_PDEATHSIG follows the thread, not the process), so this thread must outlive
+        them, or a close would SIGKILL them at once, mid-call and without their shutdown."""
+        pool = self._set
+        while True:
+            with pool.cond:
+                if pool.closed:
+                    break
+                self._check_starting()
+                self._check_idle()
+                plan = self._plan()
+                if not isinstance(plan, _Start):
+                    pool.cond.wait(plan)
+                    continue
+                pool.creating += 1
+            replica = self._create(plan)
+            with pool.cond:
+                pool.creating -= 1
+                if replica is not None:
+                    pool.starting.append(replica)
+                    self._event("group_start", group=replica.number, pids=replica.pids)
+                pool.cond.notify_all()
+        self._shut_down()
+
+    def _check_starting(self) -> None:
+        """Under the lock: the replicas that became ready serve; those that failed are
+        killed."""
+        pool = self._set
+        for replica in list(pool.starting):
+            state = replica.start_state()
+            if state == StartState.STARTING:
+                continue
+            pool.starting.remove(replica)
+            if state == StartState.READY:
+                took = (replica.ready_at or time.monotonic()) - replica.started_at
+                pool.backoff.succeeded(took)
+                pool.dispatch.add(replica)
+                self._event("group_ready", group=replica.number, role="started",
+                            took_s=round(took, 3))
+                pool.count_heals()
+            else:
+                replica.kill()
+                self._start_failed(replica.number, replica.failure or StartFailure(None, "failed"))
+            pool.cond.notify_all()
+
+    def _start_failed(self, number: int, failure: StartFailure) -> None:
+        """Under the lock: replica ``number`` did not start; the next try waits a backoff."""
+        pool = self._set
+        pause = pool.backoff.failed(failure)
+        pool.counts["start_failures"] += 1
+        self._event("group_start_failed", group=number, rank=failure.rank,
+                    detail=failure.detail, traceback=failure.remote_traceback,
+                    consecutive=pool.backoff.failures, backoff_s=pause)
+
+    def _check_idle(self) -> None:
+        """Under the lock: a ready replica that lost a rank is killed."""
+        pool = self._set
+        for replica in list(pool.dispatch.ready):
+            if not replica.alive():
+                pool.lose(replica)
+                replica.kill()
+                self._event("group_retire", group=replica.number, action="kill",
+                            reason="a rank of an idle replica died")
+        pool.count_heals()
+
+    def _plan(self) -> _Start | float | None:
+        """Under the lock: the replica to start next, if one is missing and no backoff holds it
+        back; else how long the supervisor may sleep before it must look again (None: until
+        something changes)."""
+        pool = self._set
+        if pool.kept() >= self._options.replicas + self._options.spares:
+            return None
+        if pool.coming() and pool.backoff.failures:
+            return None  # failing: one attempt at a time
+        if not pool.backoff.next_start.passed():
+            return pool.backoff.next_start.wait_time()
+        waiting = self.zygote.wait_time()
+        if waiting is not None:
+            return waiting
+        pool.numbers += 1
+        return _Start(pool.numbers, self.zygote.ready)
+
+    def _create(self, start: _Start) -> Replica | None:
+        """Not under the lock: the replica ``start`` describes, starting; None if its ranks
+        could not even be started (no file descriptor, no memory...): a failed start-up."""
+        options = self._options
+        try:
+            replica = Replica(start.number, options.world_size, options.setup,
+                              os.path.join(self._log_dir, f"group{start.number}"),
+                              dict(options.env), Deadline.after(options.start_timeout),
+                              self._set.wake, self.zygote.starter(start.fork))
+        except Exception as error:  # noqa: BLE001 (no descriptor, no memory, the store's
+            # "Failed to init uv loop"...: whatever it is, a start-up that failed, retried with
+            # backoff; the supervisor must not die of it)
+            with self._set.cond:
+                self._start_failed(start.number, StartFailure(
+                    None, f"could not be started: {getattr(error, 'strerror', None) or error}"))
+            return None
+        with self._set.cond:
+            if self._set.closed:
+                replica.kill()
+                return None
+        return replica
+
+    # -- after a fault --------------------------------------------------------------------------
+
+    def retire(self, replica: Replica, fault: RequestFailed, interrupted: bool) -> None:
+        """Retire ``replica`` after ``fault``: regrouped in place when its ranks only raised,
+        or when the call merely overran its own deadline (once they finish it); killed
+        otherwise, after its stacks for a hang (or when the leader was interrupted
+        mid-call)."""
+        idle = fault.cause == RequestCause.RAISED and replica.alive()
+        overran = fault.cause == RequestCause.DEADLINE and fault.rank is None and not interrupted
+        pool = self._set
+        with pool.cond:
+            pool.lose(replica)
+            self._event("group_retire", group=replica.number,
+                        action="regroup" if idle or overran else "kill", reason=fault.cause)
+            if idle or overran:
+                pool.retired.append(replica)
+                threading.Thread(target=self._settle_then_regroup if overran else self._regroup,
+                                 args=(replica,), daemon=True, name="rankguard-regroup").start()
+            elif fault.cause in (RequestCause.FROZEN, RequestCause.DEADLINE):
+                threading.Thread(target=self._stacks_then_kill, args=(replica,), daemon=True,
+                                 name="rankguard-stacks").start()
+            else:
+                replica.kill()
+            pool.count_heals()
+            pool.cond.notify_all()
+
+    def _stacks_then_kill(self, replica: Replica) -> None:
+        """After a hang verdict: where each rank was stuck goes to the journal, then the
+        replica is killed (the call already failed; this does not delay it). The ranks get as
+        long to answer as a call gets to run (at least ``STACKS_S``); the wait ends as soon as
+        every rank has answered."""
+        try:
+            dumps = replica.capture_stacks(Deadline.after(max(STACKS_S, self._options.timeout)))
+            self._event("stacks", group=replica.number,
+                        stacks={rank: replica.stacks_path(rank) for rank in dumps},
+                        grouped=stack_groups.describe(
+                            stack_groups.group(dumps, sorted(dumps)), ""))
+        finally:
+            replica.kill()
+
+    def _settle_then_regroup(self, replica: Replica) -> None:
+        """A replica whose call overran the call's own deadline, every rank still running it:
+        once every rank has finished that call (within the pool's timeout) it regroups and
+        serves again; a rank that does not finish by then gets the hang treatment."""
+        if not self._set.closed and replica.settle(Deadline.after(self._options.timeout)):
+            self._regroup(replica)
+            return
+        with self._set.cond:
+            self._set.retired.remove(replica)
+            self._set.cond.notify_all()
+        self._stacks_then_kill(replica)
+
+    def _regroup(self, replica: Replica) -> None:
+        """A replica whose ranks only raised forms a fresh generation and becomes a spare
+        again."""
+        ok = replica.regroup(Deadline.after(REGROUP_S + REGROUP_MARGIN_S))
+        pool = self._set
+        with pool.cond:
+            pool.retired.remove(replica)
+            if ok and not pool.closed:
+                pool.dispatch.add(replica)
+                self._event("group_ready", group=replica.number, role="regrouped")
+                pool.count_heals()
+            else:
+                replica.kill()
+            pool.cond.notify_all()
+
+    # -- the end --------------------------------------------------------------------------------
+
+    def _shut_down(self) -> None:
+        """The supervisor's last act, once the pool is closed: kill the replicas that were
+        starting or regrouping, and close the others (a bounded barrier, then a kill at the
+        close's deadline), all at once."""
+        pool = self._set
+        with pool.cond:
+            until, joined_by = pool.closed_until, pool.closed_join_by
+            replicas = pool.dispatch.clear()
+            doomed = pool.starting + pool.retired
+            pool.starting = []
+            pool.closed_groups = len(replicas) + len(doomed)
+        for replica in doomed:
+            replica.kill()
+        closers = [threading.Thread(target=r.close, args=(until,), daemon=True)
+                   for r in replicas]
+        for closer in closers:
+            closer.start()
+        for closer in closers:
+            closer.join(joined_by.timeout())
+        self.zygote.close(until)
