@@ -21,9 +21,23 @@ HANG = 3.0
 BOUND_S = HANG + 2.0  # issue 29: a verdict within --hang-timeout + 2 s of the fault
 
 
-def nccl_job(*args: str, nproc: int = 2) -> list[str]:
+def nccl_job(*args: str, nproc: int = 2, backend: str = "nccl") -> list[str]:
+    """``rankguard run`` arguments for ``async_job.py BACKEND ARGS...`` on ``nproc`` ranks."""
     return ["--nproc-per-node", str(nproc), "--hang-timeout", str(HANG),
-            script("async_job.py"), "nccl", *args]
+            script("async_job.py"), backend, *args]
+
+
+def assert_blamed(run, verdict: str) -> dict:
+    """Rank 1 was blamed for a hang within ``BOUND_S`` of the fault, in these words (after
+    ``rankguard: hang: ``); returns the journal's event."""
+    assert run.code == 3, run.stderr[-3000:]
+    hang = run.event("hang_detected")
+    assert hang["blamed"] == [1], hang
+    assert f"rankguard: hang: {verdict}" in run.stderr, run.stderr[-3000:]
+    detected = float(re.search(r"detected in ([0-9.]+) s", run.stderr).group(1))
+    print(f"{hang['verdict']}; detected in {detected:.2f} s")
+    assert detected <= BOUND_S, run.stderr[-3000:]
+    return hang
 
 
 TIMING = {"TORCH_NCCL_ENABLE_TIMING": "1"}  # the user's opt-in: see README, "NCCL"
@@ -37,13 +51,8 @@ TIMING = {"TORCH_NCCL_ENABLE_TIMING": "1"}  # the user's opt-in: see README, "NC
 def test_the_rank_that_held_up_an_nccl_all_reduce_is_named_within_the_hang_timeout(
         run_rankguard, scenario, env, verdict):
     run = run_rankguard(nccl_job(scenario, "51"), timeout=90, env={**ONE_GPU, **env})
-    assert run.code == 3, run.stderr[-3000:]
-    hang = run.event("hang_detected")
-    assert hang["blamed"] == [1] and (hang["op"], hang["seq"]) == ("all_reduce", 51), hang
-    assert f"rankguard: hang: {verdict}" in run.stderr, run.stderr[-3000:]
-    detected = float(re.search(r"detected in ([0-9.]+) s", run.stderr).group(1))
-    print(f"{scenario}: {hang['verdict']}; detected in {detected:.2f} s")
-    assert detected <= BOUND_S, run.stderr[-3000:]
+    hang = assert_blamed(run, verdict)
+    assert (hang["op"], hang["seq"]) == ("all_reduce", 51), hang
 
 
 def test_without_timing_a_gpu_stuck_before_a_collective_is_a_stuck_collective(run_rankguard):

@@ -202,6 +202,14 @@ GPU_HELD = nccl(103, 53, 53, t_enter=T, t_done=T)
 SUB_AHEAD = nccl(9, 8, 7, t_enter=T, t_done=T, members=0b101, name="a")
 SUB_BEHIND = nccl(7, 7, 7, t_enter=T - 1.0, t_done=T - 1.0, members=0b101, name="a")
 NCCL_IDLE = nccl(60, 60, 60, members=THREE)  # their world group: every operation completed
+# a 2x2 DeviceMesh, tp groups 0,1 and 2,3, dp groups 0,2 and 1,3: rank 1 stopped after tp #2,
+# before dp #2, where rank 3 waits since T - 0.5; ranks 0 and 2 went on to wait in tp #3 since T
+TP01, TP23, DP02, DP13 = (dict(members=m, name=n) for m, n in (
+    (0b0011, "tp01"), (0b1100, "tp23"), (0b0101, "dp02"), (0b1010, "dp13")))
+MESH = {0: ledger(nccl(2, 2, 2, **DP02), nccl(3, 3, 2, T, T, **TP01)),
+        1: ledger(nccl(2, 2, 2, **TP01), nccl(1, 1, 1, **DP13)),
+        2: ledger(nccl(2, 2, 2, **DP02), nccl(3, 3, 2, T, T, **TP23)),
+        3: ledger(nccl(2, 2, 2, **TP23), nccl(2, 2, 1, T - 0.5, T - 0.5, **DP13))}
 
 ASYNC_CASES = {
     # -- (a) a member never enqueued the operation ----------------------------------------------
@@ -254,6 +262,11 @@ ASYNC_CASES = {
     "NCCL (c): a stopped rank, whose CPU drives the collective's network side, is blamed alone":
         Case({0: ledger(AHEAD), 1: ledger(AHEAD)}, T + HANG,
              [(True, (1,), (0,), "stopped", "all_reduce #54")], {1: STOPPED}),
+    "NCCL (a): of two hangs blaming the same rank, the one waited longest comes first (its "
+    "next operation; the later wait is a consequence)": Case(MESH, T + HANG, [
+        (True, (1,), (3,), "no_progress", "all_reduce #2 on group ranks 1,3"),
+        (True, (1,), (0,), "no_progress", "all_reduce #3 on group ranks 0,1"),
+        (True, (3,), (2,), "no_progress", "all_reduce #3 on group ranks 2,3")]),
     "NCCL: every operation completed is no wait": Case(
         {0: ledger(nccl(60, 60, 60, T, T)), 1: ledger(nccl(60, 60, 60, T, T))},
         T + 10 * HANG, []),

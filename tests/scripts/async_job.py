@@ -2,8 +2,9 @@
 (each rank a host of its own through ``NCCL_HOSTID``), or gloo groups under
 ``RANKGUARD_GLOO=recorder`` (how the suite runs that path on CPU).
 
-``async_job.py BACKEND SCENARIO [AT] [SECONDS]``, BACKEND ``nccl`` or ``gloo``; rank 1 is the
-faulty one, before the world's all_reduce #AT (counted from 1, as torch numbers them):
+``async_job.py BACKEND SCENARIO [AT] [SECONDS]``, BACKEND ``nccl``, ``gloo`` or a mixed spec
+(``cpu:gloo,cuda:nccl``); rank 1 is the faulty one, before the world's all_reduce #AT (counted
+from 1, as torch numbers them), or as each scenario says:
 
 - ``clean``: 20 world all_reduces, 5 in a sub-group of every rank and one of ranks 0,1, the sums
   checked; prints ``OK rank=R backend=B``.
@@ -21,6 +22,24 @@ faulty one, before the world's all_reduce #AT (counted from 1, as torch numbers 
   call ``rankguard.regroup()`` (which leaves rank 1 out) and all-reduce in the new group, then
   print ``REGROUPED rank=R size=N sum=S``; rank 1 leaves (exit 0) once they did (at most
   SECONDS later).
+- ``ddp``: a small ``nn.Linear`` trained under ``DistributedDataParallel`` (whose gradient
+  bucket is all-reduced on the world group by DDP's C++ reducer); each rank prints
+  ``STEP rank=R step=K after=N`` before its step K (N: the world group's last collective, as
+  torch numbers them). AT 0: 8 steps, the ranks' parameters checked equal, then ``OK``; else
+  rank 1 sleeps for good in its step AT, before its forward pass.
+- ``mesh``: a 2x2 ``DeviceMesh`` (4 ranks, dims ``dp`` and ``tp``); each step all-reduces on the
+  rank's ``tp`` group, then on its ``dp`` group, then computes for ``STEP_S``. AT 0: 4 steps,
+  sums checked, ``OK``; else rank 1 sleeps for good in step AT, before its ``dp`` group's
+  (ranks 1,3) all_reduce #AT, and the others go on to step AT + 2: rank 3 waits for rank 1 in
+  that ``dp`` all_reduce, ranks 0 and 2 (a step later) in their ``tp`` all_reduce #AT + 1.
+- ``split`` (NCCL): ``split_group`` makes a group of ranks 0,1 off the default group (bound to
+  the GPU with ``device_id``: torch splits only such a group); rank 1 sleeps for good before
+  its all_reduce #AT.
+- ``mixed`` (``cpu:gloo,cuda:nccl``): each step all-reduces a CPU tensor (gloo; prints
+  ``CPU rank=R step=K sum=S``) and a GPU tensor (NCCL, its sum checked) on the default group;
+  AT 0: 10 steps, ``OK``; else rank 1 sleeps for good before its GPU tensor's all_reduce #AT.
+- ``graph`` (NCCL): an all_reduce captured in a ``torch.cuda.CUDAGraph``, replayed AT times,
+  the result checked (each replay doubles the tensor on 2 ranks), then one more eager one.
 """
 import os
 import sys
@@ -35,10 +54,13 @@ backend, scenario = sys.argv[1], sys.argv[2]
 at = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 seconds = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
 FOREVER = 100000
+# mesh: a step's computing time, longer than the ledger's time resolution (the sampler's tick,
+# up to 0.2 s): the waits a hang causes in later steps begin visibly after the first one
+STEP_S = 0.5
 enqueued_at = 0.0  # when this rank enqueued its last collective (reduce_until)
 REGROUPED = os.path.join(os.environ.get("RANKGUARD_LOG_DIR", "."), "regrouped")
 
-if backend == "nccl":
+if "nccl" in backend:
     os.environ.setdefault("NCCL_HOSTID", f"host{os.environ['RANK']}")
     torch.cuda.set_device(0)
     device = torch.device("cuda", 0)
@@ -97,7 +119,8 @@ def wait_for_device(work) -> None:
             time.sleep(0.005)
 
 
-dist.init_process_group(backend)
+# split_group splits only a default group bound to its device
+dist.init_process_group(backend, device_id=device if scenario == "split" else None)
 rank, world = dist.get_rank(), dist.get_world_size()
 if scenario == "clean":
     everyone = dist.new_group(list(range(world)))
@@ -142,6 +165,79 @@ elif scenario == "subgroup":
         reduce_until(pair, at + 9, "sleep")
     else:
         time.sleep(FOREVER)  # a bystander: not what the pair waits for
+elif scenario == "ddp":
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(8, 4).to(device))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    default_group = dist.distributed_c10d._get_default_group()
+    for step in range(1, (at or 8) + 1):
+        print(f"STEP rank={rank} step={step} "
+              f"after={default_group._get_sequence_number_for_group()}", flush=True)
+        if step == at and rank == 1:
+            time.sleep(FOREVER)
+        optimizer.zero_grad()
+        model(torch.ones(2, 8, device=device) * (rank + 1)).sum().backward()
+        optimizer.step()
+    mine = torch.cat([p.detach().flatten() for p in model.parameters()])
+    everyone = mine.clone()
+    dist.all_reduce(everyone)
+    assert torch.allclose(everyone, mine * world), "DDP left the ranks' parameters apart"
+    print(f"OK rank={rank} backend={dist.get_backend()}", flush=True)
+elif scenario == "mesh":
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device.type, (2, 2), mesh_dim_names=("dp", "tp"))
+    dp, tp = mesh.get_group("dp"), mesh.get_group("tp")
+    for step in range(1, (at + 2 if at else 4) + 1):
+        across = torch.ones(1, device=device)
+        dist.all_reduce(across, group=tp)
+        if step == at and rank == 1:
+            time.sleep(FOREVER)
+        along = torch.ones(1, device=device)
+        dist.all_reduce(along, group=dp)
+        assert (across.item(), along.item()) == (2, 2), (across, along)
+        time.sleep(STEP_S)
+    print(f"OK rank={rank} backend={dist.get_backend()}", flush=True)
+elif scenario == "split":
+    pair = dist.split_group(split_ranks=[[0, 1]])
+    reduce_until(None, 3, "none")
+    reduce_until(pair, at + 9, "sleep")
+elif scenario == "mixed":
+    for step in range(1, (at or 10) + 1):
+        on_cpu = torch.ones(1)
+        dist.all_reduce(on_cpu)
+        print(f"CPU rank={rank} step={step} sum={on_cpu.item():g}", flush=True)
+        if step == at and rank == 1:
+            time.sleep(FOREVER)
+        on_gpu = torch.ones(1, device=device)
+        dist.all_reduce(on_gpu)
+        settle()
+        assert on_gpu.item() == world, on_gpu
+    print(f"OK rank={rank} backend={dist.get_backend()}", flush=True)
+elif scenario == "graph":
+    value = torch.ones(1024, device=device)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up NCCL's communicator outside the capture
+        for _ in range(3):
+            dist.all_reduce(torch.ones(1024, device=device))
+    torch.cuda.current_stream().wait_stream(side)
+    settle()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dist.all_reduce(value)
+    for _ in range(at):
+        graph.replay()
+    settle()
+    assert torch.equal(value, torch.full_like(value, float(world ** at))), value[:4]
+    after = torch.ones(1, device=device)
+    dist.all_reduce(after)
+    settle()
+    assert after.item() == world, after
+    print(f"OK rank={rank} backend={dist.get_backend()} replays={at} value={value[0].item():g}",
+          flush=True)
 else:
     raise SystemExit(f"unknown scenario {scenario!r}")
 dist.destroy_process_group()

@@ -224,7 +224,8 @@ class HangRules:
     def judge(self, snaps: Mapping[int, RankProgress], activity: Mapping[int, Activity],
               gone: Collection[int], now: float) -> list[Verdict]:
         """Every group's verdict at ``now``, hangs first: those blaming ranks that wait in no
-        other group before those that do, then straggler reports.
+        other group before those that do, each the longest wait first; then straggler
+        reports.
 
         Args:
             snaps: the ledger of every live rank (the ranks judged: a member without one is
@@ -248,8 +249,10 @@ class HangRules:
             if verdict is not None:
                 verdicts.append(verdict)
         # A rank blamed in one group while it waits in another is more likely held up there:
-        # hangs that blame ranks waiting nowhere come first.
-        verdicts.sort(key=lambda v: (not v.hung, bool(v.elsewhere)))
+        # hangs that blame ranks waiting nowhere come first. Then the longest wait: a rank
+        # that stopped holds up its next operation first, and the peers that went on reach its
+        # later ones later (a DeviceMesh's other dimension), in whatever order the groups come.
+        verdicts.sort(key=lambda v: (not v.hung, bool(v.elsewhere), -v.waited_s))
         return verdicts
 
     def _sync_wait(self, entries: dict[int, GroupProgress], now: float
