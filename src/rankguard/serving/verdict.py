@@ -6,7 +6,8 @@ proven over plain snapshots, without processes.
 The rules, in order:
 
 1. the first rank, in the order its news arrived, that died (``exited`` / ``signalled``) or
-   raised an error of its own (``raised``; a collective error is a consequence, not a cause);
+   raised an error of its own (``raised``; a collective error is a consequence, not a cause):
+   ``blame``'s rule, on the one order the leader has for deaths and answers alike;
 2. at the deadline (``final``), among the ranks that never answered: the stopped ones
    (``frozen``), else those behind the furthest collective any rank entered (``ledger.behind``),
    else, when some peer did answer, all of them (``deadline``);
@@ -21,6 +22,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .. import blame
 from .. import ledger as _ledger
 from .. import proctree
 from ..errors import RequestCause, RequestFailed
@@ -86,18 +88,17 @@ def verdict(world: int, outcome: Outcome, took: float, *, final: bool,
             Read only when ``final``.
         stopped: the silent ranks whose process is stopped. Read only when ``final``.
     """
-    victims = sorted(r for r, a in outcome.failures.items() if a["collective"])
-    for rank in outcome.order:
-        ending = outcome.dead.get(rank)
+    own, consequences = blame.ordered(_failures(outcome))
+    victims = [f.rank for f in consequences]
+    if own:
+        rank, ending = own[0].rank, outcome.dead.get(own[0].rank)
         if ending is not None:
             return RequestFailed(rank, ending.cause, f"{ending.detail} during the request",
                                  victims=victims, took=took)
-        answer = outcome.failures.get(rank)
-        if answer is not None and not answer["collective"]:
-            return RequestFailed(rank, RequestCause.RAISED, f"raised {answer['error']}: "
-                                 f"{answer['message']}", error_type=answer["error"],
-                                 remote_traceback=answer["traceback"], victims=victims,
-                                 took=took)
+        answer = outcome.failures[rank]
+        return RequestFailed(rank, RequestCause.RAISED, f"raised {answer['error']}: "
+                             f"{answer['message']}", error_type=answer["error"],
+                             remote_traceback=answer["traceback"], victims=victims, took=took)
     if not final:
         return None
     silent = sorted(set(range(world)) - outcome.answered - set(outcome.dead))
@@ -113,7 +114,9 @@ def verdict(world: int, outcome: Outcome, took: float, *, final: bool,
                              "the others (the deadline was too short for the call, no rank is "
                              "at fault)", took=took)
     if not culprits:  # every rank answered with a collective error and none is to blame
-        first = next(r for r in outcome.order if r in outcome.failures)
+        root = blame.root(consequences)
+        assert root is not None  # not culprits and not silent: every rank answered
+        first = root.rank
         answer = outcome.failures[first]
         return RequestFailed(None, RequestCause.RAISED, f"failed: rank {first} raised "
                              f"{answer['error']}: {answer['message']}", error_type=answer["error"],
@@ -128,6 +131,18 @@ def verdict(world: int, outcome: Outcome, took: float, *, final: bool,
                              f"at the request's deadline{context}", victims=victims, took=took)
     return RequestFailed(rank, RequestCause.DEADLINE, f"was still running when the request's "
                          f"deadline passed{context}", victims=victims, took=took)
+
+
+def _failures(outcome: Outcome) -> list[blame.Failure[None]]:
+    """Each rank that died or answered with an error, timed by when the leader first heard of
+    it (its place in ``outcome.order``): a death and an error of its own are its own failure,
+    a collective error a consequence."""
+    heard: dict[int, int] = {}
+    for place, rank in enumerate(outcome.order):
+        heard.setdefault(rank, place)
+    return [blame.Failure(rank, place, rank not in outcome.dead
+                          and outcome.failures[rank]["collective"], None)
+            for rank, place in heard.items() if rank in outcome.dead or rank in outcome.failures]
 
 
 def behind(world: int, positions: Mapping[int, Position]) -> tuple[list[int], str]:
