@@ -51,7 +51,7 @@ import tempfile
 import time
 from typing import Any
 
-from rankguard import proctree
+from rankguard.processes import proctree
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "in_place_worker.py")

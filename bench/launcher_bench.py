@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-from rankguard import proctree
+from rankguard.processes import proctree
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "fault_worker.py")

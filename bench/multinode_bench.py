@@ -45,7 +45,7 @@ import psutil
 import pytest
 from launcher_bench import kill_marked, pids_alive, read_floats
 
-from rankguard import proctree
+from rankguard.processes import proctree
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from tests.launcher import netns  # noqa: E402  (the namespace nodes of the tests)

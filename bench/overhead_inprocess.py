@@ -67,7 +67,7 @@ def rank_main(rank: int, world: int, store_path: str, sizes: list[int], rounds: 
     import torch.distributed as dist
     from plain_group import plain_group_over
 
-    from rankguard import ledger
+    from rankguard.records import ledger
     from rankguard.runtime import instrument, state
 
     state.current().ledger = ledger.LedgerWriter.private(world)

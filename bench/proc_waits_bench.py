@@ -23,7 +23,7 @@ import sys
 import textwrap
 import time
 
-from rankguard import proc_waits
+from rankguard.processes import proc_waits
 
 HELPERS = "import threading, os\nfor _ in range(4): threading.Thread(target=os.read, args=(os.pipe()[0], 1), daemon=True).start()\n"
 KINDS = {

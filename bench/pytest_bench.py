@@ -27,7 +27,7 @@ import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
-from rankguard import proctree  # noqa: E402
+from rankguard.processes import proctree  # noqa: E402
 from tests.testing import test_plugin_deadlines_and_leaks as bad  # noqa: E402
 
 MARK = "RANKGUARD_BENCH_TAG"

@@ -39,7 +39,7 @@ from typing import Any, Callable
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import rankguard  # noqa: E402
-from rankguard import journal  # noqa: E402
+from rankguard.records import journal  # noqa: E402
 
 import pool_bench_functions as fns  # noqa: E402
 from plain_served import PlainFailed, PlainGroup  # noqa: E402

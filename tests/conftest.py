@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from rankguard import journal, proctree
+from rankguard.records import journal
+from rankguard.processes import proctree
 from rankguard.deadline import Deadline
 
 # Every process the tests start imports rankguard: with this variable (set on the machines these

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from rankguard import proctree
+from rankguard.processes import proctree
 
 from .conftest import script
 

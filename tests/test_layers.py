@@ -18,14 +18,15 @@ PACKAGE = pathlib.Path(rankguard.__file__).parent
 
 # Each part, and the parts it may import. A part is a top-level module or a folder.
 BOTTOM = {"errors", "deadline", "margins"}
-SHARED = {"blame", "ledger", "journal", "sealed", "private_files", "proctree", "stack_requests", "options",
-          "store_server", "pyfiles", "store_calls", "stack_groups", "ledger_ring", "recent_file",
-          "beats", "recovery_file", "proc_waits"}
+SHARED = {"records", "store", "processes", "inputs", "blame"}
 MAY_IMPORT = {
     "errors": set(),
     "deadline": {"errors"},
     "margins": {"errors", "deadline"},
-    **{name: BOTTOM | SHARED for name in SHARED},
+    # the shared folders: each on its own above the bottom, but the store, which keeps the
+    # run's secret in a private file (records)
+    **{name: BOTTOM | {name} for name in SHARED},
+    "store": BOTTOM | {"store", "records"},
     "inject": BOTTOM | SHARED | {"inject"},
     "supervisor": BOTTOM | SHARED | {"supervisor"},
     "runtime": BOTTOM | SHARED | {"runtime", "inject"},

@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from rankguard import journal
+from rankguard.records import journal
 from tests.conftest import ROOT, script
 
 

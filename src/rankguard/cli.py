@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(argv: list[str]) -> int:
     from .launcher import cli as run_cli
     from .launcher import store
-    from .options import remove_empty_dirs
+    from .inputs.options import remove_empty_dirs
 
     config = None
     try:

@@ -16,7 +16,7 @@ from typing import Iterator
 import pytest
 import torch
 
-from rankguard import proc_waits, proctree
+from rankguard.processes import proc_waits, proctree
 from rankguard.deadline import Deadline
 from rankguard.launcher.progress import POLL_S, Evidence, judge
 from tests.conftest import ROOT, script

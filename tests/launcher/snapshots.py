@@ -6,7 +6,7 @@ Times are on a made-up monotonic clock that starts at 0.
 
 from __future__ import annotations
 
-from rankguard import ledger as L
+from rankguard.records import ledger as L
 
 WORLD = L.group_key("world")
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from rankguard import proctree
+from rankguard.processes import proctree
 from tests.conftest import Run, script
 from tests.launcher.etcd_server import etcd_server
 from tests.launcher.test_multinode import (_agents, _await_output, _await_rounds, _envs, _error,

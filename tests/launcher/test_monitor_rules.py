@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from rankguard import ledger as L
+from rankguard.records import ledger as L
 from rankguard.launcher.monitor import (BUSY_RECENT_S, Activity, HangMonitor, HangRules,
                                         ReportedOnce, Verdict, group_label, mismatched, op_label)
 from tests.launcher.snapshots import group, leaving, ledger, nccl, sub, world

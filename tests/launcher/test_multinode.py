@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from rankguard import margins, proctree
+from rankguard import margins
+from rankguard.processes import proctree
 from tests.conftest import ROOT, Run, finish, launch, script
 
 GRACE_S = 2

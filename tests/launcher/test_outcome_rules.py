@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from rankguard import ledger as L
+from rankguard.records import ledger as L
 from rankguard.launcher.monitor import Verdict
 from rankguard.launcher.outcome import (OUTCOMES, Fault, RankOutcome, RankSnapshot, classify,
                                         deadline_verdict, first_fault, lingering, run_status)

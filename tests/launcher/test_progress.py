@@ -9,7 +9,7 @@ import time
 import pytest
 
 from rankguard.launcher.progress import ProgressTracker
-from rankguard.ledger import GroupProgress, RankProgress, group_key
+from rankguard.records.ledger import GroupProgress, RankProgress, group_key
 
 WORLD = group_key("world")
 

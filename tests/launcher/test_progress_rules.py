@@ -1,6 +1,6 @@
 """Frozen, busy, waiting outside the job or stopped: the rule that judges a quiet rank's process
 tree between two /proc samples (``progress.judge``), table-driven over fake samples (no
-processes; milliseconds). The samples a real process gives are in test_proc_waits.py, and whole
+processes; milliseconds). The samples a real process gives are in tests/processes/test_proc_waits.py, and whole
 runs in test_stragglers.py."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from rankguard.launcher.progress import BUSY_SHARE, POLL_S, Seen, judge
-from rankguard.proc_waits import Call, Fd, ThreadWait, TreeSample
+from rankguard.processes.proc_waits import Call, Fd, ThreadWait, TreeSample
 
 INTERVAL = 0.2
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from rankguard import recent_file
+from rankguard.records import recent_file
 from tests.conftest import ROOT, script
 
 RECORDER = {"RANKGUARD_GLOO": "recorder"}

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from rankguard import ledger as L
-from rankguard.beats import beat_async, beat_entry, decode_async, decode_ranks, encode
+from rankguard.records import ledger as L
+from rankguard.records.beats import beat_async, beat_entry, decode_async, decode_ranks, encode
 from rankguard.launcher.monitor import Activity, HangRules
 from rankguard.launcher.remote_progress import RemoteProgress
 from tests.launcher.snapshots import ledger, world

@@ -7,12 +7,12 @@ import time
 
 import pytest
 
-from rankguard import ledger as L
+from rankguard.records import ledger as L
 from rankguard.deadline import Deadline
 from rankguard.launcher.monitor import Verdict
 from rankguard.launcher.outcome import Fault, notice_kind
 from rankguard.launcher.round_end import RoundChannel, RoundEnd
-from rankguard.store_calls import StoreStalled
+from rankguard.store.store_calls import StoreStalled
 from tests.leftover_threads import ends_its_threads
 from tests.store_process import client, freeze, store_process
 

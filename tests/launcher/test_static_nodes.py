@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from rankguard import proctree
+from rankguard.processes import proctree
 from tests.conftest import launch, script
 from tests.launcher.test_multinode import (GRACE_S, JOIN_S, _await_output, _envs, _error,
                                            _finish_all, _free_port, _kill_all)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rankguard import proctree
+from rankguard.processes import proctree
 from tests.conftest import ROOT, launch
 
 ERASE = b"\r\x1b[K"

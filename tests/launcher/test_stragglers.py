@@ -4,7 +4,7 @@ HTTP server that answers late. And watching a hang (stack requests, as ``rankgua
 sends them) never hides it. Real ranks, real children, a real HTTP server.
 
 (The rule is table-tested in test_progress_rules.py, /proc's view of each wait in
-test_proc_waits.py.)"""
+tests/processes/test_proc_waits.py.)"""
 
 from __future__ import annotations
 

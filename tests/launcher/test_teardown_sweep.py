@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rankguard import proctree
+from rankguard.processes import proctree
 from tests.conftest import finish, launch
 from tests.detached import CGROUP, DAEMON, SUBREAPER, gone_within
 

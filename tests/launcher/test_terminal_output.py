@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rankguard import proctree
+from rankguard.processes import proctree
 from rankguard.deadline import Deadline
 from rankguard.launcher.terminal import LIMIT, Output
 from tests.conftest import Run, launch, script

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from rankguard import ledger as L
+from rankguard.records import ledger as L
 from rankguard.launcher.monitor import Verdict
 from rankguard.launcher.outcome import Fault, FaultKind, RankSnapshot
 from rankguard.launcher.watch_rules import (LATER, Act, Decision, Look, Say, Tick,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rankguard import private_files
+from rankguard.records import private_files
 
 from ..conftest import ROOT, finish, launch
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rankguard import recent_file
+from rankguard.records import recent_file
 from rankguard.observe import flight_recorder, report, timeline
 
 from ..conftest import ROOT, script

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rankguard import proctree
+from rankguard.processes import proctree
 
 from ..conftest import ROOT, script
 

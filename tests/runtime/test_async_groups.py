@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rankguard.ledger import OP_CODES
+from rankguard.records.ledger import OP_CODES
 from rankguard.runtime.async_groups import (MAX_TICK_S, MIN_TICK_S, STALL_S, Published,
                                             advance, kind_wanted, overdue, tick_for)
 from rankguard.runtime.fr_progress import GroupCounts

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator
 import pytest
 import torch.distributed as dist
 
-from rankguard import sealed
+from rankguard.store import sealed
 from rankguard.deadline import Deadline
 from rankguard.runtime import barrier
 

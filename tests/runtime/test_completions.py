@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rankguard import ledger
+from rankguard.records import ledger
 from rankguard.deadline import Deadline
 from rankguard.runtime.completions import (EXACT_OPS, LAG_SHARE, MAX_LAG_S, MIN_LAG_S, REAP_AT,
                                            CompletionTracker, lag_for)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from rankguard import proctree
+from rankguard.processes import proctree
 from rankguard.runtime import fr_progress as fr
 from tests.conftest import ROOT, script
 from tests.runtime.ranks import free_port

@@ -9,9 +9,9 @@ import math
 
 import pytest
 
-from rankguard import ledger as _ledger
-from rankguard import ledger_ring
-from rankguard.ledger_ring import AsyncState, RingRecord
+from rankguard.records import ledger as _ledger
+from rankguard.records import ledger_ring
+from rankguard.records.ledger_ring import AsyncState, RingRecord
 from rankguard.runtime import fr_progress, fr_recent
 from rankguard.runtime.fr_progress import Entry
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from rankguard import proctree
+from rankguard.processes import proctree
 from rankguard.runtime import stacks as rank_stacks
 
 from .ranks import Ranks

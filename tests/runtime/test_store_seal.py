@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from rankguard import sealed
+from rankguard.store import sealed
 from rankguard.runtime import probe
 
 from .ranks import Ranks

@@ -10,7 +10,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from rankguard import CollectiveTimeout, UsageError, sealed
+from rankguard import CollectiveTimeout, UsageError
+from rankguard.store import sealed
 from rankguard.deadline import Deadline
 from rankguard.runtime import vacancies
 from rankguard.runtime.vacancies import LINEAGE_KEY, Vacancies

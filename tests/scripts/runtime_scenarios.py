@@ -189,7 +189,7 @@ def wait_for_file(name: str, timeout: float = 30.0) -> None:
 
 def values_dropped() -> int:
     try:
-        from rankguard import sealed
+        from rankguard.store import sealed
     except ImportError:  # a rankguard that seals nothing
         return 0
     return sealed.dropped()

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from rankguard import ledger, proctree
+from rankguard.records import ledger
+from rankguard.processes import proctree
 from rankguard.runtime import stacks
 
 from ..conftest import ROOT, finish, launch, script

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rankguard import sealed
+from rankguard.store import sealed
 
 SECRET = "ab" * 32
 

@@ -11,7 +11,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import rankguard  # noqa: E402
-from rankguard import journal  # noqa: E402
+from rankguard.records import journal  # noqa: E402
 from tests.serving import rank_functions as rf  # noqa: E402
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 import rankguard
-from rankguard import journal, proctree
+from rankguard.records import journal
+from rankguard.processes import proctree
 
 from . import rank_functions as rf
 

@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from rankguard import journal, proctree
+from rankguard.records import journal
+from rankguard.processes import proctree
 from rankguard.serving.budgets import CUT_CLOSE_S, HTTP_ANSWER_S
 from rankguard.serving.pool import CLOSE_JOIN_S
 

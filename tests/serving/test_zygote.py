@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import rankguard
-from rankguard import proctree
+from rankguard.processes import proctree
 from rankguard.deadline import Deadline
 from rankguard.supervisor.zygote import LOST_CODE, Zygote, ZygoteUnavailable
 

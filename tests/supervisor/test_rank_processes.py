@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from rankguard import proctree
+from rankguard.processes import proctree
 from rankguard.deadline import Deadline
-from rankguard.proctree import await_exits as wait_gone
+from rankguard.processes.proctree import await_exits as wait_gone
 from rankguard.supervisor import RankFiles, RankProcesses, spawn
 
 LONG_S = 60.0  # every wait's bound: far longer than any of these events takes, even loaded

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rankguard import proctree
+from rankguard.processes import proctree
 
 
 @dataclass

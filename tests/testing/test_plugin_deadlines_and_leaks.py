@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rankguard import proctree
+from rankguard.processes import proctree
 from rankguard.testing.watchdog import BACKSTOP_S, LAST_RESORT_S, LAST_WORDS_S
 from tests.detached import CGROUP, DAEMON, SUBREAPER
 

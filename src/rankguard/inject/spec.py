@@ -37,7 +37,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import RankguardError, UsageError
-from ..options import number
+from ..inputs.options import number
 
 KINDS = ("crash", "raise", "kill", "term", "stop", "hang", "gil", "slow")
 _TAKES_SECONDS = ("gil", "slow")

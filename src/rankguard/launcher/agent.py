@@ -26,11 +26,13 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from .. import ledger as _ledger
-from .. import ledger_ring, margins, proctree, recent_file
+from ..records import ledger as _ledger
+from ..records import ledger_ring, recent_file
+from .. import margins
+from ..processes import proctree
 from ..deadline import Deadline
-from ..journal import Journal
-from ..proctree import MARKER
+from ..records.journal import Journal
+from ..processes.proctree import MARKER
 from ..supervisor import RankProcesses
 from . import guardian, teardown
 from .config import RunConfig

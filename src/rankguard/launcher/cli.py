@@ -16,10 +16,12 @@ import socket
 import sys
 import uuid
 
-from .. import options, private_files, sealed
+from ..inputs import options
+from ..records import private_files
+from ..store import sealed
 from ..errors import UsageError
-from ..options import (MAX_LOCAL_RANKS, Parser, missing_dirs, number, remove_empty_dirs,
-                       writable_dir, writable_file)
+from ..inputs.options import (MAX_LOCAL_RANKS, Parser, missing_dirs, number, remove_empty_dirs,
+                              writable_dir, writable_file)
 from ..inject import spec as inject_spec
 from . import config as _config
 from . import torchrun_flags

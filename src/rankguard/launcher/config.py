@@ -5,7 +5,8 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 
-from .. import margins, sealed
+from .. import margins
+from ..store import sealed
 from ..inject.spec import FaultSpec
 from .streams import TerminalStreams
 

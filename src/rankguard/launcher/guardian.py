@@ -22,7 +22,7 @@ import sys
 import time
 
 from ..deadline import Deadline
-from ..proctree import forget, kill_all, with_marker
+from ..processes.proctree import forget, kill_all, with_marker
 
 SWEEP_S = 1.0
 SWEEP_EVERY_S = 0.1

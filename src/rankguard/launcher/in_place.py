@@ -29,10 +29,11 @@ import subprocess
 from dataclasses import dataclass
 from typing import Callable
 
-from .. import ledger as _ledger
-from .. import margins, recovery_file
+from ..records import ledger as _ledger
+from .. import margins
+from ..records import recovery_file
 from ..deadline import Deadline
-from ..journal import Journal
+from ..records.journal import Journal
 from ..supervisor import RankFiles, RankProcess, RankProcesses
 from .config import RunConfig
 from .monitor import Verdict

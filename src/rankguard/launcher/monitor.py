@@ -47,7 +47,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Collection, Iterable, Literal, Mapping
 
-from ..ledger import FAULT_NONE, GroupProgress, LedgerReader, RankProgress, behind, seq_of
+from ..records.ledger import FAULT_NONE, GroupProgress, LedgerReader, RankProgress, behind, seq_of
 from .progress import ProgressTracker
 
 # An absent rank counts as busy (a straggler) only if it made progress this recently; one that

@@ -35,10 +35,10 @@ from typing import Any
 
 from ..deadline import Deadline
 from ..errors import RendezvousError, first_line
-from .. import ledger as _ledger
-from ..ledger import RankProgress
+from ..records import ledger as _ledger
+from ..records.ledger import RankProgress
 from ..supervisor import RankProcesses
-from ..store_calls import StoreStalled, within
+from ..store.store_calls import StoreStalled, within
 from .agent import TICK_S, Launcher
 from .config import RendezvousConfig, RunConfig, endpoint
 from .monitor import Verdict
@@ -53,7 +53,7 @@ from .store_keys import agents_key, agents_namespace, left_key, round_namespace,
 from .remote_progress import RemoteProgress
 from .round_end import RoundChannel, RoundEnd, end_key
 from .. import margins
-from ..beats import beat_async, beat_entry
+from ..records.beats import beat_async, beat_entry
 
 
 def left_to_another_node(verdict: Verdict, local: set[int], nodes: int,

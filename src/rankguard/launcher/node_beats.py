@@ -29,7 +29,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from .. import beats, sealed
+from ..records import beats
+from ..store import sealed
 from ..errors import first_line
 
 # A gap this long (or half the limit) between two questions means the asking agent itself was

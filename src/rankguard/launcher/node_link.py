@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from .. import margins
-from ..journal import Journal
-from ..ledger import RankProgress
+from ..records.journal import Journal
+from ..records.ledger import RankProgress
 from ..supervisor import RankProcesses
 from . import store as _store
 from .config import RunConfig

@@ -29,7 +29,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .. import sealed
+from ..store import sealed
 
 _STANDBYS = "standbys"  # how many standbys wait for this round's requests (a hint, unsealed)
 _ASKED = "takeovers"  # how many requests were written, numbered from 0

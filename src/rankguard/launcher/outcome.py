@@ -26,8 +26,8 @@ import signal
 from dataclasses import dataclass
 
 from .. import blame
-from .. import ledger as _ledger
-from ..proctree import exit_detail, signal_name
+from ..records import ledger as _ledger
+from ..processes.proctree import exit_detail, signal_name
 from ..supervisor import RankProcess
 from .monitor import P2P, Verdict, group_label, op_label
 

@@ -42,10 +42,10 @@ import enum
 from dataclasses import dataclass
 from typing import Mapping
 
-from .. import proc_waits
-from ..ledger import RankProgress
+from ..processes import proc_waits
+from ..records.ledger import RankProgress
 from ..margins import ASYNC_STALL_S
-from ..proc_waits import Call, Fd, JobPeers, ThreadWait, TreeSample
+from ..processes.proc_waits import Call, Fd, JobPeers, ThreadWait, TreeSample
 
 BUSY_SHARE = 0.05
 # A timed wait of the main thread that ends within this many seconds is part of a poll.

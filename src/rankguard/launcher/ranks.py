@@ -22,8 +22,10 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from .. import margins, recovery_file, sealed
-from ..proctree import MARKER
+from .. import margins
+from ..records import recovery_file
+from ..store import sealed
+from ..processes.proctree import MARKER
 from ..supervisor import RankFiles, RankProcesses, spawn
 from ..supervisor.rank_processes import Tee, Writer
 from .config import RunConfig

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ..beats import GROUP_FIELDS, WORLD_FIELDS, decode
-from ..ledger import FAULT_NONE, GroupProgress, RankProgress, group_key, op_name
+from ..records.beats import GROUP_FIELDS, WORLD_FIELDS, decode
+from ..records.ledger import FAULT_NONE, GroupProgress, RankProgress, group_key, op_name
 
 _WORLD_KEY = group_key("world")
 # The world group's first entry is init_process_group. A remote rank waiting in it is not shown

@@ -47,10 +47,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Sequence, TypeVar
 
-from .. import sealed, store_server
+from ..store import sealed, store_server
 from ..deadline import Deadline
 from ..errors import RendezvousError, UsageError, first_line
-from ..store_calls import within
+from ..store.store_calls import within
 from . import round_store
 from . import store_keys
 from .config import RendezvousConfig, endpoint

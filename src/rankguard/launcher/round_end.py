@@ -33,10 +33,10 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any, Callable
 
-from .. import sealed
+from ..store import sealed
 from ..deadline import Deadline
-from ..store_calls import within
-from ..ledger_ring import wall_offset
+from ..store.store_calls import within
+from ..records.ledger_ring import wall_offset
 from .monitor import Verdict
 from .outcome import Fault, FaultKind
 

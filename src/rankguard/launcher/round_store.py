@@ -15,7 +15,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from .. import store_server
+from ..store import store_server
 from ..errors import UsageError
 from .config import RendezvousConfig
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import socket
 
-from .. import store_server
-from ..store_server import host
+from ..store import store_server
+from ..store.store_server import host
 
 __all__ = ["host", "reserve_port"]
 

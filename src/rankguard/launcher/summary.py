@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .. import stack_groups
+from ..processes import stack_groups
 from .outcome import RankOutcome
 
 

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import signal
 
-from .. import ledger as _ledger
-from .. import margins, proctree, stack_groups, stack_requests
+from ..records import ledger as _ledger
+from .. import margins
+from ..processes import proctree, stack_groups, stack_requests
 from ..deadline import Deadline
-from ..journal import Journal
+from ..records.journal import Journal
 from ..supervisor import RankProcess, RankProcesses
 from .monitor import HangMonitor
 

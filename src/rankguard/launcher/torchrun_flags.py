@@ -15,7 +15,7 @@ import signal
 from dataclasses import dataclass
 
 from ..errors import UsageError
-from ..options import number
+from ..inputs.options import number
 from .config import DEFAULT_SIGNALS
 
 

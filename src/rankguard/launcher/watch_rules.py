@@ -17,8 +17,9 @@ import enum
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from .. import ledger as _ledger
-from .. import margins, proctree
+from ..records import ledger as _ledger
+from .. import margins
+from ..processes import proctree
 from .monitor import Verdict
 from .outcome import Fault, FaultKind, RankSnapshot, deadline_verdict, first_fault
 

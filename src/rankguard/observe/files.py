@@ -21,7 +21,7 @@ import os
 import stat
 from typing import Any
 
-from .. import private_files
+from ..records import private_files
 from ..errors import UsageError
 
 JOURNAL_LIMIT = 1 << 30  # bytes of a journal read at most

@@ -35,7 +35,7 @@ import os
 import pickle
 from typing import Any, Mapping
 
-from .. import recent_file
+from ..records import recent_file
 from ..errors import UsageError
 from . import files
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 import sys
 
-from .. import recent_file
+from ..records import recent_file
 from ..errors import UsageError
-from ..options import number
+from ..inputs.options import number
 from . import files, flight_recorder, runs
 
 PROG = "rankguard flight-recorder"

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from .. import beats, sealed, store_calls
+from ..records import beats
+from ..store import sealed, store_calls
 from ..deadline import Deadline
 from ..errors import first_line
-from ..ledger import op_name
+from ..records.ledger import op_name
 
 READ_S = 3.0  # the most a read of the other nodes' beats waits for the round's store
 MAX_NODES = 4096  # more than a journal's beats field may name

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .. import recent_file
+from ..records import recent_file
 from ..errors import UsageError
 from . import files, report, runs, timeline
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import psutil
 
-from .. import private_files
+from ..records import private_files
 from . import files
 from ..errors import UsageError
-from ..options import Parser, number
+from ..inputs.options import Parser, number
 
 JOURNAL = "journal.jsonl"
 START_SLACK_S = 1.0  # a rank's process started at most this long after its rank_start event

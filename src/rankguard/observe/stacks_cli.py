@@ -10,8 +10,8 @@ Exit codes: 0 stacks shown; 1 no rank answered; 2 bad usage or no such run.
 from __future__ import annotations
 
 
-from .. import proctree, stack_groups, stack_requests
-from ..options import Parser
+from ..processes import proctree, stack_groups, stack_requests
+from ..inputs.options import Parser
 from . import runs
 
 PROG = "rankguard stacks"

@@ -14,7 +14,7 @@ from typing import Any
 
 import psutil
 
-from .. import ledger
+from ..records import ledger
 from . import files, remote, runs
 
 

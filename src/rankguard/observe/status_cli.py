@@ -8,7 +8,7 @@ import json
 import sys
 import time
 
-from ..options import Parser
+from ..inputs.options import Parser
 from . import runs, status
 
 PROG = "rankguard status"

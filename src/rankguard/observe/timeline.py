@@ -13,7 +13,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from .. import recent_file, stack_groups
+from ..records import recent_file
+from ..processes import stack_groups
 from . import files, runs
 
 _SAME_MOMENT_S = 0.05  # rank exits this close together are shown as one mark

@@ -38,7 +38,7 @@ import os
 import threading
 from typing import Any, Iterable
 
-from .. import ledger as _ledger
+from ..records import ledger as _ledger
 from ..errors import CollectiveError, CollectiveTimeout, PeerFailed
 from ..margins import ANSWER_WINDOW_S
 from . import async_groups, fr_progress, nccl_abort

@@ -35,8 +35,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
-from .. import ledger as _ledger
-from .. import ledger_ring
+from ..records import ledger as _ledger
+from ..records import ledger_ring
 from ..margins import ASYNC_STALL_S
 from . import fr_progress, fr_recent, nccl_abort
 from .fr_progress import (Entry, FlightRecorderReader, FlightRecorderUnavailable, GroupCounts,

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from .. import sealed
+from ..store import sealed
 from ..deadline import MAX_SECONDS, Deadline
 
 STORE_OP_MIN_S = 1.0  # the least time a store operation gets, even once the deadline passed

@@ -40,8 +40,9 @@ import sys
 import traceback
 from typing import Any
 
-from .. import ledger as _ledger
-from .. import options, proctree
+from ..records import ledger as _ledger
+from ..inputs import options
+from ..processes import proctree
 from ..errors import CollectiveError, UsageError, in_chain
 from ..inject import perform as _perform
 from ..inject import spec as _spec

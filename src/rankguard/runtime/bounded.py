@@ -19,7 +19,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from .. import ledger as _ledger
+from ..records import ledger as _ledger
 from ..deadline import Deadline
 from ..errors import CollectiveError, CollectiveTimeout, GroupRetired, PeerFailed
 from . import failures, groups

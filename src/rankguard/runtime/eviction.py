@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 
-from .. import ledger as _ledger
+from ..records import ledger as _ledger
 from ..errors import UsageError
 from ..margins import NCCL_ABORT_S, NCCL_SYNC_S
 from . import async_groups, groups, nccl_abort, stacks

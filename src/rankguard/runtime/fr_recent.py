@@ -26,9 +26,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable
 
-from .. import ledger as _ledger
-from .. import ledger_ring
-from ..ledger_ring import AsyncState, RingRecord
+from ..records import ledger as _ledger
+from ..records import ledger_ring
+from ..records.ledger_ring import AsyncState, RingRecord
 from .fr_progress import Entry
 
 

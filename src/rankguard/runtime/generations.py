@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Iterable, TypeVar
 
-from .. import sealed
+from ..store import sealed
 from ..deadline import Deadline, check_seconds
 from ..errors import CollectiveTimeout, GroupRetired, PeerFailed, UsageError, first_line
 from ..margins import SECOND_ASK_WINDOW_S
@@ -43,7 +43,7 @@ from . import async_deadline, barrier, groups, vacancies
 from .bounded import NO_ANSWER
 from .probe import clone_client
 from .state import WORLD, current
-from ..store_calls import StoreStalled, within
+from ..store.store_calls import StoreStalled, within
 
 DEFAULT_TIMEOUT_S = 10.0
 _STORE_ALLOWANCE_S = 0.5  # a barrier's last reads, after the deadline, of who arrived

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from .. import ledger as _ledger
+from ..records import ledger as _ledger
 from ..errors import UsageError
 from . import deadline as _deadline
 from . import eviction, instrument, stacks

@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Iterator
 
-from .. import ledger as _ledger
-from .. import options, sealed
+from ..records import ledger as _ledger
+from ..inputs import options
+from ..store import sealed
 from ..deadline import Deadline
 from ..errors import GroupRetired, UsageError
 from . import async_deadline, async_groups, fr_progress, nccl_abort

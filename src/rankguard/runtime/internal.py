@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from typing import Iterable
 
-from .. import ledger as _ledger
+from ..records import ledger as _ledger
 from ..deadline import Deadline
 from . import barrier, generations, groups
 from . import shutdown as _shutdown

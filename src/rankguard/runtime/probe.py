@@ -31,12 +31,12 @@ import threading
 from datetime import timedelta
 from typing import Any, Callable
 
-from .. import sealed
+from ..store import sealed
 from ..deadline import Deadline
 from ..errors import first_line
 from ..margins import ANSWER_WINDOW_S
-from .. import store_calls
-from ..store_calls import StoreStalled, within
+from ..store import store_calls
+from ..store.store_calls import StoreStalled, within
 
 THREAD_SLACK_S = 0.1  # for the ask's own thread to start and end on a loaded machine
 _IDLE_WAIT = timedelta(hours=1)  # a responder's wait for the next request; then it waits again

@@ -25,7 +25,7 @@ import itertools
 import os
 import time
 
-from .. import ledger as _ledger
+from ..records import ledger as _ledger
 from ..deadline import Deadline, check_seconds
 from ..errors import TeardownTimeout, first_line
 from ..margins import NCCL_ABORT_S

@@ -20,7 +20,8 @@ import os
 import re
 from typing import IO
 
-from .. import private_files, stack_requests
+from ..records import private_files
+from ..processes import stack_requests
 from ..errors import UsageError
 
 STACK_SIGNAL = stack_requests.RANK_SIGNAL

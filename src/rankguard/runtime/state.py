@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .. import ledger as _ledger
+from ..records import ledger as _ledger
 from ..errors import CollectiveError
 from .completions import CompletionTracker
 

@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .. import ledger as _ledger
-from .. import recovery_file
+from ..records import ledger as _ledger
+from ..records import recovery_file
 from ..deadline import check_seconds
 from ..errors import CollectiveError, GroupRetired, UsageError, first_line, in_chain
 from . import ddp_layout, failures, generations, peer_state, vacancies

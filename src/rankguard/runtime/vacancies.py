@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .. import sealed
+from ..store import sealed
 from ..deadline import Deadline, check_seconds
 from ..errors import CollectiveTimeout, UsageError
 from . import barrier

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import UsageError
-from ..options import Parser, number, writable_dir, writable_file
+from ..inputs.options import Parser, number, writable_dir, writable_file
 from .pool_options import HEALING_MODES, MAX_QUEUE, check_size
 from ..serving.budgets import HTTP_ANSWER_S
 

@@ -56,7 +56,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import PoolClosed, PoolUnavailable, RequestFailed, UnavailableState, UsageError
-from ..options import number
+from ..inputs.options import number
 from . import metrics
 from .budgets import CUT_CLOSE_S
 from .metrics import CallOutcome

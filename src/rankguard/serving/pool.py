@@ -42,8 +42,8 @@ from typing import Any, Callable
 from ..deadline import Deadline
 from ..errors import (PoolClosed, PoolUnavailable, RequestCause, RequestFailed,
                       UnavailableState, UsageError)
-from ..journal import Journal
-from ..options import seconds, writable_file
+from ..records.journal import Journal
+from ..inputs.options import seconds, writable_file
 from .dispatch import Dispatch
 from .pool_options import HealingMode, PoolOptions
 from .pool_state import PoolState, PoolStatus

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UsageError, shown
-from ..options import MAX_LOCAL_RANKS, seconds
+from ..inputs.options import MAX_LOCAL_RANKS, seconds
 from .budgets import MIN_CALL_FRACTION, SUSPECT_FRACTION
 
 QUEUE_PER_REPLICA = 32  # the default bound on the calls waiting for a replica, per replica

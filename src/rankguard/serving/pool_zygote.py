@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .. import proctree
+from ..processes import proctree
 from ..deadline import Deadline
 from ..supervisor.zygote import Zygote, ZygoteUnavailable
 from . import leader_env

@@ -28,11 +28,12 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Callable
 
-from .. import ledger as _ledger
-from .. import proctree, sealed, store_server
+from ..records import ledger as _ledger
+from ..processes import proctree
+from ..store import sealed, store_server
 from ..deadline import Deadline
 from ..errors import UsageError
-from ..ledger import LedgerReader
+from ..records.ledger import LedgerReader
 from ..runtime import stacks
 from ..supervisor import RankFiles, RankProcess, RankProcesses, spawn
 from . import leader_env

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import NamedTuple
 
-from .. import stack_groups
+from ..processes import stack_groups
 from ..deadline import Deadline
 from ..errors import RequestCause, RequestFailed
 from .budgets import REGROUP_MARGIN_S, REGROUP_S, STACKS_S

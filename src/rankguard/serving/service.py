@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import UsageError
-from ..pyfiles import import_file
+from ..inputs.pyfiles import import_file
 
 
 @dataclass

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .. import blame
-from .. import ledger as _ledger
-from .. import proctree
+from ..records import ledger as _ledger
+from ..processes import proctree
 from ..errors import RequestCause, RequestFailed
 
 

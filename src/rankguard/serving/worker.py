@@ -40,10 +40,10 @@ import time
 import traceback
 from typing import Any
 
-from .. import proctree
+from ..processes import proctree
 from ..deadline import Deadline
 from ..errors import CollectiveError, GroupRetired, RankguardError
-from ..pyfiles import import_file
+from ..inputs.pyfiles import import_file
 from ..runtime import internal
 from ..runtime.init import init
 from .budgets import SHUTDOWN_LEAST_S

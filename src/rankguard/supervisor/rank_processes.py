@@ -28,8 +28,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO
 
-from .. import ledger as _ledger
-from .. import private_files, proctree, stack_requests
+from ..records import ledger as _ledger
+from ..records import private_files
+from ..processes import proctree, stack_requests
 from ..deadline import Deadline
 from .output import OutputStream
 

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .. import proctree
+from ..processes import proctree
 from ..deadline import Deadline
 from .rank_processes import spawn
 

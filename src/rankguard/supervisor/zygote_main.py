@@ -37,7 +37,7 @@ import sys
 import traceback
 from typing import Any
 
-from .. import proctree
+from ..processes import proctree
 
 MAX_MESSAGE = 1 << 20
 MAX_FDS = 16

@@ -11,7 +11,7 @@ whole test process.
 
 from __future__ import annotations
 
-from .. import proctree
+from ..processes import proctree
 from ..deadline import Deadline
 from . import processes
 

@@ -46,10 +46,10 @@ from typing import Any
 
 import pytest
 
-from .. import proctree
+from ..processes import proctree
 from ..deadline import Deadline, check_seconds
 from ..errors import UsageError
-from ..options import number
+from ..inputs.options import number
 from . import abort, leaks, processes
 from . import session as rank_session
 from .report import RanksFailed, compose

@@ -22,7 +22,7 @@ import signal
 
 import psutil
 
-from .. import proctree, stack_requests
+from ..processes import proctree, stack_requests
 from ..runtime import stacks
 
 TAG = "RANKGUARD_PYTEST_TAG"

@@ -8,7 +8,7 @@ import pickle
 import sys
 from typing import Any
 
-from ..pyfiles import import_file
+from ..inputs.pyfiles import import_file
 
 _modules: dict[str, Any] = {}
 

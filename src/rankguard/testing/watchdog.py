@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from .. import proctree
+from ..processes import proctree
 from ..deadline import Deadline
 from ..margins import RELEASE_GRACE_S
 from . import processes, torch_cases

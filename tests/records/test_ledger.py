@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from rankguard import ledger
+from rankguard.records import ledger
 from rankguard.errors import LedgerError
 
 

@@ -15,9 +15,9 @@ from typing import Callable, Iterator
 
 import pytest
 
-from rankguard import proc_waits
+from rankguard.processes import proc_waits
 from rankguard.deadline import Deadline
-from rankguard.proc_waits import Call, Fd, JobPeers, TreeSample
+from rankguard.processes.proc_waits import Call, Fd, JobPeers, TreeSample
 
 NOT_THE_JOB = JobPeers(roots=())
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from typing import Callable, TypeVar
 
-from .deadline import Deadline
+from ..deadline import Deadline
 
 T = TypeVar("T")
 

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from rankguard import ledger as L
-from rankguard import ledger_ring
+from rankguard.records import ledger as L
+from rankguard.records import ledger_ring
 
 ALL_REDUCE, BARRIER = L.OP_CODES["all_reduce"], L.OP_CODES["barrier"]
 

@@ -15,7 +15,7 @@ import socket
 from datetime import timedelta
 from typing import Any
 
-from .errors import UsageError
+from ..errors import UsageError
 
 LOOPBACK = "127.0.0.1"
 

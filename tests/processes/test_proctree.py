@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from rankguard import proctree
+from rankguard.processes import proctree
 from tests.detached import CGROUP, DAEMON, SUBREAPER, gone_within
 
 TRACK = '''
 import json, os, subprocess, sys
-from rankguard import proctree
+from rankguard.processes import proctree
 
 tracking = proctree.Tracking("test-" + os.urandom(6).hex())
 subprocess.run([sys.executable, DAEMON, PIDFILE], check=True, timeout=30,

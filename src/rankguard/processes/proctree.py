@@ -19,8 +19,8 @@ import signal
 
 import psutil
 
-from . import margins
-from .deadline import Deadline
+from .. import margins
+from ..deadline import Deadline
 
 MARKER = "RANKGUARD_RUN_TOKEN"
 

@@ -6,9 +6,9 @@ import stat
 
 import pytest
 
-from rankguard import options
+from rankguard.inputs import options
 from rankguard.errors import UsageError
-from rankguard.options import missing_dirs, remove_empty_dirs, writable_dir
+from rankguard.inputs.options import missing_dirs, remove_empty_dirs, writable_dir
 
 
 def test_the_folders_missing_are_the_path_and_its_missing_parents_outermost_first(tmp_path):

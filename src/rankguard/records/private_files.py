@@ -14,7 +14,7 @@ import os
 import stat
 import tempfile
 
-from .errors import UsageError
+from ..errors import UsageError
 
 
 def user_dir_path(uid: int | None = None) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 from . import ledger as _ledger
 from . import private_files
 from .ledger_ring import AsyncState
-from .errors import LedgerError
+from ..errors import LedgerError
 
 FORMAT = 1
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
 from . import proctree
-from .deadline import Deadline
+from ..deadline import Deadline
 
 POLL_S = 0.005
 SETTLE_S = 0.02  # faulthandler writes a whole dump within its handler, in a few ms

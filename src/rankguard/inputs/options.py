@@ -14,8 +14,8 @@ import re
 import stat
 from typing import Mapping
 
-from .deadline import MAX_SECONDS, check_seconds
-from .errors import UsageError
+from ..deadline import MAX_SECONDS, check_seconds
+from ..errors import UsageError
 
 
 class Parser(argparse.ArgumentParser):

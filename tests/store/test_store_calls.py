@@ -9,8 +9,8 @@ import pytest
 from torch.distributed import TCPStore
 
 from rankguard.deadline import Deadline
-from rankguard import store_calls
-from rankguard.store_calls import StoreStalled, within
+from rankguard.store import store_calls
+from rankguard.store.store_calls import StoreStalled, within
 from tests.leftover_threads import ends_its_threads
 from tests.store_process import client, freeze, store_process
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from rankguard import stack_groups as sg
+from rankguard.processes import stack_groups as sg
 
 USER = os.path.abspath("train.py")
 TORCH = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"

@@ -2,7 +2,7 @@
 
 import os
 
-from rankguard import ledger
+from rankguard.records import ledger
 
 
 def _writer(tmp_path):

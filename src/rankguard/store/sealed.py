@@ -48,8 +48,8 @@ import string
 import threading
 from typing import Any
 
-from . import private_files
-from .errors import UsageError
+from ..records import private_files
+from ..errors import UsageError
 
 ENV = "RANKGUARD_SECRET"
 KEPT_ENV = "RANKGUARD_SECRET_FILE"

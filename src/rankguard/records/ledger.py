@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from . import ledger_ring as _ring
-from .errors import LedgerError
+from ..errors import LedgerError
 
 MAGIC = 0x52474C31  # "RGL1"
 # 2: the slot's times come before its counts; 3: a line per writer; 4: the ring; 5: a slot's
