@@ -1,4 +1,4 @@
-"""Grouping ranks by where their main threads are (``rankguard.stack_groups``), on dumps in the
+"""Grouping ranks by where their main threads are (``rankguard.processes.stack_groups``), on dumps in the
 format faulthandler writes."""
 
 from __future__ import annotations
@@ -55,3 +55,18 @@ def test_every_thread_of_a_dump_is_a_line_the_signalled_one_first() -> None:
     assert lines[1].startswith("thread 2: wait (") and lines[1].endswith("threading.py:331)"), \
         lines
     assert sg.every_thread("") == []
+
+
+RANKGUARD = os.path.dirname(os.path.dirname(os.path.abspath(sg.__file__)))  # the package
+
+
+def test_rankguards_own_frames_are_neither_the_users_nor_shown_as_where_a_process_lingers(
+        ) -> None:
+    eviction = sg.Frame(os.path.join(RANKGUARD, "runtime", "eviction.py"), 85, "_watch")
+    assert eviction.ours and not eviction.user
+    assert sg.Frame(USER, 88, "train_step").user and not sg.Frame(USER, 88, "x").ours
+    watcher = ("Thread 0x00007f0000000003 (most recent call first):\n"
+               f'  File "{eviction.file}", line 85 in _watch\n'
+               '  File "/usr/lib/python3.11/threading.py", line 982 in run\n')
+    lines = sg.every_thread(watcher + "\n" + WAITING)
+    assert len(lines) == 2 and not any("_watch" in line for line in lines), lines

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ .*\(most recent call first\):$")
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
-_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # rankguard/
 _LIBRARIES = tuple({os.path.abspath(p) for p in (sysconfig.get_paths()["stdlib"],
                                                   sysconfig.get_paths()["purelib"],
                                                   sysconfig.get_paths()["platlib"])})
@@ -28,6 +28,11 @@ class Frame:
     file: str
     line: int
     function: str
+
+    @property
+    def ours(self) -> bool:
+        """Whether it is in rankguard's own code."""
+        return os.path.abspath(self.file).startswith(_PACKAGE + os.sep)
 
     @property
     def user(self) -> bool:
@@ -117,12 +122,15 @@ def main_thread(dump: str) -> tuple[Frame, ...]:
 
 def every_thread(dump: str) -> list[str]:
     """Where each thread of one dump is, a line each (:meth:`StackGroup.summary`), the
-    signalled (main) thread first: ``main thread: _shutdown (threading.py:1540)``,
-    ``thread 2: wait (threading.py:359) <- ... <- hold (job.py:12)``."""
+    signalled (main) thread first, leaving out rankguard's own threads (those whose innermost
+    frame is rankguard's: its watchers, not what the process waits for):
+    ``main thread: _shutdown (threading.py:1540)``, ``thread 2: wait (threading.py:359) <- ...
+    <- hold (job.py:12)``."""
     threads = sorted(_threads(dump), key=lambda thread: not thread[0])
     return [f"{'main thread' if current else f'thread {number}'}: "
             f"{StackGroup((), tuple(frames)).summary()}"
-            for number, (current, frames) in enumerate(threads, 1)]
+            for number, (current, frames) in enumerate(threads, 1)
+            if current or not (frames and frames[0].ours)]
 
 
 def group(dumps: dict[int, str], ranks: list[int] | None = None) -> list[StackGroup]:
