@@ -30,7 +30,7 @@ from datetime import timedelta
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
-from rankguard.launcher.node_beats import encode  # noqa: E402
+from rankguard.records.beats import encode  # noqa: E402
 from rankguard.launcher.remote_progress import RemoteProgress  # noqa: E402
 
 SERVER = """
