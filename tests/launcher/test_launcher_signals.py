@@ -7,7 +7,7 @@ import time
 import pytest
 
 from tests.conftest import TEST_ID_VAR, finish, launch, script, wait_until_gone
-from tests.launcher.budgets import guardian_sweep_s, stopped_within_s
+from tests.launcher.budgets import CLEAN_TEARDOWN_GRACE_S, guardian_sweep_s, stopped_within_s
 
 
 def _wait_for_ranks(log_dir, n, timeout=30.0):
@@ -28,7 +28,7 @@ def _wait_for_ranks(log_dir, n, timeout=30.0):
 ])
 def test_signal_to_launcher_stops_every_rank_within_grace(tmp_path, args, sig, code):
     log_dir = tmp_path / "logs"
-    grace = 2.0
+    grace = CLEAN_TEARDOWN_GRACE_S
     proc = launch([*args, "--nproc-per-node", "2", "--grace", str(grace),
                    script("sleeper.py")], log_dir)
     started = time.monotonic()
