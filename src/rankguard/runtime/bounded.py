@@ -36,7 +36,7 @@ def limit_options(args: tuple[Any, ...], limit: Deadline) -> None:
     """Give the operation's options (its last positional argument) the deadline as timeout."""
     options = args[-1] if args else None
     if options is not None and hasattr(options, "timeout"):
-        options.timeout = timedelta(seconds=limit.left(at_least=_MIN_TIMEOUT_S))
+        options.timeout = timedelta(seconds=limit.wait_time(at_least=_MIN_TIMEOUT_S))
 
 
 def retire_and_explain(record: GroupRecord, entry: int, op: str, started: float,
@@ -178,7 +178,8 @@ class BoundedWork:
         if self._peer_wait is None:
             limit = own.sooner(self._limit) if own is not None else self._limit
             self._peer_wait = PeerWait(
-                self._inner, None if limit is None else limit.left(_MIN_TIMEOUT_S))
+                self._inner,
+                None if limit is None else limit.wait_time(at_least=_MIN_TIMEOUT_S))
         waiting = self._peer_wait
         while not waiting.over(SLICE.total_seconds()):
             self._raise_if_retired()

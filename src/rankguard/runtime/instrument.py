@@ -264,7 +264,9 @@ def _agreement_timeout(options: Any) -> float:
     or the collective deadline in force if it is earlier."""
     timeout = options.timeout.total_seconds()
     limit = _deadline.current()
-    return limit.within(timeout).left(_MIN_AGREEMENT_S) if limit is not None else timeout
+    if limit is None:
+        return timeout
+    return limit.within(timeout).wait_time(at_least=_MIN_AGREEMENT_S)
 
 
 def start_probing(store: Any, rank: int) -> None:

@@ -329,7 +329,8 @@ class Pool:
         starting, failed or busy)."""
         backoff = self._set.backoff
         if state == UnavailableState.FAILED:
-            return PoolUnavailable(state, backoff.next_start.left(1.0), backoff.describe())
+            return PoolUnavailable(state, backoff.next_start.wait_time(at_least=1.0),
+                                   backoff.describe())
         if state == UnavailableState.BUSY:
             return PoolUnavailable(state, 1.0, "the replicas ran other calls until less than "
                                    f"{self.options.min_call_s:g} s of this call's deadline was "

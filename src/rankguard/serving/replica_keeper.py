@@ -59,7 +59,7 @@ class ReplicaKeeper:
 
     def join(self, until: Deadline) -> None:
         """Wait, until ``until`` at most, for the thread to end (once the pool is closed)."""
-        self._thread.join(until.timeout())
+        self._thread.join(until.wait_time_or_none())
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -257,5 +257,5 @@ class ReplicaKeeper:
         for closer in closers:
             closer.start()
         for closer in closers:
-            closer.join(joined_by.timeout())
+            closer.join(joined_by.wait_time_or_none())
         self.zygote.close(until)
