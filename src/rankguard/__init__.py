@@ -35,7 +35,7 @@ from .errors import (
     TeardownTimeout,
     UsageError,
 )
-from .runtime.deadline import deadline
+from .runtime.deadline_scope import deadline
 from .runtime.generations import Generation, regroup
 from .runtime.init import init
 from .runtime.shutdown import ShutdownReport, shutdown

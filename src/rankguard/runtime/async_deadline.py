@@ -42,7 +42,7 @@ from ..records import ledger as _ledger
 from ..errors import CollectiveError, CollectiveTimeout, PeerFailed
 from ..margins import ANSWER_WINDOW_S
 from . import async_groups, fr_progress, nccl_abort
-from . import deadline as _deadline
+from . import deadline_scope
 from .async_groups import Overdue
 from .bounded import NO_ANSWER
 from .fr_progress import Recorder
@@ -54,8 +54,8 @@ COLLECTIVE_ABORT_S = 10.0  # NCCL's abort of a stuck group: 0.5 to 2.9 s measure
 def deadlines() -> tuple[float | None, float | None]:
     """The deadlines in force for the sampler (``async_groups.Deadlines``): the job-wide
     seconds per operation, and the instant of the main thread's ``deadline()`` block."""
-    limit = _deadline.main_thread_limit()
-    return _deadline.default(), None if limit is None else limit.at
+    limit = deadline_scope.main_thread_limit()
+    return deadline_scope.default(), None if limit is None else limit.at
 
 
 def expire(op: Overdue) -> None:
@@ -150,8 +150,8 @@ def _explain(op: Overdue) -> CollectiveTimeout:
             states[peer] = (f"had enqueued collectives up to #{answer['entered']}"
                             if answer.get("entered")
                             else "had not enqueued any collective of the group")
-    block = _deadline.main_thread_limit()
-    limit = _deadline.default() if block is None or block.seconds is None else block.seconds
+    block = deadline_scope.main_thread_limit()
+    limit = deadline_scope.default() if block is None or block.seconds is None else block.seconds
     budget = f" of {limit:g} s" if limit is not None else ""
     return CollectiveTimeout(f"passed its deadline{budget}", op=op.op, seq=op.seq,
                              group=op.group, rank=rank, missing=missing, waited=op.waited_s,
