@@ -63,8 +63,9 @@ class _Attempt:
     first_step_at: float | None = None
 
 
-class Launcher:
-    """Runs ``config`` to the end; ``run()`` returns the process exit code."""
+class Agent:
+    """The launcher's agent on this node: runs ``config`` to the end; ``run()`` returns the
+    process exit code."""
 
     def __init__(self, config: RunConfig, port: int,
                  link: Callable[[LinkContext], NodeLink]) -> None:

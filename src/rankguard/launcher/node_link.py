@@ -1,6 +1,6 @@
 """What the launcher asks of the other nodes of its job: its node link.
 
-The launcher (``agent.Launcher``) runs attempts of this node's ranks; everything a run of
+The launcher's agent (``agent.Agent``) runs attempts of this node's ranks; everything a run of
 several nodes adds goes through one small interface, :class:`NodeLink`, which the launcher
 holds. On one node that is :class:`OneNode`, which hosts the job's store and otherwise does
 nothing; with several, ``node_agent.MultiNode`` (a round of torch's rendezvous per attempt, the
