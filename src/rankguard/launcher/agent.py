@@ -192,7 +192,7 @@ class Agent:
             monitor.watch(member.rank, member.pid, readers[member.rank], member.started_at)
         try:
             self._watch(ranks, monitor, readers, result, started)
-            result.fault, result.hang = self._link.settle(result.fault, result.hang)
+            result.fault, result.hang = self._link.agree_on_end(result.fault, result.hang)
             report = AttemptReport(attempt, [], None)
             teardown_at = None
             if result.fault is not None:

@@ -518,12 +518,12 @@ class MultiNode:
         return left_to_another_node(verdict, self._local_ranks, self._group_world,
                                     self._config.hang_timeout)
 
-    def settle(self, fault: Fault | None,
+    def agree_on_end(self, fault: Fault | None,
                hang: Verdict | None) -> tuple[Fault | None, Verdict | None]:
         channel = self._channel
         assert channel is not None
         try:
-            fault, hang = self._settle_with(channel, fault, hang)
+            fault, hang = self._agree_on_end_with(channel, fault, hang)
         except RuntimeError as exc:  # the store failed under a request of ours
             fault = self._store_fault(time.monotonic(), self._store_failure(exc))
             self._say(f"rankguard: {fault.describe()}")
@@ -536,7 +536,7 @@ class MultiNode:
                             root_cause=end.describe() if end is not None and not end.ok else None)
         return fault, hang
 
-    def _settle_with(self, channel: RoundChannel, fault: Fault | None,
+    def _agree_on_end_with(self, channel: RoundChannel, fault: Fault | None,
                      hang: Verdict | None) -> tuple[Fault | None, Verdict | None]:
         node = self._group_rank
         if fault is not None:

@@ -107,7 +107,7 @@ def _raise_and_abort(error: CollectiveError | None, groups: list[tuple[Any, Any]
                      what: str) -> None:
     """Make ``error`` pending in the main thread, then abort ``groups`` (bounded; the kill
     fallback if the abort hangs)."""
-    _settled.clear()
+    _no_abort_under_way.clear()
     try:
         async_groups.keep_torch_dump()  # before the abort marks every operation completed
         if error is not None:
@@ -117,18 +117,18 @@ def _raise_and_abort(error: CollectiveError | None, groups: list[tuple[Any, Any]
             _give_up(error, f"NCCL's abort of {what} did not return within "
                             f"{COLLECTIVE_ABORT_S:g} s")
     finally:
-        _settled.set()
+        _no_abort_under_way.set()
 
 
-_settled = threading.Event()  # no abort of expire() is under way
-_settled.set()
+_no_abort_under_way = threading.Event()  # no abort of expire() is under way
+_no_abort_under_way.set()
 
 
 def wait_for_abort(seconds: float) -> bool:
     """Wait, at most ``seconds``, until no abort of :func:`expire` is under way (the main thread
     may catch its error while the abort still runs: the group must not be destroyed under it);
     whether none is."""
-    return _settled.wait(max(seconds, 0.0))
+    return _no_abort_under_way.wait(max(seconds, 0.0))
 
 
 def _explain(op: Overdue) -> CollectiveTimeout:

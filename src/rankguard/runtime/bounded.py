@@ -239,7 +239,7 @@ class BoundedWork:
             return
         take_supervisor_notice(self._group)
         if self._group.retired is not None:
-            _settle(handed, error=RuntimeError(f"rankguard: {self._group.retired}"))
+            _complete(handed, error=RuntimeError(f"rankguard: {self._group.retired}"))
 
     def explain_if_failed(self) -> CollectiveError | None:
         # the future, not the work: gloo fails the future first, and the C++ waiter can
@@ -282,15 +282,15 @@ def _relayed(inner: Any, value: Any = None) -> Any:
         try:
             result = done.value()
         except Exception as error:  # noqa: BLE001 (gloo's failure, passed on)
-            _settle(ours, error=error)
+            _complete(ours, error=error)
             return
-        _settle(ours, value=result if value is None else value)
+        _complete(ours, value=result if value is None else value)
 
     inner.add_done_callback(relay)
     return ours
 
 
-def _settle(future: Any, value: Any = None, error: BaseException | None = None) -> None:
+def _complete(future: Any, value: Any = None, error: BaseException | None = None) -> None:
     """Complete ``future`` unless it already is (the relay and a release may race)."""
     try:
         if error is not None:

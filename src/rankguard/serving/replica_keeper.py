@@ -186,7 +186,7 @@ class ReplicaKeeper:
                         action="regroup" if idle or overran else "kill", reason=fault.cause)
             if idle or overran:
                 pool.retired.append(replica)
-                threading.Thread(target=self._settle_then_regroup if overran else self._regroup,
+                threading.Thread(target=self._drain_then_regroup if overran else self._regroup,
                                  args=(replica,), daemon=True, name="rankguard-regroup").start()
             elif fault.cause in (RequestCause.FROZEN, RequestCause.DEADLINE):
                 threading.Thread(target=self._stacks_then_kill, args=(replica,), daemon=True,
@@ -210,11 +210,11 @@ class ReplicaKeeper:
         finally:
             replica.kill()
 
-    def _settle_then_regroup(self, replica: Replica) -> None:
+    def _drain_then_regroup(self, replica: Replica) -> None:
         """A replica whose call overran the call's own deadline, every rank still running it:
         once every rank has finished that call (within the pool's timeout) it regroups and
         serves again; a rank that does not finish by then gets the hang treatment."""
-        if not self._set.closed and replica.settle(Deadline.after(self._options.timeout)):
+        if not self._set.closed and replica.drain(Deadline.after(self._options.timeout)):
             self._regroup(replica)
             return
         with self._set.cond:
