@@ -16,7 +16,7 @@ import threading
 import time
 from typing import NamedTuple
 
-from ..processes import stack_groups
+from ..processes import stack_summary
 from ..deadline import Deadline
 from ..errors import RequestCause, RequestFailed
 from .budgets import REGROUP_MARGIN_S, REGROUP_S, STACKS_S
@@ -205,8 +205,8 @@ class ReplicaKeeper:
             dumps = replica.capture_stacks(Deadline.after(max(STACKS_S, self._options.timeout)))
             self._event("stacks", group=replica.number,
                         stacks={rank: replica.stacks_path(rank) for rank in dumps},
-                        grouped=stack_groups.describe(
-                            stack_groups.group(dumps, sorted(dumps)), ""))
+                        grouped=stack_summary.describe(
+                            stack_summary.by_stack(dumps, sorted(dumps)), ""))
         finally:
             replica.kill()
 
