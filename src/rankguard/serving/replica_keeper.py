@@ -249,7 +249,7 @@ class ReplicaKeeper:
             replicas = pool.dispatch.clear()
             doomed = pool.starting + pool.retired
             pool.starting = []
-            pool.closed_groups = len(replicas) + len(doomed)
+            pool.closed_replicas = len(replicas) + len(doomed)
         for replica in doomed:
             replica.kill()
         closers = [threading.Thread(target=r.close, args=(until,), daemon=True)
