@@ -25,6 +25,6 @@ def ends_its_threads(within_s: float) -> Iterator[None]:
     yield
     limit = Deadline.after(within_s)
     for thread in set(threading.enumerate()) - before:
-        thread.join(limit.timeout())
+        thread.join(limit.wait_time_or_none())
     alive = sorted(t.name for t in set(threading.enumerate()) - before if t.is_alive())
     assert not alive, f"threads still running {within_s:g} s after the block: {alive}"

@@ -92,10 +92,10 @@ def test_within_and_sooner_keep_the_earliest() -> None:
     assert outer.before(2).at == outer.at - 2
 
 
-def test_wait_time_and_left_are_bounded() -> None:
+def test_wait_time_is_bounded_by_its_floor_and_cap() -> None:
     passed = Deadline(time.monotonic() - 1, 1)
     assert passed.passed() and passed.remaining() < 0
-    assert passed.wait_time() == 0.0 and passed.left(0.001) == 0.001
+    assert passed.wait_time() == 0.0 and passed.wait_time(at_least=0.001) == 0.001
     soon = Deadline.after(5)
     assert 0 < soon.wait_time(0.2) <= 0.2
     assert not Deadline.never().passed() and Deadline.never().wait_time(1.0) == 1.0
@@ -118,7 +118,7 @@ def test_the_instant_means_the_same_in_another_process() -> None:
     assert 0 < float(out.stdout) <= 30
 
 
-def test_timeout_is_none_only_for_a_deadline_that_never_passes() -> None:
-    assert Deadline.never().timeout() is None
-    assert 0 < Deadline.after(5).timeout() <= 5
-    assert Deadline(time.monotonic() - 1, 1).timeout() == 0.0
+def test_wait_time_or_none_is_none_only_for_a_deadline_that_never_passes() -> None:
+    assert Deadline.never().wait_time_or_none() is None
+    assert 0 < Deadline.after(5).wait_time_or_none() <= 5
+    assert Deadline(time.monotonic() - 1, 1).wait_time_or_none() == 0.0

@@ -62,12 +62,12 @@ def test_the_job_stores_keys_are_spelled_only_in_store_keys():
     assert not found, "\n".join(found)
 
 
-# class X(Launcher):, class X(agent.Launcher, Other):
-SUBCLASS = re.compile(r"^\s*class\s+\w+\s*\([^)]*\bLauncher\b")
+# class X(Agent):, class X(agent.Agent, Other):
+SUBCLASS = re.compile(r"^\s*class\s+\w+\s*\([^)]*\bAgent\b")
 
 
-def test_no_class_derives_from_the_launcher():
-    """What several nodes add goes through the launcher's node link (``node_link``)."""
+def test_no_class_derives_from_the_launchers_agent():
+    """What several nodes add goes through the agent's node link (``node_link``)."""
     found = _lines_matching(SUBCLASS)
     assert not found, "\n".join(found)
 
@@ -87,10 +87,10 @@ def test_no_signal_handler_of_the_launcher_raises():
 
 
 def test_the_subclass_check_finds_what_it_looks_for():
-    assert SUBCLASS.search("class NodeAgent(Launcher):")
-    assert SUBCLASS.search("class NodeAgent(agent.Launcher):")
+    assert SUBCLASS.search("class NodeAgent(Agent):")
+    assert SUBCLASS.search("class NodeAgent(agent.Agent):")
     assert not SUBCLASS.search("class MultiNode:")
-    assert not SUBCLASS.search("class LauncherError(Exception):")
+    assert not SUBCLASS.search("class AgentError(Exception):")
 
 
 def test_the_attempt_loops_decision_reads_no_clock_and_does_no_io():

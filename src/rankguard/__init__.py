@@ -11,7 +11,7 @@
   in-place``).
 
 In a server: :class:`Pool` runs each request on a group of rank processes; a fault fails that
-request only, and the pool heals itself from warm spares (see ``rankguard.serving``).
+request only, and the pool heals itself from spare replicas (see ``rankguard.serving``).
 
 Importing rankguard does not import torch. Errors: see ``rankguard.errors``.
 
@@ -35,7 +35,7 @@ from .errors import (
     TeardownTimeout,
     UsageError,
 )
-from .runtime.deadline import deadline
+from .runtime.deadline_scope import deadline
 from .runtime.generations import Generation, regroup
 from .runtime.init import init
 from .runtime.shutdown import ShutdownReport, shutdown

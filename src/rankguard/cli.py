@@ -88,11 +88,11 @@ def _run(argv: list[str]) -> int:
             remove_empty_dirs(config.made_dirs)
         print(f"rankguard run: error: {exc}", file=sys.stderr)
         return 2
-    from .launcher.agent import Launcher
+    from .launcher.agent import Agent
     from .launcher.node_link import OneNode
 
     one_node = OneNode(config, sock)
-    return Launcher(config, one_node.port, lambda _: one_node).run()
+    return Agent(config, one_node.port, lambda _: one_node).run()
 
 
 if __name__ == "__main__":

@@ -115,12 +115,9 @@ class Deadline:
         return cls(math.inf, math.inf)
 
     def remaining(self) -> float:
-        """Seconds left; negative once it has passed, ``inf`` for :meth:`never`."""
+        """Signed seconds left: negative once it has passed, ``inf`` for :meth:`never`. For
+        arithmetic and messages; a wait takes :meth:`wait_time`."""
         return self.at - time.monotonic()
-
-    def left(self, at_least: float = 0.0) -> float:
-        """Seconds left, never below ``at_least`` (a floor for APIs that refuse 0 or less)."""
-        return max(self.at - time.monotonic(), at_least)
 
     def passed(self) -> bool:
         """Whether the instant has come."""
@@ -145,15 +142,16 @@ class Deadline:
         the step it bounds gives up (for example to send the error back)."""
         return Deadline(self.at - margin, self.seconds)
 
-    def wait_time(self, cap: float | None = None) -> float:
-        """What to hand a ``select``/``wait``/``join`` call: the time left, at least 0, at
-        most ``cap``."""
-        left = max(self.at - time.monotonic(), 0.0)
+    def wait_time(self, cap: float | None = None, *, at_least: float = 0.0) -> float:
+        """What to hand a call that waits (``select``, ``Condition.wait``, a store's or gloo's
+        timeout): the seconds left, never below ``at_least`` (0 by default; a floor for APIs
+        that refuse 0 or less) and never above ``cap`` (None: no cap). ``inf`` for
+        :meth:`never` when there is no cap."""
+        left = max(self.at - time.monotonic(), at_least)
         return left if cap is None else min(left, cap)
 
-    def timeout(self) -> float | None:
-        """:meth:`wait_time` as ``select``, ``Condition.wait`` and ``Thread.join`` take it: None
-        (no limit) for :meth:`never`, whose infinite time left they refuse."""
+    def wait_time_or_none(self) -> float | None:
+        """:meth:`wait_time` for the calls that refuse infinity but take None as "no limit"
+        (``select``, ``Condition.wait``, ``Thread.join``): None for :meth:`never`."""
         left = self.wait_time()
         return None if math.isinf(left) else left
-

@@ -166,7 +166,7 @@ SETTLED = {
 def test_flight_recorder_completes_what_the_group_proves_and_the_ledger_had_not_recorded(
         case: str) -> None:
     recent, expected = SETTLED[case]
-    proven = flight_recorder.settled(recent)
+    proven = flight_recorder.with_proven_completions(recent)
     for rank, times in expected.items():
         assert [None if op.t_done is None else round(op.t_done - T, 6)
                 for op in proven[rank].ops] == times, case

@@ -11,7 +11,7 @@ import pytest
 
 import rankguard
 from rankguard.deadline import Deadline
-from rankguard.runtime import deadline as deadline_module
+from rankguard.runtime import deadline_scope as deadline_module
 
 
 # 1e10: past ~9.2e9 s gloo's timeout overflowed and a collective failed at once or hung for good

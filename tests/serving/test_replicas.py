@@ -26,10 +26,10 @@ def test_dispatch_serves_in_order_of_arrival_within_the_replicas() -> None:
     for name in ("a", "b", "c"):
         dispatch.add(name)
     first, second, third = dispatch.enqueue(), dispatch.enqueue(), dispatch.enqueue()
-    assert (dispatch.free(), dispatch.spares()) == (2, 1)
+    assert (dispatch.free(), dispatch.spare_replicas()) == (2, 1)
     assert dispatch.can_take(second) and not dispatch.can_take(third)
     assert dispatch.take(first) == "a" and dispatch.take(second) == "b"
-    assert (dispatch.free(), dispatch.spares(), dispatch.waiting()) == (0, 1, 1)
+    assert (dispatch.free(), dispatch.spare_replicas(), dispatch.waiting()) == (0, 1, 1)
     assert not dispatch.can_take(third)  # "c" is a spare: two calls run already
     assert dispatch.done("a") is not None  # "a" serves again, after the spare in line
     assert dispatch.ready == ["c", "a"] and dispatch.can_take(third)

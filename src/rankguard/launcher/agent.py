@@ -63,8 +63,9 @@ class _Attempt:
     first_step_at: float | None = None
 
 
-class Launcher:
-    """Runs ``config`` to the end; ``run()`` returns the process exit code."""
+class Agent:
+    """The launcher's agent on this node: runs ``config`` to the end; ``run()`` returns the
+    process exit code."""
 
     def __init__(self, config: RunConfig, port: int,
                  link: Callable[[LinkContext], NodeLink]) -> None:
@@ -191,7 +192,7 @@ class Launcher:
             monitor.watch(member.rank, member.pid, readers[member.rank], member.started_at)
         try:
             self._watch(ranks, monitor, readers, result, started)
-            result.fault, result.hang = self._link.settle(result.fault, result.hang)
+            result.fault, result.hang = self._link.agree_on_end(result.fault, result.hang)
             report = AttemptReport(attempt, [], None)
             teardown_at = None
             if result.fault is not None:

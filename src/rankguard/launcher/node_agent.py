@@ -1,6 +1,6 @@
 """The agent of one node in a run of several nodes (``rankguard run --nnodes N ...``).
 
-``MultiNode`` is the node link (``node_link.NodeLink``) the launcher (``agent.Launcher``:
+``MultiNode`` is the node link (``node_link.NodeLink``) the launcher's agent (``agent.Agent``:
 ranks, ledgers, hang rules, teardown, spares, journal) holds on several nodes. It adds, per
 attempt:
 
@@ -39,7 +39,7 @@ from ..records import ledger as _ledger
 from ..records.ledger import RankProgress
 from ..supervisor import RankProcesses
 from ..store.store_calls import StoreStalled, within
-from .agent import TICK_S, Launcher
+from .agent import TICK_S, Agent
 from .config import RendezvousConfig, RunConfig, endpoint
 from .monitor import Verdict
 from . import node_takeover
@@ -518,12 +518,12 @@ class MultiNode:
         return left_to_another_node(verdict, self._local_ranks, self._group_world,
                                     self._config.hang_timeout)
 
-    def settle(self, fault: Fault | None,
+    def agree_on_end(self, fault: Fault | None,
                hang: Verdict | None) -> tuple[Fault | None, Verdict | None]:
         channel = self._channel
         assert channel is not None
         try:
-            fault, hang = self._settle_with(channel, fault, hang)
+            fault, hang = self._agree_on_end_with(channel, fault, hang)
         except RuntimeError as exc:  # the store failed under a request of ours
             fault = self._store_fault(time.monotonic(), self._store_failure(exc))
             self._say(f"rankguard: {fault.describe()}")
@@ -536,7 +536,7 @@ class MultiNode:
                             root_cause=end.describe() if end is not None and not end.ok else None)
         return fault, hang
 
-    def _settle_with(self, channel: RoundChannel, fault: Fault | None,
+    def _agree_on_end_with(self, channel: RoundChannel, fault: Fault | None,
                      hang: Verdict | None) -> tuple[Fault | None, Verdict | None]:
         node = self._group_rank
         if fault is not None:
@@ -692,7 +692,7 @@ def main(config: RunConfig) -> int:
     """
     assert config.rendezvous is not None
     job = connect(config.rendezvous, config.run_id)
-    code = Launcher(config, config.rendezvous.port, lambda context: MultiNode(context, job)).run()
+    code = Agent(config, config.rendezvous.port, lambda context: MultiNode(context, job)).run()
     # Everything of the job is written and closed by now; the interpreter's own exit could
     # still abort the process ("terminate called without an active exception", exit -6):
     # - a store this process hosts is still open to clients that may never close their

@@ -1,6 +1,6 @@
 """What the launcher asks of the other nodes of its job: its node link.
 
-The launcher (``agent.Launcher``) runs attempts of this node's ranks; everything a run of
+The launcher's agent (``agent.Agent``) runs attempts of this node's ranks; everything a run of
 several nodes adds goes through one small interface, :class:`NodeLink`, which the launcher
 holds. On one node that is :class:`OneNode`, which hosts the job's store and otherwise does
 nothing; with several, ``node_agent.MultiNode`` (a round of torch's rendezvous per attempt, the
@@ -48,7 +48,7 @@ class NodeLink(Protocol):
 
     The launcher calls, per attempt: :meth:`join`, :meth:`started`, then on each look of its
     loop :meth:`outside_fault`, :meth:`observed`, :meth:`remote_ranks`, :meth:`cause_of`,
-    :meth:`leaves_to_others`; once the node's ranks ended or faulted, :meth:`settle`. After
+    :meth:`leaves_to_others`; once the node's ranks ended or faulted, :meth:`agree_on_end`. After
     the last attempt, :meth:`leave`. None of them raises but where it says so.
     """
 
@@ -100,7 +100,7 @@ class NodeLink(Protocol):
         """Whether ``verdict`` is another node's to make (for now)."""
         ...
 
-    def settle(self, fault: Fault | None,
+    def agree_on_end(self, fault: Fault | None,
                hang: Verdict | None) -> tuple[Fault | None, Verdict | None]:
         """Once this node's ranks have all ended or one faulted (``fault``, ``hang``): tell the
         other nodes, and learn how the attempt ended for the job; returns its fault and hang."""
@@ -168,7 +168,7 @@ class OneNode:
     def leaves_to_others(self, verdict: Verdict) -> bool:
         return False
 
-    def settle(self, fault: Fault | None,
+    def agree_on_end(self, fault: Fault | None,
                hang: Verdict | None) -> tuple[Fault | None, Verdict | None]:
         return fault, hang
 

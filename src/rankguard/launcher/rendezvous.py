@@ -147,7 +147,7 @@ def _connect_c10d(cfg: RendezvousConfig) -> tuple[Any, bool]:
     _await_listener(cfg, until)
     from torch.distributed import TCPStore
 
-    left = max(until.remaining(), _CONNECT_S)
+    left = until.wait_time(at_least=_CONNECT_S)
     try:
         # torch's client waits for the server's answer to its handshake without a bound: a
         # listener that accepts and says nothing would hold it for good
@@ -183,7 +183,7 @@ def _await_listener(cfg: RendezvousConfig, until: Deadline) -> None:
     while True:
         try:
             with socket.create_connection((cfg.host, cfg.port),
-                                          timeout=min(_CONNECT_S, until.left(0.001))):
+                                          timeout=until.wait_time(_CONNECT_S, at_least=0.001)):
                 return
         except OSError as exc:
             last = exc.strerror or type(exc).__name__

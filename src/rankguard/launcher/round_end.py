@@ -194,7 +194,7 @@ class RoundChannel:
 
     def wait(self, until: Deadline) -> RoundEnd | None:
         """The round's end, waiting for it until ``until`` (or :meth:`interrupt`)."""
-        self._ended.wait(until.timeout())
+        self._ended.wait(until.wait_time_or_none())
         return self._end
 
     def interrupt(self) -> None:

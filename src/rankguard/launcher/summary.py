@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..processes import stack_groups
+from ..processes import stack_summary
 from .outcome import RankOutcome
 
 
@@ -37,7 +37,7 @@ def render(run_id: str, status: str, exit_code: int, reports: list[AttemptReport
             lines.append(f"    verdict: {report.verdict}")
         if report.stacks:
             lines.append(f"    stacks: {', '.join(sorted(set(report.stacks.values())))}")
-            lines.extend(_grouped(report.stacks))
+            lines.extend(_by_stack(report.stacks))
         timings = []
         if report.detect_s is not None:
             timings.append(f"detected in {report.detect_s:.2f} s")
@@ -56,11 +56,11 @@ def render(run_id: str, status: str, exit_code: int, reports: list[AttemptReport
     return "\n".join(lines)
 
 
-def _grouped(stacks: dict[int, str]) -> list[str]:
-    """Where each rank's main thread was, ranks in the same place grouped (from the last dump
+def _by_stack(stacks: dict[int, str]) -> list[str]:
+    """Where each rank's main thread was, ranks in the same place together (from the last dump
     in each rank's stacks file); nothing when no file holds a dump."""
-    dumps = {rank: stack_groups.last_dump(path) for rank, path in stacks.items()}
-    groups = stack_groups.group(dumps, sorted(stacks))
-    if not any(g.frames for g in groups):
+    dumps = {rank: stack_summary.last_dump(path) for rank, path in stacks.items()}
+    same = stack_summary.by_stack(dumps, sorted(stacks))
+    if not any(s.frames for s in same):
         return []
-    return stack_groups.describe(groups, "      ")
+    return stack_summary.describe(same, "      ")

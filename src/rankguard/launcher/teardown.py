@@ -25,7 +25,7 @@ import signal
 
 from ..records import ledger as _ledger
 from .. import margins
-from ..processes import proctree, stack_groups, stack_requests
+from ..processes import proctree, stack_summary, stack_requests
 from ..deadline import Deadline
 from ..records.journal import Journal
 from ..supervisor import RankProcess, RankProcesses
@@ -76,7 +76,7 @@ def end_lingering(ranks: RankProcesses, member: RankProcess, ready: bool, grace:
     """End one rank whose script ended but whose process lingers (``outcome.lingering``): its
     stacks first (``ready``: its handler is installed; bounded by ``margins.STACKS_S``), then
     SIGTERM, ``grace``, SIGKILL (bounded by ``margins.REAP_S``). Returns where each of its
-    threads was (``stack_groups.every_thread``; empty: no dump) and whether it needed the
+    threads was (``stack_summary.every_thread``; empty: no dump) and whether it needed the
     SIGKILL."""
     where: list[str] = []
     size = stack_requests.file_size(member.stacks_path)
@@ -84,7 +84,7 @@ def end_lingering(ranks: RankProcesses, member: RankProcess, ready: bool, grace:
         stack_requests.await_dumps({member: [member.stacks_path]}, {member.stacks_path: size},
                                    Deadline.after(margins.STACKS_S),
                                    gone=lambda m: m.proc.poll() is not None)
-        where = stack_groups.every_thread(stack_groups.last_dump(member.stacks_path, size))
+        where = stack_summary.every_thread(stack_summary.last_dump(member.stacks_path, size))
     ranks.signal(signal.SIGTERM, [member])
     if ranks.wait_exits(Deadline.after(grace), {member.rank}):
         return where, False

@@ -1,6 +1,6 @@
 """What the attempt's loop does at each look: a pure function of what it observed.
 
-The loop (``agent.Launcher``) wakes on events (a rank's exit, output, a signal) and on its tick;
+The loop (``agent.Agent``) wakes on events (a rank's exit, output, a signal) and on its tick;
 each time it gathers what it saw into a :class:`Look` and acts on the :class:`Decision` that
 :func:`on_events` (every look) and :func:`on_tick` (once per tick, while the events decided
 nothing) make of it: go on, or stop the attempt for a fault (its kind and cause in the

@@ -14,10 +14,11 @@ ring (``recent_file``):
   next looks, not at the instant), ``state`` ``completed`` or ``started``;
 - a rank records its completions late (``runtime/completions``: up to ``REAP_AT - 1``
   operations, or a sweep, behind), so a rank that was killed shows its last few operations
-  started although it went past them. ``settled`` reads them from the rank's group: a collective
-  that every member must take part in before any member completes it (``SYMMETRIC``) is
-  completed on a rank once another member saw it completed and went on to a later operation of
-  the group (an error ends a member's use of the group, so a failed one is not taken for done);
+  started although it went past them. ``with_proven_completions`` reads them from the rank's
+  group: a collective that every member must take part in before any member completes it
+  (``SYMMETRIC``) is completed on a rank once another member saw it completed and went on to a
+  later operation of the group (an error ends a member's use of the group, so a failed one is
+  not taken for done);
 - ``pg_config`` lists each group with its ranks.
 
 What differs: the ledger does not keep tensor sizes or dtypes (the sizes written are ones the
@@ -79,7 +80,8 @@ def _sizes(name: str, group_size: int) -> dict[str, list[list[int]]]:
     return {"input_sizes": [[]], "output_sizes": [[]]}
 
 
-def settled(recent: Mapping[int, recent_file.RankRecent]) -> dict[int, recent_file.RankRecent]:
+def with_proven_completions(recent: Mapping[int, recent_file.RankRecent]
+                            ) -> dict[int, recent_file.RankRecent]:
     """Every rank's operations with the completions its group proves and its ledger had not
     recorded yet (see the module doc): a ``SYMMETRIC`` collective not seen completed on a rank is
     completed there when another member of its group saw it completed and entered a later
@@ -145,7 +147,7 @@ def write(folder: str, recent: Mapping[int, recent_file.RankRecent], world_size:
         raise UsageError("-o", f"cannot make {folder}: {exc.strerror}",
                          "give another folder") from None
     written = []
-    for rank, kept in sorted(settled(recent).items()):
+    for rank, kept in sorted(with_proven_completions(recent).items()):
         path = os.path.join(folder, f"{PREFIX}{rank}")
         files.write_new(path, "-o", pickle.dumps(dump(kept, world_size)))
         written.append(path)

@@ -10,7 +10,7 @@ Exit codes: 0 stacks shown; 1 no rank answered; 2 bad usage or no such run.
 from __future__ import annotations
 
 
-from ..processes import proctree, stack_groups, stack_requests
+from ..processes import proctree, stack_summary, stack_requests
 from ..inputs.options import Parser
 from . import runs
 
@@ -41,13 +41,13 @@ def main(argv: list[str]) -> int:
             where += (f" ({len(live) - len(ready)} still starting, not asked: "
                       "no stacks handler yet)")
     else:
-        dumps = {r.rank: stack_groups.last_dump(r.stacks) for r in run.ranks}
+        dumps = {r.rank: stack_summary.last_dump(r.stacks) for r in run.ranks}
         dumps = {rank: text for rank, text in dumps.items() if text}
         where = ("the run has ended" if run.ended else "no rank is running") + \
             ("; the last stacks its ranks wrote" if dumps else "; no rank wrote stacks")
     print(f"run {run.run_id}, attempt {run.attempt}: {where}")
-    groups = stack_groups.group(dumps, [r.rank for r in (live or run.ranks)])
-    for line in stack_groups.describe(groups, "  "):
+    same = stack_summary.by_stack(dumps, [r.rank for r in (live or run.ranks)])
+    for line in stack_summary.describe(same, "  "):
         print(line)
     if args.full:
         for rank in sorted(dumps):

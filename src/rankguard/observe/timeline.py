@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from ..records import recent_file
-from ..processes import stack_groups
+from ..processes import stack_summary
 from . import files, runs
 
 _SAME_MOMENT_S = 0.05  # rank exits this close together are shown as one mark
@@ -125,9 +125,9 @@ def _attempt(number: int, events: list[dict[str, Any]],
         elif kind == "hang_detected":
             section.verdict = runs.hang_text(event)
             marks.append(Mark(ts, "verdict", f"hang verdict: {section.verdict}"))
-            section.stacks = _grouped_stacks(event.get("stacks"), sorted(lanes))
+            section.stacks = _stacks_by_place(event.get("stacks"), sorted(lanes))
         elif kind == "stacks":
-            section.stacks = _grouped_stacks(event.get("stacks"), sorted(lanes))
+            section.stacks = _stacks_by_place(event.get("stacks"), sorted(lanes))
         elif kind == "straggler":
             marks.append(Mark(ts, "straggler", f"straggler: {_ranks(event.get('ranks'))} in "
                               f"{event.get('op')} #{event.get('seq')}"))
@@ -205,7 +205,7 @@ def _merge_exits(marks: list[Mark]) -> None:
                 m.text.replace(" exits:", "") for m in group)))
 
 
-def _grouped_stacks(stacks: Any, ranks: list[int]) -> list[str]:
+def _stacks_by_place(stacks: Any, ranks: list[int]) -> list[str]:
     """The grouped-stacks lines of a journal's ``stacks`` field (rank -> file)."""
     if not isinstance(stacks, dict):
         return []
@@ -213,10 +213,10 @@ def _grouped_stacks(stacks: Any, ranks: list[int]) -> list[str]:
     for rank, path in stacks.items():
         if not str(rank).isdigit():
             continue  # not a rank: not a field rankguard wrote
-        text = stack_groups.last_dump(str(path)) if os.path.isfile(str(path)) else ""
+        text = stack_summary.last_dump(str(path)) if os.path.isfile(str(path)) else ""
         if text:
             dumps[int(rank)] = text
-    return stack_groups.describe(stack_groups.group(dumps, ranks), "") if dumps else []
+    return stack_summary.describe(stack_summary.by_stack(dumps, ranks), "") if dumps else []
 
 
 def of_pool(events: Iterable[dict[str, Any]]) -> Timeline:

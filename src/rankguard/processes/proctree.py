@@ -173,7 +173,7 @@ def await_exits(pids: list[int], deadline: Deadline, *, reap: bool = False) -> l
             continue  # gone (and reaped) already
     try:
         while waiting and not deadline.passed():
-            ready, _, _ = select.select(list(waiting), [], [], deadline.timeout())
+            ready, _, _ = select.select(list(waiting), [], [], deadline.wait_time_or_none())
             for fd in ready:
                 pid = waiting.pop(fd)
                 os.close(fd)

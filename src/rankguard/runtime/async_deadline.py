@@ -42,7 +42,7 @@ from ..records import ledger as _ledger
 from ..errors import CollectiveError, CollectiveTimeout, PeerFailed
 from ..margins import ANSWER_WINDOW_S
 from . import async_groups, fr_progress, nccl_abort
-from . import deadline as _deadline
+from . import deadline_scope
 from .async_groups import Overdue
 from .bounded import NO_ANSWER
 from .fr_progress import Recorder
@@ -54,8 +54,8 @@ COLLECTIVE_ABORT_S = 10.0  # NCCL's abort of a stuck group: 0.5 to 2.9 s measure
 def deadlines() -> tuple[float | None, float | None]:
     """The deadlines in force for the sampler (``async_groups.Deadlines``): the job-wide
     seconds per operation, and the instant of the main thread's ``deadline()`` block."""
-    limit = _deadline.main_thread_limit()
-    return _deadline.default(), None if limit is None else limit.at
+    limit = deadline_scope.main_thread_limit()
+    return deadline_scope.default(), None if limit is None else limit.at
 
 
 def expire(op: Overdue) -> None:
@@ -107,7 +107,7 @@ def _raise_and_abort(error: CollectiveError | None, groups: list[tuple[Any, Any]
                      what: str) -> None:
     """Make ``error`` pending in the main thread, then abort ``groups`` (bounded; the kill
     fallback if the abort hangs)."""
-    _settled.clear()
+    _no_abort_under_way.clear()
     try:
         async_groups.keep_torch_dump()  # before the abort marks every operation completed
         if error is not None:
@@ -117,18 +117,18 @@ def _raise_and_abort(error: CollectiveError | None, groups: list[tuple[Any, Any]
             _give_up(error, f"NCCL's abort of {what} did not return within "
                             f"{COLLECTIVE_ABORT_S:g} s")
     finally:
-        _settled.set()
+        _no_abort_under_way.set()
 
 
-_settled = threading.Event()  # no abort of expire() is under way
-_settled.set()
+_no_abort_under_way = threading.Event()  # no abort of expire() is under way
+_no_abort_under_way.set()
 
 
 def wait_for_abort(seconds: float) -> bool:
     """Wait, at most ``seconds``, until no abort of :func:`expire` is under way (the main thread
     may catch its error while the abort still runs: the group must not be destroyed under it);
     whether none is."""
-    return _settled.wait(max(seconds, 0.0))
+    return _no_abort_under_way.wait(max(seconds, 0.0))
 
 
 def _explain(op: Overdue) -> CollectiveTimeout:
@@ -150,8 +150,8 @@ def _explain(op: Overdue) -> CollectiveTimeout:
             states[peer] = (f"had enqueued collectives up to #{answer['entered']}"
                             if answer.get("entered")
                             else "had not enqueued any collective of the group")
-    block = _deadline.main_thread_limit()
-    limit = _deadline.default() if block is None or block.seconds is None else block.seconds
+    block = deadline_scope.main_thread_limit()
+    limit = deadline_scope.default() if block is None or block.seconds is None else block.seconds
     budget = f" of {limit:g} s" if limit is not None else ""
     return CollectiveTimeout(f"passed its deadline{budget}", op=op.op, seq=op.seq,
                              group=op.group, rank=rank, missing=missing, waited=op.waited_s,

@@ -159,4 +159,4 @@ def _authentic(client: Any, keys: list[str]) -> dict[int, str]:
 
 
 def _time_left(limit: Deadline, at_least: float) -> timedelta:
-    return timedelta(seconds=min(limit.left(at_least), MAX_SECONDS))
+    return timedelta(seconds=limit.wait_time(MAX_SECONDS, at_least=at_least))

@@ -46,7 +46,7 @@ from ..processes import proctree
 from ..errors import CollectiveError, UsageError, in_chain
 from ..inject import perform as _perform
 from ..inject import spec as _spec
-from . import deadline as _deadline
+from . import deadline_scope
 from . import completions, eviction, failures, init, instrument, stacks, store_reachable
 from .state import current
 
@@ -117,7 +117,7 @@ def _prepare(rank: int, attempt: int) -> None:
     try:
         eviction.install(init.grace_from_env())
         if os.environ.get(init.COLLECTIVE_TIMEOUT_ENV):
-            _deadline.set_default(_deadline.check_seconds(
+            deadline_scope.set_default(deadline_scope.check_seconds(
                 init.COLLECTIVE_TIMEOUT_ENV, os.environ[init.COLLECTIVE_TIMEOUT_ENV]))
             state.enable_bounded()
         # the launcher judges a rank by its ledger after --hang-timeout: completions must

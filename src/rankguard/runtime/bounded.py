@@ -36,7 +36,7 @@ def limit_options(args: tuple[Any, ...], limit: Deadline) -> None:
     """Give the operation's options (its last positional argument) the deadline as timeout."""
     options = args[-1] if args else None
     if options is not None and hasattr(options, "timeout"):
-        options.timeout = timedelta(seconds=limit.left(at_least=_MIN_TIMEOUT_S))
+        options.timeout = timedelta(seconds=limit.wait_time(at_least=_MIN_TIMEOUT_S))
 
 
 def retire_and_explain(record: GroupRecord, entry: int, op: str, started: float,
@@ -178,7 +178,8 @@ class BoundedWork:
         if self._peer_wait is None:
             limit = own.sooner(self._limit) if own is not None else self._limit
             self._peer_wait = PeerWait(
-                self._inner, None if limit is None else limit.left(_MIN_TIMEOUT_S))
+                self._inner,
+                None if limit is None else limit.wait_time(at_least=_MIN_TIMEOUT_S))
         waiting = self._peer_wait
         while not waiting.over(SLICE.total_seconds()):
             self._raise_if_retired()
@@ -238,7 +239,7 @@ class BoundedWork:
             return
         take_supervisor_notice(self._group)
         if self._group.retired is not None:
-            _settle(handed, error=RuntimeError(f"rankguard: {self._group.retired}"))
+            _complete(handed, error=RuntimeError(f"rankguard: {self._group.retired}"))
 
     def explain_if_failed(self) -> CollectiveError | None:
         # the future, not the work: gloo fails the future first, and the C++ waiter can
@@ -281,15 +282,15 @@ def _relayed(inner: Any, value: Any = None) -> Any:
         try:
             result = done.value()
         except Exception as error:  # noqa: BLE001 (gloo's failure, passed on)
-            _settle(ours, error=error)
+            _complete(ours, error=error)
             return
-        _settle(ours, value=result if value is None else value)
+        _complete(ours, value=result if value is None else value)
 
     inner.add_done_callback(relay)
     return ours
 
 
-def _settle(future: Any, value: Any = None, error: BaseException | None = None) -> None:
+def _complete(future: Any, value: Any = None, error: BaseException | None = None) -> None:
     """Complete ``future`` unless it already is (the relay and a release may race)."""
     try:
         if error is not None:

@@ -5,7 +5,7 @@ from an initial layout (the parameters in definition order) and, at the forward 
 backward, lays them out again in the order their gradients became ready. gloo's ring all-reduce
 adds up each element in an order that depends on its place in the bucket, so the same sums in
 another layout differ in the last bits. A DDP built again after a recovery must therefore start
-from the layout the old one had settled on, for the run to stay bit for bit the fault-free one.
+from the layout the old one had rebuilt, for the run to stay bit for bit the fault-free one.
 
 This leans on DDP's internals of torch 2.13 (its reducer's buckets and its bucket assignment
 call);
@@ -20,7 +20,7 @@ from typing import Any
 Layout = list[list[int]]
 
 
-def settled(ddp: Any) -> Layout | None:
+def rebuilt(ddp: Any) -> Layout | None:
     """The layout ``ddp``'s reducer uses once it has laid its buckets out again (at the forward
     after its first backward), as parameter indices per bucket in the reducer's order; None
     before that."""

@@ -92,7 +92,7 @@ def store_client(limit: Deadline) -> Any:
     operations bounded by ``limit`` (at least ``barrier.STORE_OP_MIN_S``)."""
     state = current()
     state.lineage_root = root_store()
-    timeout = timedelta(seconds=limit.left(at_least=barrier.STORE_OP_MIN_S))
+    timeout = timedelta(seconds=limit.wait_time(at_least=barrier.STORE_OP_MIN_S))
     if state.lineage_client is None:
         state.lineage_client = clone_client(state.lineage_root, timeout) or state.lineage_root
     state.lineage_client.set_timeout(timeout)
@@ -207,7 +207,7 @@ def form_next(limit: Deadline, exclude: Iterable[int] | None = None,
                                 missing=[_previous(members, i) for i in joined.missing],
                                 waited=time.monotonic() - started)
     backend = str(dist.get_backend())  # the new generation's is the old one's (gloo, nccl)
-    async_deadline.wait_for_abort(limit.left())  # an NCCL deadline's abort: not under it
+    async_deadline.wait_for_abort(limit.wait_time())  # an NCCL deadline's abort: not under it
     groups.retire_all(f"replaced by generation {number}")
     groups.discard_all()
     state.completions.flush()

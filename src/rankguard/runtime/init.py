@@ -11,7 +11,7 @@ import os
 
 from ..records import ledger as _ledger
 from ..errors import UsageError
-from . import deadline as _deadline
+from . import deadline_scope
 from . import eviction, instrument, stacks
 from .state import current
 
@@ -24,7 +24,7 @@ def grace_from_env() -> float:
     value = os.environ.get(GRACE_ENV)
     if not value:
         return eviction.DEFAULT_GRACE_S
-    return _deadline.check_seconds(GRACE_ENV, value)
+    return deadline_scope.check_seconds(GRACE_ENV, value)
 
 
 def init(*, grace: float | None = None, collective_timeout: float | None = None,
@@ -54,13 +54,13 @@ def init(*, grace: float | None = None, collective_timeout: float | None = None,
             from another thread than the main thread, or a default process group that already exists and was not created
             through rankguard (create it after ``init()``).
     """
-    grace = (_deadline.check_seconds("grace", grace, text=False) if grace is not None
+    grace = (deadline_scope.check_seconds("grace", grace, text=False) if grace is not None
              else grace_from_env())
     if collective_timeout is None and os.environ.get(COLLECTIVE_TIMEOUT_ENV):
-        collective_timeout = _deadline.check_seconds(COLLECTIVE_TIMEOUT_ENV,
+        collective_timeout = deadline_scope.check_seconds(COLLECTIVE_TIMEOUT_ENV,
                                                      os.environ[COLLECTIVE_TIMEOUT_ENV])
     if collective_timeout is not None:
-        _deadline.set_default(collective_timeout)
+        deadline_scope.set_default(collective_timeout)
     eviction.install(grace)
     stacks.install(stacks_file)
     state = current()

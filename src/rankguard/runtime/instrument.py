@@ -40,7 +40,7 @@ from ..deadline import Deadline
 from ..errors import GroupRetired, UsageError
 from . import async_deadline, async_groups, fr_progress, nccl_abort
 from . import bounded as _bounded
-from . import deadline as _deadline
+from . import deadline_scope
 from . import generations, groups, vacancies
 from . import probe as _probe
 from . import store_reachable
@@ -151,7 +151,7 @@ def _make_op(name: str, backend_method: str, op_name: str) -> Callable[..., Any]
         if group.retired is not None:
             raise GroupRetired(group.name, group.retired)
         slot = group.slot
-        limit = _deadline.current()
+        limit = deadline_scope.current()
         if limit is not None:
             _bounded.limit_options(args, limit)
         start = getattr(group.backend, backend_method)
@@ -263,8 +263,10 @@ def _agreement_timeout(options: Any) -> float:
     """The bound of the secret's broadcast when the default group forms: the group's timeout,
     or the collective deadline in force if it is earlier."""
     timeout = options.timeout.total_seconds()
-    limit = _deadline.current()
-    return limit.within(timeout).left(_MIN_AGREEMENT_S) if limit is not None else timeout
+    limit = deadline_scope.current()
+    if limit is None:
+        return timeout
+    return limit.within(timeout).wait_time(at_least=_MIN_AGREEMENT_S)
 
 
 def start_probing(store: Any, rank: int) -> None:

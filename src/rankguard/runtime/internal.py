@@ -17,7 +17,7 @@ from ..records import ledger as _ledger
 from ..deadline import Deadline
 from . import barrier, generations, groups
 from . import shutdown as _shutdown
-from .deadline import until
+from .deadline_scope import until
 from .generations import Generation
 from .shutdown import ShutdownReport
 from .state import GroupRecord, current

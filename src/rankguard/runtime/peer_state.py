@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from ..deadline import check_seconds
 from ..errors import UsageError
-from .deadline import deadline
+from .deadline_scope import deadline
 from .state import current
 
 NO_STATE = -1  # the step of a rank that holds no state (a replacement)

@@ -223,7 +223,8 @@ class Asker:
         waiting = {peer: _answer_key(request, peer) for peer in peers}
         while waiting:
             try:  # returns once every awaited answer is in, or raises at the deadline
-                client.wait(list(waiting.values()), timedelta(seconds=deadline.left(0.001)))
+                client.wait(list(waiting.values()),
+                            timedelta(seconds=deadline.wait_time(at_least=0.001)))
             except Exception:  # noqa: BLE001 (timed out: take the answers that came)
                 pass
             for peer, key in list(waiting.items()):

@@ -70,7 +70,7 @@ class Rebuilt:
     """A module wrapped in ``DistributedDataParallel`` on the current generation: call it as
     the DDP module it holds (``module`` is that DDP). Made by :meth:`StepLoop.ddp`.
 
-    Each rebuild keeps the **bucket layout** the previous DDP had settled on (DDP lays its
+    Each rebuild keeps the **bucket layout** the previous DDP had rebuilt (DDP lays its
     buckets out again after its first backward, in the order the gradients became ready). A
     fresh DDP would start from its initial layout instead, and since gloo's ring all-reduce
     adds up each element in an order that depends on where it sits in the bucket, the first
@@ -81,7 +81,7 @@ class Rebuilt:
         self._inner_module = module
         self._options = options
         self._ddp: Any = None
-        self.layout: ddp_layout.Layout | None = None  # the settled one, once known
+        self.layout: ddp_layout.Layout | None = None  # the rebuilt one, once known
 
     @property
     def module(self) -> Any:
@@ -99,13 +99,13 @@ class Rebuilt:
         return self.module(*args, **kwargs)
 
     def note_layout(self) -> None:
-        """After a step: learn the layout the DDP settled on, once (a DDP built with a known
+        """After a step: learn the layout the DDP rebuilt, once (a DDP built with a known
         layout keeps it)."""
         if self.layout is None and self._ddp is not None:
-            self.layout = ddp_layout.settled(self._ddp)
+            self.layout = ddp_layout.rebuilt(self._ddp)
 
     def rebuild(self) -> None:
-        """A new DDP on the current default group, laid out as the settled layout if known."""
+        """A new DDP on the current default group, laid out as the rebuilt layout if known."""
         self._ddp = None  # the old one's reducer goes before the new one registers its hooks
         self._ddp = ddp_layout.build(self._inner_module, self._options, self.layout)
 

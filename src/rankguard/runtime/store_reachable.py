@@ -98,7 +98,7 @@ def _connect(host: str, port: int, limit: Deadline) -> str | None:
     while not limit.passed():
         try:
             with socket.create_connection((host, port),
-                                          timeout=min(limit.left(at_least=_MIN_S), _CONNECT_S)):
+                                          timeout=limit.wait_time(_CONNECT_S, at_least=_MIN_S)):
                 return None
         except OSError as exc:
             problem = (exc.strerror or str(exc) or type(exc).__name__).lower()
@@ -120,7 +120,7 @@ def _shake_hands(host: str, port: int, limit: Deadline) -> str | None:
             from torch.distributed import TCPStore
 
             TCPStore(host, port, is_master=False, wait_for_workers=False,
-                     timeout=timedelta(seconds=limit.left(at_least=_MIN_S)))
+                     timeout=timedelta(seconds=limit.wait_time(at_least=_MIN_S)))
         except Exception as exc:  # noqa: BLE001 (reported, whatever torch raised)
             outcome["error"] = first_line(exc)
         done.set()

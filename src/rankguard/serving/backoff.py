@@ -69,4 +69,4 @@ class StartBackoff:
         failure = self.last_failure
         return (f"{self.failures} start-up(s) in a row failed; the last: "
                 f"{failure.describe() if failure else '?'}; next try in "
-                f"{self.next_start.left():.1f} s")
+                f"{self.next_start.wait_time():.1f} s")

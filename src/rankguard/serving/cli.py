@@ -27,28 +27,30 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 def build_parser() -> Parser:
     p = Parser(prog=PROG, allow_abbrev=False, description="Serve a rankguard.Service over "
-               "HTTP: each request runs on a group of rank processes; a rank fault fails that "
-               "request only (HTTP 500 naming the rank), and the pool heals from warm spares.")
+               "HTTP: each request runs on a replica (the rank processes of one gloo group); a "
+               "rank fault fails that request only (HTTP 500 naming the rank), and the pool "
+               "heals from spare replicas.")
     p.add_argument("app", metavar="APP",
                    help="path/to/file.py:name or module:name of a rankguard.Service")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", default="8000", help="port to listen on; 0: any free port, "
                    "printed at start-up (default 8000)")
     p.add_argument("--world-size", dest="world_size", default=None,
-                   help="ranks per group (default: the service's)")
-    p.add_argument("--replicas", default=None, help="groups that serve requests at the same "
+                   help="ranks per replica (default: the service's)")
+    p.add_argument("--replicas", default=None, help="replicas that serve requests at the same "
                    "time, one request each (default: the service's, 1)")
-    p.add_argument("--spares", default=None, help="warm spare groups (default: the service's)")
+    p.add_argument("--spares", default=None, help="spare replicas kept ready (default: the "
+                   "service's)")
     p.add_argument("--suspect-after", dest="suspect_after", default=None,
-                   help="seconds after which a request still running drains its group: the "
-                   "requests behind it go to a spare (default: a fifth of --timeout)")
+                   help="seconds after which a request still running drains its replica: the "
+                   "requests behind it go to a spare replica (default: a fifth of --timeout)")
     p.add_argument("--max-queue", dest="max_queue", default=None,
-                   help="requests that may wait for a group; one more is answered 503 at once "
+                   help="requests that may wait for a replica; one more is answered 503 at once "
                    "(default: 32 per replica)")
     p.add_argument("--timeout", default=None,
                    help="default deadline of a request in seconds (default: the service's)")
     p.add_argument("--on-healing", dest="on_healing", default="wait", choices=HEALING_MODES,
-                   help="a request that arrives while no group is ready waits for one within "
+                   help="a request that arrives while no replica is ready waits for one within "
                    "its deadline, or fails at once with 503 (default wait)")
     p.add_argument("--no-zygote", dest="zygote", action="store_false",
                    help="start each rank as a new Python (seconds) instead of forking it from "
@@ -114,7 +116,7 @@ def main(argv: list[str]) -> int:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
     host, bound = listener.getsockname()[:2]
-    print(f"{PROG}: listening on http://{host}:{bound} ({served.world_size} ranks per group, "
+    print(f"{PROG}: listening on http://{host}:{bound} ({served.world_size} ranks per replica, "
           f"{served.replicas} serving, {served.spares} spare(s))", flush=True)
     app = http.build(served, **options)
     # at the end of --grace the app answers what still runs (503); uvicorn's own cut, which

@@ -55,7 +55,7 @@ class Dispatch(Generic[Member]):
         trusted = len(self.busy) - len(self.suspects(now))
         return max(0, min(len(self.ready), self.replicas - trusted))
 
-    def spares(self, now: float | None = None) -> int:
+    def spare_replicas(self, now: float | None = None) -> int:
         """Ready replicas beyond those that could take a call now."""
         return len(self.ready) - self.free(now)
 

@@ -329,7 +329,8 @@ class Pool:
         starting, failed or busy)."""
         backoff = self._set.backoff
         if state == UnavailableState.FAILED:
-            return PoolUnavailable(state, backoff.next_start.left(1.0), backoff.describe())
+            return PoolUnavailable(state, backoff.next_start.wait_time(at_least=1.0),
+                                   backoff.describe())
         if state == UnavailableState.BUSY:
             return PoolUnavailable(state, 1.0, "the replicas ran other calls until less than "
                                    f"{self.options.min_call_s:g} s of this call's deadline was "
@@ -359,8 +360,8 @@ class Pool:
             state = pool.state()
             now = time.monotonic()
             serving = state == PoolState.READY
-            return PoolStatus(state, pool.dispatch.spares(now) if serving else 0, pool.coming(),
-                              failure.describe() if failure else None,
+            return PoolStatus(state, pool.dispatch.spare_replicas(now) if serving else 0,
+                              pool.coming(), failure.describe() if failure else None,
                               idle=pool.dispatch.free(now) if serving else 0,
                               serving=len(pool.dispatch.busy),
                               suspect=len(pool.dispatch.suspects(now)),
@@ -400,7 +401,7 @@ class Pool:
             values: dict[str, float] = dict(pool.counts)
             if self._keeper.zygote.failures:
                 values["zygote_failures"] = self._keeper.zygote.failures
-            values["spares_ready"] = pool.dispatch.spares()
+            values["spares_ready"] = pool.dispatch.spare_replicas()
             values["spares_starting"] = pool.coming()
             values["serving"] = len(pool.dispatch.busy)
             values["heal_seconds_sum"] = sum(pool.heal_seconds)
@@ -432,7 +433,7 @@ class Pool:
         self._keeper.join(joined_by)
         if not first:
             return
-        self._event("pool_close", groups=pool.closed_groups)
+        self._event("pool_close", groups=pool.closed_replicas)
         # events of background threads that end later go nowhere, not to a closed file
         journal, self._journal = self._journal, None
         if journal is not None:

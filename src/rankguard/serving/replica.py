@@ -311,7 +311,7 @@ class Replica:
             RequestFailed: a rank raised, exited, was killed, froze, or was still running at
                 ``until`` while a peer waited for it or had answered; ``rank`` None when every
                 rank answered with a collective error, or when every rank was still running at
-                ``until`` and none was behind (cause ``deadline``: see :meth:`settle`). Raised
+                ``until`` and none was behind (cause ``deadline``: see :meth:`drain`). Raised
                 by ``until`` plus the time to read the ranks' ledgers, and as soon as the root
                 cause is known or every rank has answered.
             UsageError: the command cannot be pickled (no rank got it).
@@ -319,7 +319,8 @@ class Replica:
         outcome = self.submit(command, until.before(COLLECTIVE_MARGIN_S), until)
 
         def known(o: Outcome) -> bool:
-            return o.settled(self.world) or verdict(self.world, o, 0.0, final=False) is not None
+            return (o.all_accounted(self.world)
+                    or verdict(self.world, o, 0.0, final=False) is not None)
 
         seen = self.wait(outcome, until, known)
         final = len(seen.results) < self.world
@@ -380,12 +381,12 @@ class Replica:
                            failures=dict(outcome.failures), dead=dict(outcome.dead),
                            order=list(outcome.order))
 
-    def settle(self, until: Deadline) -> bool:
+    def drain(self, until: Deadline) -> bool:
         """After a request that failed: wait until ``until`` for every rank to be done with
         it. True if every rank answered it (alive, idle: it may regroup and serve again); False
         if a rank died or is still running it."""
         if self._unfinished and self._current is not None:
-            seen = self.wait(self._current, until, lambda o: o.settled(self.world))
+            seen = self.wait(self._current, until, lambda o: o.all_accounted(self.world))
             if len(seen.answered) < self.world:
                 return False
             with self._cond:

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import NamedTuple
 
-from ..processes import stack_groups
+from ..processes import stack_summary
 from ..deadline import Deadline
 from ..errors import RequestCause, RequestFailed
 from .budgets import REGROUP_MARGIN_S, REGROUP_S, STACKS_S
@@ -59,7 +59,7 @@ class ReplicaKeeper:
 
     def join(self, until: Deadline) -> None:
         """Wait, until ``until`` at most, for the thread to end (once the pool is closed)."""
-        self._thread.join(until.timeout())
+        self._thread.join(until.wait_time_or_none())
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -186,7 +186,7 @@ class ReplicaKeeper:
                         action="regroup" if idle or overran else "kill", reason=fault.cause)
             if idle or overran:
                 pool.retired.append(replica)
-                threading.Thread(target=self._settle_then_regroup if overran else self._regroup,
+                threading.Thread(target=self._drain_then_regroup if overran else self._regroup,
                                  args=(replica,), daemon=True, name="rankguard-regroup").start()
             elif fault.cause in (RequestCause.FROZEN, RequestCause.DEADLINE):
                 threading.Thread(target=self._stacks_then_kill, args=(replica,), daemon=True,
@@ -205,16 +205,16 @@ class ReplicaKeeper:
             dumps = replica.capture_stacks(Deadline.after(max(STACKS_S, self._options.timeout)))
             self._event("stacks", group=replica.number,
                         stacks={rank: replica.stacks_path(rank) for rank in dumps},
-                        grouped=stack_groups.describe(
-                            stack_groups.group(dumps, sorted(dumps)), ""))
+                        grouped=stack_summary.describe(
+                            stack_summary.by_stack(dumps, sorted(dumps)), ""))
         finally:
             replica.kill()
 
-    def _settle_then_regroup(self, replica: Replica) -> None:
+    def _drain_then_regroup(self, replica: Replica) -> None:
         """A replica whose call overran the call's own deadline, every rank still running it:
         once every rank has finished that call (within the pool's timeout) it regroups and
         serves again; a rank that does not finish by then gets the hang treatment."""
-        if not self._set.closed and replica.settle(Deadline.after(self._options.timeout)):
+        if not self._set.closed and replica.drain(Deadline.after(self._options.timeout)):
             self._regroup(replica)
             return
         with self._set.cond:
@@ -249,7 +249,7 @@ class ReplicaKeeper:
             replicas = pool.dispatch.clear()
             doomed = pool.starting + pool.retired
             pool.starting = []
-            pool.closed_groups = len(replicas) + len(doomed)
+            pool.closed_replicas = len(replicas) + len(doomed)
         for replica in doomed:
             replica.kill()
         closers = [threading.Thread(target=r.close, args=(until,), daemon=True)
@@ -257,5 +257,5 @@ class ReplicaKeeper:
         for closer in closers:
             closer.start()
         for closer in closers:
-            closer.join(joined_by.timeout())
+            closer.join(joined_by.wait_time_or_none())
         self.zygote.close(until)

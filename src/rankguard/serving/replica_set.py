@@ -48,7 +48,7 @@ class ReplicaSet:
         self.closed = False
         self.closed_until = Deadline.never()  # set by close: when what is left is killed,
         self.closed_join_by = Deadline.never()  # and how long the shutdown may take
-        self.closed_groups = 0  # replicas the shutdown ended
+        self.closed_replicas = 0  # replicas the shutdown ended
         self.counts: Counter[str] = Counter()
         self.heal_seconds: list[float] = []
         self._lost_at: list[float] = []  # when replicas were lost, until the pool is whole

@@ -20,12 +20,13 @@ class Service:
         handle: ``handle(state, request) -> result``, run on every rank for each request
             (``request``: the JSON body, a dict); rank 0's result is the response, so it must
             be JSON-serialisable. Module-level, so the ranks can import it.
-        setup: ``setup(rank, world_size) -> state``, run once per rank, ahead of time in spares.
+        setup: ``setup(rank, world_size) -> state``, run once per rank, ahead of time in spare
+            replicas.
         validate: ``validate(request) -> request``, run in the server before a request reaches
             the pool; raising ``ValueError`` or ``TypeError`` answers 422 with its message.
-        world_size: ranks per group.
-        replicas: groups that serve requests at the same time.
-        spares: warm spare groups.
+        world_size: ranks per replica.
+        replicas: replicas that serve requests at the same time.
+        spares: spare replicas kept ready.
         timeout: default deadline of a request, in seconds (the ``X-Request-Timeout`` header
             may ask for another).
     """

@@ -61,7 +61,7 @@ class Outcome:
     def answered(self) -> set[int]:
         return set(self.results) | set(self.failures)
 
-    def settled(self, world: int) -> bool:
+    def all_accounted(self, world: int) -> bool:
         """Every rank answered or died."""
         return len(self.answered | set(self.dead)) == world
 

@@ -67,7 +67,7 @@ def within(limit: Deadline, what: str, call: Callable[[], T]) -> T:
 
     thread = threading.Thread(target=run, name="rankguard-store-call", daemon=True)
     thread.start()
-    thread.join(limit.timeout())
+    thread.join(limit.wait_time_or_none())
     if thread.is_alive():
         with _lock:
             _abandoned.append(thread)

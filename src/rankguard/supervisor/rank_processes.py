@@ -247,7 +247,7 @@ class RankProcesses:
         with self._lock:
             wake = until.sooner(self._timers[0][2]) if self._timers else until
         exited = []
-        for key, _ in self._selector.select(wake.timeout()):
+        for key, _ in self._selector.select(wake.wait_time_or_none()):
             what, obj = key.data
             if what == "exit":
                 self._reap(obj)
@@ -331,7 +331,7 @@ class RankProcesses:
 
         if not self._driven_here():
             with self._exits:
-                return self._exits.wait_for(reported, until.timeout())
+                return self._exits.wait_for(reported, until.wait_time_or_none())
         while not done() and not until.passed():
             self.pump(until)
         return done()
@@ -391,7 +391,7 @@ class RankProcesses:
         self.wake()
         watcher = self._watcher
         if watcher is not None and watcher is not threading.current_thread():
-            watcher.join(until.timeout())
+            watcher.join(until.wait_time_or_none())
         with self._lock:
             if self._watching:
                 self._watcher_releases = True

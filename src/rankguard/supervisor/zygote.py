@@ -223,7 +223,7 @@ class Zygote:
         except OSError:
             pass
         try:
-            self.proc.wait(until.timeout())
+            self.proc.wait(until.wait_time_or_none())
         except Exception:  # noqa: BLE001 (subprocess.TimeoutExpired)
             self.proc.kill()
             self.proc.wait(5.0)

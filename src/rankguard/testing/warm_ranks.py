@@ -91,17 +91,17 @@ class WarmRanks:
         outcome = replica.submit({"fn": run_test, "args": (path, name, args), "kwargs": {},
                                   "all": False}, collectives, answers_by)
 
-        def settled(o: Outcome) -> bool:
-            return o.settled(self.world)
+        def all_accounted(o: Outcome) -> bool:
+            return o.all_accounted(self.world)
 
         def only_named_left(o: Outcome) -> bool:
             named = {r for a in o.failures.values() for r in a.get("missing", [])}
             left = set(range(self.world)) - o.answered - set(o.dead)
             return bool(named) and left <= named
 
-        seen = replica.wait(outcome, answers_by, lambda o: settled(o) or only_named_left(o))
-        if not settled(seen):
-            seen = replica.wait(outcome, answers_by.within(MISSING_GRACE_S), settled)
+        seen = replica.wait(outcome, answers_by, lambda o: all_accounted(o) or only_named_left(o))
+        if not all_accounted(seen):
+            seen = replica.wait(outcome, answers_by.within(MISSING_GRACE_S), all_accounted)
         answers: dict[int, dict[str, Any]] = {r: {"outcome": "passed"} for r in seen.results}
         answers.update({r: {"outcome": "failed", **a} for r, a in seen.failures.items()})
         answers.update({r: {"outcome": "ended", "detail": replica.ending(r) or how.detail}

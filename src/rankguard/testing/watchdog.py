@@ -167,7 +167,7 @@ class Watchdog:
         if math.isinf(deadline.at):
             faulthandler.cancel_dump_traceback_later()
         else:
-            faulthandler.dump_traceback_later(deadline.left(0.1), exit=True,
+            faulthandler.dump_traceback_later(deadline.wait_time(at_least=0.1), exit=True,
                                               file=self._terminal)
 
     def _interrupt(self, signum: int, frame: Any) -> None:
@@ -183,7 +183,7 @@ class Watchdog:
             with self._cond:
                 while self._phase is None or not self._phase.deadline.passed():
                     deadline = None if self._phase is None else self._phase.deadline
-                    self._cond.wait(None if deadline is None else deadline.timeout())
+                    self._cond.wait(None if deadline is None else deadline.wait_time_or_none())
                 phase, self._phase = self._phase, None
                 taken = self._disarms  # the phase ends with the next disarm
                 self._firing = threading.Event()

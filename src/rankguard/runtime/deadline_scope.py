@@ -1,4 +1,5 @@
-"""Deadlines on collectives: ``with rankguard.deadline(seconds): ...``.
+"""The deadline in force for a collective: ``with rankguard.deadline(seconds): ...`` blocks
+and the job-wide default.
 
 A deadline is an absolute point on the monotonic clock, set once at the edge (the ``with``
 statement, or the job-wide default when an operation starts) and read by every layer below, never

@@ -1,4 +1,4 @@
-"""Stacks of many ranks, grouped by identical main-thread stack, so that the one that differs
+"""Stacks of many ranks, summed up by identical main-thread stack, so that the one that differs
 stands out: ``ranks 0,1,3 (3): backward (torch/_tensor.py:623) <- main (train.py:62)`` and
 ``rank 2: perform (rankguard/inject/perform.py:41) <- main (train.py:62)``.
 
@@ -47,7 +47,7 @@ class Frame:
 
 
 @dataclass(frozen=True)
-class StackGroup:
+class SameStack:
     """Ranks whose main threads were in the same place."""
 
     ranks: tuple[int, ...]
@@ -121,31 +121,31 @@ def main_thread(dump: str) -> tuple[Frame, ...]:
 
 
 def every_thread(dump: str) -> list[str]:
-    """Where each thread of one dump is, a line each (:meth:`StackGroup.summary`), the
+    """Where each thread of one dump is, a line each (:meth:`SameStack.summary`), the
     signalled (main) thread first, leaving out rankguard's own threads (those whose innermost
     frame is rankguard's: its watchers, not what the process waits for):
     ``main thread: _shutdown (threading.py:1540)``, ``thread 2: wait (threading.py:359) <- ...
     <- hold (job.py:12)``."""
     threads = sorted(_threads(dump), key=lambda thread: not thread[0])
     return [f"{'main thread' if current else f'thread {number}'}: "
-            f"{StackGroup((), tuple(frames)).summary()}"
+            f"{SameStack((), tuple(frames)).summary()}"
             for number, (current, frames) in enumerate(threads, 1)
             if current or not (frames and frames[0].ours)]
 
 
-def group(dumps: dict[int, str], ranks: list[int] | None = None) -> list[StackGroup]:
-    """Ranks grouped by identical main-thread stack, the largest group first (then by lowest
-    rank); ``ranks``: every rank expected, those without a dump form a group of their own."""
-    by_stack: dict[tuple[Frame, ...], list[int]] = {}
+def by_stack(dumps: dict[int, str], ranks: list[int] | None = None) -> list[SameStack]:
+    """Ranks sorted by identical main-thread stack, the largest set first (then by lowest
+    rank); ``ranks``: every rank expected, those without a dump form a set of their own."""
+    stacks: dict[tuple[Frame, ...], list[int]] = {}
     for rank in sorted(set(dumps) | set(ranks or [])):
-        by_stack.setdefault(main_thread(dumps.get(rank, "")), []).append(rank)
-    groups = [StackGroup(tuple(members), frames) for frames, members in by_stack.items()]
-    return sorted(groups, key=lambda g: (not g.frames, -len(g.ranks), g.ranks[0]))
+        stacks.setdefault(main_thread(dumps.get(rank, "")), []).append(rank)
+    same = [SameStack(tuple(members), frames) for frames, members in stacks.items()]
+    return sorted(same, key=lambda s: (not s.frames, -len(s.ranks), s.ranks[0]))
 
 
-def describe(groups: list[StackGroup], indent: str = "") -> list[str]:
-    """One line per group: ``ranks 0-6 (7): all_reduce (...) <- train_step (train.py:88)``."""
-    return [f"{indent}{g.label()}: {g.summary()}" for g in groups]
+def describe(same: list[SameStack], indent: str = "") -> list[str]:
+    """One line per stack: ``ranks 0-6 (7): all_reduce (...) <- train_step (train.py:88)``."""
+    return [f"{indent}{s.label()}: {s.summary()}" for s in same]
 
 
 def last_dump(path: str, since: int = 0) -> str:

@@ -1,11 +1,11 @@
-"""Grouping ranks by where their main threads are (``rankguard.processes.stack_groups``), on dumps in the
-format faulthandler writes."""
+"""Sorting ranks by where their main threads are (``rankguard.processes.stack_summary``), on
+dumps in the format faulthandler writes."""
 
 from __future__ import annotations
 
 import os
 
-from rankguard.processes import stack_groups as sg
+from rankguard.processes import stack_summary as ss
 
 USER = os.path.abspath("train.py")
 TORCH = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
@@ -24,10 +24,10 @@ LOADING = dump(("/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.
                 "__next__"), (USER, 80, "train_step"), (USER, 120, "<module>"))
 
 
-def test_the_outlier_stands_out_and_the_largest_group_comes_first() -> None:
+def test_the_outlier_stands_out_and_the_largest_set_comes_first() -> None:
     dumps = {rank: WAITING for rank in range(7)} | {7: LOADING}
-    groups = sg.group(dumps, list(range(9)))  # rank 8 never answered
-    lines = sg.describe(groups)
+    same = ss.by_stack(dumps, list(range(9)))  # rank 8 never answered
+    lines = ss.describe(same)
     assert lines[0].startswith("ranks 0-6 (7): all_reduce (") and \
         lines[0].endswith(f"train_step ({USER}:88)"), lines
     assert lines[1].startswith("rank 7: __next__ (") and "train_step" in lines[1], lines
@@ -35,38 +35,38 @@ def test_the_outlier_stands_out_and_the_largest_group_comes_first() -> None:
 
 
 def test_the_last_dump_of_a_file_counts_and_its_current_thread() -> None:
-    frames = sg.main_thread(LOADING + WAITING)
-    assert frames[0] == sg.Frame(TORCH, 2501, "all_reduce") and frames[1].user
-    assert not frames[0].user and not sg.Frame("<frozen runpy>", 88, "_run_code").user
+    frames = ss.main_thread(LOADING + WAITING)
+    assert frames[0] == ss.Frame(TORCH, 2501, "all_reduce") and frames[1].user
+    assert not frames[0].user and not ss.Frame("<frozen runpy>", 88, "_run_code").user
     unmarked = dump((USER, 5, "f"), thread="Thread")  # no current thread: the last one
-    assert sg.main_thread(unmarked) == (sg.Frame(USER, 5, "f"),)
-    assert sg.main_thread("") == () and sg.main_thread("garbage\n  File oops") == ()
+    assert ss.main_thread(unmarked) == (ss.Frame(USER, 5, "f"),)
+    assert ss.main_thread("") == () and ss.main_thread("garbage\n  File oops") == ()
 
 
 def test_rank_lists_show_runs_as_ranges() -> None:
-    assert sg.rank_list([9, 0, 1, 2, 3]) == "0-3,9"
-    assert sg.rank_list([1, 3]) == "1,3" and sg.rank_list([4, 5]) == "4,5"
-    assert sg.last_dump("/nonexistent/stacks.txt") == ""
+    assert ss.rank_list([9, 0, 1, 2, 3]) == "0-3,9"
+    assert ss.rank_list([1, 3]) == "1,3" and ss.rank_list([4, 5]) == "4,5"
+    assert ss.last_dump("/nonexistent/stacks.txt") == ""
 
 
 def test_every_thread_of_a_dump_is_a_line_the_signalled_one_first() -> None:
-    lines = sg.every_thread(WAITING)
+    lines = ss.every_thread(WAITING)
     assert lines[0].startswith("main thread: all_reduce (") and "train_step" in lines[0], lines
     assert lines[1].startswith("thread 2: wait (") and lines[1].endswith("threading.py:331)"), \
         lines
-    assert sg.every_thread("") == []
+    assert ss.every_thread("") == []
 
 
-RANKGUARD = os.path.dirname(os.path.dirname(os.path.abspath(sg.__file__)))  # the package
+RANKGUARD = os.path.dirname(os.path.dirname(os.path.abspath(ss.__file__)))  # the package
 
 
 def test_rankguards_own_frames_are_neither_the_users_nor_shown_as_where_a_process_lingers(
         ) -> None:
-    eviction = sg.Frame(os.path.join(RANKGUARD, "runtime", "eviction.py"), 85, "_watch")
+    eviction = ss.Frame(os.path.join(RANKGUARD, "runtime", "eviction.py"), 85, "_watch")
     assert eviction.ours and not eviction.user
-    assert sg.Frame(USER, 88, "train_step").user and not sg.Frame(USER, 88, "x").ours
+    assert ss.Frame(USER, 88, "train_step").user and not ss.Frame(USER, 88, "x").ours
     watcher = ("Thread 0x00007f0000000003 (most recent call first):\n"
                f'  File "{eviction.file}", line 85 in _watch\n'
                '  File "/usr/lib/python3.11/threading.py", line 982 in run\n')
-    lines = sg.every_thread(watcher + "\n" + WAITING)
+    lines = ss.every_thread(watcher + "\n" + WAITING)
     assert len(lines) == 2 and not any("_watch" in line for line in lines), lines
