@@ -77,6 +77,12 @@ about 10 ms idle)."""
 
 # -- the launcher (rankguard run) -----------------------------------------------------------------
 
+TICK_S = 0.2
+"""The launcher's attempt loop reads the ranks' ledgers and judges hangs at least this often
+(events wake it sooner), so a hang is found within ``--hang-timeout`` plus a tick; a node's
+agent beats no more often than this (``node_agent.beat_period``) and counts a gap of well over
+a tick between its looks as having been stopped itself."""
+
 
 def rank_grace(grace: float) -> float:
     """A rank's own SIGTERM teardown budget (``RANKGUARD_GRACE``) under the launcher's
