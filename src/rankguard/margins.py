@@ -41,8 +41,8 @@ peer costs the whole window."""
 
 SECOND_ASK_WINDOW_S = 2.0
 """How long ``regroup()`` waits for the peers that missed ``ANSWER_WINDOW_S``, asked once
-more before it leaves them out: a live rank left out cannot come back (seen in CI: a live
-rank's answer came late under load), while a dead one costs only this more."""
+more before it leaves them out: a live rank left out cannot come back, and under load a live
+rank's answer may come after the first window, while a dead one costs only this more."""
 
 IN_PLACE_COLLECTIVE_S = 1800.0
 """The collective deadline of ``rankguard run --recovery in-place`` when ``--collective-timeout``
@@ -52,7 +52,7 @@ survivors of a fault from their collective at once."""
 
 COLD_START_S = 30.0
 """How long a new rank process may take to start Python, import torch and reach its
-``init_process_group`` on a loaded 2-core machine (2.5 s idle, 10 s seen under load)."""
+``init_process_group`` on a loaded 2-core machine (2.5 s idle, up to 10 s under load)."""
 
 
 def replace_timeout(hang_timeout: float) -> float:
@@ -76,6 +76,12 @@ REGROUP_S = 10.0
 about 10 ms idle)."""
 
 # -- the launcher (rankguard run) -----------------------------------------------------------------
+
+TICK_S = 0.2
+"""The launcher's attempt loop reads the ranks' ledgers and judges hangs at least this often
+(events wake it sooner), so a hang is found within ``--hang-timeout`` plus a tick; a node's
+agent beats no more often than this (``node_agent.beat_period``) and counts a gap of well over
+a tick between its looks as having been stopped itself."""
 
 
 def rank_grace(grace: float) -> float:

@@ -178,9 +178,9 @@ def _cpu_seconds(args: list[str], log_dir: Path, timeout: float) -> float:
 
 @pytest.mark.slow
 def test_output_without_newlines_costs_time_linear_in_its_size(tmp_path):
-    # 80 MiB of progress-bar updates ending in \r, never \n: the launcher used to copy the
-    # whole unfinished line again on every read (quadratic: 11 s of CPU for 40 MiB here, four
-    # times that for 80); linear, it costs about 1.5 s.
+    # 80 MiB of progress-bar updates ending in \r, never \n: copying the whole unfinished line
+    # again on every read would be quadratic (11 s of CPU for 40 MiB, four times that for 80);
+    # linear, it costs about 1.5 s.
     base = _cpu_seconds(["--nproc-per-node", "1", script("progress_bar.py"), "0"],
                         tmp_path / "base", 60)
     big = _cpu_seconds(["--nproc-per-node", "1", script("progress_bar.py"), "80"],

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from rankguard.records.ledger import OP_CODES
-from rankguard.runtime.async_groups import (MAX_TICK_S, MIN_TICK_S, STALL_S, Published,
-                                            advance, kind_wanted, overdue, tick_for)
+from rankguard.margins import ASYNC_STALL_S
+from rankguard.runtime.async_groups import (MAX_TICK_S, MIN_TICK_S, Published, advance,
+                                            kind_wanted, overdue, tick_for)
 from rankguard.runtime.fr_progress import GroupCounts
 
 AR = OP_CODES["all_reduce"]
@@ -47,8 +48,8 @@ KIND = {
     "nothing pending: nothing to learn": (Published(8, 8, 8, 0.0, 0.0), 10.0, 0),
     "pending, completions moved lately: not yet": (Published(9, 9, 8, 0.0, 9.9), 10.0, 0),
     "pending and stalled: the first not completed":
-        (Published(12, 9, 8, 0.0, 10.0 - STALL_S), 10.0, 9),
-    "its kind already learnt: not again": (BEFORE, 2.0 + STALL_S, 0),
+        (Published(12, 9, 8, 0.0, 10.0 - ASYNC_STALL_S), 10.0, 9),
+    "its kind already learnt: not again": (BEFORE, 2.0 + ASYNC_STALL_S, 0),
     "a later operation stalled: learn it": (Published(12, 11, 10, 0.0, 0.0, AR, 9), 10.0, 11),
     "torch's completed count lags the entries, which showed a later one: not again":
         (Published(12, 9, 8, 0.0, 0.0, AR, 11), 10.0, 0),

@@ -22,7 +22,7 @@ SECRET = "5a" * 32
 NAME = "rankguard/test/barrier"
 LONG_S = 60.0  # a deadline no test here should reach: waiting for it would fail the test
 SHORT_S = 1.5  # a deadline a test waits out, to see who is named missing (the ranks that
-# come must have arrived by then: threads took over 0.3 s to arrive on a loaded CI machine)
+# come must have arrived by then: a thread may take 0.3 s to start on a loaded 2-core machine)
 # what a rank may take past its deadline: the store operations that name the missing ranks
 AFTER_DEADLINE_S = 4 * barrier.STORE_OP_MIN_S
 
@@ -177,7 +177,7 @@ def test_a_rank_that_only_arrives_completes_the_meeting_with_its_payload_and_ret
     if first == "the ones that meet":
         ranks.arrive(0, 1)
         ranks.arrived(0, 1)
-    client = clients()  # connecting is not part of arriving: a loaded CI machine once took 5 s
+    client = clients()  # connecting is not part of arriving: it may take seconds under load
     started = time.monotonic()
     barrier.arrive(client, NAME, 2, 3, Deadline.after(LONG_S), payload="at the end")
     assert time.monotonic() - started < AFTER_DEADLINE_S  # it did not wait for the others

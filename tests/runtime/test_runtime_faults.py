@@ -117,8 +117,9 @@ STORE_TIMEOUT = 2.0
                           ("dead", "regroup"), ("dead", "deadline")])])
 def test_a_store_host_that_froze_or_died_bounds_every_runtime_call_and_the_exit(
         tmp_path: Path, fault: str, call: str) -> None:
-    """Under mp.spawn rank 0 hosts the store: its freeze or death used to leave shutdown(),
-    regroup() and a failed collective's explanation blocked in store calls for 30 minutes."""
+    """Under mp.spawn rank 0 hosts the store: its freeze or death ends shutdown(), regroup()
+    and a failed collective's explanation at their bounds, never after the store's own timeout
+    (30 minutes)."""
     with Ranks(f"store_host_{fault}_{call}", 3, tmp_path,
                env={"SCENARIO_TIMEOUT": str(STORE_TIMEOUT)}) as ranks:
         results = [ranks.result(rank) for rank in (1, 2)]

@@ -66,7 +66,7 @@ def test_the_launcher_ignores_ledgers_planted_at_predictable_paths_and_keeps_its
     victim = _victim(tmp_path)
     run_id = f"rg-sec-{uuid.uuid4().hex[:8]}"
     planted = [Path(ledger.default_dir()) / f"rankguard-{run_id}-0-{rank}.ledger"
-               for rank in (0, 1)]  # where earlier versions put them
+               for rank in (0, 1)]  # paths anyone can guess from the run id
     for link in planted:
         link.symlink_to(victim)
     try:

@@ -3,9 +3,9 @@
 One attempt:
 
 1. start every rank (``ranks``), then host the store (the first time) while they import torch;
-2. wait on events (rank exits, output, signals to the launcher) with a tick of ``TICK_S`` for
-   reading ledgers (``monitor``): a death is seen within milliseconds, a hang within
-   ``--hang-timeout`` plus one tick;
+2. wait on events (rank exits, output, signals to the launcher) with a tick of
+   ``margins.TICK_S`` for reading ledgers (``monitor``): a death is seen within milliseconds, a
+   hang within ``--hang-timeout`` plus one tick;
 3. on the first fault: capture stacks, stop the ranks (``teardown``), verify nothing is left;
 4. classify outcomes (``outcome``), journal them, then restart or return the exit code.
 
@@ -48,7 +48,6 @@ from .watch_rules import Act, Decision, Look, Say, Tick
 from .summary import AttemptReport, render
 from .terminal import Terminal
 
-TICK_S = 0.2
 STATUS_PERIOD_S = 1.0  # the terminal's status line is redrawn at most this often
 
 
@@ -299,14 +298,14 @@ class Agent:
         """Handle events until every rank exited cleanly or the first fault. Each look gathers
         what it needs (exits, the node link's news, the ledgers once per tick and when ranks
         exit: every check of that moment shares them), ``watch_rules`` decides, this acts."""
-        tick = Deadline.after(TICK_S)
+        tick = Deadline.after(margins.TICK_S)
         while ranks.live() and result.fault is None:
             exited = ranks.pump(tick)
             now = time.monotonic()
             outside = self._link.outside_fault(now)
             ticked = tick.passed()
             if ticked:
-                tick = Deadline.after(TICK_S)
+                tick = Deadline.after(margins.TICK_S)
             snaps = self._read_all(ranks, readers) if (exited or ticked) and outside is None \
                 else {}
             if snaps and result.first_step_at is None and self._all_stepped(snaps):

@@ -39,7 +39,7 @@ from ..records import ledger as _ledger
 from ..records.ledger import RankProgress
 from ..supervisor import RankProcesses
 from ..store.store_calls import StoreStalled, within
-from .agent import TICK_S, Agent
+from .agent import Agent
 from .config import RendezvousConfig, RunConfig, endpoint
 from .monitor import Verdict
 from . import node_takeover
@@ -89,14 +89,14 @@ def left_to_another_node(verdict: Verdict, local: set[int], nodes: int,
 
 _CRASH_EVIDENCE_BEATS = 2  # beats a live node publishes while we decide it is gone
 # the shortest gap between two looks of the agent's loop (each tick) that counts as the agent
-# itself having been stopped, whatever --hang-timeout is: ticks are TICK_S apart
+# itself having been stopped, whatever --hang-timeout is: well over one tick (``margins.TICK_S``)
 _OWN_STOP_FLOOR_S = 2.0
 
 
 def beat_period(hang_timeout: float) -> float:
     """Seconds between a node's beats: an eighth of the hang timeout (a node is called silent
-    after a whole one), between ``TICK_S`` and 1 s."""
-    return min(1.0, max(TICK_S, hang_timeout / 8))
+    after a whole one), between ``margins.TICK_S`` and 1 s."""
+    return min(1.0, max(margins.TICK_S, hang_timeout / 8))
 
 
 class _Interrupted(Exception):
@@ -365,7 +365,7 @@ class MultiNode:
                 self._say(f"rankguard: taking the place of node {request.node} of round "
                           f"{request.number}: {request.cause}")
                 return request
-            time.sleep(TICK_S)
+            time.sleep(margins.TICK_S)
 
     @staticmethod
     def _took_over(request: node_takeover.Takeover) -> Round:
@@ -486,7 +486,7 @@ class MultiNode:
         until = self._cascade_until(fault)
         judged, quiet = self._cascade_judged(fault)
         while not judged:
-            self._channel.wait(until.within(TICK_S))
+            self._channel.wait(until.within(margins.TICK_S))
             judged, quiet = self._cascade_judged(fault)
         return self._named(fault, quiet)
 
@@ -546,7 +546,7 @@ class MultiNode:
         channel.done()
         self._last_look = None  # the attempt's teardown is no gap of this agent's
         while channel.end is None and self._signal_received() is None:
-            channel.wait(Deadline.after(TICK_S))
+            channel.wait(Deadline.after(margins.TICK_S))
             silent = self._silent_fault(time.monotonic())
             if silent is not None:
                 self._say(f"rankguard: {silent.describe()}")

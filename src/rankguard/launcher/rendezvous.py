@@ -59,8 +59,8 @@ _NO_SECOND_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 # the option that gave the store's address, for messages (static: node 0's, by --master-*)
 _ENDPOINT_OPTION = {"c10d": "--rdzv-endpoint", "etcd-v2": "--rdzv-endpoint",
                     "static": "--master-addr/--master-port"}
-_CONNECT_S = 1.0  # the most one connection attempt to the endpoint may take
-_RETRY_S = 0.05  # between attempts: an endpoint whose agent is starting is found this soon
+_ENDPOINT_CONNECT_S = 1.0  # the most one connection attempt to the endpoint may take
+_ENDPOINT_RETRY_S = 0.05  # between attempts: an endpoint whose agent is starting is found this soon
 
 
 @dataclass(frozen=True)
@@ -147,11 +147,11 @@ def _connect_c10d(cfg: RendezvousConfig) -> tuple[Any, bool]:
     _await_listener(cfg, until)
     from torch.distributed import TCPStore
 
-    left = until.wait_time(at_least=_CONNECT_S)
+    left = until.wait_time(at_least=_ENDPOINT_CONNECT_S)
     try:
         # torch's client waits for the server's answer to its handshake without a bound: a
         # listener that accepts and says nothing would hold it for good
-        store = within(Deadline.after(left + _CONNECT_S), f"joining the store at "
+        store = within(Deadline.after(left + _ENDPOINT_CONNECT_S), f"joining the store at "
                        f"{cfg.endpoint}", lambda: TCPStore(cfg.host, cfg.port, is_master=False,
                                                            timeout=timedelta(seconds=left)))
     except RuntimeError as exc:  # StoreStalled too
@@ -182,8 +182,9 @@ def _await_listener(cfg: RendezvousConfig, until: Deadline) -> None:
     last = "no attempt"
     while True:
         try:
-            with socket.create_connection((cfg.host, cfg.port),
-                                          timeout=until.wait_time(_CONNECT_S, at_least=0.001)):
+            with socket.create_connection(
+                    (cfg.host, cfg.port),
+                    timeout=until.wait_time(_ENDPOINT_CONNECT_S, at_least=0.001)):
                 return
         except OSError as exc:
             last = exc.strerror or type(exc).__name__
@@ -193,7 +194,7 @@ def _await_listener(cfg: RendezvousConfig, until: Deadline) -> None:
                              f"{last})", "start the agent of the endpoint's node (or the etcd "
                              "server), check the address, or raise --rdzv-conf join_timeout")
         # the pace of connection attempts: nothing signals that a remote port opened
-        time.sleep(until.wait_time(_RETRY_S))
+        time.sleep(until.wait_time(_ENDPOINT_RETRY_S))
 
 
 

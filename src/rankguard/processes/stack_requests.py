@@ -16,8 +16,8 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from . import proctree
 from ..deadline import Deadline
 
-POLL_S = 0.005
-SETTLE_S = 0.02  # faulthandler writes a whole dump within its handler, in a few ms
+DUMP_POLL_S = 0.005  # between looks at the sizes of the dump files
+DUMP_QUIET_S = 0.02  # faulthandler writes a whole dump within its handler, in a few ms
 
 
 def file_size(path: str) -> int:
@@ -49,7 +49,7 @@ def await_dumps(files: Mapping[Hashable, Iterable[str]], before: Mapping[str, in
     last = {key: [before.get(p, 0) for p in paths] for key, paths in waiting.items()}
     grew_at: dict[Hashable, float] = {}
     while waiting and not deadline.passed():
-        time.sleep(deadline.wait_time(POLL_S))
+        time.sleep(deadline.wait_time(DUMP_POLL_S))
         now = time.monotonic()
         for key, paths in list(waiting.items()):
             if gone(key):
@@ -58,7 +58,7 @@ def await_dumps(files: Mapping[Hashable, Iterable[str]], before: Mapping[str, in
             sizes = [file_size(p) for p in paths]
             if sizes != last[key]:
                 last[key], grew_at[key] = sizes, now
-            elif key in grew_at and now - grew_at[key] >= SETTLE_S:
+            elif key in grew_at and now - grew_at[key] >= DUMP_QUIET_S:
                 del waiting[key]  # written, then quiet: the dump is complete
 
 

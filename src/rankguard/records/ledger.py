@@ -58,8 +58,8 @@ from . import ledger_ring as _ring
 from ..errors import LedgerError
 
 MAGIC = 0x52474C31  # "RGL1"
-# 2: the slot's times come before its counts; 3: a line per writer; 4: the ring; 5: a slot's
-# started count and flags (asynchronous groups)
+# The layout's version, written in each header: raise it with every change of the layout below
+# (what changed goes in the commit message).
 VERSION = 5
 MAX_GROUPS = 64  # the world group and 63 sub-groups
 # magic version pid flags fault in_coll exit_code t_fault t_start blamed
@@ -201,7 +201,7 @@ def _sweep_dirs() -> None:
         path = os.path.join(base, name)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:  # not a folder (a ledger file of an older version), or gone
+        except OSError:  # not a folder (a stray file in the base folder), or gone
             continue
         try:
             info = os.fstat(fd)

@@ -16,8 +16,8 @@ clean exit (``fr_recent``), for ``rankguard report``.
 
 A slot's times are when the sampler saw its counts move, so they are up to a tick (plus torch's
 own lag, about 0.2 s on NCCL) late. The kind of operation a group waits in is read only when its
-completions have not moved for ``STALL_S`` while one is pending (reading the pending entries
-costs about 1 ms with 50 of them).
+completions have not moved for ``margins.ASYNC_STALL_S`` while one is pending (reading the
+pending entries costs about 1 ms with 50 of them).
 
 Groups are found by torch's group id in the recorder (``pg_id``); the first time one appears the
 sampler reads the recorder's entries once to learn its name and whether it is the default group
@@ -45,7 +45,6 @@ from .state import WORLD
 
 MIN_TICK_S = 0.05
 MAX_TICK_S = 0.2  # torch's own counts lag about this much on NCCL: reading faster gains nothing
-STALL_S = ASYNC_STALL_S  # pending, no completion this long: learn the kind of the one waited in
 STOP_WAIT_S = 1.0  # how long stopping waits for the sampler's last tick
 NONE = _ledger.OP_CODES["none"]
 
@@ -113,11 +112,11 @@ def overdue(record: Published, now: float, per_op_s: float | None,
 
 def kind_wanted(record: Published, now: float) -> int:
     """The operation whose kind the sampler should learn now (0: none): the one the group
-    waits in, once its completions have not moved for ``STALL_S`` and its kind is not known
-    yet (``kind_of`` may be past ``pending``: torch's completed count lags its entries, and the
-    entries tell which operation is really waited in). Pure."""
+    waits in, once its completions have not moved for ``ASYNC_STALL_S`` and its kind is not
+    known yet (``kind_of`` may be past ``pending``: torch's completed count lags its entries,
+    and the entries tell which operation is really waited in). Pure."""
     pending = record.pending
-    if pending and record.kind_of < pending and now - record.t_done >= STALL_S:
+    if pending and record.kind_of < pending and now - record.t_done >= ASYNC_STALL_S:
         return pending
     return 0
 

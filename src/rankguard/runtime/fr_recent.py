@@ -5,8 +5,9 @@ ledger's ring (``ledger_ring``) as it enters it. An asynchronous group's operati
 alone on that thread (issue 29: at most 1 us per operation there); the rank's sampler thread
 (``async_groups``) writes their records instead, out of the recorder's entries it reads anyway:
 
-- when a group stalls (an operation pending, completions standing still for ``STALL_S``), from
-  the entries it reads to learn the kind of the operation waited in;
+- when a group stalls (an operation pending, completions standing still for
+  ``margins.ASYNC_STALL_S``), from the entries it reads to learn the kind of the operation
+  waited in;
 - once before anything aborts the group (a SIGTERM teardown, a deadline, a notice), from the
   full dump it keeps for torch's analyser;
 - once at the rank's clean exit.

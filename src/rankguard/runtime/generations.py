@@ -38,14 +38,13 @@ from typing import Any, Callable, Iterable, TypeVar
 from ..store import sealed
 from ..deadline import Deadline, check_seconds
 from ..errors import CollectiveTimeout, GroupRetired, PeerFailed, UsageError, first_line
-from ..margins import SECOND_ASK_WINDOW_S
+from ..margins import REGROUP_S, SECOND_ASK_WINDOW_S
 from . import async_deadline, barrier, groups, vacancies
 from .bounded import NO_ANSWER
 from .probe import clone_client
 from .state import WORLD, current
 from ..store.store_calls import StoreStalled, within
 
-DEFAULT_TIMEOUT_S = 10.0
 _STORE_ALLOWANCE_S = 0.5  # a barrier's last reads, after the deadline, of who arrived
 T = TypeVar("T")
 
@@ -122,7 +121,7 @@ def next_number() -> int:
     return current().generation + 1
 
 
-def regroup(*, timeout: float = DEFAULT_TIMEOUT_S, exclude: Iterable[int] | None = None,
+def regroup(*, timeout: float = REGROUP_S, exclude: Iterable[int] | None = None,
             keep_size: bool = False) -> Generation:
     """Form the next generation of the default process group from the surviving ranks.
 

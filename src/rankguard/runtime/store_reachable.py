@@ -30,8 +30,8 @@ from ..deadline import Deadline, check_seconds
 from ..errors import UsageError, first_line
 
 HANG_TIMEOUT_ENV = "RANKGUARD_HANG_TIMEOUT"
-_RETRY_S = 0.05  # between connection attempts: a store coming up is found this soon
-_CONNECT_S = 1.0  # the most one connection attempt may take
+_STORE_RETRY_S = 0.05  # between connection attempts: a store coming up is found this soon
+_STORE_CONNECT_S = 1.0  # the most one connection attempt may take
 _MIN_S = 0.001  # the least timeout a socket or a store client takes (0 would mean none)
 
 
@@ -97,12 +97,12 @@ def _connect(host: str, port: int, limit: Deadline) -> str | None:
     problem = "no answer"
     while not limit.passed():
         try:
-            with socket.create_connection((host, port),
-                                          timeout=limit.wait_time(_CONNECT_S, at_least=_MIN_S)):
+            with socket.create_connection(
+                    (host, port), timeout=limit.wait_time(_STORE_CONNECT_S, at_least=_MIN_S)):
                 return None
         except OSError as exc:
             problem = (exc.strerror or str(exc) or type(exc).__name__).lower()
-        time.sleep(limit.wait_time(_RETRY_S))
+        time.sleep(limit.wait_time(_STORE_RETRY_S))
     return problem
 
 

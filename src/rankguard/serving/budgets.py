@@ -1,10 +1,11 @@
-"""Every time budget and margin of serving, in one place.
+"""The time budgets and margins that steps of serving must agree on, in one place.
 
 A call's budget is its :class:`~rankguard.deadline.Deadline`, made once by ``Pool.run`` from its
 timeout and handed as is to the replica and, across the process boundary, to each rank. The
 margins below are taken off that one instant where a step must end before it, so that the
 error it raises still reaches the leader in time; the other budgets bound the steps that have
-no deadline from the caller (start-up, regroup, shutdown, stacks, reaping).
+no deadline from the caller (start-up, regroup, shutdown, stacks, reaping). A figure that one
+step alone uses (a zygote's fork, the first start-up estimate) stays in that step's module.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ __all__ = ["POOL_RANK_GRACE_S", "REAP_S", "REGROUP_S", "STACKS_S"]  # and the na
 COLLECTIVE_MARGIN_S = 0.1
 # How long a rank may take to accept a message before it counts as frozen.
 SEND_S = 2.0
-# How long a rank whose channel closed gets for its exit to be seen, before it counts as dead.
+# How long a rank whose channel closed gets for its exit to be seen, before it counts as dead
+# (not the zygote's report of an exit status: ``supervisor.zygote.STATUS_REPORT_S``).
 EXIT_STATUS_S = 0.2
 # The bound on the waits of a replica's store.
 STORE_S = 30.0

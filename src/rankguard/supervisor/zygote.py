@@ -26,7 +26,7 @@ from .rank_processes import spawn
 MAX_MESSAGE = 1 << 20
 # How long a rank's exit status may take to come from the zygote once its pidfd said it
 # exited (the zygote reports it at its next SIGCHLD: milliseconds).
-EXIT_STATUS_S = 5.0
+STATUS_REPORT_S = 5.0
 LOST_CODE = -signal.SIGKILL  # a rank whose zygote died before it told: killed with it
 
 
@@ -52,12 +52,12 @@ class ForkedProcess:
     def wait(self, timeout: float | None = None) -> int:
         """The exit code, once the process has exited (call it then: its pidfd said so): as
         the kernel keeps it for its zombie, which the zygote holds until it has reported it,
-        or as the zygote reported it; past ``timeout`` (default ``EXIT_STATUS_S``) without
+        or as the zygote reported it; past ``timeout`` (default ``STATUS_REPORT_S``) without
         either, or when the zygote is gone, it counts as killed with SIGKILL."""
         code = _zombie_code(self.pid)
         if code is not None:
             self._ended(code)
-        if not self._exited.wait(EXIT_STATUS_S if timeout is None else timeout):
+        if not self._exited.wait(STATUS_REPORT_S if timeout is None else timeout):
             self._ended(LOST_CODE)
         assert self.returncode is not None
         return self.returncode

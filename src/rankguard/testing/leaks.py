@@ -4,9 +4,9 @@ A process is the test's if it carries the test's environment tag, or if the sess
 ``proctree.Tracking`` holds it and did not before the test (a descendant of the test process, or
 one that cleared its environment and detached: see ``processes``). Processes started by a fixture of a wider scope (module,
 session) carry that fixture's tag instead, and are checked when that fixture is finalized.
-One that exits within ``SETTLE_S`` of the end (a child finishing its exit: its pidfd wakes the
-wait) is not a leak, nor is multiprocessing's resource tracker or forkserver, which serve the
-whole test process.
+One that exits within ``LEFTOVER_EXIT_S`` of the end (a child finishing its exit: its pidfd
+wakes the wait) is not a leak, nor is multiprocessing's resource tracker or forkserver, which
+serve the whole test process.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from ..processes import proctree
 from ..deadline import Deadline
 from . import processes
 
-SETTLE_S = 0.5
+LEFTOVER_EXIT_S = 0.5
 MODES = ("fail", "warn", "ignore")
 
 
@@ -34,9 +34,9 @@ class LeakedProcesses(Exception):
 
 def find(tag: str, known: set[int], tracking: proctree.Tracking | None) -> list[int]:
     """The live processes of ``tag`` (and, with ``tracking``, the ones it holds) but ``known``,
-    that are still there after up to ``SETTLE_S`` s: each look waits on the exits of those it
-    found (pidfds), then looks again for any they started meanwhile."""
-    settled = Deadline.after(SETTLE_S)
+    that are still there after up to ``LEFTOVER_EXIT_S`` s: each look waits on the exits of
+    those it found (pidfds), then looks again for any they started meanwhile."""
+    settled = Deadline.after(LEFTOVER_EXIT_S)
     while True:
         found = set(processes.tagged(tag, known))
         if tracking is not None:
