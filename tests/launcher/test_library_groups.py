@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from tests.launcher.test_recorded_groups import HANG, RECORDER, job
 
 
@@ -47,14 +49,20 @@ def test_a_clean_job_on_a_device_mesh_ends_well(run_rankguard):
     assert not [e for e in run.events if e["event"] in ("hang_detected", "straggler")]
 
 
+# mesh_alone: init_device_mesh makes the default group itself, through device_mesh's own
+# import of init_process_group; with gloo's groups wrapped (no recorder) as well
+@pytest.mark.parametrize("scenario, env", [("mesh", RECORDER), ("mesh_alone", RECORDER),
+                                           ("mesh_alone", {})])
 def test_a_rank_that_never_enqueues_in_its_device_mesh_sub_group_is_named_with_it(
-        run_rankguard):
-    run = run_rankguard(job("mesh", "2", nproc=4), env=RECORDER)
+        run_rankguard, scenario, env):
+    run = run_rankguard(job(scenario, "2", nproc=4), env=env)
     assert run.code == 3, run.stderr
     hang = run.event("hang_detected")
     # rank 1 stopped before its dp group's (ranks 1,3) all_reduce #2: rank 3 waits there; ranks
     # 0 and 2 wait a step later in their tp groups, a consequence, not the verdict
     assert (hang["blamed"], hang["waiting"], hang["op"], hang["seq"]) == \
         ([1], [3], "all_reduce", 2), hang
-    assert ("rankguard: hang: rank 1 never enqueued all_reduce #2 on group ranks 1,3 (made no "
+    # a recorded group's collective is enqueued; a wrapped one (gloo's default) is reached
+    verb = "enqueued" if env else "reached"
+    assert (f"rankguard: hang: rank 1 never {verb} all_reduce #2 on group ranks 1,3 (made no "
             "progress); rank 3 waited" in run.stderr), run.stderr

@@ -14,7 +14,7 @@ import pytest
 
 from rankguard.records import ledger as L
 from rankguard.launcher.monitor import (BUSY_RECENT_S, Activity, HangMonitor, HangRules,
-                                        ReportedOnce, Verdict, group_label, mismatched, op_label)
+                                        ReportedOnce, Verdict, group_label, mismatched)
 from tests.launcher.snapshots import group, leaving, ledger, nccl, sub, world
 
 HANG, STRAGGLER = 3.0, 20.0
@@ -413,14 +413,6 @@ def test_mismatch_blames_the_minority(ops, blamed) -> None:
 def test_group_label_is_world_or_its_members(slot, label) -> None:
     assert group_label(slot) == label
 
-
-@pytest.mark.parametrize("args, label", [
-    (("all_reduce", 57), "all_reduce #57"),
-    (("init_process_group", 0), "init_process_group"),
-    (("barrier", 3, "ranks 0,2"), "barrier #3 on group ranks 0,2"),
-])
-def test_op_label(args, label) -> None:
-    assert op_label(*args) == label
 
 
 VERDICT = dict(hung=True, blamed=(2,), waiting=(0, 1), op="all_reduce", seq=40, waited_s=3.24)

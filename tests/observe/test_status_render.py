@@ -8,10 +8,17 @@ def _line(view: RankView) -> str:
 
 
 def test_a_rank_that_has_entered_nothing_yet_is_computing_after_nothing():
-    line = _line(RankView(0, 42, "computing", "running", "none", -1, "world", None))
+    line = _line(RankView(0, 42, "computing", "running", "", -1, "world", None))
     assert "computing " in line and "none" not in line and "#-1" not in line, line
 
 
 def test_a_rank_after_its_last_collective_names_it():
     line = _line(RankView(0, 42, "computing", "running", "all_reduce", 7, "world", 1.0))
     assert "computing, after all_reduce #7" in line, line
+
+
+def test_an_operation_whose_kind_is_not_known_yet_is_a_collective_with_its_number():
+    line = _line(RankView(1, 42, "waiting", "running", "", 11, "world", 3.0))
+    assert "waiting in collective #11 (world)" in line, line
+    line = _line(RankView(1, 42, "computing", "running", "", 10, "world", 3.0))
+    assert "computing, after collective #10" in line, line

@@ -136,3 +136,15 @@ def test_a_group_has_stepped_once_its_first_collective_completed(is_world, async
     group = ledger.GroupProgress(0, 3, is_world, 2, done, done, "all_reduce", 0.0, 0.0,
                                  asynchronous=asynchronous)
     assert group.stepped is stepped
+
+
+@pytest.mark.parametrize("args, label", [
+    (("all_reduce", 57), "all_reduce #57"),
+    (("init_process_group", 0), "init_process_group"),
+    (("barrier", 3, "ranks 0,2"), "barrier #3 on group ranks 0,2"),
+    # a recorded group's operation whose kind no rank has learnt yet
+    (("none", 11), "collective #11"),
+    (("none", 2, "ranks 1,3"), "collective #2 on group ranks 1,3"),
+])
+def test_an_operation_is_labelled_by_kind_and_number(args, label) -> None:
+    assert ledger.op_label(*args) == label

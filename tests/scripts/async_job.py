@@ -32,6 +32,8 @@ from 1, as torch numbers them), or as each scenario says:
   sums checked, ``OK``; else rank 1 sleeps for good in step AT, before its ``dp`` group's
   (ranks 1,3) all_reduce #AT, and the others go on to step AT + 2: rank 3 waits for rank 1 in
   that ``dp`` all_reduce, ranks 0 and 2 (a step later) in their ``tp`` all_reduce #AT + 1.
+- ``mesh_alone``: ``mesh``, with no ``init_process_group`` of the script's own:
+  ``init_device_mesh`` makes the default group (the usual idiom on GPUs).
 - ``split`` (NCCL): ``split_group`` makes a group of ranks 0,1 off the default group (bound to
   the GPU with ``device_id``: torch splits only such a group); rank 1 sleeps for good before
   its all_reduce #AT.
@@ -119,8 +121,12 @@ def wait_for_device(work) -> None:
             time.sleep(0.005)
 
 
-# split_group splits only a default group bound to its device
-dist.init_process_group(backend, device_id=device if scenario == "split" else None)
+if scenario == "mesh_alone":
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device.type, (2, 2), mesh_dim_names=("dp", "tp"))
+else:  # split_group splits only a default group bound to its device
+    dist.init_process_group(backend, device_id=device if scenario == "split" else None)
 rank, world = dist.get_rank(), dist.get_world_size()
 if scenario == "clean":
     everyone = dist.new_group(list(range(world)))
@@ -185,10 +191,11 @@ elif scenario == "ddp":
     dist.all_reduce(everyone)
     assert torch.allclose(everyone, mine * world), "DDP left the ranks' parameters apart"
     print(f"OK rank={rank} backend={dist.get_backend()}", flush=True)
-elif scenario == "mesh":
+elif scenario in ("mesh", "mesh_alone"):
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh(device.type, (2, 2), mesh_dim_names=("dp", "tp"))
+    if scenario == "mesh":
+        mesh = init_device_mesh(device.type, (2, 2), mesh_dim_names=("dp", "tp"))
     dp, tp = mesh.get_group("dp"), mesh.get_group("tp")
     for step in range(1, (at + 2 if at else 4) + 1):
         across = torch.ones(1, device=device)

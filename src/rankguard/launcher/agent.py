@@ -37,7 +37,7 @@ from ..supervisor import RankProcesses
 from . import guardian, teardown
 from .config import RunConfig
 from .ranks import start_attempt
-from .monitor import HangMonitor, Verdict, op_label
+from .monitor import HangMonitor, Verdict
 from .in_place import InPlace
 from .spares import Spares
 from .node_link import LinkContext, NodeLink
@@ -422,7 +422,7 @@ class Agent:
             text += f"starting for {now - started:.0f} s"
         else:
             furthest = max(worlds, key=lambda g: g.entered)
-            label = op_label(furthest.kind, furthest.seq)
+            label = _ledger.op_label(furthest.kind, furthest.seq)
             text += f"{label}, entered {now - furthest.t_enter:.1f} s ago"
         self._terminal.status(text)
 

@@ -47,7 +47,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Collection, Iterable, Literal, Mapping
 
-from ..records.ledger import FAULT_NONE, GroupProgress, LedgerReader, RankProgress, behind, seq_of
+from ..records.ledger import (FAULT_NONE, GroupProgress, LedgerReader, RankProgress, behind,
+                              op_label, seq_of)
 from .progress import ProgressTracker
 
 # An absent rank counts as busy (a straggler) only if it made progress this recently; one that
@@ -62,12 +63,6 @@ def group_label(group: GroupProgress) -> str:
     name)."""
     return "world" if group.is_world else "ranks " + ",".join(
         str(r) for r in range(64) if group.members >> r & 1)
-
-
-def op_label(op: str, seq: int, group: str = "world") -> str:
-    """``all_reduce #57``, ``init_process_group``, ``barrier #3 on group ranks 0,2``."""
-    label = op if op == "init_process_group" else f"{op} #{seq}"
-    return label if group == "world" else f"{label} on group {group}"
 
 
 # Why a verdict blames its ranks. never_started and never_completed are an asynchronous
@@ -134,7 +129,7 @@ class Verdict:
             where = ", ".join(f"{_ranks(tuple(ranks))} in {op}" for op, ranks in by_op.items())
             return (f"mismatched operations #{self.seq} on group {self.group}: {where}; they "
                     f"can never complete; blamed: {blamed}; waited {self.waited_s:.1f} s")
-        on_group = f"{self.op} #{self.seq} on group {self.group}"
+        on_group = f"{op_label(self.op, self.seq)} on group {self.group}"
         if self.reason == "never_started":
             gpus = "its GPU" if len(self.blamed) == 1 else "their GPUs"
             waited = f"{waiters} waited" if self.waiting else "waited"

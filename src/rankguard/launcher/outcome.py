@@ -29,7 +29,7 @@ from .. import blame
 from ..records import ledger as _ledger
 from ..processes.proctree import exit_detail, signal_name
 from ..supervisor import RankProcess
-from .monitor import P2P, Verdict, group_label, op_label
+from .monitor import P2P, Verdict, group_label
 
 OUTCOMES = ("ok", "raised", "exited", "signalled", "hung", "victim", "teardown_timeout")
 
@@ -239,7 +239,7 @@ def early_exit(state: RankSnapshot, states: list[RankSnapshot], now: float,
                 at = left
             else:
                 continue
-            where = op_label(group.kind, group.seq_at(group.entered),
+            where = _ledger.op_label(group.kind, group.seq_at(group.entered),
                              group_label(group))
             return Fault(FaultKind.EXITED, at, state.rank,
                          f"exited with code 0 before {where} (rank {peer.rank} went on to it)")

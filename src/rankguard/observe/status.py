@@ -18,13 +18,18 @@ from ..records import ledger
 from . import files, remote, runs
 
 
+def _known(kind: str) -> str:
+    """A ledger's operation name, "" for one whose kind is not known yet (``none``)."""
+    return "" if kind == ledger.OP_NAMES[0] else kind
+
+
 @dataclass(frozen=True)
 class RankView:
     rank: int
     pid: int
     state: str  # waiting, computing, starting, exited
     process: str  # running, sleeping, stopped, zombie, gone
-    op: str = ""  # the operation it waits in, or the last it completed
+    op: str = ""  # the operation it waits in, or the last it completed; "" when not known
     seq: int = 0
     group: str = "world"
     since_s: float | None = None  # in that state for
@@ -81,12 +86,12 @@ def snapshot(run: runs.Run) -> StatusView:
             since = now - (slot.t_enter if slot.waiting else slot.t_done)
             views.append(RankView(rank.rank, rank.pid,
                                   "waiting" if slot.waiting else "computing", process,
-                                  slot.kind, slot.seq_at(entry), group,
+                                  _known(slot.kind), slot.seq_at(entry), group,
                                   since if (slot.waiting or slot.t_done) else None, marked))
     for other in far:
         waiting = other.entered > other.done
         views.append(RankView(other.rank, 0, "waiting" if waiting else "computing", "",
-                              other.kind, ledger.seq_of(other.entered if waiting else other.done,
+                              _known(other.kind), ledger.seq_of(other.entered if waiting else other.done,
                                                         True), "world", None,
                               other.rank in waited_for,
                               f"node {other.node}" + (f" ({other.host})" if other.host else "")))
@@ -155,12 +160,12 @@ def render(view: StatusView) -> str:
             f"{'  (ended)' if view.ended else ''}")
     lines = [head, f"{'rank':>4}  {'pid':>7}  {'state':<40} {'for':>8}  process"]
     for r in view.ranks:
-        label = r.op if r.op == "init_process_group" else f"{r.op} #{r.seq}"
+        label = ledger.op_label(r.op or ledger.OP_NAMES[0], r.seq)
         if r.state == "waiting":
             what = f"waiting in {label} ({r.group})"
         elif r.state == "computing":
-            # a group's first operation not entered yet: its slot says none #-1
-            what = f"computing, after {label}" if r.op not in ("", "none") else "computing"
+            # a group's first operation not entered yet: its slot says #-1
+            what = f"computing, after {label}" if r.op or r.seq > 0 else "computing"
         else:
             what = r.state
         since = f"{r.since_s:.1f} s" if r.since_s is not None else ""

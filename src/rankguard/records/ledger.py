@@ -149,6 +149,17 @@ def op_name(code: int) -> str:
     return OP_NAMES[code] if 0 <= code < len(OP_NAMES) else f"op{code}"
 
 
+def op_label(op: str, seq: int, group: str = "world") -> str:
+    """``all_reduce #57``, ``init_process_group``, ``barrier #3 on group ranks 0,2``; an
+    operation whose kind is not known (``none``: a group watched through torch's Flight
+    Recorder learns it once a rank waits in it) is ``collective #11``. Pure."""
+    if op == "init_process_group":
+        label = op
+    else:
+        label = f"{'collective' if op == OP_NAMES[0] else op} #{seq}"
+    return label if group == "world" else f"{label} on group {group}"
+
+
 PATH_ENV = "RANKGUARD_LEDGER"  # the ledger file a supervisor made for the rank
 
 

@@ -61,8 +61,7 @@ class Op:
     @property
     def label(self) -> str:
         """``all_reduce #57``, ``init_process_group``, ``barrier #3 on group ranks 0,2``."""
-        text = self.op if self.op == "init_process_group" else f"{self.op} #{self.seq}"
-        return text if self.world else f"{text} on group {self.group_label}"
+        return _ledger.op_label(self.op, self.seq, self.group_label)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ records it in the progress ledger. Because the whole process group is that objec
 collective reaches it: the ones called from Python (``dist.all_reduce``) and the ones
 DistributedDataParallel issues from C++ during backward.
 
-It then patches three functions of ``torch.distributed`` so that user scripts need no change:
+It then patches four functions of ``torch.distributed`` so that user scripts need no change,
+wherever torch imported them by name (``DeviceMesh`` calls its own ``init_process_group``):
 
 - ``init_process_group`` and ``new_group``: the ``gloo`` backend (named, or the default for CPU)
   becomes ``rankguard_gloo``. Under the launcher, ``init_method="env://"`` (the default) is
@@ -15,6 +16,7 @@ It then patches three functions of ``torch.distributed`` so that user scripts ne
   an earlier attempt can never meet a later one. A store at any other address must answer
   within the run's hang timeout (see ``store_reachable``).
 - ``get_backend`` reports ``gloo`` for those groups, as the script expects.
+- ``split_group``: the groups it splits off are watched as soon as they exist.
 
 NCCL groups are left as torch makes them (libraries reach for their ``ProcessGroupNCCL``): once
 one exists, ``async_groups`` publishes their progress in the ledger from torch's Flight Recorder.
@@ -28,6 +30,7 @@ import atexit
 import contextlib
 import functools
 import os
+import sys
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
@@ -429,9 +432,18 @@ def _count_unwrapped_collectives(dist: Any, c10d: Any) -> None:
     for name in _COLLECTIVE_CALLS:
         original = getattr(c10d, name, None)
         if original is not None:
-            wrapped = counted(original)
-            for module in (dist, c10d):
-                setattr(module, name, wrapped)
+            _replace(name, original, counted(original))
+
+
+def _replace(name: str, original: Any, wrapped: Any) -> None:
+    """Point every loaded module of torch.distributed whose ``name`` is ``original`` at
+    ``wrapped``: the package and c10d, and the modules that imported the function by name
+    before us (``device_mesh``, imported by torch.distributed itself, calls its own
+    ``init_process_group`` and ``new_group``). Modules imported later take c10d's, ours."""
+    for module_name, module in list(sys.modules.items()):
+        if (module_name == "torch.distributed" or module_name.startswith("torch.distributed.")) \
+                and getattr(module, name, None) is original:
+            setattr(module, name, wrapped)
 
 
 def install() -> None:
@@ -447,6 +459,7 @@ def install() -> None:
 
     original_init = c10d.init_process_group
     original_new_group = c10d.new_group
+    original_split_group = c10d.split_group
     original_get_backend = c10d.get_backend
 
     @functools.wraps(original_init)
@@ -496,15 +509,21 @@ def install() -> None:
         _watch_async_groups()
         return made
 
+    @functools.wraps(original_split_group)
+    def split_group(*args: Any, **kwargs: Any) -> Any:
+        made = original_split_group(*args, **kwargs)
+        _watch_async_groups()
+        return made
+
     @functools.wraps(original_get_backend)
     def get_backend(group: Any = None) -> Any:
         name = original_get_backend(group)
         return dist.Backend("gloo") if name == BACKEND else name
 
-    for module in (dist, c10d):
-        module.init_process_group = init_process_group
-        module.new_group = new_group
-        module.get_backend = get_backend
+    _replace("init_process_group", original_init, init_process_group)
+    _replace("new_group", original_new_group, new_group)
+    _replace("split_group", original_split_group, split_group)
+    _replace("get_backend", original_get_backend, get_backend)
     _count_unwrapped_collectives(dist, c10d)
     _installed = True
 

@@ -155,4 +155,4 @@ def behind(world: int, positions: Mapping[int, Position]) -> tuple[list[int], st
     if not absent:
         return [], ""
     kind = next(p.kind for p in positions.values() if p.entered == target)
-    return absent, f"{kind} #{_ledger.seq_of(target, True)}"
+    return absent, _ledger.op_label(kind, _ledger.seq_of(target, True))
