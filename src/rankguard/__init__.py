@@ -21,6 +21,8 @@ and warns when it was imported before pytest (by ``rankguard run``'s bootstrap, 
 are not a test's.
 """
 
+from typing import TYPE_CHECKING
+
 from .errors import (
     CollectiveError,
     CollectiveTimeout,
@@ -35,13 +37,41 @@ from .errors import (
     TeardownTimeout,
     UsageError,
 )
-from .runtime.deadline_scope import deadline
-from .runtime.generations import Generation, regroup
-from .runtime.init import init
-from .runtime.shutdown import ShutdownReport, shutdown
-from .runtime.step_loop import Recovery, StepLoop
-from .serving.pool import Pool, PoolStatus
-from .serving.service import Service
+
+if TYPE_CHECKING:
+    from .runtime.deadline_scope import deadline
+    from .runtime.generations import Generation, regroup
+    from .runtime.init import init
+    from .runtime.shutdown import ShutdownReport, shutdown
+    from .runtime.step_loop import Recovery, StepLoop
+    from .serving.pool import Pool, PoolStatus
+    from .serving.service import Service
+
+# The rest of the API is imported when first used (PEP 562), so that ``rankguard`` commands
+# start at once: a Ctrl-C right after one started reaches the command, which ends it cleanly,
+# instead of an import of the runtime and the serving layer.
+_LAZY = {
+    "deadline": ".runtime.deadline_scope", "Generation": ".runtime.generations",
+    "regroup": ".runtime.generations", "init": ".runtime.init",
+    "ShutdownReport": ".runtime.shutdown", "shutdown": ".runtime.shutdown",
+    "Recovery": ".runtime.step_loop", "StepLoop": ".runtime.step_loop",
+    "Pool": ".serving.pool", "PoolStatus": ".serving.pool", "Service": ".serving.service",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'rankguard' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __version__ = "0.1.0"
 __all__ = [

@@ -12,6 +12,7 @@ received SIGINT / SIGTERM.
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 
 from .errors import UsageError
@@ -69,12 +70,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str]) -> int:
-    from .launcher import cli as run_cli
-    from .launcher import store
+    """``rankguard run``. A Ctrl-C before the agent took over its signals (while torch and the
+    launcher import, or the job's store is joined) ends it with 130 and a line, having started
+    nothing and leaving no empty folder; the agent handles every signal from then on."""
     from .inputs.options import remove_empty_dirs
 
     config = None
     try:
+        from .launcher import cli as run_cli
+        from .launcher import store
+
         config = run_cli.parse(argv)
         for note in config.notes:
             print(f"rankguard run: {note}", file=sys.stderr)
@@ -83,16 +88,23 @@ def _run(argv: list[str]) -> int:
 
             return node_agent.main(config)
         sock = store.reserve_port(config.master_addr, config.master_port)
+        from .launcher.agent import Agent
+        from .launcher.node_link import OneNode
+
+        one_node = OneNode(config, sock)
+        agent = Agent(config, one_node.port, lambda _: one_node)
     except UsageError as exc:  # nothing started, and no folder made for it is left
         if config is not None:
             remove_empty_dirs(config.made_dirs)
         print(f"rankguard run: error: {exc}", file=sys.stderr)
         return 2
-    from .launcher.agent import Agent
-    from .launcher.node_link import OneNode
-
-    one_node = OneNode(config, sock)
-    return Agent(config, one_node.port, lambda _: one_node).run()
+    except KeyboardInterrupt:
+        if config is not None:
+            remove_empty_dirs(config.made_dirs)
+        print("rankguard run: interrupted (SIGINT) before the job started; nothing was started",
+              file=sys.stderr)
+        return 128 + signal.SIGINT
+    return agent.run()
 
 
 if __name__ == "__main__":

@@ -2,12 +2,16 @@
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
-from tests.conftest import TEST_ID_VAR, finish, launch, script, wait_until_gone
+from tests.conftest import ROOT, TEST_ID_VAR, finish, launch, script, wait_until_gone
 from tests.launcher.budgets import CLEAN_TEARDOWN_GRACE_S, guardian_sweep_s, stopped_within_s
+
+JOINING_S = 1.5  # long past the launcher's start: it imports in a fraction of that
 
 
 def _wait_for_ranks(log_dir, n, timeout=30.0):
@@ -77,3 +81,47 @@ def test_internal_error_stops_every_rank_and_exits_4(tmp_path):
     assert "attempt1" in run.stderr and "every rank was stopped" in run.stderr
     assert "Traceback: above" in run.stderr  # the log dir is broken: kept on stderr
     # ranks of both attempts are gone: the autouse fixture fails the test otherwise
+
+
+def test_a_ctrl_c_before_the_job_started_ends_it_with_130_a_line_and_no_folder(tmp_path):
+    # node 1 of two waits for the job's store at an address where nothing listens yet: the
+    # launcher is still joining the job, before its agent took over the signals
+    from tests.launcher.test_multinode import _free_port
+
+    log_dir = tmp_path / "logs"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rankguard.cli", "run", "--nnodes", "2", "--node-rank", "1",
+         "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "--rdzv-id", "early",
+         "--log-dir", str(log_dir), script("sleeper.py")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(ROOT),
+        start_new_session=True)
+    started = time.monotonic()
+    time.sleep(JOINING_S)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGINT)
+    run = finish(proc, log_dir, 30, started)
+    assert run.code == 130, run.stderr
+    assert "Traceback" not in run.stderr, run.stderr
+    assert "interrupted (SIGINT) before the job started; nothing was started" in run.stderr
+    assert not log_dir.exists(), list(log_dir.rglob("*"))
+
+
+def test_a_second_ctrl_c_ends_the_grace_and_kills_the_ranks_at_once(tmp_path):
+    log_dir = tmp_path / "logs"
+    grace = 120.0  # the ranks ignore SIGTERM: without the second Ctrl-C the run takes this long
+    proc = launch(["--nproc-per-node", "2", "--grace", str(grace), script("ignore_term.py")],
+                  log_dir, env={"RANK_NEVER_CRASH": "1"})
+    started = time.monotonic()
+    _wait_for_ranks(log_dir, 2)
+    os.kill(proc.pid, signal.SIGINT)
+    time.sleep(1.0)  # the ranks were sent SIGTERM, and ignore it
+    assert proc.poll() is None, proc.communicate()
+    again = time.monotonic()
+    os.kill(proc.pid, signal.SIGINT)
+    run = finish(proc, log_dir, 60, started)
+    assert run.code == 130, run.stderr
+    assert time.monotonic() - again < stopped_within_s(0.0), run.stderr
+    assert "second SIGINT: the ranks' grace is over; killing them now" in run.stderr
+    assert run.outcomes() == {0: "teardown_timeout", 1: "teardown_timeout"}, run.stderr
+    kills = [e for e in run.events if e["event"] == "escalate" and e["step"] == "kill"]
+    assert kills and kills[0]["ranks"] == [0, 1], run.events

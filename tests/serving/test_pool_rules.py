@@ -4,11 +4,15 @@ options checked once (``serving.pool_options``). No processes."""
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 import pytest
 
 from rankguard.errors import UsageError
 from rankguard.serving.backoff import FAILED_AFTER, StartBackoff, gave_up, pause_after
 from rankguard.serving.budgets import BACKOFF_FIRST_S
+from rankguard.serving.pool import Pool
 from rankguard.serving.pool_options import HealingMode, PoolOptions
 from rankguard.serving.pool_state import PoolState, state_of
 from rankguard.serving.replica import StartFailure
@@ -79,10 +83,22 @@ def test_state_of(case: tuple[tuple[bool, int, bool, bool], PoolState]) -> None:
     assert state_of(*given) == state
 
 
+def _options(**given: Any) -> PoolOptions:
+    """``PoolOptions.checked`` as ``Pool(2, **given)`` calls it, with Pool's own defaults."""
+    defaults = {name: p.default for name, p in inspect.signature(Pool).parameters.items()
+                if p.kind is p.KEYWORD_ONLY and name != "wait"}
+    return PoolOptions.checked(2, None, **{**defaults, **given})
+
+
 def test_the_options_are_checked_once_with_their_derived_defaults() -> None:
-    options = PoolOptions.checked(2, None, replicas=2, timeout=3.0)
+    options = _options(replicas=2, timeout=3.0)
     assert (options.suspect_after, options.max_queue, options.min_call_s) == \
         (pytest.approx(0.6), 64, 0.3)
     assert options.on_healing == HealingMode.WAIT == "wait"
     with pytest.raises(UsageError, match=r"Pool\(on_healing\): 'later' is not one of wait, fail"):
-        PoolOptions.checked(2, None, on_healing="later")
+        _options(on_healing="later")
+
+
+def test_a_log_dir_that_cannot_be_made_is_refused_by_name_before_anything_starts() -> None:
+    with pytest.raises(UsageError, match=r"Pool\(log_dir\): cannot create '/proc/nope'"):
+        _options(log_dir="/proc/nope")

@@ -15,6 +15,7 @@ blocking, never raising, whatever the reader of its stdout or stderr does.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -77,6 +78,7 @@ class Agent:
         self._terminal = Terminal(status=config.streams.any_shown(config.nproc))
         self._status_at = -math.inf  # when the status line was last drawn (monotonic)
         self._signal: int | None = None
+        self._ranks: RankProcesses | None = None  # the attempt's, once started
         self._wakeup_r, self._wakeup_w = os.pipe()
         self._guardian: subprocess.Popen[bytes] | None = None
         self._tracking: proctree.Tracking | None = None
@@ -178,6 +180,7 @@ class Agent:
         ranks = start_attempt(cfg, attempt, self._token, layout, self._ledger_dir,
                               spares.take if spares is not None else lambda: None,
                               self._terminal, replacing=self._link.replacing_a_node())
+        self._ranks = ranks
         started = time.monotonic()
         self._journal.write("attempt_start", attempt=attempt)
         for member in ranks:
@@ -486,9 +489,15 @@ class Agent:
             signal.signal(sig, on_signal)
 
     def _on_signal(self, signum: int) -> None:
-        """A signal handler: sets the flag the loops read and wakes the link's waits."""
+        """A signal handler: sets the flag the loops read and wakes the link's waits. A second
+        Ctrl-C ends the grace of this node's ranks: they are killed at once."""
         if self._signal is None:
             self._signal = signum  # the attempt's loop says so and acts
+        elif signum == signal.SIGINT and self._ranks is not None:
+            self._ranks.hurry()
+            with contextlib.suppress(OSError):  # not the terminal's lock: it may be held here
+                os.write(2, b"rankguard: second SIGINT: the ranks' grace is over; killing them "
+                            b"now\n")
         self._link.interrupt()
 
     def _wake(self) -> None:

@@ -68,7 +68,7 @@ def notify_survivors(ranks: RankProcesses, monitor: HangMonitor, journal: Journa
             _ledger.post_notice(member.ledger_path, kind, failed)
     journal.write("escalate", step="notice", ranks=sorted(told),
                   reason=_ledger.NOTICE_NAMES[kind], attempt=ranks.number)
-    ranks.wait_exits(Deadline.after(grace), told)
+    ranks.wait_exits(Deadline.after(grace), told, grace=True)
 
 
 def end_lingering(ranks: RankProcesses, member: RankProcess, ready: bool, grace: float
@@ -86,7 +86,7 @@ def end_lingering(ranks: RankProcesses, member: RankProcess, ready: bool, grace:
                                    gone=lambda m: m.proc.poll() is not None)
         where = stack_summary.every_thread(stack_summary.last_dump(member.stacks_path, size))
     ranks.signal(signal.SIGTERM, [member])
-    if ranks.wait_exits(Deadline.after(grace), {member.rank}):
+    if ranks.wait_exits(Deadline.after(grace), {member.rank}, grace=True):
         return where, False
     member.killed = True
     ranks.signal(signal.SIGKILL, [member])
@@ -101,7 +101,7 @@ def stop_ranks(ranks: RankProcesses, journal: Journal, grace: float, reason: str
         journal.write("escalate", step="term", ranks=[m.rank for m in live], reason=reason,
                       attempt=ranks.number)
         ranks.signal(signal.SIGTERM, live)
-        ranks.wait_exits(Deadline.after(grace))
+        ranks.wait_exits(Deadline.after(grace), grace=True)
     live = ranks.live()
     if live:
         journal.write("escalate", step="kill", ranks=[m.rank for m in live], reason=reason,

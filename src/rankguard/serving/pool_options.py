@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UsageError, shown
-from ..inputs.options import MAX_LOCAL_RANKS, seconds
+from ..inputs.options import MAX_LOCAL_RANKS, seconds, writable_dir
 from .budgets import MIN_CALL_FRACTION, SUSPECT_FRACTION
 
 QUEUE_PER_REPLICA = 32  # the default bound on the calls waiting for a replica, per replica
@@ -55,14 +55,13 @@ class PoolOptions:
         return round(self.timeout * MIN_CALL_FRACTION, 9)
 
     @classmethod
-    def checked(cls, world_size: int, setup: Callable[[int, int], Any] | None = None, *,
-                spares: int = 1, timeout: float = 30.0, replicas: int = 1,
-                suspect_after: float | None = None, max_queue: int | None = None,
-                on_healing: str = "wait", start_timeout: float = 120.0,
-                max_backoff: float = 30.0, journal: str | None = None,
-                log_dir: str | None = None, env: Mapping[str, str] | None = None,
-                zygote: bool = True) -> PoolOptions:
-        """The options ``Pool(...)`` was given, checked, with their defaults.
+    def checked(cls, world_size: int, setup: Callable[[int, int], Any] | None, *,
+                spares: int, timeout: float, replicas: int, suspect_after: float | None,
+                max_queue: int | None, on_healing: str, start_timeout: float,
+                max_backoff: float, journal: str | None, log_dir: str | None,
+                env: Mapping[str, str] | None, zygote: bool) -> PoolOptions:
+        """The options ``Pool(...)`` was given (its defaults are its own), checked, with the
+        ones derived from them. A ``log_dir`` is created if missing.
 
         Raises:
             UsageError: a bad argument, naming it and the fix.
@@ -89,6 +88,8 @@ class PoolOptions:
                              f"{', '.join(HEALING_MODES)}")
         if setup is not None and not callable(setup):
             raise UsageError("Pool(setup)", f"{setup!r} is not callable")
+        if log_dir:
+            log_dir = writable_dir("Pool(log_dir)", log_dir)
         return cls(world_size, setup, spares, limit, replicas, suspect, queue,
                    HealingMode(on_healing), start, backoff, journal or None, log_dir or None,
                    dict(env or {}), zygote)

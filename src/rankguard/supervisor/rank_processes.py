@@ -126,6 +126,7 @@ class RankProcesses:
         self._members: list[RankProcess] = []
         self._replaced: list[RankProcess] = []  # members that a new process took over from
         self._reported: set[int] = set()  # ranks whose exit the watcher has reported
+        self._hurried = False  # hurry(): the ranks' grace is over
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
         for fd in (self._wake_r, self._wake_w):
@@ -317,9 +318,18 @@ class RankProcesses:
     def _driven_here(self) -> bool:
         return self._watcher is None or threading.current_thread() is self._watcher
 
-    def wait_exits(self, until: Deadline, ranks: set[int] | None = None) -> bool:
+    def hurry(self) -> None:
+        """End the grace the ranks were given, now and for the rest of the attempt: a wait
+        with ``grace=True`` returns at once (its caller kills what is left). Only sets a flag:
+        safe from a signal handler, whose signal wakes the driver's wait through the wakeup
+        fd the launcher reads."""
+        self._hurried = True
+
+    def wait_exits(self, until: Deadline, ranks: set[int] | None = None, *,
+                   grace: bool = False) -> bool:
         """Wait until every rank (of ``ranks``, default all) has exited and been reaped, or
-        ``until`` passes; returns whether they all have. From the driver's thread it pumps the
+        ``until`` passes, or (``grace``: a wait for ranks to end on their own) :meth:`hurry`
+        was called; returns whether they all have. From the driver's thread it pumps the
         events; from another, it waits for the watcher to report the exits."""
 
         def done() -> bool:
@@ -332,7 +342,7 @@ class RankProcesses:
         if not self._driven_here():
             with self._exits:
                 return self._exits.wait_for(reported, until.wait_time_or_none())
-        while not done() and not until.passed():
+        while not done() and not until.passed() and not (grace and self._hurried):
             self.pump(until)
         return done()
 
