@@ -109,9 +109,10 @@ STRAGGLER, HANG, HANG2 = verdict(False, 1), verdict(True, 1), verdict(True, 0)
 
 TICKS = {
     "a replacement in place that is overdue stops the other ranks":
-        Row(look(RUNNING, in_place=True, replacing=True), (Act.STOP, FaultKind.REPLACE_FAILED, 1, (
+        Row(look(RUNNING, in_place=True), (Act.STOP, FaultKind.REPLACE_FAILED, 1, (
             ("say", "rank 1 was not replaced in time; stopping the other ranks"),)),
-            Tick(Fault(FaultKind.REPLACE_FAILED, 5.0, 1, "was not replaced in time"), (HANG,))),
+            Tick(Fault(FaultKind.REPLACE_FAILED, 5.0, 1, "was not replaced in time"), (HANG,),
+                 replacing=True)),
     "a live rank's collective deadline counts once the cascade window has passed":
         Row(look(deadline_raised(), RUNNING, now=PAST_WINDOW),
             (Act.STOP, FaultKind.HUNG, None, (("say", "hang"),)), Tick()),
@@ -126,8 +127,8 @@ TICKS = {
             ("straggler", (1,)), ("say", "hang"), ("straggler", (1,)))),
             Tick(verdicts=(STRAGGLER, HANG, HANG2, STRAGGLER))),
     "a hang found while a replacement in place is awaited waits for it":
-        Row(look(RUNNING, in_place=True, replacing=True), (Act.GO_ON, None, None, ()),
-            Tick(verdicts=(HANG,))),
+        Row(look(RUNNING, in_place=True), (Act.GO_ON, None, None, ()),
+            Tick(verdicts=(HANG,), replacing=True)),
     "a hang another node's agent names is left to it":
         Row(look(RUNNING, theirs=lambda v: True), (Act.GO_ON, None, None, ()),
             Tick(verdicts=(HANG,))),

@@ -324,7 +324,7 @@ class Agent:
             if decision.act is Act.STOP or not ticked:
                 continue
             self._show_status(ranks, snaps, now)
-            self._end_lingering(ranks, monitor, snaps, now)
+            self._end_lingering(ranks, monitor, look, snaps)
             overdue = None
             if self._in_place is not None and self._in_place.pending:
                 overdue = self._in_place.check(now)
@@ -334,8 +334,8 @@ class Agent:
             if overdue is None:
                 live = {m.rank: snaps[m.rank] for m in ranks.live()}
                 verdicts = tuple(monitor.check(now, live, self._link.remote_ranks(live, now)))
-            tick_look = Tick(overdue, verdicts)
-            look = replace(look, replacing=self._in_place is not None and self._in_place.pending)
+            tick_look = Tick(overdue, verdicts,
+                             replacing=self._in_place is not None and self._in_place.pending)
             decision, _ = self._decided(lambda seen: watch_rules.on_tick(seen, tick_look), look)
             self._act(decision, result)
         if result.fault is None:  # every rank has exited: nothing more will show
@@ -380,19 +380,20 @@ class Agent:
         if decision.act is Act.STOP:
             result.fault, result.hang = decision.fault, decision.hang
 
-    def _end_lingering(self, ranks: RankProcesses, monitor: HangMonitor,
-                       snaps: dict[int, _ledger.RankProgress], now: float) -> None:
+    def _end_lingering(self, ranks: RankProcesses, monitor: HangMonitor, look: Look,
+                       snaps: dict[int, _ledger.RankProgress]) -> None:
         """End each rank whose script ended with code 0 at least ``margins.linger_limit`` ago
         but whose process lives on (``teardown.end_lingering``: its stacks, SIGTERM, SIGKILL),
         saying where it lingered. Not a fault: the run's result stays what its scripts said
         (README, "A rank whose script ended but whose process lingers"). The loop waits for it
         (up to ``margins.STACKS_S`` + ``--grace`` + ``margins.REAP_S``)."""
         limit = margins.linger_limit(self.config.straggler_timeout)
-        for member in ranks.live():
-            snap = snaps.get(member.rank)
-            since = lingering(RankSnapshot.of(member, snap), now, limit)
+        for state in look.ranks:
+            since = lingering(state, look.now, limit) if state.rank in look.live else None
+            snap = snaps.get(state.rank)
             if since is None or snap is None:
                 continue
+            member = ranks[state.rank]
             where, killed = teardown.end_lingering(ranks, member, snap.stacks_ready,
                                                    self.config.grace)
             monitor.unwatch(member.rank)

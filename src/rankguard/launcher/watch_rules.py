@@ -86,7 +86,6 @@ class Look:
     cascade_window: float = margins.CASCADE_WINDOW_S  # the node link's (see ``first_fault``)
     hang_timeout: float = 0.0
     in_place: bool = False  # the run recovers in place (``--recovery in-place``)
-    replacing: bool = False  # a replacement in place is awaited (``in_place``)
 
 
 @dataclass(frozen=True)
@@ -95,6 +94,7 @@ class Tick:
 
     overdue: Fault | None = None  # a replacement in place did not join in time
     verdicts: tuple[Verdict, ...] = ()  # the hang rules' (``HangMonitor.check``)
+    replacing: bool = False  # a replacement in place is awaited (``in_place``)
 
 
 def on_events(look: Look) -> Decision:
@@ -135,7 +135,7 @@ def on_tick(look: Look, tick: Tick) -> Decision:
         decided = _ledgers(look, decided.reports)
         if decided.act is Act.ASK_CAUSE:
             return decided
-    if look.replacing:
+    if tick.replacing:
         return decided
     return _verdicts(look, list(tick.verdicts), decided)
 

@@ -74,6 +74,7 @@ _OFF_ASYNC = _OFF_SWEPT + _SWEPT.size
 SLOT_ASYNC = 1  # a slot flag: the group is asynchronous (its counts are torch's, see GroupProgress)
 _KEY = struct.Struct("<Q")  # a slot's group key: 0 while no group has taken it
 SLOT_SIZE = 128
+_EVERY_KEY = struct.Struct("<" + f"Q{SLOT_SIZE - _KEY.size}x" * MAX_GROUPS)  # every slot's key
 RING_OFFSET = HEADER.size + MAX_GROUPS * SLOT_SIZE
 SIZE = RING_OFFSET + _ring.size(MAX_GROUPS)
 _RECORD = _ring.RECORD_SIZE
@@ -635,10 +636,8 @@ class LedgerReader:
         _, _, pid, flags, fault, fault_in_coll, exit_code, t_fault, t_start, blamed = \
             HEADER.unpack_from(self._buf, 0)
         groups = []
-        for index in range(MAX_GROUPS):
+        for index in self._taken_slots():
             offset = HEADER.size + index * SLOT_SIZE
-            if not _KEY.unpack_from(self._buf, offset)[0]:
-                continue  # a slot no group has taken
             # the second line first (module doc)
             t_swept, swept = _SWEPT.unpack_from(self._buf, offset + _OFF_SWEPT)
             started, slot_flags = _ASYNC.unpack_from(self._buf, offset + _OFF_ASYNC)
@@ -650,8 +649,15 @@ class LedgerReader:
                                         max(t_done, t_swept), started if asynchronous else -1,
                                         asynchronous))
         return RankProgress(pid, flags, fault, bool(fault_in_coll), t_fault, t_start,
-                            tuple(groups), tuple(r for r in range(64) if blamed >> r & 1),
+                            tuple(groups),
+                            tuple(r for r in range(blamed.bit_length()) if blamed >> r & 1),
                             exit_code)
+
+    def _taken_slots(self) -> list[int]:
+        """The slots a group has taken (a non-zero key), read in one pass: the launcher reads
+        every ledger on every tick."""
+        keys = _EVERY_KEY.unpack_from(self._buf, HEADER.size)
+        return [index for index, key in enumerate(keys) if key]
 
     def recent(self) -> list[RecentOp]:
         """The rank's recent operations in every group, in the order it entered them (the
