@@ -38,8 +38,11 @@ from .errors import (
     UsageError,
 )
 
+# eager: importing the module rankguard.deadline (the Deadline class, which every command
+# imports) sets the package's attribute of that name, which must stay this function
+from .runtime.deadline_scope import deadline
+
 if TYPE_CHECKING:
-    from .runtime.deadline_scope import deadline
     from .runtime.generations import Generation, regroup
     from .runtime.init import init
     from .runtime.shutdown import ShutdownReport, shutdown
@@ -51,7 +54,7 @@ if TYPE_CHECKING:
 # start at once: a Ctrl-C right after one started reaches the command, which ends it cleanly,
 # instead of an import of the runtime and the serving layer.
 _LAZY = {
-    "deadline": ".runtime.deadline_scope", "Generation": ".runtime.generations",
+    "Generation": ".runtime.generations",
     "regroup": ".runtime.generations", "init": ".runtime.init",
     "ShutdownReport": ".runtime.shutdown", "shutdown": ".runtime.shutdown",
     "Recovery": ".runtime.step_loop", "StepLoop": ".runtime.step_loop",
