@@ -18,8 +18,9 @@ from typing import NamedTuple
 
 from ..processes import stack_summary
 from ..deadline import Deadline
-from ..errors import RequestCause, RequestFailed
+from ..errors import RequestFailed
 from .budgets import REGROUP_MARGIN_S, REGROUP_S, STACKS_S
+from .heal_plan import Heal, heal
 from .pool_options import PoolOptions
 from .pool_zygote import PoolZygote
 from .replica import Replica, StartFailure, StartState
@@ -173,22 +174,21 @@ class ReplicaKeeper:
     # -- after a fault --------------------------------------------------------------------------
 
     def retire(self, replica: Replica, fault: RequestFailed, interrupted: bool) -> None:
-        """Retire ``replica`` after ``fault``: regrouped in place when its ranks only raised,
-        or when the call merely overran its own deadline (once they finish it); killed
-        otherwise, after its stacks for a hang (or when the leader was interrupted
-        mid-call)."""
-        idle = fault.cause == RequestCause.RAISED and replica.alive()
-        overran = fault.cause == RequestCause.DEADLINE and fault.rank is None and not interrupted
+        """Retire ``replica`` after ``fault``, as ``heal_plan.heal`` decides: regrouped in
+        place (after the call, when it merely overran its deadline), or killed (after its
+        stacks, for a hang)."""
+        action = heal(fault, replica.alive(), interrupted)
+        regroup = {Heal.REGROUP: self._regroup, Heal.DRAIN_THEN_REGROUP: self._drain_then_regroup}
         pool = self._set
         with pool.cond:
             pool.lose(replica)
             self._event("group_retire", group=replica.number,
-                        action="regroup" if idle or overran else "kill", reason=fault.cause)
-            if idle or overran:
+                        action="regroup" if action in regroup else "kill", reason=fault.cause)
+            if action in regroup:
                 pool.retired.append(replica)
-                threading.Thread(target=self._drain_then_regroup if overran else self._regroup,
-                                 args=(replica,), daemon=True, name="rankguard-regroup").start()
-            elif fault.cause in (RequestCause.FROZEN, RequestCause.DEADLINE):
+                threading.Thread(target=regroup[action], args=(replica,), daemon=True,
+                                 name="rankguard-regroup").start()
+            elif action is Heal.STACKS_THEN_KILL:
                 threading.Thread(target=self._stacks_then_kill, args=(replica,), daemon=True,
                                  name="rankguard-stacks").start()
             else:
