@@ -138,3 +138,13 @@ def fork_sleeper(state: Any) -> int:
         time.sleep(120)
         os._exit(0)
     return child
+
+
+def placed_on(state: Any) -> tuple[str, str, str]:
+    """Where the pool placed this rank: its device (``rankguard.device()``), its group's
+    backend, and the host id NCCL was given ("" when none)."""
+    import torch.distributed as dist
+
+    import rankguard
+
+    return str(rankguard.device()), str(dist.get_backend()), os.environ.get("NCCL_HOSTID", "")
