@@ -39,10 +39,13 @@ def inject(kind: str) -> None:
 
 
 def load(rank: int, world_size: int) -> dict[str, Any]:
-    """A stand-in for loading a model shard."""
+    """A stand-in for loading a model shard, on the device the pool placed the rank on."""
     import torch
 
-    return {"weight": torch.full((4,), float(rank + 1)), "world": world_size}
+    import rankguard
+
+    return {"weight": torch.full((4,), float(rank + 1), device=rankguard.device()),
+            "world": world_size}
 
 
 def forward(state: dict[str, Any], x: float, fault: tuple[int, str] | None = None) -> list[float]:

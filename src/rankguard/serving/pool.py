@@ -1,6 +1,7 @@
 """``rankguard.Pool``: a leader in the caller's process and ``replicas`` replicas (each N rank
-processes that form one gloo process group, ``serving.replica``) that run calls at the same
-time, one each, with warm spare replicas that take over after a fault.
+processes that form one process group, ``serving.replica``: gloo, or NCCL on the devices
+``serving.placement`` gives them) that run calls at the same time, one each, with warm spare
+replicas that take over after a fault.
 
 The leader never takes part in a collective and never waits without a deadline: a call returns,
 or raises a :class:`rankguard.PoolError`, within its timeout plus about 0.1 s, whatever the ranks

@@ -1,6 +1,6 @@
-"""One replica of a pool: N rank processes (``serving.worker``) that form one gloo process
-group, on a TCPStore of its own hosted in the leader (on loopback only:
-``rankguard.store_server``), and serve requests one at a time.
+"""One replica of a pool: N rank processes (``serving.worker``) that form one process group
+(gloo, or NCCL on the devices of its ``serving.placement``), on a TCPStore of its own hosted in
+the leader (on loopback only: ``rankguard.store_server``), and serve requests one at a time.
 
 A replica is started, becomes ready once every rank has run the user's setup, runs requests,
 and is retired after a fault: regrouped in place when every rank is alive and answered, killed
@@ -79,7 +79,7 @@ class StartFailure:
 
 
 class Replica:
-    """N rank processes of one gloo process group serving requests; see the module docstring.
+    """N rank processes of one process group serving requests; see the module docstring.
 
     Args:
         number: the replica's number in its pool (names its folder and its journal events).
