@@ -11,7 +11,8 @@
   in-place``).
 
 In a server: :class:`Pool` runs each request on a group of rank processes; a fault fails that
-request only, and the pool heals itself from spare replicas (see ``rankguard.serving``).
+request only, and the pool heals itself from spare replicas (see ``rankguard.serving``); in
+its ranks, :func:`device` is the device the pool placed the rank on.
 
 Importing rankguard does not import torch. Errors: see ``rankguard.errors``.
 
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from .runtime.init import init
     from .runtime.shutdown import ShutdownReport, shutdown
     from .runtime.step_loop import Recovery, StepLoop
+    from .serving.placement import device
     from .serving.pool import Pool, PoolStatus
     from .serving.service import Service
 
@@ -59,6 +61,7 @@ _LAZY = {
     "ShutdownReport": ".runtime.shutdown", "shutdown": ".runtime.shutdown",
     "Recovery": ".runtime.step_loop", "StepLoop": ".runtime.step_loop",
     "Pool": ".serving.pool", "PoolStatus": ".serving.pool", "Service": ".serving.service",
+    "device": ".serving.placement",
 }
 
 
@@ -82,5 +85,5 @@ __all__ = [
     "PeerFailed", "Pool", "PoolClosed", "PoolError", "PoolStatus", "PoolUnavailable",
     "RankguardError", "Recovery", "RequestFailed", "Service", "ShutdownReport", "StepLoop",
     "TeardownTimeout", "UsageError",
-    "__version__", "deadline", "init", "regroup", "shutdown",
+    "__version__", "deadline", "device", "init", "regroup", "shutdown",
 ]

@@ -39,10 +39,13 @@ def inject(kind: str) -> None:
 
 
 def load(rank: int, world_size: int) -> dict[str, Any]:
-    """A stand-in for loading a model shard."""
+    """A stand-in for loading a model shard, on the device the pool placed the rank on."""
     import torch
 
-    return {"weight": torch.full((4,), float(rank + 1)), "world": world_size}
+    import rankguard
+
+    return {"weight": torch.full((4,), float(rank + 1), device=rankguard.device()),
+            "world": world_size}
 
 
 def forward(state: dict[str, Any], x: float, fault: tuple[int, str] | None = None) -> list[float]:
@@ -138,3 +141,13 @@ def fork_sleeper(state: Any) -> int:
         time.sleep(120)
         os._exit(0)
     return child
+
+
+def placed_on(state: Any) -> tuple[str, str, str]:
+    """Where the pool placed this rank: its device (``rankguard.device()``), its group's
+    backend, and the host id NCCL was given ("" when none)."""
+    import torch.distributed as dist
+
+    import rankguard
+
+    return str(rankguard.device()), str(dist.get_backend()), os.environ.get("NCCL_HOSTID", "")

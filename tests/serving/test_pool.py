@@ -187,11 +187,36 @@ def test_a_spare_that_dies_while_waiting_is_replaced(tmp_path: Path) -> None:
     ({"world_size": 2, "max_queue": 10 ** 18}, "Pool(max_queue)"),
     ({"world_size": 2, "zygote": "yes"}, "Pool(zygote)"),
     ({"world_size": 2, "timeout": 1, "suspect_after": 2}, "Pool(suspect_after)"),
+    ({"world_size": 2, "devices": "0,1"}, "Pool(devices)"),
+    ({"world_size": 2, "devices": [0, -1]}, "Pool(devices)"),
+    ({"world_size": 2, "gpus_per_replica": 0}, "Pool(gpus_per_replica)"),
+    ({"world_size": 2, "devices": [0, 1], "gpus_per_replica": 2},
+     "Pool(devices) and Pool(gpus_per_replica)"),
 ])
 def test_bad_arguments_are_refused_before_any_process_starts(kwargs: dict, what: str) -> None:
     with pytest.raises(rankguard.UsageError) as caught:
         rankguard.Pool(**kwargs)
     assert caught.value.what == what
+
+
+@pytest.mark.deadline(120)
+def test_a_cpu_pool_shows_where_each_replica_runs_in_its_status_and_journal(
+        tmp_path: Path) -> None:
+    log = tmp_path / "journal.jsonl"
+    with rankguard.Pool(2, rf.load, spares=1, timeout=10.0, journal=str(log)) as pool:
+        assert pool.run(rf.placed_on, all_ranks=True) == [("cpu", "gloo", "")] * 2
+        wait_for(lambda: pool.status().spares_ready == 1, SPARE_WAIT_S, "the spare replica")
+        assert pool.status().placement == {1: ("cpu", "cpu"), 2: ("cpu", "cpu")}
+        with pytest.raises(rankguard.RequestFailed):
+            pool.run(rf.forward, 1.0, (1, "kill"))  # its replica is killed, a new one starts
+        wait_for(lambda: pool.status().spares_ready == 1, SPARE_WAIT_S, "the new spare")
+        lost = events(log, "request_fault")[0]["group"]
+        assert pool.status().placement == {3 - lost: ("cpu", "cpu"), 3: ("cpu", "cpu")}
+    assert [e["backend"] for e in events(log, "pool_start")] == ["gloo"]
+    starts = [(e["group"], e["slot"], e["devices"]) for e in events(log, "group_start")]
+    # the replacement takes the slot (and so the devices) of the replica it replaces
+    assert starts == [(1, 0, ["cpu", "cpu"]), (2, 1, ["cpu", "cpu"]),
+                      (3, lost - 1, ["cpu", "cpu"])]
 
 
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, True, "5", 0, -1.0, None,

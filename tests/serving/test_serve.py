@@ -296,6 +296,9 @@ def test_while_healing_requests_get_503_with_retry_after_then_are_served_again(
     assert_served(server.run({"x": X}))
     heal = server.events("heal")
     assert len(heal) == 1 and heal[0]["took_s"] > 0.5  # a cold start: no spare to take over
+    # where the healthy replica runs: the new one, on the CPU like the one it replaced
+    assert server.get("/readyz").body["placement"] == [{"group": 2, "devices": ["cpu", "cpu"]}]
+    assert [e["devices"] for e in server.events("group_start")] == [["cpu", "cpu"]] * 2
 
 
 @pytest.mark.slow

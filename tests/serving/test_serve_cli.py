@@ -36,6 +36,16 @@ BROKEN = "import nonexistent_module_xyz\n"
     (["examples/serve_tp.py:app", "--spares", "1" + "0" * 20], "--spares: 1000000000000000"),
     (["examples/serve_tp.py:app", "--world-size", "600", "--spares", "1"],
      "more than 1024 rank processes"),
+    (["examples/serve_tp.py:app", "--devices", "a,b"], "--devices: 'a' is not a CUDA device index"),
+    (["examples/serve_tp.py:app", "--devices", "0,1,2"],
+     "--devices: 3 device(s) [0, 1, 2] for 2 rank(s) per replica"),
+    (["examples/serve_tp.py:app", "--devices", "1000,1000"],
+     "--devices: device 1000 is out of range"),
+    (["examples/serve_tp.py:app", "--devices", "0,1", "--gpus-per-replica", "1"],
+     "--devices and --gpus-per-replica: both were given"),
+    (["examples/serve_tp.py:app", "--gpus-per-replica", "0"], "--gpus-per-replica: '0' is below 1"),
+    (["examples/serve_tp.py:app", "--gpus-per-replica", "2", "--replicas", "300"],
+     "--gpus-per-replica: 2 per replica x 301 replicas"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], expected: str,
                                           tmp_path: Path) -> None:

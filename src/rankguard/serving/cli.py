@@ -17,7 +17,8 @@ from typing import Any
 
 from ..errors import UsageError
 from ..inputs.options import Parser, number, writable_dir, writable_file
-from .pool_options import HEALING_MODES, MAX_QUEUE, check_size
+from .placement import CLI_NAMES, parse_devices
+from .pool_options import HEALING_MODES, MAX_QUEUE, check_size, placed
 from ..serving.budgets import HTTP_ANSWER_S
 
 PROG = "rankguard serve"
@@ -52,6 +53,13 @@ def build_parser() -> Parser:
     p.add_argument("--on-healing", dest="on_healing", default="wait", choices=HEALING_MODES,
                    help="a request that arrives while no replica is ready waits for one within "
                    "its deadline, or fails at once with 503 (default wait)")
+    p.add_argument("--devices", default=None,
+                   help="the CUDA device of each rank, e.g. 0,1 (rank r of every replica on "
+                   "the r-th), or one list per replica, spares included, e.g. 0,1/2,3; the "
+                   "replicas then form NCCL groups (default: the CPU, over gloo)")
+    p.add_argument("--gpus-per-replica", dest="gpus_per_replica", default=None,
+                   help="instead of --devices: CUDA devices of its own for each replica, "
+                   "spares included, in order, its ranks spread over them")
     p.add_argument("--no-zygote", dest="zygote", action="store_false",
                    help="start each rank as a new Python (seconds) instead of forking it from "
                    "a zygote process that imported torch once (milliseconds)")
@@ -94,10 +102,17 @@ def main(argv: list[str]) -> int:
                                          "e.g. --replicas 2"))
         check_size(served.world_size, served.spares, served.replicas,
                    ("--world-size", "--spares", "--replicas"))
-        if args.timeout is not None:
-            served.timeout = number("--timeout", args.timeout, float, 0.001, "e.g. --timeout 5")
         options: dict[str, Any] = {"on_healing": args.on_healing, "max_body": max_body,
                                    "zygote": args.zygote}
+        if args.devices is not None:
+            options["devices"] = parse_devices(args.devices)
+        if args.gpus_per_replica is not None:
+            options["gpus_per_replica"] = int(number(
+                "--gpus-per-replica", args.gpus_per_replica, int, 1, "e.g. --gpus-per-replica 2"))
+        placed(options.get("devices"), options.get("gpus_per_replica"), served.world_size,
+               served.replicas, served.spares, CLI_NAMES)
+        if args.timeout is not None:
+            served.timeout = number("--timeout", args.timeout, float, 0.001, "e.g. --timeout 5")
         if args.suspect_after is not None:
             options["suspect_after"] = number(
                 "--suspect-after", args.suspect_after, float, 0.001,

@@ -24,6 +24,7 @@ Routes:
   the server answers, healing and starting included: restarting it would not help.
 - ``GET /readyz`` (the readiness probe): 200 when a replica can take a request now (ready, not
   running one); else 503 with ``Retry-After`` and the reason (``busy``, or the pool's state).
+  Both carry ``placement``: each healthy replica's ``group`` and its ranks' ``devices``.
 - ``GET /metrics``: Prometheus text format, by the Prometheus client library (see
   ``serving.metrics``).
 
@@ -293,11 +294,15 @@ class _Server:
 
     async def readyz(self, request: Request) -> Response:
         status = self.pool.status() if self.pool is not None else None
+        placement = [] if status is None else [
+            {"group": number, "devices": list(devices)}
+            for number, devices in status.placement.items()]
         if status is not None and status.idle:
-            return self.answer(200, {"ready": True, "idle": status.idle})
+            return self.answer(200, {"ready": True, "idle": status.idle,
+                                     "placement": placement})
         why = PoolState.STARTING if status is None else (
             UnavailableState.BUSY if status.state == PoolState.READY else status.state)
-        return self.answer(503, {"ready": False, "reason": why},
+        return self.answer(503, {"ready": False, "reason": why, "placement": placement},
                            {"Retry-After": str(_NOT_READY_RETRY_S)})
 
     async def metrics(self, request: Request) -> Response:

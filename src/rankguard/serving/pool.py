@@ -1,6 +1,7 @@
 """``rankguard.Pool``: a leader in the caller's process and ``replicas`` replicas (each N rank
-processes that form one gloo process group, ``serving.replica``) that run calls at the same
-time, one each, with warm spare replicas that take over after a fault.
+processes that form one process group, ``serving.replica``: gloo, or NCCL on the devices
+``serving.placement`` gives them) that run calls at the same time, one each, with warm spare
+replicas that take over after a fault.
 
 The leader never takes part in a collective and never waits without a deadline: a call returns,
 or raises a :class:`rankguard.PoolError`, within its timeout plus about 0.1 s, whatever the ranks
@@ -111,6 +112,14 @@ class Pool:
         log_dir: where each rank's output and stacks go (default: a new temporary folder,
             removed when the pool closes).
         env: extra environment variables for the ranks.
+        devices: the CUDA device of each rank: ``[0, 1]`` puts rank r of every replica on
+            device ``devices[r]``; ``[[0, 1], [2, 3]]`` gives one list per replica, spares
+            included. The replicas then form NCCL groups; each rank's device is its current
+            CUDA device before its group forms and its setup runs (:func:`rankguard.device`).
+            Ranks of a replica may share a device. Default: the CPU, over gloo.
+        gpus_per_replica: instead of ``devices``: each replica, spares included, gets this
+            many CUDA devices of its own, in order, its ranks spread over them (at most
+            ``world_size``; more devices than visible is refused).
         wait: wait (bounded by ``start_timeout``) until the first replica is ready.
 
     Raises:
@@ -126,12 +135,14 @@ class Pool:
                  on_healing: str = "wait", start_timeout: float = 120.0,
                  max_backoff: float = 30.0, journal: str | None = None,
                  log_dir: str | None = None, env: dict[str, str] | None = None,
-                 zygote: bool = True, wait: bool = True) -> None:
+                 zygote: bool = True, devices: list[int] | list[list[int]] | None = None,
+                 gpus_per_replica: int | None = None, wait: bool = True) -> None:
         self.options = PoolOptions.checked(
             world_size, setup, spares=spares, timeout=timeout, replicas=replicas,
             suspect_after=suspect_after, max_queue=max_queue, on_healing=on_healing,
             start_timeout=start_timeout, max_backoff=max_backoff, journal=journal,
-            log_dir=log_dir, env=env, zygote=zygote)
+            log_dir=log_dir, env=env, zygote=zygote, devices=devices,
+            gpus_per_replica=gpus_per_replica)
         options = self.options
         self.id = f"pool-{uuid.uuid4().hex[:8]}"
         self._journal = _open_journal(options.journal, self.id) if options.journal else None
@@ -141,7 +152,8 @@ class Pool:
                                self._event)
         self._keeper = ReplicaKeeper(options, self.log_dir, self._set, self._event)
         self._event("pool_start", world_size=world_size, spares=spares, replicas=replicas,
-                    suspect_after=options.suspect_after, log_dir=self.log_dir)
+                    suspect_after=options.suspect_after, log_dir=self.log_dir,
+                    backend=options.backend)
         self._keeper.start()
         if wait:
             try:
@@ -365,7 +377,8 @@ class Pool:
                               idle=pool.dispatch.free(now) if serving else 0,
                               serving=len(pool.dispatch.busy),
                               suspect=len(pool.dispatch.suspects(now)),
-                              waiting=pool.dispatch.waiting(), replicas=self.options.replicas)
+                              waiting=pool.dispatch.waiting(), replicas=self.options.replicas,
+                              placement=pool.placement())
 
     def wait_ready(self, timeout: float) -> None:
         """Wait until a replica serves calls.

@@ -1,6 +1,6 @@
 """A pool's options (``rankguard.Pool``'s arguments), checked once into one frozen
 :class:`PoolOptions`, with the defaults that derive from others (``suspect_after``,
-``max_queue``, ``min_call_s``)."""
+``max_queue``, ``min_call_s``) and where each replica slot runs (``serving.placement``)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 from ..errors import UsageError, shown
 from ..inputs.options import MAX_LOCAL_RANKS, seconds, writable_dir
 from .budgets import MIN_CALL_FRACTION, SUSPECT_FRACTION
+from .placement import POOL_NAMES, Backend, Names, ReplicaPlacement, place
 
 QUEUE_PER_REPLICA = 32  # the default bound on the calls waiting for a replica, per replica
 MAX_QUEUE = 10_000  # calls that may wait at most, whatever max_queue asks
@@ -46,6 +47,12 @@ class PoolOptions:
     log_dir: str | None  # None: a temporary folder of the pool's own
     env: Mapping[str, str]
     zygote: bool
+    placement: tuple[ReplicaPlacement, ...]  # slot -> where its ranks run (replicas + spares)
+
+    @property
+    def backend(self) -> Backend:
+        """The replicas' process group backend: ``nccl`` on CUDA devices, else ``gloo``."""
+        return self.placement[0].backend
 
     @property
     def min_call_s(self) -> float:
@@ -59,14 +66,17 @@ class PoolOptions:
                 spares: int, timeout: float, replicas: int, suspect_after: float | None,
                 max_queue: int | None, on_healing: str, start_timeout: float,
                 max_backoff: float, journal: str | None, log_dir: str | None,
-                env: Mapping[str, str] | None, zygote: bool) -> PoolOptions:
+                env: Mapping[str, str] | None, zygote: bool, devices: Any,
+                gpus_per_replica: Any) -> PoolOptions:
         """The options ``Pool(...)`` was given (its defaults are its own), checked, with the
-        ones derived from them. A ``log_dir`` is created if missing.
+        ones derived from them. A ``log_dir`` is created if missing. torch is imported (to
+        count the visible CUDA devices) only when ``devices`` or ``gpus_per_replica`` is given.
 
         Raises:
             UsageError: a bad argument, naming it and the fix.
         """
         check_size(world_size, spares, replicas)
+        placement = placed(devices, gpus_per_replica, world_size, replicas, spares)
         if not isinstance(zygote, bool):
             raise UsageError("Pool(zygote)", f"expected True or False, got {shown(zygote)}")
         limit = seconds("Pool(timeout)", timeout)
@@ -92,7 +102,26 @@ class PoolOptions:
             log_dir = writable_dir("Pool(log_dir)", log_dir)
         return cls(world_size, setup, spares, limit, replicas, suspect, queue,
                    HealingMode(on_healing), start, backoff, journal or None, log_dir or None,
-                   dict(env or {}), zygote)
+                   dict(env or {}), zygote, placement)
+
+
+def placed(devices: Any, gpus_per_replica: Any, world_size: int, replicas: int, spares: int,
+           names: Names = POOL_NAMES) -> tuple[ReplicaPlacement, ...]:
+    """``serving.placement.place`` with this machine's count of visible CUDA devices, read (and
+    torch imported) only when a device option is given.
+
+    Raises:
+        UsageError: a bad placement, naming the option (as ``names`` calls it) and the fix.
+    """
+    asked = devices is not None or gpus_per_replica is not None
+    return place(devices, gpus_per_replica, world_size, replicas, spares,
+                 _visible_cuda_devices() if asked else None, names)
+
+
+def _visible_cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def check_size(world_size: Any, spares: Any, replicas: Any = 1,

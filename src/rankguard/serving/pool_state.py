@@ -5,7 +5,7 @@ returns."""
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class PoolState(enum.StrEnum):
@@ -56,6 +56,8 @@ class PoolStatus:
         suspect: replicas whose call has run past ``suspect_after`` (drained).
         waiting: calls waiting for a replica.
         replicas: how many replicas serve at once (the pool's ``replicas``).
+        placement: each healthy replica (ready or running a call), by its number (the
+            journal's ``group``) -> the device of each of its ranks (``cpu``, ``cuda:0``).
     """
 
     state: PoolState
@@ -67,3 +69,4 @@ class PoolStatus:
     suspect: int = 0
     waiting: int = 0
     replicas: int = 1
+    placement: dict[int, tuple[str, ...]] = field(default_factory=dict)

@@ -1,6 +1,6 @@
-"""One replica of a pool: N rank processes (``serving.worker``) that form one gloo process
-group, on a TCPStore of its own hosted in the leader (on loopback only:
-``rankguard.store_server``), and serve requests one at a time.
+"""One replica of a pool: N rank processes (``serving.worker``) that form one process group
+(gloo, or NCCL on the devices of its ``serving.placement``), on a TCPStore of its own hosted in
+the leader (on loopback only: ``rankguard.store_server``), and serve requests one at a time.
 
 A replica is started, becomes ready once every rank has run the user's setup, runs requests,
 and is retired after a fault: regrouped in place when every rank is alive and answered, killed
@@ -42,6 +42,7 @@ from .budgets import (COLLECTIVE_MARGIN_S, EXIT_STATUS_S, POOL_RANK_GRACE_S, REA
                       REGROUP_MARGIN_S, SEND_S, SHUTDOWN_MARGIN_S, STORE_S)
 from .channel import ChannelClosed, LeaderEnd, dumps, pair
 from .messages import Op
+from .placement import ReplicaPlacement
 from .verdict import CHANNEL_CLOSED, Ending, Outcome, verdict
 
 WORKER_MODULE = "rankguard.serving.worker"
@@ -78,7 +79,7 @@ class StartFailure:
 
 
 class Replica:
-    """N rank processes of one gloo process group serving requests; see the module docstring.
+    """N rank processes of one process group serving requests; see the module docstring.
 
     Args:
         number: the replica's number in its pool (names its folder and its journal events).
@@ -94,14 +95,20 @@ class Replica:
             ``serving.worker`` (a ``subprocess.Popen`` or a stand-in with ``pid``, ``poll`` and
             ``wait``): its channel to the leader is ``channel_fd``, its output goes to ``log``.
             Default: a new Python (:func:`cold_start`); a pool forks them from its zygote.
+        placement: where its ranks run (default: the CPU, over gloo); each rank learns its
+            device and backend from its environment (``ReplicaPlacement.rank_env``).
+        slot: the pool's slot it holds (``serving.placement``), while it lives.
     """
 
     def __init__(self, number: int, world: int, setup: Callable[[int, int], Any] | None,
                  folder: str, env: dict[str, str], start_by: Deadline,
                  on_change: Callable[[], None] = lambda: None,
-                 start_rank: StartRank | None = None) -> None:
+                 start_rank: StartRank | None = None,
+                 placement: ReplicaPlacement | None = None, slot: int = 0) -> None:
         self.number = number
         self.world = world
+        self.placement = placement or ReplicaPlacement(world)
+        self.slot = slot
         self.folder = folder
         self.started_at = time.monotonic()
         self.ready_at: float | None = None
@@ -136,7 +143,7 @@ class Replica:
                 mine, theirs = pair()
                 rank_env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank),
                             leader_env.FD: str(theirs.fileno()), _ledger.PATH_ENV: files.ledger,
-                            stacks.PATH_ENV: files.stacks}
+                            stacks.PATH_ENV: files.stacks, **self.placement.rank_env(rank)}
                 self._ranks.start(rank, files, rank_env, partial(
                     start_rank or cold_start, log=files.log, channel_fd=theirs.fileno()))
                 theirs.close()

@@ -22,16 +22,19 @@ from ..errors import RequestFailed
 from .budgets import REGROUP_MARGIN_S, REGROUP_S, STACKS_S
 from .heal_plan import Heal, heal
 from .pool_options import PoolOptions
+from .placement import free_slot
 from .pool_zygote import PoolZygote
 from .replica import Replica, StartFailure, StartState
 from .replica_set import Event, ReplicaSet
 
 
 class _Start(NamedTuple):
-    """A replica the supervisor is to start: its number, and whether from the zygote."""
+    """A replica the supervisor is to start: its number, whether from the zygote, and the
+    slot it takes (where its ranks run)."""
 
     number: int
     fork: bool
+    slot: int
 
 
 class ReplicaKeeper:
@@ -81,13 +84,14 @@ class ReplicaKeeper:
                 if not isinstance(plan, _Start):
                     pool.cond.wait(plan)
                     continue
-                pool.creating += 1
+                pool.creating.append(plan.slot)
             replica = self._create(plan)
             with pool.cond:
-                pool.creating -= 1
+                pool.creating.remove(plan.slot)
                 if replica is not None:
                     pool.starting.append(replica)
-                    self._event("group_start", group=replica.number, pids=replica.pids)
+                    self._event("group_start", group=replica.number, pids=replica.pids,
+                                slot=replica.slot, devices=replica.placement.devices)
                 pool.cond.notify_all()
         self._shut_down()
 
@@ -137,7 +141,8 @@ class ReplicaKeeper:
         back; else how long the supervisor may sleep before it must look again (None: until
         something changes)."""
         pool = self._set
-        if pool.kept() >= self._options.replicas + self._options.spares:
+        slot = free_slot(pool.slots_held(), len(self._options.placement))
+        if slot is None or pool.kept() >= self._options.replicas + self._options.spares:
             return None
         if pool.coming() and pool.backoff.failures:
             return None  # failing: one attempt at a time
@@ -147,7 +152,7 @@ class ReplicaKeeper:
         if waiting is not None:
             return waiting
         pool.numbers += 1
-        return _Start(pool.numbers, self.zygote.ready)
+        return _Start(pool.numbers, self.zygote.ready, slot)
 
     def _create(self, start: _Start) -> Replica | None:
         """Not under the lock: the replica ``start`` describes, starting; None if its ranks
@@ -157,7 +162,8 @@ class ReplicaKeeper:
             replica = Replica(start.number, options.world_size, options.setup,
                               os.path.join(self._log_dir, f"group{start.number}"),
                               dict(options.env), Deadline.after(options.start_timeout),
-                              self._set.wake, self.zygote.starter(start.fork))
+                              self._set.wake, self.zygote.starter(start.fork),
+                              options.placement[start.slot], start.slot)
         except Exception as error:  # noqa: BLE001 (no descriptor, no memory, the store's
             # "Failed to init uv loop"...: whatever it is, a start-up that failed, retried with
             # backoff; the supervisor must not die of it)

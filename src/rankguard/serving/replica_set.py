@@ -42,7 +42,8 @@ class ReplicaSet:
         self.dispatch: Dispatch[Replica] = Dispatch(replicas, suspect_after)
         self.starting: list[Replica] = []
         self.retired: list[Replica] = []  # regrouping in the background
-        self.creating = 0  # replicas the supervisor is creating, outside the lock
+        self.creating: list[int] = []  # the slots of the replicas the supervisor is creating,
+        # outside the lock
         self.numbers = 0  # the last replica's number
         self.backoff = StartBackoff(max_backoff)
         self.closed = False
@@ -65,7 +66,19 @@ class ReplicaSet:
 
     def coming(self) -> int:
         """Replicas being created or starting."""
-        return len(self.starting) + self.creating
+        return len(self.starting) + len(self.creating)
+
+    def slots_held(self) -> set[int]:
+        """The slots (``serving.placement``) of the replicas the supervisor need not replace
+        (:meth:`kept`): a new replica takes another."""
+        held = [*self.dispatch.ready, *self.dispatch.busy, *self.starting, *self.retired]
+        return {replica.slot for replica in held} | set(self.creating)
+
+    def placement(self) -> dict[int, tuple[str, ...]]:
+        """Each healthy replica's number -> the device of each of its ranks."""
+        return {replica.number: replica.placement.devices
+                for replica in sorted([*self.dispatch.ready, *self.dispatch.busy],
+                                      key=lambda replica: replica.number)}
 
     def kept(self) -> int:
         """Replicas healthy, coming or regrouping: those the supervisor need not replace."""

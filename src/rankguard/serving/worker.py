@@ -7,8 +7,11 @@ SIGTERM teardown, stacks on demand, bounded collectives), dies with the leader
 
 Its messages are dicts whose ``op`` is a ``serving.messages.Op``:
 
-1. receives ``{"op": "start", "setup": fn | None}``, joins the group's gloo process group and
-   runs ``setup(rank, world_size)``; answers ``ready``, or ``setup_failed`` with the traceback;
+1. receives ``{"op": "start", "setup": fn | None}``, joins the replica's process group (the
+   backend and this rank's device are in its environment, ``serving.placement``: on a CUDA
+   device, it is made the current device first, so that the NCCL group and the setup use it)
+   and runs ``setup(rank, world_size)``; answers ``ready``, or ``setup_failed`` with the
+   traceback;
 2. serves requests, one at a time:
 
    - ``{"op": "run", "id", "fn", "args", "kwargs", "deadline", "all"}``: call
@@ -50,6 +53,7 @@ from .budgets import SHUTDOWN_LEAST_S
 from .channel import ChannelClosed, RankEnd
 from .messages import Op
 from .leader_env import FD, LEADER, MAIN, SYS_PATH
+from .placement import BACKEND_ENV, CPU, DEVICE_ENV, Backend
 
 
 def _adopt_leader_paths() -> None:
@@ -107,6 +111,18 @@ def _run(command: dict[str, Any], state: Any, rank: int) -> dict[str, Any]:
     return answer
 
 
+def _join_group(dist: Any) -> None:
+    """Form the replica's process group on the backend and device the leader placed this rank
+    on (``serving.placement``): a CUDA device becomes the current one before the group (NCCL
+    binds each rank's communicator to it) and before the setup (its tensors go there)."""
+    device = os.environ.get(DEVICE_ENV) or CPU
+    if device != CPU:
+        import torch
+
+        torch.cuda.set_device(device)
+    dist.init_process_group(os.environ.get(BACKEND_ENV) or str(Backend.GLOO))
+
+
 def main() -> None:
     init()  # its SIGTERM teardown budget: the RANKGUARD_GRACE the replica set
     proctree.die_with_parent(int(os.environ[LEADER]))
@@ -117,7 +133,7 @@ def main() -> None:
         hello = end.receive(_loads)
         import torch.distributed as dist
 
-        dist.init_process_group("gloo")
+        _join_group(dist)
         setup = hello["setup"]
         state = setup(rank, world) if setup is not None else None
     except ChannelClosed:
