@@ -12,7 +12,6 @@ received SIGINT / SIGTERM.
 from __future__ import annotations
 
 import importlib
-import signal
 import sys
 
 from .errors import UsageError
@@ -70,11 +69,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str]) -> int:
-    """``rankguard run``. A Ctrl-C before the agent took over its signals (while torch and the
-    launcher import, or the job's store is joined) ends it with 130 and a line, having started
-    nothing and leaving no empty folder; the agent handles every signal from then on."""
+    """``rankguard run``. A signal before the agent took the signals over (while torch and the
+    launcher import, or the job's store is joined: ``launcher.early_signals``) ends it with
+    128 + the signal and a line, having started nothing and leaving no empty folder; the agent
+    handles every signal from then on."""
     from .inputs.options import remove_empty_dirs
+    from .launcher import early_signals
 
+    early_signals.hold()
     config = None
     try:
         from .launcher import cli as run_cli
@@ -93,17 +95,17 @@ def _run(argv: list[str]) -> int:
 
         one_node = OneNode(config, sock)
         agent = Agent(config, one_node.port, lambda _: one_node)
+        early_signals.check()
     except UsageError as exc:  # nothing started, and no folder made for it is left
         if config is not None:
             remove_empty_dirs(config.made_dirs)
         print(f"rankguard run: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except early_signals.Interrupted as stop:
         if config is not None:
             remove_empty_dirs(config.made_dirs)
-        print("rankguard run: interrupted (SIGINT) before the job started; nothing was started",
-              file=sys.stderr)
-        return 128 + signal.SIGINT
+        print(f"rankguard run: {stop}; nothing was started", file=sys.stderr)
+        return 128 + stop.signum
     return agent.run()
 
 

@@ -83,27 +83,55 @@ def test_internal_error_stops_every_rank_and_exits_4(tmp_path):
     # ranks of both attempts are gone: the autouse fixture fails the test otherwise
 
 
-def test_a_ctrl_c_before_the_job_started_ends_it_with_130_a_line_and_no_folder(tmp_path):
+def _static_node(node: int, log_dir, port: int) -> subprocess.Popen[str]:
+    """One agent of a static two-node job on 127.0.0.1 whose other node never comes."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "rankguard.cli", "run", "--nnodes", "2", "--node-rank", str(node),
+         "--master-addr", "127.0.0.1", "--master-port", str(port), "--rdzv-id", "early",
+         "--log-dir", str(log_dir), script("sleeper.py")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(ROOT),
+        start_new_session=True)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_before_the_job_started_ends_it_with_its_code_a_line_and_no_folder(tmp_path,
+                                                                                     sig):
     # node 1 of two waits for the job's store at an address where nothing listens yet: the
     # launcher is still joining the job, before its agent took over the signals
     from tests.launcher.test_multinode import _free_port
 
     log_dir = tmp_path / "logs"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rankguard.cli", "run", "--nnodes", "2", "--node-rank", "1",
-         "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "--rdzv-id", "early",
-         "--log-dir", str(log_dir), script("sleeper.py")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(ROOT),
-        start_new_session=True)
+    proc = _static_node(1, log_dir, _free_port())
     started = time.monotonic()
     time.sleep(JOINING_S)
     assert proc.poll() is None, proc.communicate()
+    proc.send_signal(sig)
+    run = finish(proc, log_dir, 30, started)
+    assert run.code == 128 + sig, run.stderr
+    assert "Traceback" not in run.stderr, run.stderr
+    assert f"interrupted ({sig.name}) before the job started; nothing was started" in run.stderr
+    assert not log_dir.exists(), list(log_dir.rglob("*"))
+
+
+def test_a_node_that_waits_for_its_peer_in_the_round_ends_at_once_on_ctrl_c(tmp_path):
+    # node 0 hosts the job's store and waits (up to join_timeout, 600 s) for node 1's count
+    from tests.launcher.test_multinode import _free_port
+
+    log_dir = tmp_path / "logs"
+    proc = _static_node(0, log_dir, _free_port())
+    started = time.monotonic()
+    deadline = started + 30
+    journal = log_dir / "journal.jsonl"
+    while not (journal.exists() and "run_start" in journal.read_text()):
+        assert time.monotonic() < deadline and proc.poll() is None, "the agent did not start"
+        time.sleep(0.05)
+    time.sleep(0.5)  # in the round's wait by now
+    sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
     run = finish(proc, log_dir, 30, started)
     assert run.code == 130, run.stderr
-    assert "Traceback" not in run.stderr, run.stderr
-    assert "interrupted (SIGINT) before the job started; nothing was started" in run.stderr
-    assert not log_dir.exists(), list(log_dir.rglob("*"))
+    assert time.monotonic() - sent < stopped_within_s(0.0), run.stderr
+    assert "the agent received a signal while it waited for the round" in run.stderr
 
 
 def test_a_second_ctrl_c_ends_the_grace_and_kills_the_ranks_at_once(tmp_path):

@@ -5,6 +5,7 @@ options checked once (``serving.pool_options``). No processes."""
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any
 
 import pytest
@@ -99,6 +100,12 @@ def test_the_options_are_checked_once_with_their_derived_defaults() -> None:
         _options(on_healing="later")
 
 
-def test_a_log_dir_that_cannot_be_made_is_refused_by_name_before_anything_starts() -> None:
-    with pytest.raises(UsageError, match=r"Pool\(log_dir\): cannot create '/proc/nope'"):
-        _options(log_dir="/proc/nope")
+@pytest.mark.parametrize("log_dir, problem", [
+    ("/proc/nope", "cannot create '/proc/nope'"),
+    ("/etc/passwd", "'/etc/passwd' is not a folder"),
+    (5, "expected a folder's path, got 5"),
+])
+def test_a_log_dir_that_cannot_be_one_is_refused_by_name_before_anything_starts(
+        log_dir: object, problem: str) -> None:
+    with pytest.raises(UsageError, match=rf"Pool\(log_dir\): {re.escape(problem)}"):
+        _options(log_dir=log_dir)

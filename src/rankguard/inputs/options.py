@@ -15,7 +15,7 @@ import stat
 from typing import Mapping
 
 from ..deadline import MAX_SECONDS, check_seconds
-from ..errors import UsageError
+from ..errors import UsageError, shown
 
 
 class Parser(argparse.ArgumentParser):
@@ -133,7 +133,11 @@ def seconds(what: str, value: object) -> float:
 def writable_dir(option: str, path: str) -> str:
     """``path`` made absolute, created if missing (it and each parent it makes private to the
     user: 0700), and checked to be writable."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise UsageError(option, f"expected a folder's path, got {shown(path)}")
     path = os.path.abspath(path)
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise UsageError(option, f"{path!r} is not a folder", "give a folder's path")
     try:
         for folder in missing_dirs(path):  # os.makedirs gives the parents the umask's mode
             with contextlib.suppress(FileExistsError):  # made meanwhile by another process
@@ -181,6 +185,8 @@ def writable_file(option: str, path: str) -> str:
         UsageError: ``path`` is a folder, a symbolic link, a FIFO nobody reads, or cannot be
             opened or created.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise UsageError(option, f"expected a file's path, got {shown(path)}")
     path = os.path.abspath(path)
     if os.path.isdir(path):
         raise UsageError(option, f"{path!r} is a folder",

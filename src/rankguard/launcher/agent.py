@@ -35,7 +35,7 @@ from ..deadline import Deadline
 from ..records.journal import Journal
 from ..processes.proctree import MARKER
 from ..supervisor import RankProcesses
-from . import guardian, teardown
+from . import early_signals, guardian, teardown
 from .config import RunConfig
 from .ranks import start_attempt
 from .monitor import HangMonitor, Verdict
@@ -486,8 +486,11 @@ class Agent:
         def on_signal(signum: int, _frame: Any) -> None:
             self._on_signal(signum)
 
+        early_signals.release(tuple(self.config.signals))
         for sig in self.config.signals:
             signal.signal(sig, on_signal)
+        if early_signals.pending() in self.config.signals:  # it came as the agent took over
+            self._on_signal(early_signals.pending())
 
     def _on_signal(self, signum: int) -> None:
         """A signal handler: sets the flag the loops read and wakes the link's waits. A second

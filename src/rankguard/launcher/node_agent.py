@@ -38,11 +38,12 @@ from ..errors import RendezvousError, first_line
 from ..records import ledger as _ledger
 from ..records.ledger import RankProgress
 from ..supervisor import RankProcesses
+from ..inputs.options import remove_empty_dirs
 from ..store.store_calls import StoreStalled, within
 from .agent import Agent
 from .config import RendezvousConfig, RunConfig, endpoint
 from .monitor import Verdict
-from . import node_takeover
+from . import early_signals, node_takeover
 from .node_beats import NodeBeats, Silence
 from .node_link import LinkContext
 from .outcome import Fault, FaultKind, run_status
@@ -140,6 +141,7 @@ class MultiNode:
         self._group_world = 0
         self._local_ranks: set[int] = set()
         self._joined = threading.Event()  # torch's rendezvous returned, or a signal came
+        self._in_rendezvous = threading.Event()  # its call runs (on the helper thread)
         self._layout: Layout | None = None  # this attempt's
         self._outside: Fault | None = None  # the fault another node ended this round with
         self._beat_period = beat_period(config.hang_timeout)
@@ -281,9 +283,11 @@ class MultiNode:
             except BaseException as exc:  # noqa: BLE001 (raised again in the agent's thread)
                 answer.append(exc)
             finally:
+                self._in_rendezvous.clear()
                 self._joined.set()
 
         self._joined.clear()
+        self._in_rendezvous.set()
         threading.Thread(target=join, name="rankguard-rendezvous", daemon=True).start()
         if self._signal_received() is None:
             self._joined.wait()  # the thread's call is bounded (join_timeout)
@@ -593,6 +597,11 @@ class MultiNode:
         cfg = self._rdzv_cfg
         if self._store_lost:  # its requests could block for good: nobody is left to tell
             return
+        if self._in_rendezvous.is_set():
+            # a signal ended the wait for the round, whose store call still holds the store's
+            # client (up to join_timeout): nothing to tell the others, who never met this node
+            # in a round; a store this node hosts ends with it
+            return
         # the job ends here, or goes on without this node; but not without the job's store
         ending = (fault is None or fault.kind not in (FaultKind.LAUNCHER_SIGNAL, FaultKind.STANDBY_END)
                   or (self._job.hosting and not self._job.round_stores))
@@ -692,6 +701,12 @@ def main(config: RunConfig) -> int:
     """
     assert config.rendezvous is not None
     job = connect(config.rendezvous, config.run_id)
+    try:
+        early_signals.check()
+    except early_signals.Interrupted as stop:  # before any rank: as a usage error ends
+        remove_empty_dirs(config.made_dirs)
+        print(f"rankguard run: {stop}; nothing was started", file=sys.stderr, flush=True)
+        os._exit(128 + stop.signum)  # see below why not by returning
     code = Agent(config, config.rendezvous.port, lambda context: MultiNode(context, job)).run()
     # Everything of the job is written and closed by now; the interpreter's own exit could
     # still abort the process ("terminate called without an active exception", exit -6):

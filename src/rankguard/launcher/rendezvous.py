@@ -51,7 +51,7 @@ from ..store import sealed, store_server
 from ..deadline import Deadline
 from ..errors import RendezvousError, UsageError, first_line
 from ..store.store_calls import within
-from . import round_store
+from . import early_signals, round_store
 from . import store_keys
 from .config import RendezvousConfig, endpoint
 
@@ -188,6 +188,7 @@ def _await_listener(cfg: RendezvousConfig, until: Deadline) -> None:
                 return
         except OSError as exc:
             last = exc.strerror or type(exc).__name__
+        early_signals.check()
         if until.passed():
             raise UsageError(_ENDPOINT_OPTION[cfg.backend], f"nothing answered at "
                              f"{cfg.endpoint} within join_timeout {cfg.join_timeout} s (last: "
