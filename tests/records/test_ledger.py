@@ -148,3 +148,7 @@ def test_a_group_has_stepped_once_its_first_collective_completed(is_world, async
 ])
 def test_an_operation_is_labelled_by_kind_and_number(args, label) -> None:
     assert ledger.op_label(*args) == label
+
+
+def test_an_operation_whose_kind_is_not_known_is_shown_as_a_collective() -> None:
+    assert (ledger.op_shown("none"), ledger.op_shown("broadcast")) == ("collective", "broadcast")

@@ -154,11 +154,14 @@ def op_label(op: str, seq: int, group: str = "world") -> str:
     """``all_reduce #57``, ``init_process_group``, ``barrier #3 on group ranks 0,2``; an
     operation whose kind is not known (``none``: a group watched through torch's Flight
     Recorder learns it once a rank waits in it) is ``collective #11``. Pure."""
-    if op == "init_process_group":
-        label = op
-    else:
-        label = f"{'collective' if op == OP_NAMES[0] else op} #{seq}"
+    label = op if op == "init_process_group" else f"{op_shown(op)} #{seq}"
     return label if group == "world" else f"{label} on group {group}"
+
+
+def op_shown(op: str) -> str:
+    """The operation's name as people see it: ``collective`` where its kind is not known yet
+    (``none``). Pure."""
+    return "collective" if op == OP_NAMES[0] else op
 
 
 PATH_ENV = "RANKGUARD_LEDGER"  # the ledger file a supervisor made for the rank

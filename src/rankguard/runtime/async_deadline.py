@@ -153,9 +153,9 @@ def _explain(op: Overdue) -> CollectiveTimeout:
     block = deadline_scope.main_thread_limit()
     limit = deadline_scope.default() if block is None or block.seconds is None else block.seconds
     budget = f" of {limit:g} s" if limit is not None else ""
-    return CollectiveTimeout(f"passed its deadline{budget}", op=op.op, seq=op.seq,
-                             group=op.group, rank=rank, missing=missing, waited=op.waited_s,
-                             peers=states)
+    return CollectiveTimeout(f"passed its deadline{budget}", op=_ledger.op_shown(op.op),
+                             seq=op.seq, group=op.group, rank=rank, missing=missing,
+                             waited=op.waited_s, peers=states)
 
 
 def _named(name: str, found: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
