@@ -259,6 +259,11 @@ ASYNC_CASES = {
     "NCCL (c): started not known (timing off) on every rank: stuck_in_collective": Case(
         {0: ledger(replace(AHEAD, started=-1)), 1: ledger(replace(AHEAD, started=-1))},
         T + HANG, [(True, (0, 1), (0, 1), "stuck_in_collective", "all_reduce #54")]),
+    "gloo through the recorder (c): every rank enqueued #k, none completed it, none has a GPU: "
+    "stuck_in_collective": Case(
+        {0: ledger(replace(AHEAD, started=-1, on_host=True)),
+         1: ledger(replace(AHEAD, started=-1, on_host=True))},
+        T + HANG, [(True, (0, 1), (0, 1), "stuck_in_collective", "all_reduce #54")]),
     "NCCL (c): a stopped rank, whose CPU drives the collective's network side, is blamed alone":
         Case({0: ledger(AHEAD), 1: ledger(AHEAD)}, T + HANG,
              [(True, (1,), (0,), "stopped", "all_reduce #54")], {1: STOPPED}),
@@ -296,6 +301,10 @@ def test_verdicts(case: Case) -> None:
     ("NCCL (c): started not known (timing off) on every rank: stuck_in_collective",
      "ranks 0,1 enqueued all_reduce #54 on group world but none completed it (whether a GPU "
      "started it is not known: TORCH_NCCL_ENABLE_TIMING is off); waited 3.0 s"),
+    ("gloo through the recorder (c): every rank enqueued #k, none completed it, none has a GPU: "
+     "stuck_in_collective",
+     "ranks 0,1 enqueued all_reduce #54 on group world but none completed it: stuck inside the "
+     "collective (gloo or the network); waited 3.0 s"),
 ])
 def test_an_nccl_verdict_names_the_ranks_operation_group_and_side(key: str, text: str) -> None:
     [verdict] = _judge(ASYNC_CASES[key])

@@ -5,6 +5,7 @@ recorder, the launcher's real verdicts. (The GPU set runs it on NCCL: tests/gpu.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -47,6 +48,20 @@ def test_a_rank_that_never_enqueues_the_operation_is_blamed_by_name(run_rankguar
     assert f"rankguard: hang: {verdict}" in run.stderr, run.stderr
     # the rank that issued operations ahead (asynchronously) waits in the first not completed
     assert HANG <= hang["waited_s"] < HANG + 3, hang
+
+
+def test_a_rank_that_stops_between_steps_of_operations_in_flight_at_once_is_blamed_alone(
+        run_rankguard):
+    """gloo runs a step's operations on two threads at once, and torch's completed count is
+    the one that finished last: the group's progress is what the recorder's entries show."""
+    run = run_rankguard(job("steps", "5"), env=RECORDER)
+    assert run.code == 3, run.stderr
+    first = re.search(r"STEP rank=0 step=5 first=(\d+)", run.stdout)
+    assert first, run.stdout
+    hang = run.event("hang_detected")
+    assert hang["blamed"] == [1], hang
+    assert (f"rankguard: hang: rank 1 never enqueued all_reduce #{first[1]} (made no "
+            "progress); rank 0 waited") in run.stderr, run.stderr
 
 
 def test_a_busy_rank_is_a_straggler_and_the_job_ends_well(run_rankguard):

@@ -3,17 +3,21 @@ real ranks in tests/launcher/test_recorded_groups.py and the GPU set)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from rankguard.records.ledger import OP_CODES
 from rankguard.margins import ASYNC_STALL_S
 from rankguard.runtime.async_groups import (MAX_TICK_S, MIN_TICK_S, Published, advance,
-                                            kind_wanted, overdue, tick_for)
+                                            kind_wanted, overdue, tick_for, with_retired)
 from rankguard.runtime.fr_progress import GroupCounts
 
 AR = OP_CODES["all_reduce"]
 BEFORE = Published(enqueued=10, started=9, completed=8, t_enter=1.0, t_done=2.0, kind=AR,
                    kind_of=9, pending_since=2.0)
+# gloo: torch says #19 completed, the entries showed #20 completed, #21 the first not
+RETIRED = Published(24, -1, 20, 1.0, 2.0, AR, 21, 2.0, retired=20)
 
 ADVANCE = {
     "a group seen for the first time has both times now; torch's -1 (none) reads 0":
@@ -36,12 +40,42 @@ ADVANCE = {
          Published(10, 10, 8, 1.0, 2.0, AR, 9, 2.0)),
     "a new group in the same slot (fewer counts) is a move too":
         (BEFORE, GroupCounts(2, 2, 1), True, Published(2, 2, 1, 5.0, 5.0, AR, 9, 5.0)),
+    "torch's gloo count standing behind what the entries showed completed is not believed":
+        (RETIRED, GroupCounts(24, -1, 19), False, RETIRED),
+    "torch's count passing what the entries showed is believed":
+        (RETIRED, GroupCounts(24, -1, 22), False,
+         Published(24, -1, 22, 1.0, 5.0, AR, 21, 5.0, retired=20)),
+    "what the entries showed is forgotten with the group (its enqueued count went back)":
+        (RETIRED, GroupCounts(3, -1, 1), False,
+         Published(3, -1, 1, 5.0, 5.0, AR, 21, 5.0)),
 }
 
 
 @pytest.mark.parametrize("before, counts, timing, after", ADVANCE.values(), ids=ADVANCE.keys())
 def test_times_move_where_counts_moved(before, counts, timing, after):
     assert advance(before, counts, timing, 5.0) == after
+
+
+GLOO_BEHIND = Published(24, -1, 19, 1.0, 2.0, pending_since=2.0)  # torch says #19 completed
+RETIRE = {
+    "the entries show more completed than torch's count: the group got that far, and its wait "
+    "since before stands": (GLOO_BEHIND, 20, replace(GLOO_BEHIND, completed=20, retired=20)),
+    "the entries show every operation enqueued completed: nothing is waited for":
+        (replace(GLOO_BEHIND, enqueued=20), 20,
+         replace(GLOO_BEHIND, enqueued=20, completed=20, retired=20, pending_since=0.0)),
+    "entries read after the counts, ahead of the enqueued count, raise it no further than it":
+        (replace(GLOO_BEHIND, enqueued=20), 23,
+         replace(GLOO_BEHIND, enqueued=20, completed=20, retired=23, pending_since=0.0)),
+    "the entries agree with torch's count: the count and the wait stay":
+        (GLOO_BEHIND, 19, replace(GLOO_BEHIND, retired=19)),
+    "the group has no entry in the ring: nothing changes": (GLOO_BEHIND, None, GLOO_BEHIND),
+    "an older reading of the entries lowers nothing": (RETIRED, 18, RETIRED),
+}
+
+
+@pytest.mark.parametrize("record, retired, after", RETIRE.values(), ids=RETIRE.keys())
+def test_the_completed_count_is_raised_to_what_the_entries_show(record, retired, after):
+    assert with_retired(record, retired) == after
 
 
 KIND = {

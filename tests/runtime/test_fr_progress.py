@@ -162,3 +162,24 @@ def test_torchs_profiling_names_become_the_ledgers_kinds(name: str, kind: str) -
                                      ({"TORCH_NCCL_ENABLE_TIMING": "true"}, True)])
 def test_nccl_timing_is_on_only_when_set_true(env: dict[str, str], on: bool) -> None:
     assert fr.timing_on(env) is on
+
+
+def _op(seq: int, completed: bool, pg_id: int = 0) -> fr.Entry:
+    return fr.Entry(pg_id, "0", seq, "all_reduce", "scheduled", 0, completed)
+
+
+COMPLETED_UPTO = {
+    "every entry of the group completed: its last": ([_op(3, True), _op(4, True)], 4),
+    "gloo's worker threads finished #4 before #3: #3 is still the first not completed":
+        ([_op(2, True), _op(3, False), _op(4, True)], 2),
+    "the first not completed, less one, whatever follows": ([_op(5, False), _op(6, False)], 4),
+    "another group's entries say nothing about this one":
+        ([_op(7, False, pg_id=1), _op(3, True), _op(8, True, pg_id=1)], 3),
+    "a group with no entry in the ring: not known": ([_op(7, True, pg_id=1)], None),
+}
+
+
+@pytest.mark.parametrize("entries, upto", COMPLETED_UPTO.values(), ids=COMPLETED_UPTO.keys())
+def test_a_group_got_as_far_as_its_entries_show_completed_without_a_gap(
+        entries: list[fr.Entry], upto: int | None) -> None:
+    assert fr.completed_upto(entries, 0) == upto

@@ -40,6 +40,10 @@ from 1, as torch numbers them), or as each scenario says:
 - ``mixed`` (``cpu:gloo,cuda:nccl``): each step all-reduces a CPU tensor (gloo; prints
   ``CPU rank=R step=K sum=S``) and a GPU tensor (NCCL, its sum checked) on the default group;
   AT 0: 10 steps, ``OK``; else rank 1 sleeps for good before its GPU tensor's all_reduce #AT.
+- ``steps``: each step enqueues three all_reduces and a broadcast from rank 0
+  (``async_op=True``, in flight at once), then waits for them all; each rank prints
+  ``STEP rank=R step=K first=F`` before step K (from 0; F: the number torch gives its first
+  collective). Rank 1 sleeps for good before step AT; the others go on and wait in it.
 - ``graph`` (NCCL): an all_reduce captured in a ``torch.cuda.CUDAGraph``, replayed AT times,
   the result checked (each replay doubles the tensor on 2 ranks), then one more eager one.
 """
@@ -223,6 +227,18 @@ elif scenario == "mixed":
         settle()
         assert on_gpu.item() == world, on_gpu
     print(f"OK rank={rank} backend={dist.get_backend()}", flush=True)
+elif scenario == "steps":
+    issued = 0
+    for step in range(FOREVER):
+        print(f"STEP rank={rank} step={step} first={issued + 1}", flush=True)
+        if step == at and rank == 1:
+            time.sleep(FOREVER)
+        works = [dist.all_reduce(torch.ones(4, device=device), async_op=True) for _ in range(3)]
+        works.append(dist.broadcast(torch.ones(2, device=device), 0, async_op=True))
+        issued += len(works)
+        for work in works:
+            work.wait()
+        time.sleep(0.05)
 elif scenario == "graph":
     value = torch.ones(1024, device=device)
     side = torch.cuda.Stream()

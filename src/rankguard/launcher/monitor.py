@@ -93,6 +93,7 @@ class Verdict:
     # an asynchronous group's (NCCL): absent ranks never enqueued the operation
     asynchronous: bool = False
     members: tuple[int, ...] = ()  # a sub-group's ranks (empty: the world group)
+    on_host: bool = False  # an asynchronous group whose operations run on the host (gloo)
 
     @property
     def op_label(self) -> str:
@@ -139,6 +140,9 @@ class Verdict:
             return (f"{blamed} started {on_group} on the GPU but none completed it: stuck "
                     f"inside the collective (NCCL or the network); waited "
                     f"{self.waited_s:.1f} s")
+        if self.reason == "stuck_in_collective" and self.asynchronous and self.on_host:
+            return (f"{blamed} enqueued {on_group} but none completed it: stuck inside the "
+                    f"collective (gloo or the network); waited {self.waited_s:.1f} s")
         if self.reason == "stuck_in_collective" and self.asynchronous:
             return (f"{blamed} enqueued {on_group} but none completed it (whether a GPU "
                     f"started it is not known: TORCH_NCCL_ENABLE_TIMING is off); waited "
@@ -320,7 +324,8 @@ class HangRules:
                            _elsewhere(sorted(blamed), key, target, snaps), inside,
                            doing if reason in ("busy", "straggler_timeout") else "",
                            asynchronous,
-                           () if sample.is_world else tuple(sample.member_ranks(self.world_size)))
+                           () if sample.is_world else tuple(sample.member_ranks(self.world_size)),
+                           sample.on_host)
 
         if not absent and asynchronous:
             if now - max(entries[r].t_enter for r in members) < self.hang_timeout:

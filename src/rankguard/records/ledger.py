@@ -72,6 +72,7 @@ _OFF_SWEPT = 64
 _ASYNC = struct.Struct("<qI")  # after _SWEPT: the last operation started on the device, flags
 _OFF_ASYNC = _OFF_SWEPT + _SWEPT.size
 SLOT_ASYNC = 1  # a slot flag: the group is asynchronous (its counts are torch's, see GroupProgress)
+SLOT_HOST = 2  # with SLOT_ASYNC: its operations run on the host (gloo), none on a device
 _KEY = struct.Struct("<Q")  # a slot's group key: 0 while no group has taken it
 SLOT_SIZE = 128
 _EVERY_KEY = struct.Struct("<" + f"Q{SLOT_SIZE - _KEY.size}x" * MAX_GROUPS)  # every slot's key
@@ -354,15 +355,17 @@ class _SlotWriter:
         return True
 
     def publish(self, kind: int, enqueued: int, started: int, completed: int, t_enter: float,
-                t_done: float) -> None:
+                t_done: float, on_host: bool = False) -> None:
         """Write an asynchronous group's progress as torch counts it (see ``GroupProgress``):
         the kind of the operation it is in, the last operation enqueued, started on the device
-        (-1: not known) and completed, and when the first and last of those counts last moved.
+        (-1: not known) and completed, when the first and last of those counts last moved, and
+        whether its operations run on the host (gloo) rather than a device (NCCL).
         Only the group's one writer (the rank's progress sampler) may call it, and no other
         method of this slot may be used for the group."""
         self._kind, self._t_enter, self._t_done = kind, t_enter, t_done
         self._entered, self._done = enqueued, completed
-        _ASYNC.pack_into(self._buf, self._async_offset, started, SLOT_ASYNC)
+        _ASYNC.pack_into(self._buf, self._async_offset, started,
+                         SLOT_ASYNC | (SLOT_HOST if on_host else 0))
         _STATE.pack_into(self._buf, self._offset, kind, t_enter, t_done, enqueued, completed)
 
     def keep(self, records: Iterable[_ring.RingRecord]) -> None:
@@ -513,7 +516,8 @@ class GroupProgress:
     collectives (from 1, no ``init_process_group`` entry); ``kind`` is the kind of the first
     operation not completed (the one the rank waits in) while there is one, else the last
     enqueued; ``t_enter`` is when ``entered`` last changed, ``t_done`` when ``done`` last
-    changed (or, if it never did, when the group was first seen).
+    changed (or, if it never did, when the group was first seen); ``on_host``: its operations
+    run on the host (gloo watched through the recorder), so no device starts them.
     """
 
     key: int
@@ -527,6 +531,7 @@ class GroupProgress:
     t_done: float
     started: int = -1
     asynchronous: bool = False
+    on_host: bool = False
 
     @property
     def waiting(self) -> bool:
@@ -650,7 +655,8 @@ class LedgerReader:
             groups.append(GroupProgress(key, members, bool(is_world), size, entered,
                                         done + swept, op_name(kind), t_enter,
                                         max(t_done, t_swept), started if asynchronous else -1,
-                                        asynchronous))
+                                        asynchronous,
+                                        asynchronous and bool(slot_flags & SLOT_HOST)))
         return RankProgress(pid, flags, fault, bool(fault_in_coll), t_fault, t_start,
                             tuple(groups),
                             tuple(r for r in range(blamed.bit_length()) if blamed >> r & 1),

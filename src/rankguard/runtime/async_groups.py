@@ -17,7 +17,8 @@ clean exit (``fr_recent``), for ``rankguard report``.
 A slot's times are when the sampler saw its counts move, so they are up to a tick (plus torch's
 own lag, about 0.2 s on NCCL) late. The kind of operation a group waits in is read only when its
 completions have not moved for ``margins.ASYNC_STALL_S`` while one is pending (reading the
-pending entries costs about 1 ms with 50 of them).
+pending entries costs about 1 ms with 50 of them); so is how far the group really got, which on
+gloo torch's completed count may understate (``fr_progress.completed_upto``).
 
 Groups are found by torch's group id in the recorder (``pg_id``); the first time one appears the
 sampler reads the recorder's entries once to learn its name and whether it is the default group
@@ -71,6 +72,9 @@ class Published:
     # not completed, at or past ``pending``
     kind_of: int = 0
     pending_since: float = 0.0  # since when the rank waits for :attr:`pending` (0.0: none)
+    # the last operation the recorder's entries showed completed with every one before it (0:
+    # not read): ``completed`` is never less (torch's gloo count may be, see fr_progress)
+    retired: int = 0
 
     @property
     def pending(self) -> int:
@@ -83,8 +87,12 @@ def advance(before: Published | None, counts: GroupCounts, timing: bool, now: fl
     """The group's record after the recorder said ``counts`` at ``now``: times move only where
     the counts moved (a group seen for the first time has both at ``now``). torch says -1 for
     "none"; with ``timing`` on (``TORCH_NCCL_ENABLE_TIMING``) a started count of -1 means none
-    started yet (0), without it, not known (-1). Pure."""
-    enqueued, completed = max(counts.enqueued, 0), max(counts.completed, 0)
+    started yet (0), without it, not known (-1). The completed count is never less than what
+    the entries showed (``retired``) while the group is the same (its enqueued count did not go
+    back). Pure."""
+    enqueued = max(counts.enqueued, 0)
+    retired = before.retired if before is not None and enqueued >= before.enqueued else 0
+    completed = min(max(counts.completed, 0, retired), enqueued)
     started = max(counts.started, 0) if timing else -1
     pending = completed + 1 if enqueued > completed else 0
     if before is None:
@@ -94,7 +102,21 @@ def advance(before: Published | None, counts: GroupCounts, timing: bool, now: fl
     return replace(before, enqueued=enqueued, started=started, completed=completed,
                    t_enter=now if enqueued != before.enqueued else before.t_enter,
                    t_done=now if completed != before.completed else before.t_done,
-                   pending_since=since)
+                   pending_since=since, retired=retired)
+
+
+def with_retired(record: Published, retired: int | None) -> Published:
+    """The group's record once the recorder's entries showed every operation up to
+    ``retired`` completed (``fr_progress.completed_upto``; None: the group has no entry there):
+    its completed count is raised to it (never past the enqueued count, which the entries,
+    read later, may be ahead of). The times stay: they are when torch's counts last moved, the
+    last completion seen; a rank that still waits, waits since it began to. Pure."""
+    if retired is None or retired <= record.retired:
+        return record
+    completed = min(max(record.completed, retired), record.enqueued)
+    pending = completed + 1 if record.enqueued > completed else 0
+    return replace(record, completed=completed, retired=retired,
+                   pending_since=record.pending_since if pending else 0.0)
 
 
 def overdue(record: Published, now: float, per_op_s: float | None,
@@ -125,12 +147,13 @@ def kind_wanted(record: Published, now: float) -> int:
 class _Bound:
     """A group of a recorder, the ledger slot it publishes to, its name as probes and errors
     give it (``world`` for the default group, else torch's) and its members (global ranks;
-    empty for the world: every rank)."""
+    empty for the world: every rank), and whether its operations run on the host (gloo)."""
 
     slot: _ledger._SlotWriter
     is_world: bool
     name: str
     ranks: tuple[int, ...] = ()
+    on_host: bool = False
     record: Published | None = None
     overdue: bool = False  # its deadline passed once: reported, not again
     times: fr_recent.CompletionTimes = field(init=False)  # when its completions were seen
@@ -256,7 +279,8 @@ class AsyncGroupSampler:
             bound = self._bound.get(key)
             if bound is None:
                 continue
-            record = advance(bound.record, counts, self.timing, now)
+            record = advance(bound.record, counts,
+                             self.timing and reader.recorder is Recorder.NCCL, now)
             bound.times.saw(record.completed, now)
             pending = kind_wanted(record, now)
             if pending:
@@ -282,24 +306,24 @@ class AsyncGroupSampler:
     def _publish(self, bound: _Bound, record: Published) -> None:
         if record != bound.record:
             bound.slot.publish(record.kind, record.enqueued, record.started, record.completed,
-                               record.t_enter, record.t_done)
+                               record.t_enter, record.t_done, bound.on_host)
             bound.record = record
 
     def _learn_kinds(self, reader: FlightRecorderReader, wanted: dict[int, int],
                      now: float) -> None:
-        found: dict[int, tuple[int, str]] = {}  # pg_id -> the first op not completed, its kind
+        """Learn from the recorder's entries how far each group of ``wanted`` really got
+        (``with_retired``) and the kind of the operation it waits in."""
         entries = reader.entries(only_active=True)  # oldest first
-        for op in entries:
-            if op.completed:
-                continue
-            if op.pg_id in wanted and op.seq >= wanted[op.pg_id] and op.pg_id not in found:
-                found[op.pg_id] = (op.seq, op.kind)
         for pg_id, seq in wanted.items():
             bound = self._bound[(reader.recorder, pg_id)]
             assert bound is not None and bound.record is not None
-            # none found: it completed meanwhile; not asked again until another one is waited in
-            seq, kind = found.get(pg_id, (seq, ""))
-            self._publish(bound, replace(bound.record, kind=_ledger.OP_CODES.get(kind, NONE),
+            record = with_retired(bound.record, fr_progress.completed_upto(entries, pg_id))
+            # the first not completed, at or past the one waited in; none: all completed
+            # meanwhile, not asked again until another one is waited in
+            seq, kind = next(((op.seq, op.kind) for op in entries if op.pg_id == pg_id
+                              and not op.completed and op.seq >= max(seq, record.pending)),
+                             (max(seq, record.pending), ""))
+            self._publish(bound, replace(record, kind=_ledger.OP_CODES.get(kind, NONE),
                                          kind_of=seq))
         self._keep(reader.recorder, entries, now)
 
@@ -331,6 +355,7 @@ class AsyncGroupSampler:
     def _bind(self, reader: FlightRecorderReader, pg_id: int) -> None:
         name, desc = reader.group_names().get(pg_id, ("", ""))
         key = (reader.recorder, pg_id)
+        on_host = reader.recorder is Recorder.CPU
         if not name:
             return  # its entries are not in the ring yet: asked again next tick
         if desc == "default_pg":
@@ -339,7 +364,7 @@ class AsyncGroupSampler:
                     self._bound[other] = None
             slot = self.ledger.world()
             slot.reset()
-            self._bound[key] = _Bound(slot, True, WORLD)
+            self._bound[key] = _Bound(slot, True, WORLD, on_host=on_host)
             return
         ranks = self._members(name)
         if ranks is None:
@@ -347,7 +372,8 @@ class AsyncGroupSampler:
         slot = self.ledger.add_group(name, ranks)
         if slot is None:
             say_untracked(name)
-        self._bound[key] = None if slot is None else _Bound(slot, False, name, tuple(ranks))
+        self._bound[key] = None if slot is None else _Bound(slot, False, name, tuple(ranks),
+                                                            on_host)
 
     def start(self) -> None:
         """Run :meth:`sample` every ``tick_s`` on a daemon thread until :meth:`stop`."""

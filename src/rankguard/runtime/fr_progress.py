@@ -31,7 +31,9 @@ must not be made.
 The numbers are torch's: ``collective_seq_id`` counts each group's collectives from 1 (no entry
 for ``init_process_group``), and ``-1`` means none (``started``: none, or not known with timing
 off). torch's per-group status is updated by its watchdog and lags the entries by up to about
-0.2 s on NCCL (completions lag by a collective or so on gloo).
+0.2 s on NCCL. On gloo its completed count is the operation that finished last, which with
+operations in flight at once may be an earlier one than the last completed: the entries tell
+how far a group really got (:func:`completed_upto`).
 """
 
 from __future__ import annotations
@@ -195,6 +197,26 @@ def entry_of(raw: Mapping[str, Any]) -> Entry:
                  _time_ns(raw.get("time_discovered_started_ns")),
                  _time_ns(raw.get("time_discovered_completed_ns")),
                  input_bytes(raw.get("input_sizes"), raw.get("input_dtypes")))
+
+
+def completed_upto(entries: list[Entry], pg_id: int) -> int | None:
+    """The last operation of group ``pg_id`` that ``entries`` (oldest first) show completed
+    together with every one of the group before it: the first not completed, less one, or the
+    last of the group when all are; None when the group has no entry. Pure.
+
+    On gloo this, not torch's per-group ``last_completed_collective``, is how far the group
+    got: torch's two gloo worker threads each write the operation they just finished into that
+    count, so with operations in flight at once (``async_op=True``) it holds whichever finished
+    last, which may be an earlier one than the last completed (torch 2.13). Each entry's
+    ``retired`` flag is set when its own operation finishes."""
+    last = None
+    for entry in entries:
+        if entry.pg_id != pg_id:
+            continue
+        if not entry.completed:
+            return entry.seq - 1
+        last = entry.seq
+    return last
 
 
 def buffer_size(env: Mapping[str, str] | None = None) -> int:
