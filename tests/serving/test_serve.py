@@ -558,7 +558,9 @@ def test_probes_live_while_a_request_runs_not_ready_until_it_ends(tmp_path: Path
             finally:
                 caller.join(60)
         assert (live.status, live.body) == (200, {"live": True, "state": "ready"})
-        assert (ready.status, ready.body) == (503, {"ready": False, "reason": "busy"})
+        assert (ready.status, ready.body["ready"], ready.body["reason"]) == (503, False, "busy")
+        # the busy replica is healthy: it stays in the placement
+        assert [p["devices"] for p in ready.body["placement"]] == [["cpu", "cpu"]], ready.body
         assert ready.headers["retry-after"] == "1"
         assert replies[0].status == 200
         assert (server.get("/readyz").status, server.get("/livez").status) == (200, 200)
