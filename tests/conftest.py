@@ -120,5 +120,14 @@ def run_rankguard(tmp_path: Path) -> Any:
     return run
 
 
+def text_now(path: Path) -> str:
+    """``path``'s text, "" while it does not exist: a launcher's check of its ``--journal``
+    creates the file and removes it again before its run writes it."""
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
+
+
 def script(name: str) -> str:
     return str(SCRIPTS / name)

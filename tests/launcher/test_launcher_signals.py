@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT, TEST_ID_VAR, finish, launch, script, wait_until_gone
+from tests.conftest import ROOT, TEST_ID_VAR, finish, launch, script, text_now, wait_until_gone
 from tests.launcher.budgets import CLEAN_TEARDOWN_GRACE_S, guardian_sweep_s, stopped_within_s
 
 JOINING_S = 1.5  # long past the launcher's start: it imports in a fraction of that
@@ -122,7 +122,7 @@ def test_a_node_that_waits_for_its_peer_in_the_round_ends_at_once_on_ctrl_c(tmp_
     started = time.monotonic()
     deadline = started + 30
     journal = log_dir / "journal.jsonl"
-    while not (journal.exists() and "run_start" in journal.read_text()):
+    while "run_start" not in text_now(journal):
         assert time.monotonic() < deadline and proc.poll() is None, "the agent did not start"
         time.sleep(0.05)
     time.sleep(0.5)  # in the round's wait by now

@@ -7,18 +7,17 @@ import time
 
 import pytest
 
-from tests.conftest import finish, launch, script
+from tests.conftest import finish, launch, script, text_now
 
 
 def _wait_for_event(log_dir, name, timeout=60.0):
     path = log_dir / "journal.jsonl"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if path.exists():
-            for line in path.read_text().splitlines():
-                event = json.loads(line)
-                if event["event"] == name:
-                    return event
+        for line in text_now(path).splitlines():
+            event = json.loads(line)
+            if event["event"] == name:
+                return event
         time.sleep(0.05)
     pytest.fail(f"no {name!r} event within {timeout} s")
 
