@@ -6,7 +6,6 @@ the end (the plugin's leak check proves nothing is left)."""
 
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -18,26 +17,15 @@ import pytest
 from rankguard import margins
 from rankguard.processes import proctree
 from tests.conftest import ROOT, Run, finish, launch, script
+from tests.runtime.ranks import free_port
 
 GRACE_S = 2
 JOIN_S = 60  # join_timeout: generous on a loaded machine; a healthy join takes seconds
 
 
 def _free_port() -> int:
-    """A port free now for the agents to bind, below the kernel's ephemeral range: a port from
-    that range (what binding port 0 gives) may be taken meanwhile as the local end of another
-    test's outgoing connection, and then no agent can host the job's store."""
-    with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
-        ephemeral = int(ranges.read().split()[0])
-    for _ in range(100):
-        port = random.randrange(max(1024, ephemeral - 12000), ephemeral)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    pytest.fail("no free port below the ephemeral range")
+    """A free port for the agents to bind, below the kernel's ephemeral range (``free_port``)."""
+    return free_port()
 
 
 def _agents(tmp_path, args, timeout=120.0, nodes=2, nnodes=None, envs=None, etcd=None):
