@@ -130,6 +130,20 @@ def seconds(what: str, value: object) -> float:
     return check_seconds(what, value, text=False)
 
 
+def whole_number(what: str, value: object, least: int, noun: str = "") -> int:
+    """``value`` if it is an int (not a bool) of at least ``least``; ``noun`` names what it
+    counts in the error (``CUDA device index``).
+
+    Raises:
+        UsageError: naming ``what``.
+    """
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        wanted = f"a {noun} (a whole number >= {least})" if noun else \
+            f"a whole number >= {least}"
+        raise UsageError(what, f"expected {wanted}, got {shown(value)}")
+    return value
+
+
 def writable_dir(option: str, path: str) -> str:
     """``path`` made absolute, created if missing (it and each parent it makes private to the
     user: 0700), and checked to be writable."""

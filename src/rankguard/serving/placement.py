@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ..errors import UsageError, shown
+from ..inputs.options import whole_number
 
 DEVICE_ENV = "RANKGUARD_DEVICE"  # a rank's device: "cuda:N" or "cpu"
 BACKEND_ENV = "RANKGUARD_BACKEND"  # its replica's process group backend: "nccl" or "gloo"
@@ -178,11 +179,8 @@ def _visible(count: int) -> str:
 
 
 def _whole(what: str, value: Any, least: int = 1) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < least:
-        noun = "CUDA device index" if least == 0 else "count of CUDA devices"
-        raise UsageError(what, f"expected a {noun} (a whole number >= {least}), got "
-                         f"{shown(value)}")
-    return value
+    return whole_number(what, value, least,
+                        "CUDA device index" if least == 0 else "count of CUDA devices")
 
 
 def parse_devices(text: str, what: str = CLI_NAMES.devices) -> list[int] | list[list[int]]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UsageError, shown
-from ..inputs.options import MAX_LOCAL_RANKS, seconds, writable_dir
+from ..inputs.options import MAX_LOCAL_RANKS, seconds, whole_number, writable_dir
 from .budgets import MIN_CALL_FRACTION, SUSPECT_FRACTION
 from .placement import POOL_NAMES, Backend, Names, ReplicaPlacement, place
 
@@ -86,7 +86,7 @@ class PoolOptions:
             raise UsageError("Pool(suspect_after)", f"{suspect:g} s is longer than the pool's "
                              f"timeout of {limit:g} s", "give at most the timeout")
         queue = QUEUE_PER_REPLICA * replicas if max_queue is None else \
-            _whole_number("Pool(max_queue)", max_queue, 0)
+            whole_number("Pool(max_queue)", max_queue, 0)
         if queue > MAX_QUEUE:
             raise UsageError("Pool(max_queue)", f"{shown(queue)} is above {MAX_QUEUE}",
                              "each waiting call holds a thread (rankguard serve's, or the "
@@ -137,7 +137,7 @@ def check_size(world_size: Any, spares: Any, replicas: Any = 1,
     """
     for what, value, least in ((names[0], world_size, 1), (names[1], spares, 0),
                                (names[2], replicas, 1)):
-        _whole_number(what, value, least)
+        whole_number(what, value, least)
         if value > MAX_LOCAL_RANKS:
             raise UsageError(what, f"{shown(value)} is above {MAX_LOCAL_RANKS}",
                              f"start at most {MAX_LOCAL_RANKS} rank processes on one machine")
@@ -150,12 +150,3 @@ def check_size(world_size: Any, spares: Any, replicas: Any = 1,
                          "machine")
 
 
-def _whole_number(what: str, value: Any, least: int) -> int:
-    """``value`` if it is an int (not a bool) of at least ``least``.
-
-    Raises:
-        UsageError: naming ``what``.
-    """
-    if not isinstance(value, int) or isinstance(value, bool) or value < least:
-        raise UsageError(what, f"expected a whole number >= {least}, got {shown(value)}")
-    return value
