@@ -13,7 +13,7 @@ import pytest
 from rankguard import CollectiveTimeout, UsageError
 from rankguard.store import sealed
 from rankguard.deadline import Deadline
-from rankguard.runtime import vacancies
+from rankguard.runtime import barrier, vacancies
 from rankguard.runtime.vacancies import LINEAGE_KEY, Vacancies
 
 from .ranks import free_port
@@ -49,13 +49,18 @@ def test_a_forged_record_is_ignored_and_replaced(store: Any) -> None:
     assert vacancies.current_record(store).generation == 1
 
 
-@pytest.mark.parametrize("record", [None, "stale", "other_place"])
+@pytest.mark.parametrize("record", [None, "stale", "other_place", "formed"])
 def test_a_replacement_without_a_usable_generation_gives_up_at_its_deadline(
         store: Any, record: str | None) -> None:
     if record == "stale":  # its members stopped waiting already
         vacancies.publish(store, _record(1, until_s=-1), Deadline.after(5))
     elif record == "other_place":
         vacancies.publish(store, _record(1, (3,)), Deadline.after(5))
+    elif record == "formed":  # an earlier replacement filled the place, and the place failed
+        # again before the survivors published the next generation
+        vacancies.publish(store, _record(1), Deadline.after(5))
+        for place in range(4):
+            barrier.arrive(store, vacancies.join_barrier(1), place, 4, Deadline.after(5))
     started = time.monotonic()
     with pytest.raises(CollectiveTimeout, match="could not fill place 2") as error:
         vacancies.join(store, 2, Deadline.after(0.5))

@@ -67,12 +67,31 @@ def expected(x: float, world_size: int) -> list[float]:
     return [total] * 4
 
 
+def load_but_not_as_a_replacement(rank: int, world_size: int) -> dict[str, Any]:
+    """:func:`load`, which fails in a process started to replace an unusable rank."""
+    if os.environ.get("RANKGUARD_REPLACING") == "1":
+        raise RuntimeError("this shard cannot be loaded again")
+    return load(rank, world_size)
+
+
+def load_slowly_as_a_replacement(rank: int, world_size: int) -> dict[str, Any]:
+    """:func:`load`, which takes 3 s more in a process started to replace an unusable rank."""
+    if os.environ.get("RANKGUARD_REPLACING") == "1":
+        time.sleep(3.0)
+    return load(rank, world_size)
+
+
 def broken_setup(rank: int, world_size: int) -> None:
     raise RuntimeError(f"no weights at /nonexistent/shard{rank}.pt")
 
 
 def pid(state: Any) -> int:
     return os.getpid()
+
+
+def die(state: Any) -> None:
+    """Every rank is killed: nothing of the replica is left to keep."""
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def master_port(state: Any) -> int:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rankguard.errors import RequestCause, RequestFailed
-from rankguard.serving.heal_plan import STICKY_CUDA_ERRORS, Heal, context_lost, heal
+from rankguard.serving.heal_plan import (STICKY_CUDA_ERRORS, Heal, HealPlan, context_lost,
+                                         heal)
 
 OOM = ("OutOfMemoryError", "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
 ILLEGAL = ("AcceleratorError", "AcceleratorError: CUDA error: an illegal memory access was "
@@ -18,41 +19,64 @@ def raised(error: tuple[str, str], rank: int = 1) -> RequestFailed:
     return RequestFailed(rank, RequestCause.RAISED, error[1], error_type=error[0])
 
 
+NONE: frozenset[int] = frozenset()
+R1 = frozenset({1})
+
+
+def hang(cause: RequestCause, rank: int | None, victims: list[int]) -> RequestFailed:
+    return RequestFailed(rank, cause, "never reached all_reduce #3", victims=victims)
+
+
+# fault, world, dead ranks, interrupted -> the action and the ranks replaced
 HEALS = {
     "a rank that raised an ordinary error leaves every process usable: regroup in place":
-        (raised(PLAIN), True, False, Heal.REGROUP),
+        (raised(PLAIN), 2, NONE, False, Heal.REGROUP, NONE),
     "a CUDA out-of-memory error is not sticky: the process is kept and regrouped":
-        (raised(OOM), True, False, Heal.REGROUP),
-    "an illegal memory access loses the rank's CUDA context: the replica is killed":
-        (raised(ILLEGAL), True, False, Heal.KILL),
-    "a device-side assert loses the rank's CUDA context: the replica is killed":
-        (raised(ASSERT), True, False, Heal.KILL),
-    "a rank that raised but whose peer's process is gone cannot regroup":
-        (raised(PLAIN), False, False, Heal.KILL),
+        (raised(OOM), 2, NONE, False, Heal.REGROUP, NONE),
+    "an illegal memory access loses the rank's CUDA context: only that rank is replaced":
+        (raised(ILLEGAL), 2, NONE, False, Heal.REPLACE, R1),
+    "a device-side assert loses the rank's CUDA context: only that rank is replaced":
+        (raised(ASSERT), 4, NONE, False, Heal.REPLACE, R1),
+    "a rank that raised while a peer's process is gone: the dead peer is replaced":
+        (raised(PLAIN), 3, frozenset({2}), False, Heal.REPLACE, frozenset({2})),
+    "a sticky error on a one-rank replica leaves nothing to keep: kill":
+        (raised(ILLEGAL, rank=0), 1, NONE, False, Heal.KILL, frozenset({0})),
     "a call that overran its own deadline with no rank to blame is drained, then regrouped":
-        (RequestFailed(None, RequestCause.DEADLINE, "ran past its deadline"), True, False,
-         Heal.DRAIN_THEN_REGROUP),
+        (RequestFailed(None, RequestCause.DEADLINE, "ran past its deadline"), 2, NONE, False,
+         Heal.DRAIN_THEN_REGROUP, NONE),
     "an overrun while the leader was interrupted mid-call is a hang: stacks, then kill":
-        (RequestFailed(None, RequestCause.DEADLINE, "ran past its deadline"), True, True,
-         Heal.STACKS_THEN_KILL),
-    "a rank blamed at the deadline: stacks, then kill":
-        (RequestFailed(1, RequestCause.DEADLINE, "never reached all_reduce #3"), True, False,
-         Heal.STACKS_THEN_KILL),
-    "a stopped rank: stacks, then kill":
-        (RequestFailed(1, RequestCause.FROZEN, "is stopped (SIGSTOP)"), True, False,
-         Heal.STACKS_THEN_KILL),
-    "a rank that exited: kill":
-        (RequestFailed(1, RequestCause.EXITED, "exited with code 3"), False, False, Heal.KILL),
-    "a rank killed by a signal: kill":
-        (RequestFailed(1, RequestCause.SIGNALLED, "was killed by SIGKILL"), False, False,
-         Heal.KILL),
+        (RequestFailed(None, RequestCause.DEADLINE, "ran past its deadline"), 2, NONE, True,
+         Heal.STACKS_THEN_KILL, frozenset({0, 1})),
+    "a rank blamed at the deadline is replaced after its stacks; its victim is kept":
+        (hang(RequestCause.DEADLINE, 1, [0]), 2, NONE, False, Heal.STACKS_THEN_REPLACE, R1),
+    "a stopped rank is replaced after its stacks; its victims are kept":
+        (hang(RequestCause.FROZEN, 1, [0, 2]), 3, NONE, False, Heal.STACKS_THEN_REPLACE, R1),
+    "a rank that is neither the culprit nor a victim was still running: replaced too":
+        (hang(RequestCause.FROZEN, 1, [0]), 3, NONE, False, Heal.STACKS_THEN_REPLACE,
+         frozenset({1, 2})),
+    "a hang whose culprits are every rank leaves nothing to keep: stacks, then kill":
+        (hang(RequestCause.DEADLINE, 0, []), 2, NONE, False, Heal.STACKS_THEN_KILL,
+         frozenset({0, 1})),
+    "a rank that exited is replaced; its peers are kept":
+        (RequestFailed(1, RequestCause.EXITED, "exited with code 3"), 2, R1, False,
+         Heal.REPLACE, R1),
+    "a rank killed by a signal is replaced; its peers are kept":
+        (RequestFailed(2, RequestCause.SIGNALLED, "was killed by SIGKILL"), 4, frozenset({2}),
+         False, Heal.REPLACE, frozenset({2})),
+    "every rank dead: kill":
+        (RequestFailed(0, RequestCause.SIGNALLED, "was killed by SIGKILL"), 2,
+         frozenset({0, 1}), False, Heal.KILL, frozenset({0, 1})),
+    "a dead rank the verdict does not name (it died after the culprit) is replaced too":
+        (RequestFailed(0, RequestCause.EXITED, "exited with code 1"), 3, frozenset({0, 2}),
+         False, Heal.REPLACE, frozenset({0, 2})),
 }
 
 
 @pytest.mark.parametrize("case", HEALS.values(), ids=HEALS.keys())
-def test_heal(case: tuple[RequestFailed, bool, bool, Heal]) -> None:
-    fault, all_alive, interrupted, want = case
-    assert heal(fault, all_alive, interrupted) is want
+def test_heal(case: tuple[RequestFailed, int, frozenset[int], bool, Heal, frozenset[int]]
+              ) -> None:
+    fault, world, dead, interrupted, action, replaced = case
+    assert heal(fault, world, dead, interrupted) == HealPlan(action, replaced)
 
 
 @pytest.mark.parametrize("sticky", STICKY_CUDA_ERRORS)

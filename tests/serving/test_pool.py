@@ -76,9 +76,12 @@ def test_each_fault_kind_mid_forward_fails_only_that_request_and_the_next_succee
         # grouped by stack: the culprit apart from the others, in the journal itself
         alone = [line for line in event["grouped"] if line.startswith(f"rank {rank}: ")]
         assert len(alone) == 1 and "inject (" in alone[0], event["grouped"]
-    retired = events(log, "group_retire")
-    assert [e["action"] for e in retired[:len(rf.KINDS)]] == [
-        "regroup" if c == "raised" else "kill" for c in rf.KINDS.values()]
+    # only the culprit's process goes: a hang's after its stacks, a dead rank's at once
+    heals = {"raised": "regroup", "exited": "replace", "signalled": "replace"}
+    retired = [e for e in events(log, "group_retire") if e["reason"] in rf.KINDS.values()]
+    assert [(e["action"], e["ranks"]) for e in retired] == [
+        (heals.get(c, "stacks_then_replace"), [] if c == "raised" else [rank])
+        for c in rf.KINDS.values()]
 
 
 def test_all_ranks_results_and_unpicklable_calls(tmp_path: Path) -> None:
@@ -130,19 +133,23 @@ def test_a_setup_that_always_fails_is_reported_with_backoff(tmp_path: Path) -> N
 def test_calls_during_healing_wait_or_fail_fast_and_a_fault_while_healing_is_survived(
         tmp_path: Path) -> None:
     log = tmp_path / "journal.jsonl"
-    # cold starts (seconds): a window to fault in while healing
-    with rankguard.Pool(2, rf.load, spares=0, timeout=TIMEOUT, journal=str(log),
-                        zygote=False) as pool:
+    # a replacement's setup of seconds: a window to fault in while healing
+    with rankguard.Pool(2, rf.load_slowly_as_a_replacement, spares=0, timeout=TIMEOUT,
+                        journal=str(log)) as pool:
+        survivor = pool.run(rf.pid, all_ranks=True)[0]
         with pytest.raises(rankguard.RequestFailed):
             pool.run(rf.forward, 1.0, fault=(1, "kill"))
         assert pool.status().state == "healing"
-        # a fault during healing: a rank of the group that is starting dies
-        wait_for(lambda: len(events(log, "group_start")) >= 2, 10, "the replacement's start")
-        os.kill(events(log, "group_start")[-1]["pids"][0], signal.SIGKILL)
+        # a fault during healing: the rank that was kept dies while rank 1 is replaced
+        wait_for(lambda: events(log, "ranks_replace"), 10, "the replacement's start")
+        os.kill(survivor, signal.SIGKILL)
         # a call that arrives while healing waits (bounded by its timeout) and succeeds
         assert pool.run(rf.forward, 1.0, timeout=90) == rf.expected(1.0, 2)
         assert pool.metrics()["heals"] == 1
-    assert len(events(log, "group_start_failed")) == 1
+    retired = events(log, "group_retire")
+    assert [(e["group"], e["action"]) for e in retired] == [(1, "replace"), (1, "kill")]
+    assert retired[1]["reason"] == "replacing ranks 1 failed: rank 0 was killed by SIGKILL"
+    assert [e["group"] for e in events(log, "group_start")] == [1, 2]
 
     with rankguard.Pool(2, rf.load, spares=0, timeout=TIMEOUT, on_healing="fail",
                         zygote=False) as pool:
@@ -208,9 +215,13 @@ def test_a_cpu_pool_shows_where_each_replica_runs_in_its_status_and_journal(
         wait_for(lambda: pool.status().spares_ready == 1, SPARE_WAIT_S, "the spare replica")
         assert pool.status().placement == {1: ("cpu", "cpu"), 2: ("cpu", "cpu")}
         with pytest.raises(rankguard.RequestFailed):
-            pool.run(rf.forward, 1.0, (1, "kill"))  # its replica is killed, a new one starts
+            pool.run(rf.forward, 1.0, (1, "kill"))  # rank 1 is replaced in its replica
+        wait_for(lambda: pool.status().spares_ready == 1, SPARE_WAIT_S, "the healed spare")
+        assert pool.status().placement == {1: ("cpu", "cpu"), 2: ("cpu", "cpu")}
+        with pytest.raises(rankguard.RequestFailed):
+            pool.run(rf.die)  # nothing is left of its replica: a new one starts
         wait_for(lambda: pool.status().spares_ready == 1, SPARE_WAIT_S, "the new spare")
-        lost = events(log, "request_fault")[0]["group"]
+        lost = events(log, "request_fault")[1]["group"]
         assert pool.status().placement == {3 - lost: ("cpu", "cpu"), 3: ("cpu", "cpu")}
     assert [e["backend"] for e in events(log, "pool_start")] == ["gloo"]
     starts = [(e["group"], e["slot"], e["devices"]) for e in events(log, "group_start")]
@@ -281,7 +292,7 @@ def test_a_call_that_overruns_its_own_deadline_blames_no_rank_and_the_group_serv
         assert pool.run(rf.slow, 0.0, timeout=10.0) == 2.0
         assert pool.run(rf.pid, all_ranks=True) == pids
     retired = events(log, "group_retire")
-    assert [(e["action"], e["reason"]) for e in retired] == [("regroup", "deadline")]
+    assert [(e["action"], e["reason"]) for e in retired] == [("drain_then_regroup", "deadline")]
     assert [e["rank"] for e in events(log, "request_fault")] == [None]
 
 

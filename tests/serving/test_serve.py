@@ -209,9 +209,11 @@ def test_replicas_serve_concurrent_clients_while_one_replica_hangs(server: Serve
     assert sample(metrics, "rankguard_pool_faults_total", cause="deadline") == 1
     assert sample(metrics, "rankguard_pool_requests_total", outcome="ok") == len(replies)
     assert sample(metrics, "rankguard_pool_suspicions_total") >= 1
-    assert sample(metrics, "rankguard_pool_replicas", state="starting") + \
-        sample(metrics, "rankguard_pool_replicas", state="idle") + \
-        sample(metrics, "rankguard_pool_replicas", state="spare") == 3
+    assert sum(sample(metrics, "rankguard_pool_replicas", state=state)
+               for state in ("starting", "idle", "spare", "healing")) == 3
+    # the hung rank's process is replaced after its stacks; its peer keeps its own
+    assert sample(metrics, "rankguard_pool_heal_actions_total",
+                  action="stacks_then_replace") == 1
     pids = [pid for e in server.events("group_start") for pid in e["pids"]]
     assert server.stop() == 0
     assert not [pid for pid in pids if proctree.alive(pid)], "a rank outlived the server"
@@ -296,9 +298,11 @@ def test_while_healing_requests_get_503_with_retry_after_then_are_served_again(
     assert_served(server.run({"x": X}))
     heal = server.events("heal")
     assert len(heal) == 1 and heal[0]["took_s"] > 0.5  # a cold start: no spare to take over
-    # where the healthy replica runs: the new one, on the CPU like the one it replaced
-    assert server.get("/readyz").body["placement"] == [{"group": 2, "devices": ["cpu", "cpu"]}]
-    assert [e["devices"] for e in server.events("group_start")] == [["cpu", "cpu"]] * 2
+    # only rank 1 was started anew, in the same replica, on the same devices
+    assert server.get("/readyz").body["placement"] == [{"group": 1, "devices": ["cpu", "cpu"]}]
+    assert [e["devices"] for e in server.events("group_start")] == [["cpu", "cpu"]]
+    healed = [e for e in server.events("group_ready") if e["role"] == "ranks_replaced"]
+    assert [(e["group"], e["ranks"]) for e in healed] == [(1, [1])]
 
 
 @pytest.mark.slow

@@ -48,6 +48,7 @@ EVENTS = (
     "request_fault",
     "group_suspect",
     "group_retire",
+    "ranks_replace",
     "heal",
     "pool_close",
 )

@@ -70,6 +70,11 @@ def arrival_key(name: str, rank: int) -> str:
     return f"{name}/{rank}"
 
 
+def released_key(name: str) -> str:
+    """The key that says every rank arrived at the barrier ``name``."""
+    return f"{name}/released"
+
+
 def meet(client: Any, name: str, rank: int, size: int, limit: Deadline,
          payload: str = _ARRIVED) -> Meeting:
     """Arrive at the barrier ``name`` as ``rank`` of ``size`` and wait until every rank did, or
@@ -91,7 +96,7 @@ def meet(client: Any, name: str, rank: int, size: int, limit: Deadline,
     """
     client.set_timeout(_time_left(limit, STORE_OP_MIN_S))
     keys = [arrival_key(name, r) for r in range(size)]
-    released = f"{name}/released"
+    released = released_key(name)
     arrived = _arrive(client, name, keys, rank, payload)
     if arrived is not None:
         return Meeting(size, arrived)
@@ -127,7 +132,7 @@ def _arrive(client: Any, name: str, keys: list[str], rank: int, payload: str
     if client.add(f"{name}/count", 1) >= len(keys):
         arrived = _authentic(client, keys)
         if len(arrived) == len(keys):
-            released = f"{name}/released"
+            released = released_key(name)
             client.set(released, sealed.seal(released, "released"))
             return arrived
     return None

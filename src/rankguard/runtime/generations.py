@@ -300,8 +300,8 @@ def _agree_and_join(client: Any, number: int, proposal: list[int | None], rank: 
     if vacant:
         vacancies.publish(client, vacancies.Vacancies(
             number, len(members), vacant, time.time() + limit.remaining()), limit)
-    return members, barrier.meet(client, f"{prefix}joined", members.index(rank), len(members),
-                                 limit)
+    return members, barrier.meet(client, vacancies.join_barrier(number), members.index(rank),
+                                 len(members), limit)
 
 
 def _previous(members: list[int | None], place: int) -> int:

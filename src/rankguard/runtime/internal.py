@@ -68,9 +68,16 @@ def next_generation() -> int:
     return generations.next_number()
 
 
-def regroup(limit: Deadline, exclude: Iterable[int] | None = None) -> Generation:
+def regroup(limit: Deadline, exclude: Iterable[int] | None = None,
+            keep_size: bool = False) -> Generation:
     """``rankguard.regroup()`` bounded by ``limit``; see ``generations.regroup``."""
-    return generations.form_next(limit, exclude)
+    return generations.form_next(limit, exclude, keep_size)
+
+
+def state_loaded() -> None:
+    """A replacement rank holds its state (it loaded it itself, not from a peer): it may make
+    process groups of its own."""
+    current().awaiting_state = False
 
 
 def shutdown(limit: Deadline, *, strict: bool = False) -> ShutdownReport:

@@ -81,6 +81,11 @@ def prefix(number: int) -> str:
     return f"rankguard/gen{number}/"
 
 
+def join_barrier(number: int) -> str:
+    """The barrier at which generation ``number``'s members, replacements included, meet."""
+    return f"{prefix(number)}joined"
+
+
 def group_store(number: int, root: Any) -> Any:
     """The store generation ``number``'s default group is created on."""
     from torch.distributed import PrefixStore
@@ -123,6 +128,13 @@ def current_record(client: Any) -> Vacancies | None:
     return Vacancies.parse(sealed.unseal(LINEAGE_KEY, client.get(LINEAGE_KEY)))
 
 
+def formed(client: Any, generation: int) -> bool:
+    """Whether ``generation`` has formed already (every place filled): a replacement that comes
+    after it (its place failed again before the survivors published the next generation) must
+    wait for the next one, or it would meet survivors that are no longer there."""
+    return bool(client.check([barrier.released_key(join_barrier(generation))]))
+
+
 def join(client: Any, place: int, limit: Deadline) -> Vacancies:
     """Fill ``place`` in the newest generation where it is vacant; returns that generation once
     every member has arrived (the caller then creates the group on its keys).
@@ -145,13 +157,14 @@ def join(client: Any, place: int, limit: Deadline) -> Vacancies:
         # among the members of the next one (it was not missing), no longer as a vacancy
         usable = (record is not None and record.generation > tried
                   and (place in record.vacant or (tried >= 0 and place < record.size))
-                  and record.until - time.time() > _ARRIVE_MARGIN_S)
+                  and record.until - time.time() > _ARRIVE_MARGIN_S
+                  and not formed(client, record.generation))
         if not usable:
             time.sleep(limit.wait_time(_POLL_S))
             continue
         assert record is not None
         tried = record.generation
-        meeting = barrier.meet(client, f"{prefix(record.generation)}joined", place,
+        meeting = barrier.meet(client, join_barrier(record.generation), place,
                                record.size, limit.within(record.until - time.time()))
         if meeting.complete:
             return record

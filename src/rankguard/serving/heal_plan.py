@@ -2,13 +2,22 @@
 verdict (``serving.verdict``) and of what the leader knows of the replica, so that it is proven
 as a table, without processes.
 
-- **regroup** in place, every process kept (its weights, and on a GPU its CUDA context): the
-  ranks only raised, and what they raised leaves a process usable;
+What is healthy is kept: a rank's process holds its weights and, on a GPU, its CUDA context,
+which cost seconds to minutes to make again. Only the ranks that cannot be reused are replaced.
+
+- **regroup** in place, every process kept: the ranks only raised, and what they raised leaves
+  each process usable;
 - **drain, then regroup**: the call merely overran its own deadline with no rank to blame;
   once every rank finished it, as above;
-- **stacks, then kill**: a hang (a stopped rank, or one blamed at the deadline): where each
-  rank was stuck goes to the journal first;
-- **kill**: a rank died, or raised an error that leaves its process unusable.
+- **replace** the unusable ranks: each gets a new process (its own CUDA context, its own
+  setup), which joins a new generation of the survivors; the survivors keep their processes.
+  A rank is unusable when it died, or raised an error that lost its CUDA context;
+- **stacks, then replace**: a hang (a stopped rank, or one blamed at the deadline): where each
+  culprit was stuck goes to the journal, then the culprits are replaced; the ranks that only
+  waited for them (the verdict's victims) are kept;
+- **stacks, then kill**: a hang with no culprit singled out (the leader was interrupted
+  mid-call): every rank goes;
+- **kill**: no rank is worth keeping (every one is unusable): a fresh replica is cheaper.
 
 An error leaves a process unusable when CUDA says its context is lost: a *sticky* error (an
 illegal address, a device-side assert, a launch failure, ...) fails every later CUDA call of
@@ -19,6 +28,7 @@ allocator has freed what the failed step held, and the process goes on.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 from ..errors import RequestCause, RequestFailed
 
@@ -44,8 +54,19 @@ class Heal(enum.StrEnum):
 
     REGROUP = "regroup"
     DRAIN_THEN_REGROUP = "drain_then_regroup"
+    REPLACE = "replace"
+    STACKS_THEN_REPLACE = "stacks_then_replace"
     STACKS_THEN_KILL = "stacks_then_kill"
     KILL = "kill"
+
+
+@dataclass(frozen=True)
+class HealPlan:
+    """:func:`heal`'s decision: the action, and the ranks whose processes go (every rank for
+    a kill, none for a regroup)."""
+
+    action: Heal
+    replace: frozenset[int]
 
 
 def context_lost(error_type: str | None, detail: str) -> bool:
@@ -56,15 +77,34 @@ def context_lost(error_type: str | None, detail: str) -> bool:
     return any(sticky.lower() in text for sticky in STICKY_CUDA_ERRORS)
 
 
-def heal(fault: RequestFailed, all_alive: bool, interrupted: bool) -> Heal:
-    """What to do with a replica after ``fault``; ``all_alive``: every rank's process still
-    runs; ``interrupted``: the leader was interrupted in the call (its ranks may be mid-way
-    through it). Pure."""
+def heal(fault: RequestFailed, world: int, dead: frozenset[int], interrupted: bool) -> HealPlan:
+    """What to do with a replica of ``world`` ranks after ``fault``; ``dead``: its ranks whose
+    process is gone; ``interrupted``: the leader was interrupted in the call (its ranks may be
+    mid-way through it). Pure."""
+    everyone = frozenset(range(world))
+    culprit = frozenset() if fault.rank is None else frozenset({fault.rank})
     if fault.cause == RequestCause.RAISED:
-        usable = all_alive and not context_lost(fault.error_type, fault.detail)
-        return Heal.REGROUP if usable else Heal.KILL
+        lost = culprit if context_lost(fault.error_type, fault.detail) else frozenset()
+        return _keeping(dead | lost, everyone, Heal.REPLACE, Heal.REGROUP)
     if fault.cause == RequestCause.DEADLINE and fault.rank is None and not interrupted:
-        return Heal.DRAIN_THEN_REGROUP
+        return HealPlan(Heal.DRAIN_THEN_REGROUP, frozenset())
     if fault.cause in (RequestCause.FROZEN, RequestCause.DEADLINE):
-        return Heal.STACKS_THEN_KILL
-    return Heal.KILL
+        if fault.rank is None:
+            return HealPlan(Heal.STACKS_THEN_KILL, everyone)
+        # the victims waited for the culprits; a rank neither is was still running too
+        kept = frozenset(fault.victims) & everyone
+        return _keeping(everyone - kept | dead | culprit, everyone, Heal.STACKS_THEN_REPLACE,
+                        Heal.REGROUP, gone_all=Heal.STACKS_THEN_KILL)
+    return _keeping(dead | culprit, everyone, Heal.REPLACE, Heal.REGROUP)
+
+
+def _keeping(unusable: frozenset[int], everyone: frozenset[int], replace: Heal, none: Heal,
+             gone_all: Heal = Heal.KILL) -> HealPlan:
+    """``replace`` the ``unusable`` ranks; ``none`` when there are none; ``gone_all`` when
+    nothing is left to keep."""
+    unusable &= everyone
+    if not unusable:
+        return HealPlan(none, frozenset())
+    if unusable == everyone:
+        return HealPlan(gone_all, everyone)
+    return HealPlan(replace, unusable)

@@ -16,10 +16,13 @@ The names are stable (the README lists them):
   serving;
 - ``rankguard_pool_suspicions_total``: counter, calls that ran past ``suspect_after`` while
   others waited (their replica was drained);
+- ``rankguard_pool_heal_actions_total{action}`` (what a fault's replica went through:
+  ``serving.heal_plan.Heal``), ``rankguard_pool_ranks_replaced_total`` (rank processes
+  replaced while their peers kept theirs): counters;
 - ``rankguard_pool_spares_ready``, ``rankguard_pool_spares_starting``,
   ``rankguard_pool_idle``, ``rankguard_pool_waiting`` (calls waiting for a replica),
   ``rankguard_pool_replicas{state}`` (``idle``, ``serving``, ``suspect``, ``spare``,
-  ``starting``), ``rankguard_pool_state{state}``: gauges;
+  ``starting``, ``healing``), ``rankguard_pool_state{state}``: gauges;
 - ``rankguard_http_responses_total{route,code}``, ``rankguard_http_client_disconnects_total``:
   counters.
 """
@@ -35,13 +38,15 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily, Metric)
 
 from ..errors import RequestCause
+from .heal_plan import Heal
 from .pool import Pool
 from .pool_state import PoolState, PoolStatus
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 CAUSES = tuple(RequestCause)
 STATES = tuple(PoolState)
-REPLICA_STATES = ("idle", "serving", "suspect", "spare", "starting")
+HEAL_ACTIONS = tuple(Heal)
+REPLICA_STATES = ("idle", "serving", "suspect", "spare", "starting", "healing")
 
 
 class CallOutcome(enum.StrEnum):
@@ -112,6 +117,13 @@ class _PoolCollector:
         yield _counter("rankguard_pool_heals", "Times a new replica took over after the "
                        "serving one was lost.", None, {"": values.get("heals", 0)})
         yield _heal_histogram(pool.heal_durations() if pool is not None else [])
+        yield _counter("rankguard_pool_heal_actions", "What the pool did with a replica after a "
+                       "failed call: regroup, drain_then_regroup, replace (its unusable ranks), "
+                       "stacks_then_replace, stacks_then_kill, kill.", "action",
+                       {a: values.get(f"heal_{a}", 0) for a in HEAL_ACTIONS})
+        yield _counter("rankguard_pool_ranks_replaced", "Rank processes replaced by new ones "
+                       "while their replica's other ranks kept theirs.", None,
+                       {"": values.get("ranks_replaced", 0)})
         yield _counter("rankguard_pool_start_failures", "Replica start-ups that failed.", None,
                        {"": values.get("start_failures", 0)})
         yield _gauge("rankguard_pool_spares_ready", "Spare replicas ready to take over.",
@@ -128,7 +140,9 @@ class _PoolCollector:
         replicas = GaugeMetricFamily("rankguard_pool_replicas", "Replicas by state: idle (can "
                                      "take a call now), serving (running a call), suspect "
                                      "(running one past suspect_after, drained), spare (ready "
-                                     "beyond the serving ones), starting.", labels=["state"])
+                                     "beyond the serving ones), starting, healing (retired "
+                                     "after a fault, regrouping or having ranks replaced).",
+                                     labels=["state"])
         for name, count in _replica_states(status).items():
             replicas.add_metric([name], count)
         yield replicas
@@ -154,7 +168,7 @@ def _replica_states(status: PoolStatus | None) -> dict[str, int]:
         return dict.fromkeys(REPLICA_STATES, 0)
     return {"idle": status.idle, "serving": status.serving - status.suspect,
             "suspect": status.suspect, "spare": status.spares_ready,
-            "starting": status.spares_starting}
+            "starting": status.spares_starting, "healing": status.healing}
 
 
 def _counter(name: str, text: str, label: str | None,

@@ -378,7 +378,7 @@ class Pool:
                               serving=len(pool.dispatch.busy),
                               suspect=len(pool.dispatch.suspects(now)),
                               waiting=pool.dispatch.waiting(), replicas=self.options.replicas,
-                              placement=pool.placement())
+                              placement=pool.placement(), healing=len(pool.retired))
 
     def wait_ready(self, timeout: float) -> None:
         """Wait until a replica serves calls.

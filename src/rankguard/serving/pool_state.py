@@ -58,6 +58,8 @@ class PoolStatus:
         replicas: how many replicas serve at once (the pool's ``replicas``).
         placement: each healthy replica (ready or running a call), by its number (the
             journal's ``group``) -> the device of each of its ranks (``cpu``, ``cuda:0``).
+        healing: replicas retired after a fault that are being healed in place (regrouping,
+            or their unusable ranks being replaced); they serve again once healed.
     """
 
     state: PoolState
@@ -70,3 +72,4 @@ class PoolStatus:
     waiting: int = 0
     replicas: int = 1
     placement: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    healing: int = 0

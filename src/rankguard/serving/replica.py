@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import enum
 import os
+import signal
 import sys
 import threading
 import time
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, Collection, Iterable
 
 from ..records import ledger as _ledger
 from ..processes import proctree
@@ -34,7 +35,7 @@ from ..store import sealed, store_server
 from ..deadline import Deadline
 from ..errors import UsageError
 from ..records.ledger import LedgerReader
-from ..runtime import stacks
+from ..runtime import stacks, vacancies
 from ..supervisor import RankFiles, RankProcess, RankProcesses, spawn
 from . import leader_env
 from ..runtime.init import GRACE_ENV
@@ -63,6 +64,20 @@ class StartState(enum.StrEnum):
     STARTING = "starting"
     READY = "ready"
     FAILED = "failed"  # see ``Replica.failure``
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """How :meth:`Replica.replace_ranks` went: ``ok``, else ``why`` not; ``parts``: seconds
+    per step (``stop``: the old processes killed and reaped; ``spawned``: the new ones
+    started; ``joined``: until the generation formed and every new rank ran its setup; and
+    each new rank's own ``rank<r>_<step>``: ``process`` until its code ran (an interpreter's
+    start, or a fork), then ``imports``, ``device`` (CUDA's context), ``group`` (joining the
+    generation, the communicator's init) and ``setup`` (loading its shard))."""
+
+    ok: bool
+    why: str
+    parts: dict[str, float]
 
 
 @dataclass
@@ -130,37 +145,71 @@ class Replica:
                 "MASTER_ADDR": store_server.LOOPBACK, "MASTER_PORT": str(self._store.port),
                 "WORLD_SIZE": str(world), "TORCHELASTIC_USE_AGENT_STORE": "True",
                 **sealed.host_env(),  # this replica's own store seal
+                vacancies.REPLACING_ENV: "0",  # a replacement is told so (replace_ranks)
                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         base.setdefault(GRACE_ENV, f"{POOL_RANK_GRACE_S:g}")
+        self._base_env = base
+        self._setup = setup
+        self._start_rank = start_rank or cold_start
         self._ranks = RankProcesses(number, world)
         self.ends: list[LeaderEnd] = []
         self._ledgers: list[LedgerReader] = []
+        self._incarnations = [0] * world  # per rank: how many processes replaced its first
+        self._replacing: dict[int, str | None] = {}  # rank -> why its new process failed
+        self.parts: dict[int, dict[str, float]] = {}  # rank -> its start's seconds per step
+        self._launched_at = [0.0] * world  # per rank: when its process was started
         try:
             for rank in range(world):
-                files = RankFiles(log=os.path.join(folder, f"rank{rank}.log"),
-                                  stacks=os.path.join(folder, f"rank{rank}.stacks"),
-                                  ledger=os.path.join(folder, f"rank{rank}.ledger"))
-                mine, theirs = pair()
-                rank_env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank),
-                            leader_env.FD: str(theirs.fileno()), _ledger.PATH_ENV: files.ledger,
-                            stacks.PATH_ENV: files.stacks, **self.placement.rank_env(rank)}
-                self._ranks.start(rank, files, rank_env, partial(
-                    start_rank or cold_start, log=files.log, channel_fd=theirs.fileno()))
-                theirs.close()
-                end = LeaderEnd(mine)
-                self.ends.append(end)
-                self._ledgers.append(LedgerReader(files.ledger))
-                self._ranks.add_reader(end.fileno(), partial(self._on_readable, rank))
+                self._launch(rank, self._start_rank, {})
         except BaseException:  # no descriptor, no memory: what started goes, reaped
             self.kill(wait=True)
             raise
         self._ranks.call_at(start_by, self._start_overdue)
         self._ranks.watch(self._on_exit, f"rankguard-replica{number}")
         for end in self.ends:
-            try:
-                end.send({"op": Op.START, "setup": setup}, Deadline.after(SEND_S))
-            except (ChannelClosed, TimeoutError):
-                pass  # that rank is gone already: its exit says so
+            self._send_start(end)
+
+    def _launch(self, rank: int, start_rank: StartRank, extra_env: dict[str, str]) -> None:
+        """Start a process for rank ``rank`` (its first, or a replacement of one that is gone
+        and reaped), with its channel and ledger; its START is sent by the caller."""
+        name = f"rank{rank}" if not self._incarnations[rank] else \
+            f"rank{rank}.{self._incarnations[rank]}"
+        files = RankFiles(log=os.path.join(self.folder, f"rank{rank}.log"),
+                          stacks=os.path.join(self.folder, f"rank{rank}.stacks"),
+                          ledger=os.path.join(self.folder, f"{name}.ledger"))
+        mine, theirs = pair()
+        self._launched_at[rank] = time.monotonic()
+        try:
+            env = {**self._base_env, "RANK": str(rank), "LOCAL_RANK": str(rank),
+                   leader_env.FD: str(theirs.fileno()), _ledger.PATH_ENV: files.ledger,
+                   stacks.PATH_ENV: files.stacks, **self.placement.rank_env(rank), **extra_env}
+            launch = partial(start_rank, log=files.log, channel_fd=theirs.fileno())
+            if rank < len(self.ends):
+                self._ranks.replace(rank, files, env, launch)
+            else:
+                self._ranks.start(rank, files, env, launch)
+        except BaseException:
+            mine.close()
+            raise
+        finally:
+            theirs.close()
+        end = LeaderEnd(mine)
+        reader = LedgerReader(files.ledger)
+        if rank < len(self.ends):
+            self.ends[rank].close()
+            self._ledgers[rank].close()
+            self.ends[rank], self._ledgers[rank] = end, reader
+        else:
+            self.ends.append(end)
+            self._ledgers.append(reader)
+        self._ranks.add_reader(end.fileno(), partial(self._on_readable, rank,
+                                                     self._incarnations[rank]))
+
+    def _send_start(self, end: LeaderEnd) -> None:
+        try:
+            end.send({"op": Op.START, "setup": self._setup}, Deadline.after(SEND_S))
+        except (ChannelClosed, TimeoutError):
+            pass  # that rank is gone already: its exit says so
 
     # -- what it is -------------------------------------------------------------------------
 
@@ -204,6 +253,13 @@ class Replica:
         return not self.killed and not self._dead and all(
             member.proc.poll() is None for member in self._ranks)
 
+    def dead_ranks(self) -> frozenset[int]:
+        """The ranks whose process is gone (or no longer reachable)."""
+        with self._cond:
+            gone = set(self._dead)
+        return frozenset(gone | {member.rank for member in self._ranks
+                                 if member.proc.poll() is not None})
+
     def capture_stacks(self, until: Deadline, ranks: list[int] | None = None) -> dict[int, str]:
         """Ask ``ranks`` (default: all) that are alive for the stacks of all their threads
         (SIGUSR1; a stopped rank is continued to answer); rank -> the dump, for those that
@@ -242,22 +298,24 @@ class Replica:
 
     # -- events (from the watcher thread) ---------------------------------------------------
 
-    def _on_readable(self, rank: int) -> None:
+    def _on_readable(self, rank: int, incarnation: int) -> None:
         end = self.ends[rank]
         try:
             messages = end.receive()
         except ChannelClosed:
             self._ranks.remove_reader(end.fileno())
             self._ranks.call_at(Deadline.after(EXIT_STATUS_S),
-                                partial(self._gone, rank, CHANNEL_CLOSED))
+                                partial(self._gone, rank, CHANNEL_CLOSED, incarnation))
             return
         self._take(rank, messages)
 
     def _on_exit(self, member: RankProcess) -> None:
+        if member is not self._ranks[member.rank]:
+            return  # a replaced process, whose exit was reported before its replacement
         end = self.ends[member.rank]
         self._take(member.rank, end.drain())  # what it said before it ended comes first
         self._ranks.remove_reader(end.fileno())
-        self._gone(member.rank, Ending.of(member.returncode))
+        self._gone(member.rank, Ending.of(member.returncode), self._incarnations[member.rank])
 
     def _take(self, rank: int, messages: list[Any]) -> None:
         changed = False
@@ -266,6 +324,9 @@ class Replica:
                 op = message.get("op")
                 if op == Op.READY:
                     self._ready.add(rank)
+                    self.parts[rank] = {"process": max(message.get("began", 0.0)
+                                                       - self._launched_at[rank], 0.0),
+                                        **(message.get("parts") or {})}
                     if len(self._ready) == self.world and \
                             self.start_state() == StartState.STARTING:
                         self.ready_at = time.monotonic()
@@ -275,6 +336,9 @@ class Replica:
                         rank, f"failed its setup: {message['error']}: {message['message']}",
                         message["traceback"])
                     changed = True
+                elif op == Op.SETUP_FAILED and rank in self._replacing:
+                    self._replacing[rank] = (f"failed its setup: {message['error']}: "
+                                             f"{message['message']}")
                 elif op == Op.ANSWER:
                     outcome = self._current
                     if outcome is None or message["id"] not in (self._requests, None):
@@ -290,10 +354,11 @@ class Replica:
         if changed:
             self._on_change()
 
-    def _gone(self, rank: int, ending: Ending) -> None:
-        """Rank ``rank`` ended (``ending`` says how) or can no longer be reached."""
+    def _gone(self, rank: int, ending: Ending, incarnation: int) -> None:
+        """Rank ``rank``'s process ``incarnation`` ended (``ending`` says how) or can no longer
+        be reached."""
         with self._cond:
-            if rank in self._dead:
+            if rank in self._dead or incarnation != self._incarnations[rank]:
                 return
             self._dead[rank] = ending
             if self.start_state() == StartState.STARTING:
@@ -420,10 +485,7 @@ class Replica:
         by ``until`` less ``REGROUP_MARGIN_S``; False if it did not by ``until``."""
         with self._cond:
             self._regrouped = {}
-        try:
-            for end in self.ends:
-                end.send({"op": Op.REGROUP, "deadline": until.before(REGROUP_MARGIN_S)}, until)
-        except (ChannelClosed, TimeoutError):
+        if not self._send_regroup(range(self.world), [], until):
             return False
 
         def over() -> bool:
@@ -434,6 +496,92 @@ class Replica:
             self._cond.wait_for(over, until.wait_time())
             return not self._dead and len(self._regrouped) == self.world and \
                 all(self._regrouped.values())
+
+    def replace_ranks(self, places: Collection[int], until: Deadline,
+                      start_rank: StartRank | None = None) -> Replacement:
+        """Replace the processes of ranks ``places`` (SIGKILLed first, when alive) with new
+        ones, while the other ranks keep theirs (their weights, their CUDA context): the
+        survivors form a new generation that keeps every rank's number and leaves ``places``
+        vacant, and each new process (``start_rank``, default the replica's own) joins it and
+        runs the setup. Everything by ``until`` (the survivors' generation waits until
+        ``REGROUP_MARGIN_S`` before it); returns how it went (``ok`` False: the replica is not
+        whole, kill it)."""
+        places = sorted(set(places))
+        started = time.monotonic()
+        members = [self._ranks[rank] for rank in places]
+        for member in members:
+            member.killed = True
+        self._ranks.signal(signal.SIGKILL, members)
+        if not self._ranks.wait_exits(until, set(places)):
+            return Replacement(False, "a replaced rank's process did not end", {})
+        stopped = time.monotonic()
+        survivors = [rank for rank in range(self.world) if rank not in places]
+        with self._cond:
+            gone = [rank for rank in survivors if rank in self._dead]
+            if gone or self.killed:
+                return Replacement(False, f"rank {gone[0]} {self._dead[gone[0]].detail}"
+                                   if gone else "the replica was killed", {})
+            self._regrouped = {}
+            self._replacing = {rank: None for rank in places}
+            for rank in places:
+                self._dead.pop(rank, None)
+                self._ready.discard(rank)
+                self._incarnations[rank] += 1
+        if not self._send_regroup(survivors, places, until):
+            return Replacement(False, "a surviving rank did not take the regroup", {})
+        join = {vacancies.REPLACING_ENV: "1", vacancies.JOIN_TIMEOUT_ENV:
+                f"{until.wait_time() / vacancies.REPLACEMENT_WAITS:.3f}"}
+        try:
+            for rank in places:
+                self._launch(rank, start_rank or self._start_rank, join)
+                self._send_start(self.ends[rank])
+        except Exception as error:  # noqa: BLE001 (no descriptor, no memory...: not whole)
+            return Replacement(False, f"a new process could not be started: {error}", {})
+        return self._replaced(survivors, places, until,
+                              {"stop": stopped - started, "spawned": time.monotonic() - stopped})
+
+    def _replaced(self, survivors: list[int], places: list[int], until: Deadline,
+                  parts: dict[str, float]) -> Replacement:
+        """Wait, until ``until``, for the survivors' new generation and the new ranks' setups."""
+        started = time.monotonic()
+
+        def over() -> bool:
+            return bool(self._dead) or any(self._replacing.values()) or \
+                not all(self._regrouped.values()) or (
+                    all(rank in self._regrouped for rank in survivors)
+                    and all(rank in self._ready for rank in places))
+
+        with self._cond:
+            self._cond.wait_for(over, until.wait_time())
+            failed = next((f"rank {rank} {why}" for rank, why in self._replacing.items()
+                           if why), None)
+            dead = next((f"rank {rank} {ending.detail}" for rank, ending in self._dead.items()),
+                        None)
+            late = [rank for rank in places if rank not in self._ready]
+            unformed = [rank for rank in survivors if not self._regrouped.get(rank)]
+            self._replacing = {}
+            for rank in places:
+                parts.update({f"rank{rank}_{part}": took
+                              for part, took in self.parts.get(rank, {}).items()})
+            parts["joined"] = time.monotonic() - started
+            why = failed or dead or (
+                f"ranks {', '.join(map(str, unformed))} did not form the new generation"
+                if unformed else "") or (
+                f"ranks {', '.join(map(str, late))} were not ready by the deadline"
+                if late else "")
+            if not why:
+                self._unfinished = False
+            return Replacement(not why, why, {part: round(took, 4)
+                                              for part, took in parts.items()})
+
+    def _send_regroup(self, ranks: Iterable[int], vacant: list[int], until: Deadline) -> bool:
+        try:
+            for rank in ranks:
+                self.ends[rank].send({"op": Op.REGROUP, "deadline":
+                                      until.before(REGROUP_MARGIN_S), "vacant": vacant}, until)
+        except (ChannelClosed, TimeoutError):
+            return False
+        return True
 
     def kill(self, wait: bool = False) -> None:
         """SIGKILL every rank's process tree and what carries the replica's marker, at once;

@@ -14,18 +14,22 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import NamedTuple
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
 
 from ..processes import stack_summary
 from ..deadline import Deadline
 from ..errors import RequestFailed
 from .budgets import REGROUP_MARGIN_S, REGROUP_S, STACKS_S
-from .heal_plan import Heal, heal
+from .heal_plan import Heal, HealPlan, heal
 from .pool_options import PoolOptions
 from .placement import free_slot
-from .pool_zygote import PoolZygote
-from .replica import Replica, StartFailure, StartState
+from .pool_zygote import FORK_S, PoolZygote
+from .replica import Replica, StartFailure, StartState, cold_start
 from .replica_set import Event, ReplicaSet
+
+
+SPAWN_S = FORK_S + 3.0  # a replacement's start: a fork from the zygote, or a cold Popen
 
 
 class _Start(NamedTuple):
@@ -57,6 +61,10 @@ class ReplicaKeeper:
                                  replicas.wake, event)
         self._thread = threading.Thread(target=self._supervise, name="rankguard-pool",
                                         daemon=True)
+        # a rank dies with the thread that started it (PR_SET_PDEATHSIG), so a replacement is
+        # started by this thread, which lives until the pool's ranks are gone, not by the
+        # short-lived thread that heals its replica
+        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="rankguard-spawn")
 
     def start(self) -> None:
         self._thread.start()
@@ -181,20 +189,23 @@ class ReplicaKeeper:
 
     def retire(self, replica: Replica, fault: RequestFailed, interrupted: bool) -> None:
         """Retire ``replica`` after ``fault``, as ``heal_plan.heal`` decides: regrouped in
-        place (after the call, when it merely overran its deadline), or killed (after its
-        stacks, for a hang)."""
-        action = heal(fault, replica.alive(), interrupted)
-        regroup = {Heal.REGROUP: self._regroup, Heal.DRAIN_THEN_REGROUP: self._drain_then_regroup}
+        place (after the call, when it merely overran its deadline), its unusable ranks
+        replaced (after their stacks, for a hang), or killed (after its stacks, for a
+        hang)."""
+        plan = heal(fault, replica.world, replica.dead_ranks(), interrupted)
+        background = {Heal.REGROUP: self._regroup, Heal.DRAIN_THEN_REGROUP: self._drain_then_regroup,
+                      Heal.REPLACE: self._replace, Heal.STACKS_THEN_REPLACE: self._replace}
         pool = self._set
         with pool.cond:
             pool.lose(replica)
-            self._event("group_retire", group=replica.number,
-                        action="regroup" if action in regroup else "kill", reason=fault.cause)
-            if action in regroup:
+            self._event("group_retire", group=replica.number, action=plan.action,
+                        reason=fault.cause, ranks=sorted(plan.replace))
+            pool.counts[f"heal_{plan.action}"] += 1
+            if plan.action in background:
                 pool.retired.append(replica)
-                threading.Thread(target=regroup[action], args=(replica,), daemon=True,
-                                 name="rankguard-regroup").start()
-            elif action is Heal.STACKS_THEN_KILL:
+                threading.Thread(target=background[plan.action], args=(replica, plan),
+                                 daemon=True, name=f"rankguard-{plan.action}").start()
+            elif plan.action is Heal.STACKS_THEN_KILL:
                 threading.Thread(target=self._stacks_then_kill, args=(replica,), daemon=True,
                                  name="rankguard-stacks").start()
             else:
@@ -202,43 +213,81 @@ class ReplicaKeeper:
             pool.count_heals()
             pool.cond.notify_all()
 
-    def _stacks_then_kill(self, replica: Replica) -> None:
-        """After a hang verdict: where each rank was stuck goes to the journal, then the
-        replica is killed (the call already failed; this does not delay it). The ranks get as
+    def _stacks(self, replica: Replica, ranks: list[int] | None = None) -> None:
+        """Where each of ``ranks`` (default: all) was stuck, to the journal. The ranks get as
         long to answer as a call gets to run (at least ``STACKS_S``); the wait ends as soon as
         every rank has answered."""
+        dumps = replica.capture_stacks(Deadline.after(max(STACKS_S, self._options.timeout)),
+                                       ranks)
+        self._event("stacks", group=replica.number,
+                    stacks={rank: replica.stacks_path(rank) for rank in dumps},
+                    grouped=stack_summary.describe(
+                        stack_summary.by_stack(dumps, sorted(dumps)), ""))
+
+    def _stacks_then_kill(self, replica: Replica) -> None:
+        """After a hang verdict that singled out no culprit: every rank's stacks (``_stacks``),
+        then the replica is killed (the call already failed; this does not delay it)."""
         try:
-            dumps = replica.capture_stacks(Deadline.after(max(STACKS_S, self._options.timeout)))
-            self._event("stacks", group=replica.number,
-                        stacks={rank: replica.stacks_path(rank) for rank in dumps},
-                        grouped=stack_summary.describe(
-                            stack_summary.by_stack(dumps, sorted(dumps)), ""))
+            self._stacks(replica)
         finally:
             replica.kill()
 
-    def _drain_then_regroup(self, replica: Replica) -> None:
+    def _drain_then_regroup(self, replica: Replica, plan: HealPlan) -> None:
         """A replica whose call overran the call's own deadline, every rank still running it:
         once every rank has finished that call (within the pool's timeout) it regroups and
         serves again; a rank that does not finish by then gets the hang treatment."""
         if not self._set.closed and replica.drain(Deadline.after(self._options.timeout)):
-            self._regroup(replica)
+            self._regroup(replica, plan)
             return
         with self._set.cond:
             self._set.retired.remove(replica)
             self._set.cond.notify_all()
         self._stacks_then_kill(replica)
 
-    def _regroup(self, replica: Replica) -> None:
+    def _regroup(self, replica: Replica, plan: HealPlan) -> None:
         """A replica whose ranks only raised forms a fresh generation and becomes a spare
         again."""
         ok = replica.regroup(Deadline.after(REGROUP_S + REGROUP_MARGIN_S))
+        self._back(replica, {"role": "regrouped"} if ok else None,
+                   "its ranks did not form a new generation")
+
+    def _replace(self, replica: Replica, plan: HealPlan) -> None:
+        """A replica with unusable ranks (``plan.replace``): their stacks first, for a hang;
+        then new processes take their places in a new generation beside the survivors, which
+        keep theirs; the replica serves again once each new rank ran the setup, within the
+        pool's ``start_timeout``. Killed when that fails."""
+        started = time.monotonic()
+        places = sorted(plan.replace)
+        if plan.action is Heal.STACKS_THEN_REPLACE:
+            self._stacks(replica, places)
+        until = Deadline.after(self._options.start_timeout)
+        self._event("ranks_replace", group=replica.number, ranks=places)
+        starter = self.zygote.starter(self.zygote.ready) or cold_start
+
+        def start_rank(env: dict[str, str], log: str, channel_fd: int) -> Any:
+            return self._spawner.submit(starter, env, log, channel_fd).result(SPAWN_S)
+
+        done = replica.replace_ranks(places, until, start_rank)
+        self._back(replica, {"role": "ranks_replaced", "ranks": places, "pids": replica.pids,
+                             "took_s": round(time.monotonic() - started, 3),
+                             "parts": done.parts} if done.ok else None,
+                   f"replacing ranks {', '.join(map(str, places))} failed: {done.why}")
+
+    def _back(self, replica: Replica, ready: dict[str, Any] | None, failed: str) -> None:
+        """A retired replica's heal ended: it serves again (``ready``: its ``group_ready``
+        event's fields), or it is killed (``failed``: why, for ``group_retire``)."""
         pool = self._set
         with pool.cond:
             pool.retired.remove(replica)
-            if ok and not pool.closed:
+            if ready is not None and not pool.closed:
+                pool.counts["ranks_replaced"] += len(ready.get("ranks", ()))
                 pool.dispatch.add(replica)
-                self._event("group_ready", group=replica.number, role="regrouped")
+                self._event("group_ready", group=replica.number, **ready)
                 pool.count_heals()
+            elif ready is None:
+                self._event("group_retire", group=replica.number, action=Heal.KILL,
+                            reason=failed, ranks=list(range(replica.world)))
+                replica.kill()
             else:
                 replica.kill()
             pool.cond.notify_all()
@@ -265,3 +314,4 @@ class ReplicaKeeper:
         for closer in closers:
             closer.join(joined_by.wait_time_or_none())
         self.zygote.close(until)
+        self._spawner.shutdown(wait=False)

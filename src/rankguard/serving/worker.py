@@ -10,8 +10,13 @@ Its messages are dicts whose ``op`` is a ``serving.messages.Op``:
 1. receives ``{"op": "start", "setup": fn | None}``, joins the replica's process group (the
    backend and this rank's device are in its environment, ``serving.placement``: on a CUDA
    device, it is made the current device first, so that the NCCL group and the setup use it)
-   and runs ``setup(rank, world_size)``; answers ``ready``, or ``setup_failed`` with the
-   traceback;
+   and runs ``setup(rank, world_size)``; answers ``{"op": "ready", "pid", "began", "parts"}``
+   (``began``: when its code started, on the monotonic clock; the seconds each step took:
+   ``imports``, ``device``, ``group``, ``setup``), or
+   ``setup_failed`` with the traceback. A **replacement** (``RANKGUARD_REPLACING=1``, started
+   after its place's process was found unusable) joins the survivors' new generation instead
+   of generation 0 (``runtime.vacancies``) and runs the setup as any rank does: its state is
+   its own, not a peer's;
 2. serves requests, one at a time:
 
    - ``{"op": "run", "id", "fn", "args", "kwargs", "deadline", "all"}``: call
@@ -22,7 +27,9 @@ Its messages are dicts whose ``op`` is a ``serving.messages.Op``:
      "missing", "at"}`` (``at``: when it failed, on the monotonic clock, comparable between
      ranks). A rank that fails by itself first retires the group and tells its peers, so none
      of them waits for it.
-   - ``{"op": "regroup", "deadline"}``: a fresh generation of the same ranks after a failure.
+   - ``{"op": "regroup", "deadline", "vacant"}``: a fresh generation after a failure, of the
+     same ranks, or (``vacant`` places) of the survivors, which keep their ranks and wait for
+     replacements to fill the vacant places.
    - ``{"op": "exit", "deadline"}``: a bounded shutdown, then exit 0.
 
 It imports the rank runtime's modules, not the package face ``rankguard`` (which imports the
@@ -111,37 +118,60 @@ def _run(command: dict[str, Any], state: Any, rank: int) -> dict[str, Any]:
     return answer
 
 
-def _join_group(dist: Any) -> None:
+def _join_group(parts: dict[str, float]) -> Any:
     """Form the replica's process group on the backend and device the leader placed this rank
-    on (``serving.placement``): a CUDA device becomes the current one before the group (NCCL
-    binds each rank's communicator to it) and before the setup (its tensors go there)."""
-    device = os.environ.get(DEVICE_ENV) or CPU
-    if device != CPU:
-        import torch
+    on (``serving.placement``): a CUDA device becomes the current one (its context made)
+    before the group (NCCL binds each rank's communicator to it) and before the setup (its
+    tensors go there). Returns ``torch.distributed``; ``parts`` gets the seconds each step
+    took."""
+    started = time.monotonic()
+    import torch
+    import torch.distributed as dist
 
+    parts["imports"] = time.monotonic() - started
+    device = os.environ.get(DEVICE_ENV) or CPU
+    started = time.monotonic()
+    if device != CPU:
         torch.cuda.set_device(device)
+        torch.cuda.synchronize()
+    parts["device"] = time.monotonic() - started
+    started = time.monotonic()
     dist.init_process_group(os.environ.get(BACKEND_ENV) or str(Backend.GLOO))
+    parts["group"] = time.monotonic() - started
+    return dist
+
+
+def _regroup(command: dict[str, Any]) -> dict[str, Any]:
+    vacant = list(command.get("vacant") or [])
+    try:
+        internal.regroup(command["deadline"], exclude=vacant, keep_size=bool(vacant))
+        return {"op": Op.REGROUPED, "ok": True}
+    except RankguardError as error:
+        return {"op": Op.REGROUPED, "ok": False, "message": str(error)}
 
 
 def main() -> None:
+    began = time.monotonic()
     init()  # its SIGTERM teardown budget: the RANKGUARD_GRACE the replica set
     proctree.die_with_parent(int(os.environ[LEADER]))
     end = RankEnd(int(os.environ[FD]))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    parts: dict[str, float] = {}
     try:
         _adopt_leader_paths()
         hello = end.receive(_loads)
-        import torch.distributed as dist
-
-        _join_group(dist)
-        setup = hello["setup"]
+        _join_group(parts)
+        internal.state_loaded()
+        setup, started = hello["setup"], time.monotonic()
         state = setup(rank, world) if setup is not None else None
+        parts["setup"] = time.monotonic() - started
     except ChannelClosed:
         os._exit(0)
     except BaseException as error:  # noqa: BLE001 (reported to the leader, whatever it is)
         end.send({"op": Op.SETUP_FAILED, **_failure(error)})
         os._exit(1)
-    end.send({"op": Op.READY, "pid": os.getpid()})
+    end.send({"op": Op.READY, "pid": os.getpid(), "began": began,
+              "parts": {part: round(took, 4) for part, took in parts.items()}})
     while True:
         try:
             command = end.receive(_loads)
@@ -159,11 +189,7 @@ def main() -> None:
                 end.send({"op": Op.ANSWER, "id": command["id"], **_failure(error),
                           "message": f"its result cannot be pickled: {error}"})
         elif op == Op.REGROUP:
-            try:
-                internal.regroup(command["deadline"], exclude=[])
-                end.send({"op": Op.REGROUPED, "ok": True})
-            except RankguardError as error:
-                end.send({"op": Op.REGROUPED, "ok": False, "message": str(error)})
+            end.send(_regroup(command))
         else:
             limit: Deadline = command["deadline"]
             internal.shutdown(limit if limit.remaining() >= SHUTDOWN_LEAST_S

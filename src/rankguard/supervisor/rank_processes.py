@@ -167,7 +167,9 @@ class RankProcesses:
             raise ValueError(f"rank {rank} has no member that has exited")
         member = self._launch(rank, files, env, launch)
         self._replaced.append(self._members[index])
-        self._members[index] = member
+        with self._exits:
+            self._members[index] = member
+            self._reported.discard(rank)
         return member
 
     def _launch(self, rank: int, files: RankFiles, env: Mapping[str, str],

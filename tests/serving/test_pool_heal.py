@@ -1,0 +1,97 @@
+"""How a pool heals a replica after a fault, with real rank processes, real gloo and real faults:
+only the ranks that cannot be reused get a new process, which joins the survivors' new
+generation; the survivors keep theirs (their weights; on a GPU, their CUDA context). When that
+fails, the replica is killed and a new one takes its slot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import rankguard
+
+from . import rank_functions as rf
+from .test_pool import events
+
+TIMEOUT = 2.0
+
+
+def fault_then_serve(pool: rankguard.Pool, rank: int, kind: str
+                     ) -> tuple[list[int], list[int], rankguard.RequestFailed]:
+    """Each rank's pid before and after ``kind`` struck ``rank`` mid-forward and the pool served
+    the next request; the request's error."""
+    before = pool.run(rf.pid, all_ranks=True)
+    with pytest.raises(rankguard.RequestFailed) as caught:
+        pool.run(rf.forward, 1.0, (rank, kind))
+    assert pool.run(rf.forward, 2.0, timeout=60.0) == rf.expected(2.0, len(before))
+    return before, pool.run(rf.pid, all_ranks=True), caught.value
+
+
+def healed(log: Path) -> list[dict]:
+    return [e for e in events(log, "group_ready") if e["role"] == "ranks_replaced"]
+
+
+@pytest.mark.deadline(120)
+@pytest.mark.parametrize("zygote", [True, False], ids=["forked", "cold"])
+def test_a_killed_rank_is_replaced_while_its_peer_keeps_its_process(
+        zygote: bool, tmp_path: Path) -> None:
+    log = tmp_path / "journal.jsonl"
+    with rankguard.Pool(2, rf.load, spares=0, timeout=TIMEOUT, journal=str(log),
+                        zygote=zygote) as pool:
+        before, after, error = fault_then_serve(pool, 1, "kill")
+        assert (error.rank, error.cause) == (1, "signalled")
+        assert after[0] == before[0] and after[1] != before[1]
+        # the same place fails again: its new process is replaced in turn
+        with pytest.raises(rankguard.RequestFailed):
+            pool.run(rf.forward, 1.0, (1, "exit"))
+        assert pool.run(rf.forward, 3.0, timeout=60.0) == rf.expected(3.0, 2)
+        last = pool.run(rf.pid, all_ranks=True)
+        assert last[0] == before[0] and last[1] not in (before[1], after[1])
+    retired = events(log, "group_retire")
+    assert [(e["action"], e["ranks"]) for e in retired] == [("replace", [1])] * 2
+    assert [e["ranks"] for e in events(log, "ranks_replace")] == [[1]] * 2
+    replaced = healed(log)
+    assert [(e["group"], e["ranks"], e["pids"]) for e in replaced] == [
+        (1, [1], after), (1, [1], last)]
+    for event in replaced:  # where the heal's time went, the new rank's own steps included
+        assert {"stop", "spawned", "joined", "rank1_process", "rank1_group", "rank1_setup"} <= set(event["parts"])
+        assert all(took >= 0 for took in event["parts"].values()), event["parts"]
+    assert len(events(log, "group_start")) == 1  # no new replica was needed
+    assert len(events(log, "heal")) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(150)
+def test_a_frozen_rank_is_replaced_after_its_stacks_and_its_victims_keep_their_processes(
+        tmp_path: Path) -> None:
+    log = tmp_path / "journal.jsonl"
+    with rankguard.Pool(3, rf.load, spares=0, timeout=TIMEOUT, journal=str(log),
+                        log_dir=str(tmp_path / "logs")) as pool:
+        before, after, error = fault_then_serve(pool, 1, "freeze")
+    assert (error.rank, error.cause) == (1, "frozen")
+    assert (after[0], after[2]) == (before[0], before[2]) and after[1] != before[1]
+    retired = events(log, "group_retire")
+    assert [(e["action"], e["ranks"]) for e in retired] == [("stacks_then_replace", [1])]
+    stacks = events(log, "stacks")
+    assert len(stacks) == 1 and list(stacks[0]["stacks"]) == ["1"]  # the culprit's, first
+    culprit = Path(stacks[0]["stacks"]["1"]).read_text()
+    assert "in inject" in culprit, culprit
+    assert [e["ranks"] for e in healed(log)] == [[1]]
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(150)
+def test_when_the_new_process_fails_its_setup_the_replica_is_killed_and_a_new_one_serves(
+        tmp_path: Path) -> None:
+    log = tmp_path / "journal.jsonl"
+    with rankguard.Pool(2, rf.load_but_not_as_a_replacement, spares=0, timeout=TIMEOUT,
+                        journal=str(log)) as pool:
+        before, after, _ = fault_then_serve(pool, 0, "kill")
+    assert not set(after) & set(before)  # a whole new replica
+    retired = events(log, "group_retire")
+    assert [(e["group"], e["action"]) for e in retired] == [(1, "replace"), (1, "kill")]
+    assert retired[1]["reason"].startswith("replacing ranks 0 failed: rank 0 failed its setup: "
+                                           "RuntimeError: this shard cannot be loaded again")
+    assert healed(log) == []
+    assert [e["group"] for e in events(log, "group_start")] == [1, 2]
