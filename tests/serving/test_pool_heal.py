@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 import rankguard
+from rankguard.processes import proctree
 
 from . import rank_functions as rf
-from .test_pool import events
+from .test_pool import events, wait_for
 
 TIMEOUT = 2.0
 
@@ -95,3 +96,21 @@ def test_when_the_new_process_fails_its_setup_the_replica_is_killed_and_a_new_on
                                            "RuntimeError: this shard cannot be loaded again")
     assert healed(log) == []
     assert [e["group"] for e in events(log, "group_start")] == [1, 2]
+
+
+@pytest.mark.deadline(120)
+def test_a_peer_waiting_for_a_rank_that_died_is_released_at_once_not_at_the_deadline(
+        tmp_path: Path) -> None:
+    # each rank's child holds the rank's sockets: its death breaks no connection (as on NCCL),
+    # so its peer learns it only from the pool
+    log = tmp_path / "journal.jsonl"
+    with rankguard.Pool(2, rf.load, spares=0, timeout=30.0, journal=str(log)) as pool:
+        children = pool.run(rf.fork_sleeper, all_ranks=True)
+        with pytest.raises(rankguard.RequestFailed) as caught:
+            pool.run(rf.forward, 1.0, (1, "kill"))
+        assert caught.value.rank == 1
+        assert pool.run(rf.forward, 2.0, timeout=60.0) == rf.expected(2.0, 2)
+    took = healed(log)[0]["took_s"]
+    assert took < 15.0, f"rank 0 waited out the request's 30 s deadline: healed after {took} s"
+    wait_for(lambda: not [child for child in children if proctree.alive(child)], 10,
+             "the ranks' forked children to end")

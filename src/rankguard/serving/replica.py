@@ -369,8 +369,22 @@ class Replica:
             if outcome is not None and rank not in outcome.dead:
                 outcome.dead[rank] = ending
                 outcome.order.append(rank)
+            if self._unfinished and not self.killed:
+                self._tell_peers(rank)
             self._cond.notify_all()
         self._on_change()
+
+    def _tell_peers(self, rank: int) -> None:
+        """Under the condition: rank ``rank`` died mid-request; its live peers learn it from
+        their ledgers, so that a collective they wait in for it fails at once (on NCCL, by
+        aborting the communicator: a dead peer breaks no connection there), not at the
+        request's deadline."""
+        for peer, reader in enumerate(self._ledgers):
+            if peer != rank and peer not in self._dead and not self._ranks[peer].killed:
+                try:
+                    _ledger.post_notice(reader.path, _ledger.NOTICE_DIED, rank)
+                except (OSError, ValueError):
+                    pass  # its ledger is gone: so is the rank, which its exit says
 
     # -- requests ---------------------------------------------------------------------------
 
