@@ -110,6 +110,27 @@ def test_a_pool_journal_becomes_lanes_per_group_with_faults_and_heals() -> None:
     assert view.summary == "2 group(s) started, 1 request fault(s); closed"
 
 
+def test_a_replica_whose_rank_was_replaced_goes_on_in_its_lane_with_the_heals_parts() -> None:
+    events = [
+        {"event": "pool_start", "ts": T, "run_id": "pool-2"},
+        {"event": "group_start", "ts": T + 0.1, "group": 1, "pids": [1, 2]},
+        {"event": "request_fault", "ts": T + 2.0, "group": 1, "rank": 1,
+         "cause": "signalled", "detail": "was killed by SIGKILL during the request"},
+        {"event": "group_retire", "ts": T + 2.0, "group": 1, "action": "replace",
+         "reason": "signalled", "ranks": [1], "kept": [0]},
+        {"event": "ranks_replace", "ts": T + 2.0, "group": 1, "ranks": [1]},
+        {"event": "group_ready", "ts": T + 2.6, "group": 1, "role": "ranks_replaced",
+         "ranks": [1], "took_s": 0.6, "parts": {"stop": 0.01, "rank1_group": 0.5}},
+        {"event": "pool_close", "ts": T + 3.0, "groups": 1},
+    ]
+    (section,) = timeline.of_pool(events).sections
+    assert [(lane.title, lane.outcome) for lane in section.lanes] == [("group 1", "closed")]
+    retire, ready = (m for m in section.marks if m.kind in ("retire", "ready"))
+    assert retire.text == "group 1 retired: signalled (replace, ranks [1] replaced)"
+    assert ready.text == ("group 1 ranks_replaced in 0.6 s (stop 0.010 s, "
+                          "rank1_group 0.500 s)")
+
+
 def test_flight_recorder_dumps_map_each_kept_collective_and_leave_out_what_torch_cannot_match(
         ) -> None:
     ops = (_op(1, 0, 0.0, 0.1, "init_process_group"), _op(2, 1, 0.1, 0.2, "all_gather"),

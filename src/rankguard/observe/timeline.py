@@ -243,7 +243,8 @@ def of_pool(events: Iterable[dict[str, Any]]) -> Timeline:
                 lane.spans.append(Span(ts - took, ts, f"a call, {took:.3f} s", "request", True))
             elif kind == "group_ready":
                 marks.append(Mark(ts, "ready", f"group {group} {event.get('role')} in "
-                                  f"{event.get('took_s')} s", group))
+                                  f"{event.get('took_s')} s" + _parts(event.get("parts")),
+                                  group))
             elif kind == "request_fault":
                 faults += 1
                 marks.append(Mark(ts, "fault", f"group {group}: {event.get('cause')} of rank "
@@ -252,9 +253,13 @@ def of_pool(events: Iterable[dict[str, Any]]) -> Timeline:
                 marks.append(Mark(ts, "suspect", f"group {group} suspect after "
                                   f"{event.get('running_s')} s", group))
             elif kind == "group_retire":
-                lane.t_end, lane.outcome = ts, f"retired ({event.get('action')})"
-                marks.append(Mark(ts, "retire", f"group {group} retired: "
-                                  f"{event.get('reason')}", group))
+                healed_in_place = bool(event.get("kept"))  # ranks kept: it goes on
+                if not healed_in_place:
+                    lane.t_end, lane.outcome = ts, f"retired ({event.get('action')})"
+                marks.append(Mark(ts, "retire", f"group {group} retired: {event.get('reason')}"
+                                  + (f" ({event.get('action')}, ranks {event.get('ranks')} "
+                                     f"replaced)" if event.get("ranks") and healed_in_place
+                                     else ""), group))
             elif kind == "group_start_failed":
                 lane.t_end, lane.outcome = ts, "failed to start"
                 marks.append(Mark(ts, "fault", f"group {group} failed to start: "
@@ -275,3 +280,12 @@ def of_pool(events: Iterable[dict[str, Any]]) -> Timeline:
     summary = f"{len(lanes)} group(s) started, {faults} request fault(s)" + \
         ("; closed" if closed else "; still open")
     return Timeline(f"pool {pool_id}", summary, [section])
+
+
+def _parts(parts: Any) -> str:
+    """A heal's seconds per step (``group_ready``'s ``parts``), in words; "" without them."""
+    if not isinstance(parts, Mapping) or not parts:
+        return ""
+    shown = [f"{name} {took:.3f} s" for name, took in parts.items()
+             if isinstance(took, (int, float)) and not isinstance(took, bool)]
+    return f" ({', '.join(shown)})" if shown else ""

@@ -284,7 +284,7 @@ class _Server:
         body = {"state": status.state, "replicas": status.replicas, "idle": status.idle,
                 "serving": status.serving, "suspect": status.suspect,
                 "waiting": status.waiting, "spares_ready": status.spares_ready,
-                "spares_starting": status.spares_starting,
+                "spares_starting": status.spares_starting, "healing": status.healing,
                 "last_start_failure": status.last_start_failure}
         return self.answer(200 if status.state == PoolState.READY else 503, body)
 

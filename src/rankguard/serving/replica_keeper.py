@@ -199,7 +199,8 @@ class ReplicaKeeper:
         with pool.cond:
             pool.lose(replica)
             self._event("group_retire", group=replica.number, action=plan.action,
-                        reason=fault.cause, ranks=sorted(plan.replace))
+                        reason=fault.cause, ranks=sorted(plan.replace),
+                        kept=sorted(set(range(replica.world)) - plan.replace))
             pool.counts[f"heal_{plan.action}"] += 1
             if plan.action in background:
                 pool.retired.append(replica)
@@ -286,7 +287,7 @@ class ReplicaKeeper:
                 pool.count_heals()
             elif ready is None:
                 self._event("group_retire", group=replica.number, action=Heal.KILL,
-                            reason=failed, ranks=list(range(replica.world)))
+                            reason=failed, ranks=list(range(replica.world)), kept=[])
                 replica.kill()
             else:
                 replica.kill()
