@@ -97,7 +97,8 @@ NCCL_ABORT_S = 0.6
 """How long a SIGTERM teardown waits for NCCL's abort of the rank's communicators before it
 exits without it (the exit releases them too): an idle communicator's abort took 0.5 s, one with
 50 collectives queued behind a stuck one 1.3 to 2.9 s (one H100, over sockets). Bounded so that a
-rank torn down inside a stuck collective exits within a second (issue 29)."""
+rank torn down inside a stuck collective exits within a second (issue 29). It also bounds a
+regroup's abort of the old generation's idle communicators (their GPU buffers are freed)."""
 
 NCCL_SYNC_S = 0.2
 """How long a SIGTERM teardown waits for the device's queued work once NCCL's abort returned:

@@ -38,8 +38,8 @@ from typing import Any, Callable, Iterable, TypeVar
 from ..store import sealed
 from ..deadline import Deadline, check_seconds
 from ..errors import CollectiveTimeout, GroupRetired, PeerFailed, UsageError, first_line
-from ..margins import REGROUP_S, SECOND_ASK_WINDOW_S
-from . import async_deadline, barrier, groups, vacancies
+from ..margins import NCCL_ABORT_S, REGROUP_S, SECOND_ASK_WINDOW_S
+from . import async_deadline, barrier, groups, nccl_abort, vacancies
 from .bounded import NO_ANSWER
 from .probe import clone_client
 from .state import WORLD, current
@@ -207,6 +207,10 @@ def form_next(limit: Deadline, exclude: Iterable[int] | None = None,
                                 waited=time.monotonic() - started)
     backend = str(dist.get_backend())  # the new generation's is the old one's (gloo, nccl)
     async_deadline.wait_for_abort(limit.wait_time())  # an NCCL deadline's abort: not under it
+    # an NCCL communicator of the old generation that no fault aborted (this rank raised, its
+    # peer waited) would hold its GPU buffers for good: the old groups are never destructed
+    nccl_abort.abort(nccl_abort.not_aborted(nccl_abort.nccl_groups()),
+                     min(NCCL_ABORT_S, limit.wait_time()))
     groups.retire_all(f"replaced by generation {number}")
     groups.discard_all()
     state.completions.flush()

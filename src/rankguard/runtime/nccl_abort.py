@@ -51,6 +51,16 @@ def nccl_groups() -> list[tuple[Any, Any]]:
     return found
 
 
+def not_aborted(groups: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    """Those of ``groups`` whose backend no :func:`abort` of this process has aborted yet."""
+    return [(group, backend) for group, backend in groups if id(backend) not in _aborted]
+
+
+# the backends :func:`abort` aborted (by id: a retired group is never destructed, so its id is
+# never reused)
+_aborted: set[int] = set()
+
+
 def finished_within(call: Callable[[], object], limit_s: float, name: str) -> bool:
     """Run ``call`` on a daemon thread called ``name`` and wait at most ``limit_s`` for it;
     whether it returned (one that did not is left running: the process's exit ends it)."""
@@ -71,6 +81,7 @@ def abort(groups: list[tuple[Any, Any]], limit_s: float) -> Aborted:
         for _, backend in groups:
             try:
                 backend.abort()
+                _aborted.add(id(backend))
             except Exception as error:  # noqa: BLE001 (reported; the others are aborted still)
                 errors.append(f"{type(error).__name__}: {error}")
 
