@@ -113,7 +113,8 @@ def test_a_pool_journal_becomes_lanes_per_group_with_faults_and_heals() -> None:
 def test_a_replica_whose_rank_was_replaced_goes_on_in_its_lane_with_the_heals_parts() -> None:
     events = [
         {"event": "pool_start", "ts": T, "run_id": "pool-2"},
-        {"event": "group_start", "ts": T + 0.1, "group": 1, "pids": [1, 2]},
+        {"event": "group_start", "ts": T + 0.1, "group": 1, "pids": [1, 2],
+         "devices": ["cuda:0", "cuda:1"]},
         {"event": "request_fault", "ts": T + 2.0, "group": 1, "rank": 1,
          "cause": "signalled", "detail": "was killed by SIGKILL during the request"},
         {"event": "group_retire", "ts": T + 2.0, "group": 1, "action": "replace",
@@ -124,7 +125,8 @@ def test_a_replica_whose_rank_was_replaced_goes_on_in_its_lane_with_the_heals_pa
         {"event": "pool_close", "ts": T + 3.0, "groups": 1},
     ]
     (section,) = timeline.of_pool(events).sections
-    assert [(lane.title, lane.outcome) for lane in section.lanes] == [("group 1", "closed")]
+    assert [(lane.title, lane.outcome) for lane in section.lanes] == [
+        ("group 1 (cuda:0, cuda:1)", "closed")]
     retire, ready = (m for m in section.marks if m.kind in ("retire", "ready"))
     assert retire.text == "group 1 retired: signalled (replace, ranks [1] replaced)"
     assert ready.text == ("group 1 ranks_replaced in 0.6 s (stop 0.010 s, "

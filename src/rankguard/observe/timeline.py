@@ -235,7 +235,10 @@ def of_pool(events: Iterable[dict[str, Any]]) -> Timeline:
         if isinstance(group, bool) or not isinstance(group, int):
             group = None
         if kind == "group_start" and group is not None:
-            lanes[group] = Lane(group, f"group {group}", ts)
+            devices = event.get("devices")
+            where = f" ({', '.join(map(str, devices))})" if isinstance(devices, list) and \
+                devices else ""
+            lanes[group] = Lane(group, f"group {group}{where}", ts)
         elif group is not None and group in lanes:
             lane = lanes[group]
             took = files.finite(event.get("took_s"))
