@@ -39,7 +39,7 @@ def test_a_killed_rank_is_replaced_while_its_peer_keeps_its_process(
         zygote: bool, tmp_path: Path) -> None:
     log = tmp_path / "journal.jsonl"
     with rankguard.Pool(2, rf.load, spares=0, timeout=TIMEOUT, journal=str(log),
-                        zygote=zygote) as pool:
+                        zygote=zygote, log_dir=str(tmp_path / "logs")) as pool:
         before, after, error = fault_then_serve(pool, 1, "kill")
         assert (error.rank, error.cause) == (1, "signalled")
         assert after[0] == before[0] and after[1] != before[1]
@@ -49,6 +49,8 @@ def test_a_killed_rank_is_replaced_while_its_peer_keeps_its_process(
         assert pool.run(rf.forward, 3.0, timeout=60.0) == rf.expected(3.0, 2)
         last = pool.run(rf.pid, all_ranks=True)
         assert last[0] == before[0] and last[1] not in (before[1], after[1])
+        ledgers = sorted(p.name for p in (tmp_path / "logs" / "group1").glob("*.ledger"))
+        assert ledgers == ["rank0.ledger", "rank1.2.ledger"]
     retired = events(log, "group_retire")
     assert [(e["action"], e["ranks"]) for e in retired] == [("replace", [1])] * 2
     assert [e["ranks"] for e in events(log, "ranks_replace")] == [[1]] * 2
@@ -59,6 +61,8 @@ def test_a_killed_rank_is_replaced_while_its_peer_keeps_its_process(
         assert {"stop", "spawned", "joined", "rank1_process", "rank1_group", "rank1_setup"} <= set(event["parts"])
         assert all(took >= 0 for took in event["parts"].values()), event["parts"]
     assert len(events(log, "group_start")) == 1  # no new replica was needed
+    # a replaced process's ledger goes with it; the log stays, appended to
+    assert sorted(p.name for p in (tmp_path / "logs" / "group1").glob("*.ledger")) == []
     assert len(events(log, "heal")) == 2
 
 

@@ -19,6 +19,7 @@ the ranks answered, their ledgers and their process states.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import signal
@@ -198,6 +199,8 @@ class Replica:
         if rank < len(self.ends):
             self.ends[rank].close()
             self._ledgers[rank].close()
+            with contextlib.suppress(OSError):  # the replaced process's: read no more
+                os.unlink(self._ledgers[rank].path)
             self.ends[rank], self._ledgers[rank] = end, reader
         else:
             self.ends.append(end)
