@@ -115,6 +115,13 @@ def slow(state: Any, seconds: float) -> float:
     return out.item()
 
 
+def sleep_by_rank(state: Any, seconds: list[float]) -> None:
+    """Each rank sleeps its own time (no collective: no rank is behind another)."""
+    import torch.distributed as dist
+
+    time.sleep(seconds[dist.get_rank()])
+
+
 def late_peer(state: Any, late: float, window: float) -> None:
     """Every rank raises a collective error: rank 0's all_reduce passes its own ``window``
     while rank 1 is ``late``; rank 1 then finds the group retired."""

@@ -71,6 +71,7 @@ def test_each_fault_kind_mid_forward_fails_only_that_request_and_the_next_succee
     stacks = events(log, "stacks")  # after each hang verdict: where every rank was
     assert len(stacks) == 3, stacks
     for event in stacks:
+        assert str(rank) in event["stacks"], (stacks, events(log, "group_retire"))
         culprit = Path(event["stacks"][str(rank)]).read_text()
         assert "rank_functions.py" in culprit and "in inject" in culprit, culprit
         # grouped by stack: the culprit apart from the others, in the journal itself

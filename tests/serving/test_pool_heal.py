@@ -6,6 +6,7 @@ fails, the replica is killed and a new one takes its slot."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
@@ -18,13 +19,14 @@ from .test_pool import events, wait_for
 TIMEOUT = 2.0
 
 
-def fault_then_serve(pool: rankguard.Pool, rank: int, kind: str
+def fault_then_serve(pool: rankguard.Pool, fn: Callable[..., Any], *args: Any,
+                     timeout: float | None = None
                      ) -> tuple[list[int], list[int], rankguard.RequestFailed]:
-    """Each rank's pid before and after ``kind`` struck ``rank`` mid-forward and the pool served
-    the next request; the request's error."""
+    """Each rank's pid before and after the call ``fn(*args)`` failed and the pool served the
+    next request; the call's error."""
     before = pool.run(rf.pid, all_ranks=True)
     with pytest.raises(rankguard.RequestFailed) as caught:
-        pool.run(rf.forward, 1.0, (rank, kind))
+        pool.run(fn, *args, timeout=timeout)
     assert pool.run(rf.forward, 2.0, timeout=60.0) == rf.expected(2.0, len(before))
     return before, pool.run(rf.pid, all_ranks=True), caught.value
 
@@ -40,7 +42,7 @@ def test_a_killed_rank_is_replaced_while_its_peer_keeps_its_process(
     log = tmp_path / "journal.jsonl"
     with rankguard.Pool(2, rf.load, spares=0, timeout=TIMEOUT, journal=str(log),
                         zygote=zygote, log_dir=str(tmp_path / "logs")) as pool:
-        before, after, error = fault_then_serve(pool, 1, "kill")
+        before, after, error = fault_then_serve(pool, rf.forward, 1.0, (1, "kill"))
         assert (error.rank, error.cause) == (1, "signalled")
         assert after[0] == before[0] and after[1] != before[1]
         # the same place fails again: its new process is replaced in turn
@@ -73,7 +75,7 @@ def test_a_frozen_rank_is_replaced_after_its_stacks_and_its_victims_keep_their_p
     log = tmp_path / "journal.jsonl"
     with rankguard.Pool(3, rf.load, spares=0, timeout=TIMEOUT, journal=str(log),
                         log_dir=str(tmp_path / "logs")) as pool:
-        before, after, error = fault_then_serve(pool, 1, "freeze")
+        before, after, error = fault_then_serve(pool, rf.forward, 1.0, (1, "freeze"))
     assert (error.rank, error.cause) == (1, "frozen")
     assert (after[0], after[2]) == (before[0], before[2]) and after[1] != before[1]
     retired = events(log, "group_retire")
@@ -92,7 +94,7 @@ def test_when_the_new_process_fails_its_setup_the_replica_is_killed_and_a_new_on
     log = tmp_path / "journal.jsonl"
     with rankguard.Pool(2, rf.load_but_not_as_a_replacement, spares=0, timeout=TIMEOUT,
                         journal=str(log)) as pool:
-        before, after, _ = fault_then_serve(pool, 0, "kill")
+        before, after, _ = fault_then_serve(pool, rf.forward, 1.0, (0, "kill"))
     assert not set(after) & set(before)  # a whole new replica
     retired = events(log, "group_retire")
     assert [(e["group"], e["action"]) for e in retired] == [(1, "replace"), (1, "kill")]
@@ -110,8 +112,26 @@ def test_a_peer_waiting_for_a_rank_that_died_is_released_at_once_not_at_the_dead
     log = tmp_path / "journal.jsonl"
     with rankguard.Pool(2, rf.load, spares=0, timeout=30.0, journal=str(log)) as pool:
         children = pool.run(rf.fork_sleeper, all_ranks=True)
-        assert fault_then_serve(pool, 1, "kill")[2].rank == 1
+        assert fault_then_serve(pool, rf.forward, 1.0, (1, "kill"))[2].rank == 1
     took = healed(log)[0]["took_s"]
     assert took < 15.0, f"rank 0 waited out the request's 30 s deadline: healed after {took} s"
     wait_for(lambda: not [child for child in children if proctree.alive(child)], 10,
              "the ranks' forked children to end")
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(150)
+def test_after_an_overrun_only_the_rank_that_never_finished_the_call_is_replaced(
+        tmp_path: Path) -> None:
+    log = tmp_path / "journal.jsonl"
+    # the pool's timeout (3 s) bounds how long the overrun call may take to finish
+    with rankguard.Pool(2, rf.load, spares=0, timeout=3.0, journal=str(log)) as pool:
+        before, after, error = fault_then_serve(pool, rf.sleep_by_rank, [1.5, 60.0],
+                                                timeout=1.0)
+    assert (error.rank, error.cause) == (None, "deadline")
+    assert after[0] == before[0] and after[1] != before[1]
+    retired = events(log, "group_retire")
+    assert [(e["action"], e["ranks"]) for e in retired] == [
+        ("drain_then_regroup", []), ("stacks_then_replace", [1])]
+    assert list(events(log, "stacks")[0]["stacks"]) == ["1"]
+    assert [e["ranks"] for e in healed(log)] == [[1]]

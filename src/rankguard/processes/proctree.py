@@ -26,11 +26,16 @@ MARKER = "RANKGUARD_RUN_TOKEN"
 
 
 def with_env(var: str, value: str) -> list[int]:
-    """PIDs of live processes whose environment carries ``var=value`` (not this process)."""
+    """PIDs of live processes whose environment carries ``var=value`` (not this process); none
+    when /proc cannot be listed (no file descriptor is left: a later sweep finds them)."""
     needle = f"{var}={value}\0".encode()
-    found = []
+    found: list[int] = []
     me = os.getpid()
-    for entry in os.listdir("/proc"):
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
         if not entry.isdigit() or int(entry) == me:
             continue
         try:

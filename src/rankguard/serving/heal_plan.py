@@ -8,7 +8,8 @@ which cost seconds to minutes to make again. Only the ranks that cannot be reuse
 - **regroup** in place, every process kept: the ranks only raised, and what they raised leaves
   each process usable;
 - **drain, then regroup**: the call merely overran its own deadline with no rank to blame;
-  once every rank finished it, as above;
+  once every rank finished it, as above (a rank that does not finish it within the pool's
+  timeout is then replaced after its stacks, as a hung one);
 - **replace** the unusable ranks: each gets a new process (its own CUDA context, its own
   setup), which joins a new generation of the survivors; the survivors keep their processes.
   A rank is unusable when it died, or raised an error that lost its CUDA context;

@@ -470,17 +470,18 @@ class Replica:
                            failures=dict(outcome.failures), dead=dict(outcome.dead),
                            order=list(outcome.order))
 
-    def drain(self, until: Deadline) -> bool:
+    def drain(self, until: Deadline) -> frozenset[int]:
         """After a request that failed: wait until ``until`` for every rank to be done with
-        it. True if every rank answered it (alive, idle: it may regroup and serve again); False
-        if a rank died or is still running it."""
+        it. Returns the ranks that are not: dead, or still running it (empty: every rank is
+        alive and idle, and may regroup and serve again)."""
+        unfinished: set[int] = set()
         if self._unfinished and self._current is not None:
             seen = self.wait(self._current, until, lambda o: o.all_accounted(self.world))
-            if len(seen.answered) < self.world:
-                return False
-            with self._cond:
-                self._unfinished = False
-        return self.alive()
+            unfinished = set(range(self.world)) - seen.answered
+            if not unfinished:
+                with self._cond:
+                    self._unfinished = False
+        return frozenset(unfinished | self.dead_ranks())
 
     def _positions(self) -> dict[int, _ledger.GroupProgress]:
         """Each rank's world group, from its ledger (ranks without one are left out)."""

@@ -236,14 +236,22 @@ class ReplicaKeeper:
     def _drain_then_regroup(self, replica: Replica, plan: HealPlan) -> None:
         """A replica whose call overran the call's own deadline, every rank still running it:
         once every rank has finished that call (within the pool's timeout) it regroups and
-        serves again; a rank that does not finish by then gets the hang treatment."""
-        if not self._set.closed and replica.drain(Deadline.after(self._options.timeout)):
+        serves again; the ranks that do not finish by then get the hang treatment (stacks,
+        then replaced; the replica is killed when none finished)."""
+        late = replica.drain(Deadline.after(self._options.timeout)) if not self._set.closed \
+            else frozenset(range(replica.world))
+        if not late:
             self._regroup(replica, plan)
-            return
-        with self._set.cond:
-            self._set.retired.remove(replica)
-            self._set.cond.notify_all()
-        self._stacks_then_kill(replica)
+        elif len(late) < replica.world:
+            self._event("group_retire", group=replica.number, action=Heal.STACKS_THEN_REPLACE,
+                        reason="its ranks did not finish the overrun call", ranks=sorted(late),
+                        kept=sorted(set(range(replica.world)) - late))
+            self._replace(replica, HealPlan(Heal.STACKS_THEN_REPLACE, late))
+        else:
+            with self._set.cond:
+                self._set.retired.remove(replica)
+                self._set.cond.notify_all()
+            self._stacks_then_kill(replica)
 
     def _regroup(self, replica: Replica, plan: HealPlan) -> None:
         """A replica whose ranks only raised forms a fresh generation and becomes a spare
