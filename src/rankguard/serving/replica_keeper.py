@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from ..processes import stack_summary
 from ..deadline import Deadline
@@ -204,7 +204,7 @@ class ReplicaKeeper:
             pool.counts[f"heal_{plan.action}"] += 1
             if plan.action in background:
                 pool.retired.append(replica)
-                threading.Thread(target=background[plan.action], args=(replica, plan),
+                threading.Thread(target=self._heal, args=(background[plan.action], replica, plan),
                                  daemon=True, name=f"rankguard-{plan.action}").start()
             elif plan.action is Heal.STACKS_THEN_KILL:
                 threading.Thread(target=self._stacks_then_kill, args=(replica,), daemon=True,
@@ -213,6 +213,23 @@ class ReplicaKeeper:
                 replica.kill()
             pool.count_heals()
             pool.cond.notify_all()
+
+    def _heal(self, how: Callable[[Replica, HealPlan], None], replica: Replica,
+              plan: HealPlan) -> None:
+        """``how(replica, plan)`` on a thread of its own; whatever it raises (it should not),
+        the replica is killed rather than left retired for good (the pool would never replace
+        it)."""
+        try:
+            how(replica, plan)
+        except BaseException as error:  # noqa: BLE001 (the pool must go on whatever it is)
+            with self._set.cond:
+                if replica in self._set.retired:
+                    self._set.retired.remove(replica)
+                self._event("group_retire", group=replica.number, action=Heal.KILL,
+                            reason=f"its healing failed: {type(error).__name__}: {error}",
+                            ranks=list(range(replica.world)), kept=[])
+                self._set.cond.notify_all()
+            replica.kill()
 
     def _stacks(self, replica: Replica, ranks: list[int] | None = None) -> None:
         """Where each of ``ranks`` (default: all) was stuck, to the journal. The ranks get as
