@@ -11,6 +11,12 @@ at (``NO_STATE``: it has none), a callable that gives its state and one that loa
    each receiver, its length first (point-to-point ``send``/``recv`` on the group: the ranks that
    already hold the state move no byte). A receiver loads what it received.
 
+The exchange runs on the group's own backend. On an NCCL group (which carries no CPU tensor)
+the steps and the serialized state travel as CUDA tensors on the rank's current device: the
+bytes cross from GPU to GPU over NCCL (NVLink, InfiniBand), not through a second, slower
+transport, and the state's tensors are loaded back onto the devices they were saved from. The
+serialized copy costs one host staging of the state on the source and on each receiver.
+
 Every collective is bounded by ``timeout`` (``rankguard.deadline``): a peer that dies or
 freezes during the exchange raises a ``rankguard.CollectiveError`` on every rank waiting for it,
 within the timeout, naming it; nothing waits for torch's own timeout.
@@ -76,8 +82,9 @@ def share(step: int, get_state: Callable[[], Any], load_state: Callable[[Any], N
     started = time.monotonic()
     with deadline(seconds):
         size = dist.get_world_size(group)
-        mine = torch.tensor([step], dtype=torch.int64)
-        steps = [torch.zeros(1, dtype=torch.int64) for _ in range(size)]
+        on = _device(group)
+        mine = torch.tensor([step], dtype=torch.int64, device=on)
+        steps = [torch.zeros(1, dtype=torch.int64, device=on) for _ in range(size)]
         dist.all_gather(steps, mine, group=group)
         known = [int(t.item()) for t in steps]
         target = max(known)
@@ -89,21 +96,32 @@ def share(step: int, get_state: Callable[[], Any], load_state: Callable[[Any], N
         rank = dist.get_rank(group)
         nbytes = 0
         if receivers and rank == source:
-            payload = _serialize(get_state())
+            payload = _serialize(get_state()).to(on)
             nbytes = payload.numel()
-            length = torch.tensor([nbytes], dtype=torch.int64)
+            length = torch.tensor([nbytes], dtype=torch.int64, device=on)
             for receiver in receivers:
                 dist.send(length, _global(receiver, group), group=group)
                 dist.send(payload, _global(receiver, group), group=group)
         elif rank in receivers:
-            length = torch.zeros(1, dtype=torch.int64)
+            length = torch.zeros(1, dtype=torch.int64, device=on)
             dist.recv(length, _global(source, group), group=group)
             nbytes = int(length.item())
-            payload = torch.empty(nbytes, dtype=torch.uint8)
+            payload = torch.empty(nbytes, dtype=torch.uint8, device=on)
             dist.recv(payload, _global(source, group), group=group)
-            load_state(_deserialize(payload))
+            load_state(_deserialize(payload.cpu()))
     current().awaiting_state = False
     return Shared(target, source, receivers, nbytes, time.monotonic() - started)
+
+
+def _device(group: Any) -> Any:
+    """Where the exchange's tensors go: the current CUDA device on a group whose only backend
+    is NCCL, else the CPU."""
+    import torch
+    import torch.distributed as dist
+
+    if str(dist.get_backend(group)) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _global(rank: int, group: Any) -> int:
