@@ -25,6 +25,8 @@ KINDS = {  # kind -> the cause the pool must report
 def inject(kind: str) -> None:
     if kind == "raise":
         raise ValueError("injected failure mid-forward")
+    if kind == "sticky":  # as torch words a CUDA error that loses the process's CUDA context
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
     if kind == "exit":
         os._exit(3)
     if kind == "kill":

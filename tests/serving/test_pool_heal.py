@@ -68,6 +68,20 @@ def test_a_killed_rank_is_replaced_while_its_peer_keeps_its_process(
     assert len(events(log, "heal")) == 2
 
 
+@pytest.mark.deadline(120)
+def test_a_rank_whose_error_says_its_cuda_context_is_lost_is_replaced_its_peer_kept(
+        tmp_path: Path) -> None:
+    log = tmp_path / "journal.jsonl"
+    with rankguard.Pool(2, rf.load, spares=0, timeout=TIMEOUT, journal=str(log)) as pool:
+        before, after, error = fault_then_serve(pool, rf.forward, 1.0, (1, "sticky"))
+        # an ordinary error keeps both processes
+        _, kept, _ = fault_then_serve(pool, rf.forward, 1.0, (1, "raise"))
+    assert (error.rank, error.cause, error.error_type) == (1, "raised", "RuntimeError")
+    assert after[0] == before[0] and after[1] != before[1] and kept == after
+    retired = events(log, "group_retire")
+    assert [(e["action"], e["ranks"]) for e in retired] == [("replace", [1]), ("regroup", [])]
+
+
 @pytest.mark.slow
 @pytest.mark.deadline(150)
 def test_a_frozen_rank_is_replaced_after_its_stacks_and_its_victims_keep_their_processes(
