@@ -300,6 +300,11 @@ def test_while_healing_requests_get_503_with_retry_after_then_are_served_again(
     assert len(heal) == 1 and heal[0]["took_s"] > 0.5  # a cold start: no spare to take over
     # only rank 1 was started anew, in the same replica, on the same devices
     assert server.get("/readyz").body["placement"] == [{"group": 1, "devices": ["cpu", "cpu"]}]
+    metrics = server.get("/metrics").body
+    assert [sample.labels for sample in samples(metrics, "rankguard_pool_rank_device")] == [
+        {"group": "1", "rank": "0", "device": "cpu"}, {"group": "1", "rank": "1", "device": "cpu"}]
+    assert sample(metrics, "rankguard_pool_ranks_replaced_total") == 1
+    assert sample(metrics, "rankguard_pool_heal_actions_total", action="replace") == 1
     assert [e["devices"] for e in server.events("group_start")] == [["cpu", "cpu"]]
     healed = [e for e in server.events("group_ready") if e["role"] == "ranks_replaced"]
     assert [(e["group"], e["ranks"]) for e in healed] == [(1, [1])]

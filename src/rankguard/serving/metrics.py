@@ -22,7 +22,9 @@ The names are stable (the README lists them):
 - ``rankguard_pool_spares_ready``, ``rankguard_pool_spares_starting``,
   ``rankguard_pool_idle``, ``rankguard_pool_waiting`` (calls waiting for a replica),
   ``rankguard_pool_replicas{state}`` (``idle``, ``serving``, ``suspect``, ``spare``,
-  ``starting``, ``healing``), ``rankguard_pool_state{state}``: gauges;
+  ``starting``, ``healing``), ``rankguard_pool_state{state}``,
+  ``rankguard_pool_rank_device{group,rank,device}`` (1 for each rank of each healthy replica):
+  gauges;
 - ``rankguard_http_responses_total{route,code}``, ``rankguard_http_client_disconnects_total``:
   counters.
 """
@@ -152,6 +154,13 @@ class _PoolCollector:
         for name in STATES:
             state.add_metric([name], int(current == name))
         yield state
+        placed = GaugeMetricFamily("rankguard_pool_rank_device", "Where each rank of each "
+                                   "healthy replica runs (1 per rank): its group, rank and "
+                                   "device (cpu, cuda:0).", labels=["group", "rank", "device"])
+        for group, devices in sorted((status.placement if status else {}).items()):
+            for rank, device in enumerate(devices):
+                placed.add_metric([str(group), str(rank), device], 1)
+        yield placed
         responses = CounterMetricFamily("rankguard_http_responses", "HTTP responses by route "
                                         "and status code.", labels=["route", "code"])
         for (route, code), count in sorted(self._codes().items()):
