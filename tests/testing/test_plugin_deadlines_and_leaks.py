@@ -246,6 +246,12 @@ BAD_MARKERS = {  # test name: (marker, what the one-line error says)
                       "got (second=5)"),
     "test_ranks_text": ('ranks("2")', "@pytest.mark.ranks: needs a number of ranks from 1 to "
                         "64, got '2'"),
+    "test_ranks_other_keyword": ("ranks(2, gpus=1)", "@pytest.mark.ranks: takes one value, got "
+                                 "(2, gpus=1)"),
+    "test_ranks_devices_short": ("ranks(2, devices=[0])", "@pytest.mark.ranks(devices=): 1 "
+                                 "device(s) [0] for 2 rank(s) per replica"),
+    "test_ranks_devices_absent": ("ranks(2, devices=[0, 999])", "@pytest.mark.ranks(devices=): "
+                                  "device "),  # 0 where no GPU is visible, else 999
 }
 
 
@@ -263,8 +269,8 @@ def test_keyword():
         assert session.result(name) == "error", (name, session.output)  # once, in the setup
         text = session.text(name)
         assert f"test_markers.py::{name}: {problem}" in text
-        assert ("e.g. @pytest.mark.ranks(2)" if "ranks" in name else
-                "e.g. @pytest.mark.deadline(30); 0 turns it off") in text
+        assert ("CUDA" if "devices" in name else "e.g. @pytest.mark.ranks(2)" if "ranks" in name
+                else "e.g. @pytest.mark.deadline(30); 0 turns it off") in text
         assert "Traceback" not in text and "plugin.py" not in text, text  # one line, no stack
     assert f"{len(BAD_MARKERS)} errors" in session.output
     assert session.result("test_keyword") == session.result("test_good_after") == "passed"

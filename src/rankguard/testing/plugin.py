@@ -54,6 +54,7 @@ from . import abort, leaks, processes
 from . import session as rank_session
 from .report import RanksFailed, compose
 from .warm_ranks import WarmRanks
+from ..serving.placement import Names, ReplicaPlacement, place
 from .watchdog import DeadlineExceeded, Phase, Watchdog
 
 DEFAULT_DEADLINE_S = 600.0
@@ -80,8 +81,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "deadline(seconds): the deadline of this test (rankguard); 0 turns it off")
     config.addinivalue_line(
-        "markers", "ranks(n): run this test on n rank processes with a gloo process group "
-        "(rankguard)")
+        "markers", "ranks(n, devices=None): run this test on n rank processes with a gloo "
+        "process group, or an NCCL one with rank r on CUDA device devices[r] (rankguard)")
     config.pluginmanager.register(_Guard(config), "rankguard-guard")
 
 
@@ -101,10 +102,13 @@ def _setting(where: str, value: Any, hint: str, *, off: bool) -> float:
     return seconds
 
 
-def _marker_value(item: pytest.Item, marker: pytest.Mark, keyword: str, hint: str) -> Any:
-    """The one value a marker takes, positional or as ``keyword``; UsageError otherwise."""
-    given = [*marker.args, *marker.kwargs.values()]
-    if len(given) != 1 or set(marker.kwargs) - {keyword}:
+def _marker_value(item: pytest.Item, marker: pytest.Mark, keyword: str, hint: str,
+                  options: frozenset[str] = frozenset()) -> Any:
+    """The one value a marker takes, positional or as ``keyword`` (besides the keyword
+    ``options`` it may have); UsageError otherwise."""
+    kwargs = {k: v for k, v in marker.kwargs.items() if k not in options}
+    given = [*marker.args, *kwargs.values()]
+    if len(given) != 1 or set(kwargs) - {keyword}:
         spelled = ", ".join([*map(repr, marker.args),
                              *(f"{k}={v!r}" for k, v in marker.kwargs.items())])
         raise UsageError(f"{item.nodeid}: @pytest.mark.{marker.name}",
@@ -128,21 +132,36 @@ def _test_deadline(item: pytest.Item, default: float) -> float:
                          zero=True, text=False, hint=hint)
 
 
-def _world_size(item: pytest.Item) -> int | None:
-    """The number of ranks of a ``ranks`` test (None: not one).
+def _ranks_placement(item: pytest.Item) -> ReplicaPlacement | None:
+    """Where the ranks of a ranks test run (None: not one): ``ranks(n)``, n ranks on the CPU
+    over gloo; ``ranks(n, devices=[...])``, rank r on CUDA device ``devices[r]`` over NCCL
+    (ranks that share a device are hosts of their own, as in a pool).
 
     Raises:
-        UsageError: the marker's value is not an int from 1 to 64.
+        UsageError: the number is not an int from 1 to 64, or the devices are not one visible
+            CUDA device index per rank.
     """
     marker = item.get_closest_marker("ranks")
     if marker is None:
         return None
     hint = "give an int from 1 to 64, e.g. @pytest.mark.ranks(2)"
-    value = _marker_value(item, marker, "n", hint)
+    value = _marker_value(item, marker, "n", hint, frozenset({"devices"}))
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 64:
         raise UsageError(f"{item.nodeid}: @pytest.mark.ranks",
                          f"needs a number of ranks from 1 to 64, got {value!r}", hint)
-    return value
+    devices = marker.kwargs.get("devices")
+    if devices is None:
+        return ReplicaPlacement(value)
+    try:
+        return place(devices, None, value, 1, 0, _visible_gpus(), RANKS_NAMES)[0]
+    except UsageError as error:
+        raise UsageError(f"{item.nodeid}: {error.what}", error.problem, error.hint) from None
+
+
+def _visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 class _Guard:
@@ -175,7 +194,7 @@ class _Guard:
         self.watchdog.install()
         self.scope_tags: dict[int, str] = {}
         self.known: set[int] = set()
-        self.pools: dict[int, WarmRanks] = {}
+        self.pools: dict[ReplicaPlacement, WarmRanks] = {}
 
     def _answer_stack_requests(self) -> str | None:
         """Register faulthandler on ``processes.STACK_SIGNAL`` in this process, so that the
@@ -201,7 +220,7 @@ class _Guard:
         item.stash[_DEADLINE] = None
         try:  # checked once: a bad marker is one error (see ..._refuses_a_bad_marker)
             item.stash[_BUDGET] = _test_deadline(item, self.deadline)
-            item.stash[_WORLD] = _world_size(item)
+            item.stash[_WORLD] = _ranks_placement(item)
         except UsageError as error:
             item.stash[_BUDGET], item.stash[_WORLD] = self.deadline, None
             item.stash[_BAD_MARKER] = error
@@ -301,9 +320,10 @@ class _Guard:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> bool | None:
-        world = pyfuncitem.stash[_WORLD]
-        if world is None:
+        placement = pyfuncitem.stash[_WORLD]
+        if placement is None:
             return None
+        world = placement.world_size
         names = pyfuncitem._fixtureinfo.argnames
         try:
             args = pickle.dumps({name: pyfuncitem.funcargs[name] for name in names})
@@ -312,7 +332,7 @@ class _Guard:
                                     f"are sent to the ranks, and these cannot be pickled: "
                                     f"{error}") from None
         with self.watchdog.paused() as paused:  # a pool start-up is bounded by its own limit
-            pool = self._pool(world)
+            pool = self._pool(placement)
         deadline = item_deadline(pyfuncitem)
         if deadline is not None:
             deadline = pyfuncitem.stash[_DEADLINE] = deadline.later(paused[0])
@@ -328,19 +348,20 @@ class _Guard:
             healthy = not missing and pool.alive() and (text is None or pool.regroup())
         finally:
             if not healthy:
-                self.pools.pop(world, None)
+                self.pools.pop(placement, None)
                 pool.close(graceful=False)
         if text is not None:
             raise RanksFailed(text)
         return True
 
-    def _pool(self, world: int) -> WarmRanks:
-        pool = self.pools.get(world)
+    def _pool(self, placement: ReplicaPlacement) -> WarmRanks:
+        pool = self.pools.get(placement)
         if pool is not None and pool.alive():
             return pool
         if pool is not None:
             pool.close()
-        pool = self.pools[world] = WarmRanks(world, f"{self.token}/pool{world}")
+        pool = self.pools[placement] = WarmRanks(
+            placement, f"{self.token}/pool{placement.world_size}")
         self.known.update(pool.pids)
         return pool
 
@@ -422,11 +443,12 @@ def _sweep_stacks_files() -> None:
             continue
 
 
+RANKS_NAMES = Names("@pytest.mark.ranks(devices=)", "@pytest.mark.ranks(gpus_per_replica=)")
 _TAG = pytest.StashKey[str]()
 _KNOWN = pytest.StashKey[set]()
 _DEADLINE = pytest.StashKey["Deadline | None"]()
 _BUDGET = pytest.StashKey[float]()  # the test's seconds (0: off)
-_WORLD = pytest.StashKey["int | None"]()  # ranks of a ranks test
+_WORLD = pytest.StashKey["ReplicaPlacement | None"]()  # where a ranks test's ranks run
 _BAD_MARKER = pytest.StashKey[UsageError]()
 _OFF = "give a number of seconds, e.g. 30; 0 turns it off"
 

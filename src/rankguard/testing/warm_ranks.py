@@ -1,7 +1,7 @@
 """Warm ranks for ``@pytest.mark.ranks(N)`` tests.
 
 A set of warm ranks is one replica of ``rankguard.Pool``'s machinery (``serving.replica``): N
-rank processes that imported torch and joined one gloo group, its store hosted in the test
+rank processes that imported torch and joined one group (gloo, or NCCL on CUDA devices), its store hosted in the test
 process, so a suite of small distributed tests pays the start once. A test runs on every rank
 (``rank_tasks.run_test``); :meth:`WarmRanks.run` gathers every rank's answer, the victims'
 tracebacks included, not just the root cause a pool's call reports. After a failed test the
@@ -22,6 +22,7 @@ from .. import margins
 from ..deadline import Deadline
 from ..errors import PoolUnavailable, UnavailableState
 from ..serving.budgets import REGROUP_MARGIN_S, STACKS_S
+from ..serving.placement import ReplicaPlacement
 from ..serving.replica import Replica, StartState
 from ..serving.verdict import Outcome
 from . import processes
@@ -33,18 +34,20 @@ CLOSE_S = 5.0
 
 
 class WarmRanks:
-    """N warm rank processes with one gloo group.
+    """N warm rank processes with one process group: gloo on the CPU, or NCCL on the CUDA
+    devices of ``placement`` (each rank's device is its current one, ``rankguard.device()``).
 
     Raises:
         PoolUnavailable: the ranks did not start (``failed``: a rank died, or was not ready
             within ``START_S``); the message has their output.
     """
 
-    def __init__(self, world: int, tag: str) -> None:
-        self.world = world
+    def __init__(self, placement: ReplicaPlacement, tag: str) -> None:
+        world = self.world = placement.world_size
         self.folder = tempfile.mkdtemp(prefix=f"rankguard-pool{world}-")
         start_by = Deadline.after(START_S)
-        self._replica = Replica(0, world, None, self.folder, {processes.TAG: tag}, start_by)
+        self._replica = Replica(0, world, None, self.folder, {processes.TAG: tag}, start_by,
+                                placement=placement)
         state = self._replica.wait_started(start_by)
         if state != StartState.READY:
             failure = self._replica.failure
