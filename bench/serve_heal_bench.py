@@ -103,7 +103,7 @@ class Bench:
                                    **pool_devices(args))
 
     def whole(self) -> None:
-        """Wait until the replica is ready and idle, and the zygote is up again."""
+        """Wait, ``READY_S`` at most, until the replica is ready and idle."""
         until = time.monotonic() + READY_S
         while self.pool.status().idle < 1:
             if time.monotonic() > until:
