@@ -1,20 +1,34 @@
-"""The forward that bench/pool_bench.py runs on both groups (importable by the ranks)."""
+"""The functions the pool benches (pool_bench, serve_load_bench, serve_heal_bench) run on the
+ranks of a pool and of a plain group (module-level, so the ranks import them by name)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from typing import Any
 
 SIZE = 128
+SETUP_S_ENV = "BENCH_SETUP_S"  # seconds setup_placed sleeps, a stand-in for loading weights
 
 
-def setup(rank: int, world_size: int) -> dict[str, Any]:
+def setup(rank: int, world_size: int, device: Any = "cpu") -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
     generator = torch.Generator().manual_seed(rank)
-    return {"w": torch.randn(SIZE, SIZE, generator=generator) / SIZE ** 0.5,
-            "x": torch.randn(SIZE, SIZE, generator=generator), "rank": rank}
+    return {"w": (torch.randn(SIZE, SIZE, generator=generator) / SIZE ** 0.5).to(device),
+            "x": torch.randn(SIZE, SIZE, generator=generator).to(device), "rank": rank}
+
+
+def setup_placed(rank: int, world_size: int) -> dict[str, Any]:
+    """:func:`setup` on the device the pool placed this rank on (``rankguard.device()``: a GPU
+    with ``Pool(devices=)``, else the CPU), after sleeping ``BENCH_SETUP_S`` seconds (default
+    0), as a rank loading its shard's weights would."""
+    import rankguard
+
+    time.sleep(float(os.environ.get(SETUP_S_ENV) or 0))
+    return setup(rank, world_size, rankguard.device())
 
 
 def forward(state: dict[str, Any], work: int, fault: str | None = None) -> float:
@@ -33,6 +47,11 @@ def forward(state: dict[str, Any], work: int, fault: str | None = None) -> float
             perform.perform(injected)
     dist.all_reduce(y)
     return float(y[0, 0])
+
+
+def die(state: Any) -> None:
+    """Every rank SIGKILLs itself: nothing of the replica is left to keep."""
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def calibrate(seconds: float) -> int:

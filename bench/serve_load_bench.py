@@ -3,6 +3,7 @@ served by hand.
 
     python bench/serve_load_bench.py [--requests 400] [--clients 16] [--timeout 2]
                                      [--forward-ms 5] [--fault-every 40] [--world 2]
+                                     [--devices 0,1 | --gpus-per-replica N]
 
 Every figure comes from this one run. ``--clients`` threads send ``--requests`` calls in all,
 each as soon as its previous one was answered, each with a deadline of ``--timeout`` s.
@@ -18,9 +19,16 @@ each as soon as its previous one was answered, each with a deadline of ``--timeo
    started cold, no suspicion: ``replicas=1, spares=2, suspect_after=timeout, zygote=False``),
    the pool with one and with two replicas (2 spares, forked ranks, suspicion after a fifth of
    the deadline), and two plain groups served by hand, which kill a group whose call failed or
-   overran and start a new one (no verdict, no warm spare).
+   overran and start a new one (no verdict, no warm spare). Below each pool: its fault-free
+   calls that failed and those answered past their deadline, and how its journal says it
+   healed: ``group_retire`` by action (``replace``: only the faulty rank gets a new process,
+   ``regroup``, ``stacks_then_replace``, ``kill``...) and the ``ranks_replaced`` heals.
 3. Heal time, for each pool of 2: a histogram of its heals (a replica lost -> ``replicas``
-   healthy again) and how long each replacement replica took to start (journal).
+   healthy again) and how long each replacement took to be ready (journal: a new replica, or
+   new ranks in a replica whose faulty ranks were replaced).
+
+``--devices``/``--gpus-per-replica`` put the pools' ranks on GPUs (NCCL), as ``Pool`` takes
+them; the plain groups stay on the CPU (gloo).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -42,6 +51,7 @@ import rankguard  # noqa: E402
 from rankguard.records import journal  # noqa: E402
 
 import pool_bench_functions as fns  # noqa: E402
+from bench_devices import add_device_options, pool_devices  # noqa: E402
 from plain_served import PlainFailed, PlainGroup  # noqa: E402
 
 FAULTS = {"raise": "raised", "crash:3": "exited", "kill": "signalled", "stop": "frozen",
@@ -99,9 +109,9 @@ class Rankguard:
         self.replicas, self.spares = replicas, spares
         self._folder = tempfile.mkdtemp(prefix="serve-load-bench-")
         self.journal = os.path.join(self._folder, "journal.jsonl")
-        self.pool = rankguard.Pool(args.world, fns.setup, replicas=replicas, spares=spares,
-                                   timeout=args.timeout, start_timeout=READY_S,
-                                   journal=self.journal, **options)
+        self.pool = rankguard.Pool(args.world, fns.setup_placed, replicas=replicas,
+                                   spares=spares, timeout=args.timeout, start_timeout=READY_S,
+                                   journal=self.journal, **options, **pool_devices(args))
         self.whole()
 
     def whole(self) -> None:
@@ -124,9 +134,21 @@ class Rankguard:
             return f"unavailable:{error.state}", None
 
     def starts_since(self, since: float) -> list[float]:
-        """Seconds each replica started after ``since`` (wall clock) took to be ready."""
+        """Seconds each replacement after ``since`` (wall clock) took to be ready: a replica
+        started, or ranks replaced in one."""
         return [e["took_s"] for e in journal.read(self.journal) if e["event"] == "group_ready"
-                and e.get("role") == "started" and e["ts"] >= since]
+                and e.get("role") in ("started", "ranks_replaced") and e["ts"] >= since]
+
+    def heals_since(self, since: float) -> str:
+        """How the pool healed after ``since`` (wall clock), from its journal: its
+        retirements by action, and the heals that replaced ranks."""
+        events = [e for e in journal.read(self.journal) if e["ts"] >= since]
+        actions = Counter(e["action"] for e in events if e["event"] == "group_retire")
+        replaced = [e["took_s"] for e in events if e["event"] == "group_ready"
+                    and e.get("role") == "ranks_replaced"]
+        took = f" (median {statistics.median(replaced):.2f} s)" if replaced else ""
+        return (f"group_retire {', '.join(f'{a} {n}' for a, n in actions.most_common())}; "
+                f"ranks_replaced {len(replaced)}{took}")
 
     def close(self) -> None:
         self.pool.close()
@@ -237,7 +259,7 @@ def throughput(args: argparse.Namespace, work: int) -> None:
         print(f"{'':34}rankguard / plain req/s: {ours / plain:.2f}")
 
 
-Heals = dict[str, tuple[list[float], list[float]]]  # server -> (heal times, replica starts)
+Heals = dict[str, tuple[list[float], list[float]]]  # server -> (heal times, replacements)
 
 
 def with_faults(args: argparse.Namespace, work: int) -> Heals:
@@ -263,9 +285,11 @@ def with_faults(args: argparse.Namespace, work: int) -> Heals:
                 since = time.time()
                 healed = len(server.pool.heal_durations())
             answers, _ = load(server, args.requests, args.clients, args.fault_every)
+            healing = ""
             if isinstance(server, Rankguard):
                 server.whole()  # the replicas that faults retired are replaced
                 heals[name] = (server.pool.heal_durations()[healed:], server.starts_since(since))
+                healing = server.heals_since(since)
         finally:
             server.close()
         base = pct([a.took for a in calm if a.ok], .99)
@@ -279,21 +303,29 @@ def with_faults(args: argparse.Namespace, work: int) -> Heals:
               f"{len(failed) / max(1, len(faulty)):>10.1f}{pct(took, .5) * 1e3:>7.0f}ms"
               f"{pct(took, .99) * 1e3:>7.0f}ms{pct(took, .99) / base:>19.1f}x"
               f"{named:>4}/{len(faulty)}" + (f"   (mostly {why})" if why else ""))
+        late = [a.took - args.timeout for a in clean if a.took > args.timeout]
+        print(f"{'':4}fault-free calls failed: {len(failed)} of {len(clean)} "
+              f"({len(failed) / len(clean):.1%}); fault-free calls past their deadline: "
+              f"{len(late)}" + (f" (answered up to {max(late) * 1e3:.0f} ms after it)"
+                                if late else ""))
+        if healing:
+            print(f"{'':4}heals (journal): {healing}")
     return heals
 
 
 def heal_times(heals: Heals) -> None:
     bounds = (0.001, 0.01, 0.1, 1.0, 5.0, 30.0)
     print("\n3. during the faults of 2: heal time (a replica lost -> `replicas` healthy ones "
-          "again), as a histogram, and how long each replacement replica took to start")
+          "again), as a histogram, and how long each replacement took to be ready (a new "
+          "replica, or new ranks in one)")
     print(f"{'':34}" + "".join(f"{f'<{b:g} s':>8}" for b in bounds) +
-          f"{'median':>9}{'max':>9}{'starts':>8}{'median':>9}{'max':>9}")
+          f"{'median':>9}{'max':>9}{'replaced':>9}{'median':>9}{'max':>9}")
     for name, (healed, starts) in heals.items():
         counts = [sum(1 for h in healed if low <= h < high)
                   for low, high in zip((0.0, *bounds), bounds)]
         print(f"{name:34}" + "".join(f"{c:>8}" for c in counts) +
               f"{statistics.median(healed) if healed else 0:>8.3f}s{max(healed, default=0):>8.3f}s"
-              f"{len(starts):>8}{statistics.median(starts) if starts else 0:>8.2f}s"
+              f"{len(starts):>9}{statistics.median(starts) if starts else 0:>8.2f}s"
               f"{max(starts, default=0):>8.2f}s")
 
 
@@ -305,12 +337,15 @@ def main() -> None:
     parser.add_argument("--forward-ms", type=float, default=5.0)
     parser.add_argument("--fault-every", type=int, default=40)
     parser.add_argument("--world", type=int, default=2)
+    add_device_options(parser)
     parser.add_argument("--only", default="1,2", help="sections to run (1: throughput, 2: "
                         "faults and heal times)")
     args = parser.parse_args()
     work = fns.calibrate(args.forward_ms / 1e3)
     print(f"forward: {work} matmuls of 128x128 (about {args.forward_ms:g} ms on one core); "
-          f"{os.cpu_count()} CPU cores")
+          f"{os.cpu_count()} CPU cores" + (f"; the pools' ranks on {pool_devices(args)} (NCCL), "
+                                           "the plain groups on the CPU (gloo)"
+                                           if pool_devices(args) else ""))
     sections = args.only.split(",")
     if "1" in sections:
         throughput(args, work)
