@@ -28,9 +28,9 @@ rank's CUDA context.
 
 Parts (medians, ms): detection (the faulty call's start to its error), stacks (for a hang: the
 culprit's stacks, taken before it is replaced), stop (the unusable rank killed and reaped),
-process (the new rank's process started, until its code ran), runtime init (the new rank's
-start that its own parts leave out: the rank runtime's init, which imports torch in a cold
-rank), imports, device, group (joining the survivors' new generation: the communicator), setup;
+process (the new rank's process started, until its code ran), runtime init (the rank
+runtime's init, which imports torch in a cold rank), device, group (joining the survivors' new
+generation; on NCCL the communicator forms at the first collective, in the remainder), setup;
 for a whole replica, its start (new processes to every rank ready); the remainder is what no
 part covers (the leader's bookkeeping, messages, the first call after the heal).
 """
@@ -61,13 +61,12 @@ WHOLE = "whole"  # a trial in which every rank dies (fns.die): a new replica
 READY_S = 180.0  # a pool's first replica, and the pool whole again between trials
 PARTS = [("detection", "detection (fault -> error)"), ("stacks", "stacks (hangs only)"),
          ("stop", "stop (kill, reap)"), ("process", "process start"),
-         ("init", "runtime init (not in a part)"), ("imports", "imports"),
-         ("device", "device (CUDA context)"),
+         ("init", "runtime init (torch)"), ("device", "device (CUDA context)"),
          ("group", "group (join generation)"), ("setup", "setup"),
          ("replica", "whole replica start"), ("remainder", "remainder")]
 
 
-NEW_RANK = ("process", "imports", "device", "group", "setup")  # a new rank's own parts
+NEW_RANK = ("process", "init", "device", "group", "setup")  # a new rank's own parts
 
 
 class NoHeal(SystemExit):
@@ -169,10 +168,6 @@ def parts_of(events: list[dict[str, Any]], detected: float, total: float) -> dic
             for part in NEW_RANK:
                 parts[part] = sum(v for k, v in took.items()
                                   if k.startswith("rank") and k.endswith(f"_{part}"))
-            # the new rank's start that none of its own parts covers: the rank runtime's init,
-            # which imports torch in a cold rank before the worker's "imports" part begins
-            parts["init"] = max(0.0, took["spawned"] + took["joined"]
-                                - sum(parts[part] for part in NEW_RANK))
         elif event["event"] == "group_ready" and event.get("role") == "started":
             parts["replica"] = event["took_s"]
     parts["remainder"] = total - sum(parts.values())

@@ -60,7 +60,7 @@ def test_a_killed_rank_is_replaced_while_its_peer_keeps_its_process(
     assert [(e["group"], e["ranks"], e["pids"]) for e in replaced] == [
         (1, [1], after), (1, [1], last)]
     for event in replaced:  # where the heal's time went, the new rank's own steps included
-        assert {"stop", "spawned", "joined", "rank1_process", "rank1_group", "rank1_setup"} <= set(event["parts"])
+        assert {"stop", "spawned", "joined", "rank1_process", "rank1_init", "rank1_group", "rank1_setup"} <= set(event["parts"])
         assert all(took >= 0 for took in event["parts"].values()), event["parts"]
     assert len(events(log, "group_start")) == 1  # no new replica was needed
     # a replaced process's ledger goes with it; the log stays, appended to

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Callable
 
+from ..records import ledger as _ledger
 from . import async_groups
 from .probe import ANSWER_WINDOW_S
 from .state import GroupRecord, current
@@ -91,7 +92,15 @@ def tell_peers(record: GroupRecord, notice: dict[str, Any], window: float = ANSW
     asker = current().asker
     if asker is None:
         return {}
-    return asker.ask(record.name, record.peers, notice, window=window)
+    return asker.ask(record.name, record.peers, notice, window=window, gone=_reported_dead)
+
+
+def _reported_dead(peer: int) -> bool:
+    """Whether the supervisor's notice in this rank's ledger says ``peer`` died (a rank's
+    pool, or ``rankguard run``): such a peer will not answer, and is not waited for."""
+    ledger = current().ledger
+    notice = ledger.notice() if ledger is not None else None
+    return notice is not None and notice == (_ledger.NOTICE_NAMES[_ledger.NOTICE_DIED], peer)
 
 
 def abandon_world(reason: str) -> None:

@@ -39,6 +39,7 @@ from ..store import store_calls
 from ..store.store_calls import StoreStalled, within
 
 THREAD_SLACK_S = 0.1  # for the ask's own thread to start and end on a loaded machine
+GONE_POLL_S = 0.05  # how often an ask looks whether a peer it waits for is known dead
 _IDLE_WAIT = timedelta(hours=1)  # a responder's wait for the next request; then it waits again
 _ASK_TIMEOUT = timedelta(seconds=2)
 
@@ -172,10 +173,12 @@ class Asker:
         return self._cloneable
 
     def ask(self, group: str, peers: list[int], notice: dict[str, Any] | None = None,
-            window: float = ANSWER_WINDOW_S) -> dict[int, dict[str, Any] | None]:
-        """Each peer's answer about ``group`` (None: no answer within ``window`` seconds);
-        with ``notice``, also tell them that the group failed. Returns within ``window``
-        (+ ``THREAD_SLACK_S``), whatever state the store is in.
+            window: float = ANSWER_WINDOW_S, gone: Callable[[int], bool] | None = None
+            ) -> dict[int, dict[str, Any] | None]:
+        """Each peer's answer about ``group`` (None: no answer within ``window`` seconds, or
+        ``gone(peer)``: it is known to be dead, and not waited for); with ``notice``, also tell
+        them that the group failed. Returns within ``window`` (+ ``THREAD_SLACK_S``), whatever
+        state the store is in.
 
         Returns an empty dict when the peers cannot be asked (no cloneable store, or its server
         is unreachable or stalled: ``last_problem`` then says which).
@@ -193,7 +196,7 @@ class Asker:
             if client is None:  # the last one stalled: a new connection
                 client = clone_client(self._store, _ASK_TIMEOUT)
             if client is not None:
-                self._ask(client, group, peers, notice, limit, answers, pushed)
+                self._ask(client, group, peers, notice, limit, answers, pushed, gone)
 
         try:
             within(limit.later(THREAD_SLACK_S), "asking the peers", ask)
@@ -211,9 +214,10 @@ class Asker:
 
     def _ask(self, client: Any, group: str, peers: list[int], notice: dict[str, Any] | None,
              deadline: Deadline, answers: dict[int, dict[str, Any] | None],
-             pushed: threading.Event) -> None:
+             pushed: threading.Event, gone: Callable[[int], bool] | None) -> None:
         """Push the request to every peer, then fill ``answers`` as they come, until every peer
-        answered or ``deadline`` passed. ``pushed`` is set once every request is out."""
+        answered or is ``gone``, or ``deadline`` passed. ``pushed`` is set once every request
+        is out."""
         request = f"{os.getpid()}-{next(_request_ids)}"
         body = json.dumps({"id": request, "group": group, "notice": notice})
         for peer in peers:
@@ -222,9 +226,9 @@ class Asker:
         pushed.set()
         waiting = {peer: _answer_key(request, peer) for peer in peers}
         while waiting:
-            try:  # returns once every awaited answer is in, or raises at the deadline
-                client.wait(list(waiting.values()),
-                            timedelta(seconds=deadline.wait_time(at_least=0.001)))
+            try:  # returns once every awaited answer is in, or raises at the slice's end
+                client.wait(list(waiting.values()), timedelta(seconds=deadline.wait_time(
+                    GONE_POLL_S if gone is not None else None, at_least=0.001)))
             except Exception:  # noqa: BLE001 (timed out: take the answers that came)
                 pass
             for peer, key in list(waiting.items()):
@@ -235,6 +239,8 @@ class Asker:
                     client.delete_key(key)
                     continue
                 answers[peer] = json.loads(text)
+                del waiting[peer]
+            for peer in [peer for peer in waiting if gone is not None and gone(peer)]:
                 del waiting[peer]
             if deadline.passed():
                 break

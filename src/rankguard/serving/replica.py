@@ -73,8 +73,9 @@ class Replacement:
     per step (``stop``: the old processes killed and reaped; ``spawned``: the new ones
     started; ``joined``: until the generation formed and every new rank ran its setup; and
     each new rank's own ``rank<r>_<step>``: ``process`` until its code ran (an interpreter's
-    start, or a fork), then ``imports``, ``device`` (CUDA's context), ``group`` (joining the
-    generation, the communicator's init) and ``setup`` (loading its shard))."""
+    start, or a fork), then ``init`` (the rank runtime; torch imported, unless forked),
+    ``device`` (CUDA's context), ``group`` (joining the generation; on NCCL the communicator
+    forms at the first collective) and ``setup`` (loading its shard))."""
 
     ok: bool
     why: str

@@ -12,7 +12,7 @@ Its messages are dicts whose ``op`` is a ``serving.messages.Op``:
    device, it is made the current device first, so that the NCCL group and the setup use it)
    and runs ``setup(rank, world_size)``; answers ``{"op": "ready", "pid", "began", "parts"}``
    (``began``: when its code started, on the monotonic clock; the seconds each step took:
-   ``imports``, ``device``, ``group``, ``setup``), or
+   ``init`` (the rank runtime, torch imported), ``device``, ``group``, ``setup``), or
    ``setup_failed`` with the traceback. A **replacement** (``RANKGUARD_REPLACING=1``, started
    after its place's process was found unusable) joins the survivors' new generation instead
    of generation 0 (``runtime.vacancies``) and runs the setup as any rank does: its state is
@@ -124,11 +124,9 @@ def _join_group(parts: dict[str, float]) -> Any:
     before the group (NCCL binds each rank's communicator to it) and before the setup (its
     tensors go there). Returns ``torch.distributed``; ``parts`` gets the seconds each step
     took."""
-    started = time.monotonic()
     import torch
     import torch.distributed as dist
 
-    parts["imports"] = time.monotonic() - started
     device = os.environ.get(DEVICE_ENV) or CPU
     started = time.monotonic()
     if device != CPU:
@@ -153,10 +151,10 @@ def _regroup(command: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     began = time.monotonic()
     init()  # its SIGTERM teardown budget: the RANKGUARD_GRACE the replica set
+    parts = {"init": time.monotonic() - began}  # the rank runtime, torch imported
     proctree.die_with_parent(int(os.environ[LEADER]))
     end = RankEnd(int(os.environ[FD]))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    parts: dict[str, float] = {}
     try:
         _adopt_leader_paths()
         hello = end.receive(_loads)
