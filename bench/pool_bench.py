@@ -10,8 +10,9 @@
      verdicts).
    Rounds alternate between the two, and the medians are compared.
 2. Recovery: a rank is SIGKILLed mid-forward; the time from that request's start to the first
-   successful request after it, with one warm spare group and with none (a cold start of N
-   ranks). The plain group has no recovery of its own (gloo fails the survivor's all_reduce;
+   successful request after it, with one warm spare group and with none (the killed rank is
+   replaced in its group, forked from the zygote; the other ranks are kept). The plain group
+   has no recovery of its own (gloo fails the survivor's all_reduce;
    the daemon is left without a group); the figure beside it is a cold start of a new plain
    group, what restarting the daemon costs at best.
 3. Fault to error: each kind of fault mid-forward, the time until the call raises, against its
@@ -100,10 +101,10 @@ def recovery(args: argparse.Namespace, work: int) -> None:
     cold_plain = time.perf_counter() - started
     plain.close()
     print(f"{'rankguard, 1 warm spare group':40}{figures[1]:>8.3f} s (median)")
-    print(f"{'rankguard, no spare (cold start)':40}{figures[0]:>8.3f} s (median)")
+    print(f"{'rankguard, no spare (rank 1 replaced)':40}{figures[0]:>8.3f} s (median)")
     print(f"{'plain: no recovery; a new plain group':40}{cold_plain:>8.3f} s "
           "(gloo fails the survivor's all_reduce; nothing restarts the group)")
-    print(f"warm spare vs cold start: {figures[0] / figures[1]:.0f}x faster")
+    print(f"warm spare vs rank replacement: {figures[0] / figures[1]:.1f}x faster")
 
 
 def fault_to_error(args: argparse.Namespace, work: int) -> None:
