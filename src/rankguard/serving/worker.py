@@ -25,6 +25,10 @@ Its messages are dicts whose ``op`` is a ``serving.messages.Op``:
    - ``{"op": "regroup", "deadline"}``: a fresh generation of the same ranks after a failure.
    - ``{"op": "exit", "deadline"}``: a bounded shutdown, then exit 0.
 
+With ``--warm`` it is a warm rank first (``serving.warm_worker``): it imports torch (and on a GPU
+initialises CUDA) before it is needed, waits for the environment of the rank it becomes, and then
+goes on as above.
+
 It imports the rank runtime's modules, not the package face ``rankguard`` (which imports the
 pool, and so this module's own leader side).
 
@@ -54,6 +58,7 @@ from .channel import ChannelClosed, RankEnd
 from .messages import Op
 from .leader_env import FD, LEADER, MAIN, SYS_PATH
 from .placement import BACKEND_ENV, CPU, DEVICE_ENV, Backend
+from .warm_worker import WARM_FLAG, become_rank
 
 
 def _adopt_leader_paths() -> None:
@@ -124,6 +129,8 @@ def _join_group(dist: Any) -> None:
 
 
 def main() -> None:
+    if sys.argv[1:] == [WARM_FLAG]:
+        become_rank()
     init()  # its SIGTERM teardown budget: the RANKGUARD_GRACE the replica set
     proctree.die_with_parent(int(os.environ[LEADER]))
     end = RankEnd(int(os.environ[FD]))
