@@ -103,11 +103,14 @@ def test_warm_ranks_become_the_ranks_of_a_replica_that_serves(warm: Warm, tmp_pa
             {r: replica._store.port for r in (0, 1)}
         assert _run(replica, rf.bounded_group, all_ranks=True) == {0: True, 1: True}
         assert warm.count() == WarmCount(warmup_s=warm.count().warmup_s)  # none left
+        child = _run(replica, rf.fork_sleeper)[0]  # no exec: the warm rank's /proc environ
     finally:
         replica.close(Deadline.after(10.0))
     assert [s.fallback for s in starts if s is not None] == ["", ""]
     assert [replica.ending(r) for r in (0, 1)] == ["exited with code 0"] * 2  # its own status
     assert "rank0.log" in os.listdir(tmp_path / "replica")
+    warm.ranks.close(Deadline.after(10.0))
+    wait_for(lambda: not proctree.alive(child), 10, f"the rank's forked child {child} to end")
 
 
 @pytest.mark.deadline(120)

@@ -25,6 +25,7 @@ import enum
 import os
 import pickle
 import re
+import secrets
 import socket
 import subprocess
 import sys
@@ -49,6 +50,7 @@ from .warm_worker import DEVICE_ENV as WARM_DEVICE_ENV
 WARM_TRIES = 3  # warm ranks of one device that may fail in a row before none start there
 HAND_S = 2.0  # how long handing a rank to a warm process may take (one local send: ms)
 LOG_TAIL = 2000  # characters of a failed warm rank's output kept in its failure
+TOKEN_VAR = "RANKGUARD_WARM_TOKEN"  # in each warm rank's environ, and in what it forks
 _DEVICE = re.compile(r"cpu|cuda:(0|[1-9][0-9]*)", re.ASCII)
 
 
@@ -202,6 +204,7 @@ class WarmRanks:
         self._devices: dict[str, _Device] = {}
         self._started = 0
         self._closed = False
+        self._token = secrets.token_hex(8)  # marks every warm rank, and what it forks
 
     # -- starting ---------------------------------------------------------------------------
 
@@ -246,7 +249,8 @@ class WarmRanks:
         log = os.path.join(self._log_dir, f"warm-{device.replace(':', '')}-{number}.log")
         env = {**os.environ, **leader_env.leader_context(), **self._env,
                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-               CONTROL_FD_ENV: str(theirs.fileno()), WARM_DEVICE_ENV: device}
+               CONTROL_FD_ENV: str(theirs.fileno()), WARM_DEVICE_ENV: device,
+               TOKEN_VAR: self._token}
         try:
             proc = spawn([sys.executable, "-m", WORKER_MODULE, WARM_FLAG], env, log=log,
                          pass_fds=(theirs.fileno(),))
@@ -371,7 +375,13 @@ class WarmRanks:
         """End every warm rank not handed out: a ready one is told it is not needed (its
         socket closes: it exits 0), one still warming is killed at once (it holds nothing);
         what is left at ``until`` is killed; all are reaped (``REAP_S`` more at most). A
-        :class:`WarmStart` called afterwards starts its rank cold. Idempotent."""
+        :class:`WarmStart` called afterwards starts its rank cold.
+
+        Then it kills every process that still shows this set's token (``TOKEN_VAR``) in /proc:
+        what a rank that was a warm rank forked without exec (its /proc environ is the warm
+        rank's, without its replica's marker, so the replica's sweep misses it), and such a
+        rank itself if it still runs: close the replicas whose ranks came from here first, as a
+        pool closes its zygote last. Idempotent."""
         with self._lock:
             self._closed = True
             warms = [w for slot in self._devices.values() for w in slot.warm]
@@ -387,6 +397,7 @@ class WarmRanks:
         proctree.await_exits([w.proc.pid for w in warms], until)
         for warm in warms:
             self._end(warm)
+        proctree.kill_all(proctree.with_env(TOKEN_VAR, self._token))
 
     def _end(self, warm: _Warm) -> None:
         """Kill ``warm``'s process if it runs, reap it (``REAP_S`` at most), close its socket

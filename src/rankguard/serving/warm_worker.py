@@ -30,10 +30,11 @@ Nothing of the rank is read before step 5: the modules a worker imports read the
 when called (``runtime.init``, the ledger, stacks), not when imported, and only torch and
 ``torch.distributed`` are imported ahead (``runtime.init`` instruments an already imported
 ``torch.distributed``, as in a rank forked from the zygote). What torch and CUDA read while
-warming (``CUDA_VISIBLE_DEVICES``, ``OMP_NUM_THREADS``) comes from that shared base; NCCL's
-variables (``NCCL_HOSTID``) are read when the rank forms its group, after step 5. A rank's marker
-(``supervisor.rank_processes.MARKER_VAR``) is in its environment from step 5 on, and so in what
-it starts, but not in its own ``/proc/PID/environ``: its supervisor knows it by its pid.
+warming (``CUDA_VISIBLE_DEVICES``, ``PYTORCH_CUDA_ALLOC_CONF``, ``OMP_NUM_THREADS``) comes from
+that shared base; NCCL's variables (``NCCL_HOSTID``) are read when the rank forms its group,
+after step 5. A rank's marker (``supervisor.rank_processes.MARKER_VAR``) is in its environment
+from step 5 on, and so in what it starts, but not in its own ``/proc/PID/environ``: its
+supervisor knows it by its pid.
 """
 
 from __future__ import annotations
