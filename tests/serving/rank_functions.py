@@ -160,3 +160,7 @@ def bounded_group(state: Any) -> bool:
     from rankguard.runtime.state import current
 
     return current().groups.of(c10d._get_default_group()) is not None
+
+
+def cwd(state: Any) -> str:
+    return os.getcwd()

@@ -72,6 +72,7 @@ def _run(replica: Replica, fn: Callable[..., Any], *args: Any, all_ranks: bool =
                        time.monotonic(), Deadline.after(30.0))
 
 
+@pytest.mark.slow
 @pytest.mark.deadline(180)
 def test_warm_ranks_become_the_ranks_of_a_replica_that_serves(warm: Warm, tmp_path: Path
                                                              ) -> None:
@@ -111,6 +112,50 @@ def test_warm_ranks_become_the_ranks_of_a_replica_that_serves(warm: Warm, tmp_pa
     assert "rank0.log" in os.listdir(tmp_path / "replica")
     warm.ranks.close(Deadline.after(10.0))
     wait_for(lambda: not proctree.alive(child), 10, f"the rank's forked child {child} to end")
+
+
+def _ready_one(warm: Warm) -> WarmStart:
+    warm.ranks.fill("cpu", 1)
+    warm.wait(lambda c: c.ready == 1, "a warm rank")
+    start = warm.ranks.take("cpu")
+    assert start is not None
+    return start
+
+
+def _replica_of_one(folder: Path, start: WarmStart) -> Replica:
+    replica = Replica(0, 1, None, str(folder), {}, Deadline.after(READY_S), start_rank=start)
+    assert replica.wait_started(Deadline.after(READY_S)) == StartState.READY, replica.failure
+    return replica
+
+
+@pytest.mark.deadline(120)
+def test_a_warm_rank_works_in_the_folder_the_leader_is_in_when_it_hands_it_over(
+        warm: Warm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "then").mkdir()
+    (tmp_path / "now").mkdir()
+    monkeypatch.chdir(tmp_path / "then")
+    start = _ready_one(warm)
+    monkeypatch.chdir(tmp_path / "now")
+    replica = _replica_of_one(tmp_path / "replica", start)
+    try:
+        assert _run(replica, rf.cwd)[0] == str(tmp_path / "now")  # as a rank started now
+    finally:
+        replica.close(Deadline.after(10.0))
+
+
+@pytest.mark.deadline(120)
+def test_a_warm_rank_that_died_before_the_hand_over_leaves_its_rank_to_a_cold_start(
+        warm: Warm, tmp_path: Path) -> None:
+    start = _ready_one(warm)
+    os.kill(start.pid, signal.SIGKILL)
+    wait_for(lambda: not proctree.alive(start.pid), 10, "the warm rank to die")
+    replica = _replica_of_one(tmp_path / "replica", start)
+    try:
+        assert replica.pids[0] != start.pid and _run(replica, rf.pid)[0] == replica.pids[0]
+        assert start.fallback.startswith(f"the warm rank (pid {start.pid}) could not take it")
+    finally:
+        replica.close(Deadline.after(10.0))
+    assert warm.count().ready == 0 and warm.ranks.pids() == []
 
 
 @pytest.mark.deadline(120)

@@ -141,7 +141,8 @@ class WarmStart:
     def __call__(self, env: dict[str, str], log: str, channel_fd: int) -> Any:
         """Make the warm process the rank whose environment is ``env`` (complete: it replaces
         the process's), its output going to ``log`` (appended, created 0600), its channel to
-        the leader ``channel_fd``; returns its ``subprocess.Popen``. When that fails (the warm
+        the leader ``channel_fd``, its working folder the leader's; returns its
+        ``subprocess.Popen``. When that fails (the warm
         process died, or the warm ranks were closed), the rank starts cold
         (:func:`~rankguard.serving.replica.cold_start`) and :attr:`fallback` says why.
 
@@ -163,7 +164,7 @@ class WarmStart:
         if not claimed:
             self.fallback = "the warm ranks were closed"
             return cold_start(env, log, channel_fd)
-        message = pickle.dumps({"op": WarmOp.BECOME, "env": dict(env)})
+        message = pickle.dumps({"op": WarmOp.BECOME, "env": dict(env), "cwd": os.getcwd()})
         try:
             with open(log, "ab", opener=private_files.opener) as out:
                 warm.control.settimeout(HAND_S)

@@ -20,11 +20,13 @@ It then:
 3. says ``{"op": WarmOp.READY, "pid", "parts": {WarmPart: seconds}}`` on the control socket,
    or ``{"op": WarmOp.FAILED, "error"}`` (the traceback) and exits 1;
 4. waits, with no deadline (an idle warm rank waits to be needed), for ``{"op": WarmOp.BECOME,
-   "env"}`` with two descriptors (SCM_RIGHTS): the rank's channel to the leader and its log.
-   End of file instead (the leader closed the socket, or died) means it is not needed: exit 0;
-5. sends its output to the log, replaces its whole environment with ``env`` (the rank's
-   complete environment, as a new process would get it), sets ``leader_env.FD`` to the number
-   the channel got here, and returns: ``worker.main()`` goes on as that rank.
+   "env", "cwd"}`` with two descriptors (SCM_RIGHTS): the rank's channel to the leader and its
+   log. End of file instead (the leader closed the socket, or died) means it is not needed:
+   exit 0;
+5. sends its output to the log, moves to the leader's working folder ``cwd``, replaces its
+   whole environment with ``env`` (the rank's complete environment, as a new process would get
+   it), sets ``leader_env.FD`` to the number the channel got here, and returns:
+   ``worker.main()`` goes on as that rank.
 
 Nothing of the rank is read before step 5: the modules a worker imports read their environment
 when called (``runtime.init``, the ledger, stacks), not when imported, and only torch and
@@ -130,6 +132,7 @@ def become_rank() -> None:
     os.dup2(log, 2)
     os.close(log)
     control.close()
+    os.chdir(message["cwd"])
     os.environ.clear()
     os.environ.update(message["env"])
     os.environ[leader_env.FD] = str(channel)
