@@ -159,6 +159,22 @@ def test_a_warm_rank_that_died_before_the_hand_over_leaves_its_rank_to_a_cold_st
 
 
 @pytest.mark.deadline(120)
+def test_a_ready_warm_rank_that_dies_idle_is_replaced_and_counted(warm: Warm) -> None:
+    warm.ranks.fill("cpu", 1)
+    warm.wait(lambda c: c.ready == 1, "a warm rank")
+    [pid] = warm.ranks.pids()
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not proctree.alive(pid), 10, "the warm rank to die")
+    assert warm.ranks.fill("cpu", 1) == 1
+    count = warm.count()
+    assert (count.ready, count.warming, count.failed) == (0, 1, 1)
+    assert count.failure.startswith(f"warm rank {pid} on cpu exited while it waited to be "
+                                    "needed (was killed by SIGKILL)")
+    warm.wait(lambda c: c.ready == 1, "its replacement")
+    assert warm.count().failed == 0 and warm.ranks.pids() != [pid]
+
+
+@pytest.mark.deadline(120)
 def test_nothing_is_taken_before_it_is_ready_nor_for_another_device(warm: Warm) -> None:
     assert warm.ranks.fill("cpu", 1) == 1
     assert warm.ranks.take("cpu") is None  # python and torch take seconds to start

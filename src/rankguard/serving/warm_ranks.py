@@ -142,9 +142,9 @@ class WarmStart:
         """Make the warm process the rank whose environment is ``env`` (complete: it replaces
         the process's), its output going to ``log`` (appended, created 0600), its channel to
         the leader ``channel_fd``, its working folder the leader's; returns its
-        ``subprocess.Popen``. When that fails (the warm
-        process died, or the warm ranks were closed), the rank starts cold
-        (:func:`~rankguard.serving.replica.cold_start`) and :attr:`fallback` says why.
+        ``subprocess.Popen``. When that fails (the warm process died, or the warm ranks were
+        closed), the rank starts cold (:func:`~rankguard.serving.replica.cold_start`) and
+        :attr:`fallback` says why.
 
         Raises:
             ValueError: ``env`` places the rank on another device than this warm rank's, or
@@ -225,17 +225,21 @@ class WarmRanks:
             if self._closed:
                 return 0
             slot = self._devices.setdefault(device, _Device())
-            self._prune(slot)
+            dead = self._prune(slot)
+        self._died_idle(dead)
+        with self._lock:
             missing = count - len(slot.warm) if slot.failed < WARM_TRIES else 0
         os.makedirs(self._log_dir, exist_ok=True)
         started = 0
         for _ in range(missing):
             warm = self._start(device)
             with self._lock:
-                if self._closed:
-                    self._end(warm)
-                    break
-                slot.warm.append(warm)
+                closed = self._closed
+                if not closed:
+                    slot.warm.append(warm)
+            if closed:
+                self._end(warm)
+                break
             warm.watcher = threading.Thread(target=self._await_ready, args=(warm,), daemon=True,
                                             name=f"rankguard-warm-{warm.proc.pid}")
             warm.watcher.start()
@@ -333,9 +337,7 @@ class WarmRanks:
             warm = next((w for w in slot.warm if w.state == WarmState.READY), None)
             if warm is not None:
                 warm.state = WarmState.TAKEN
-        for gone in dead:
-            self._end(gone)
-            self._failed(gone, "exited while it waited to be needed", output=True)
+        self._died_idle(dead)
         return WarmStart(self, warm) if warm is not None else None
 
     def _claim(self, warm: _Warm) -> bool:
@@ -346,6 +348,12 @@ class WarmRanks:
                 return False
             slot.warm.remove(warm)
             return True
+
+    def _died_idle(self, dead: list[_Warm]) -> None:
+        """End and count as failed the ready warm ranks found dead (by :meth:`_prune`)."""
+        for warm in dead:
+            self._end(warm)
+            self._failed(warm, "exited while it waited to be needed", output=True)
 
     def _prune(self, slot: _Device) -> list[_Warm]:
         """Under the lock: drop the ready warm ranks of ``slot`` that have exited; returns
