@@ -179,3 +179,16 @@ def placed_on(state: Any) -> tuple[str, str, str]:
     import rankguard
 
     return str(rankguard.device()), str(dist.get_backend()), os.environ.get("NCCL_HOSTID", "")
+
+
+def bounded_group(state: Any) -> bool:
+    """Whether this rank's default group is one rankguard instrumented (bounded collectives)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    from rankguard.runtime.state import current
+
+    return current().groups.of(c10d._get_default_group()) is not None
+
+
+def cwd(state: Any) -> str:
+    return os.getcwd()

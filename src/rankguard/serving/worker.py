@@ -32,6 +32,10 @@ Its messages are dicts whose ``op`` is a ``serving.messages.Op``:
      replacements to fill the vacant places.
    - ``{"op": "exit", "deadline"}``: a bounded shutdown, then exit 0.
 
+With ``--warm`` it is a warm rank first (``serving.warm_worker``): it imports torch (and on a GPU
+initialises CUDA) before it is needed, waits for the environment of the rank it becomes, and then
+goes on as above.
+
 It imports the rank runtime's modules, not the package face ``rankguard`` (which imports the
 pool, and so this module's own leader side).
 
@@ -61,6 +65,7 @@ from .channel import ChannelClosed, RankEnd
 from .messages import Op
 from .leader_env import FD, LEADER, MAIN, SYS_PATH
 from .placement import BACKEND_ENV, CPU, DEVICE_ENV, Backend
+from .warm_worker import WARM_FLAG, become_rank
 
 
 def _adopt_leader_paths() -> None:
@@ -149,6 +154,8 @@ def _regroup(command: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
+    if sys.argv[1:] == [WARM_FLAG]:
+        become_rank()  # a warm rank: from here on, the rank it was handed
     began = time.monotonic()
     init()  # its SIGTERM teardown budget: the RANKGUARD_GRACE the replica set
     parts = {"init": time.monotonic() - began}  # the rank runtime, torch imported
