@@ -1,5 +1,5 @@
 """How soon a replica's rank is ready, by how it starts: cold, forked from the zygote, or a warm
-rank (``serving.warm_ranks``).
+rank (``serving.warm_spares``).
 
     python bench/warm_rank_bench.py [--repeats 5] [--world 1] [--device cpu|cuda:N]
 
@@ -35,7 +35,7 @@ from rankguard.errors import UsageError  # noqa: E402
 from rankguard.serving.placement import CPU, ReplicaPlacement  # noqa: E402
 from rankguard.serving.pool_zygote import PoolZygote  # noqa: E402
 from rankguard.serving.replica import Replica, StartRank, StartState  # noqa: E402
-from rankguard.serving.warm_ranks import WarmRanks, check_device  # noqa: E402
+from rankguard.serving.warm_spares import WarmSpares, check_device  # noqa: E402
 from tests.serving import rank_functions as rf  # noqa: E402
 
 START_S = 120.0
@@ -65,7 +65,7 @@ def start_to_ready(placement: ReplicaPlacement, env: dict[str, str], folder: str
         replica.close(Deadline.after(10.0))
 
 
-def warm_starter(warm: WarmRanks, device: str, world: int, changed: threading.Event
+def warm_starter(warm: WarmSpares, device: str, world: int, changed: threading.Event
                  ) -> tuple[StartRank, list[float]]:
     """One ready warm rank per rank of the next replica, and their warm-ups in seconds."""
     warm.fill(device, world)
@@ -106,7 +106,7 @@ def main() -> None:
     folder = tempfile.mkdtemp(prefix="rankguard-warm-bench-")
     changed = threading.Event()
     zygote = PoolZygote(True, env, folder, START_S, changed.set, lambda *_, **__: None)
-    warm = WarmRanks(env, folder, START_S, changed.set)
+    warm = WarmSpares(env, folder, START_S, changed.set)
     ways = ["cold", "zygote", "warm"]
     times: dict[str, list[float]] = {way: [] for way in ways}
     warmups: list[float] = []

@@ -1,8 +1,8 @@
-"""Warm ranks on GPU 0 (``serving.warm_ranks``): each initialises CUDA and makes its context
+"""Warm ranks on GPU 0 (``serving.warm_spares``): each initialises CUDA and makes its context
 there before it is needed, then becomes a rank of a replica of two NCCL ranks sharing the GPU
 (each a host of its own through the ``NCCL_HOSTID`` of its placement, read after it became the
 rank) that serves an all_reduce (``python -m pytest -m gpu``). The CPU cases are in
-tests/serving/test_warm_ranks.py. Skipped without a CUDA GPU."""
+tests/serving/test_warm_spares.py. Skipped without a CUDA GPU."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 from rankguard.deadline import Deadline
 from rankguard.serving.placement import ReplicaPlacement
 from rankguard.serving.replica import Replica, StartState
-from rankguard.serving.warm_ranks import WarmRanks
+from rankguard.serving.warm_spares import WarmSpares
 from rankguard.serving.warm_worker import WarmPart
 from tests.gpu.nccl_ranks import GPU_SET, ONE_GPU
 from tests.serving import rank_functions as rf
@@ -26,7 +26,7 @@ READY_S = 120.0  # a cold CUDA start, then NCCL's
 
 def test_warm_ranks_on_gpu_0_become_the_nccl_ranks_of_a_replica(tmp_path: Path) -> None:
     changed = threading.Event()
-    warm = WarmRanks(ONE_GPU, str(tmp_path / "warm"), READY_S, changed.set)
+    warm = WarmSpares(ONE_GPU, str(tmp_path / "warm"), READY_S, changed.set)
     replica = None
     try:
         assert warm.fill("cuda:0", 2) == 2

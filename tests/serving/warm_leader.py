@@ -9,12 +9,12 @@ import threading
 import time
 
 from rankguard.deadline import Deadline
-from rankguard.serving.warm_ranks import WarmRanks
+from rankguard.serving.warm_spares import WarmSpares
 
 
 def main() -> None:
     changed = threading.Event()
-    warm = WarmRanks({}, sys.argv[1], 60.0, changed.set)
+    warm = WarmSpares({}, sys.argv[1], 60.0, changed.set)
     warm.fill("cpu", 1)
     limit = Deadline.after(60.0)
     start = warm.take("cpu")

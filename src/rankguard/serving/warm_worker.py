@@ -1,6 +1,6 @@
 """A worker's warm mode: ``python -m rankguard.serving.worker --warm``, a rank process started
 ahead of need, which becomes a rank of a replica when its leader hands it one
-(``serving.warm_ranks`` is the leader's side).
+(``serving.warm_spares`` is the leader's side).
 
 A rank forked from the pool's zygote has torch imported already, but CUDA does not survive a
 fork: a rank on a GPU still pays CUDA's initialisation and its context. A warm rank is a process

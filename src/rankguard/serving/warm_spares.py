@@ -2,8 +2,8 @@
 on a GPU, initialised CUDA and created their context on their device, each waiting to become a
 rank of a replica (``serving.warm_worker`` is their side).
 
-:class:`WarmRanks` keeps up to a count of them per device key (``cpu``, ``cuda:N``: a device as
-``serving.placement`` writes it). :meth:`WarmRanks.take` gives a ready one as a
+:class:`WarmSpares` keeps up to a count of them per device key (``cpu``, ``cuda:N``: a device as
+``serving.placement`` writes it). :meth:`WarmSpares.take` gives a ready one as a
 :class:`WarmStart`, a ``StartRank`` like ``replica.cold_start``: called with the rank's
 environment, log and channel, it hands them to the warm process over its control socket, and
 that process *is* the rank from then on: a child of the leader, its exit status its own. Should
@@ -11,11 +11,11 @@ the hand-off fail (the warm process died meanwhile), the rank starts cold instea
 
 Bounds: a warm rank must be ready within ``start_timeout`` of its start, or it is killed and
 counts as failed (so does one whose warm-up raised, or that died); after :data:`WARM_TRIES`
-failures in a row on one device, :meth:`WarmRanks.fill` starts no more there (its ranks start
+failures in a row on one device, :meth:`WarmSpares.fill` starts no more there (its ranks start
 cold). The hand-off is one send on a local socket (``HAND_S`` at most). An idle ready warm rank
-waits without a deadline: it costs a process, nothing else. :meth:`WarmRanks.close` ends
+waits without a deadline: it costs a process, nothing else. :meth:`WarmSpares.close` ends
 them by a :class:`~rankguard.deadline.Deadline`. Warm ranks die with the thread that started
-them (PR_SET_PDEATHSIG): call :meth:`WarmRanks.fill` from a thread that outlives them (the pool's
+them (PR_SET_PDEATHSIG): call :meth:`WarmSpares.fill` from a thread that outlives them (the pool's
 supervisor thread).
 """
 
@@ -107,14 +107,14 @@ def check_device(device: object) -> str:
         UsageError: anything else.
     """
     if not isinstance(device, str) or not _DEVICE.fullmatch(device):
-        raise UsageError("WarmRanks(device)", f"{shown(device)} is not a device",
+        raise UsageError("WarmSpares(device)", f"{shown(device)} is not a device",
                          "give 'cpu' or 'cuda:N' (N a CUDA device index), as "
                          "serving.placement writes them")
     return device
 
 
 class WarmStart:
-    """A ready warm rank, given out by :meth:`WarmRanks.take`: a ``StartRank`` (call it once).
+    """A ready warm rank, given out by :meth:`WarmSpares.take`: a ``StartRank`` (call it once).
 
     Attributes:
         device: the device it warmed up on.
@@ -124,7 +124,7 @@ class WarmStart:
             became the rank).
     """
 
-    def __init__(self, owner: WarmRanks, warm: _Warm) -> None:
+    def __init__(self, owner: WarmSpares, warm: _Warm) -> None:
         self._owner = owner
         self._warm = warm
         self.device = warm.device
@@ -178,7 +178,7 @@ class WarmStart:
         return warm.proc
 
 
-class WarmRanks:
+class WarmSpares:
     """Up to a count of warm ranks per device; see the module docstring.
 
     Args:
@@ -198,7 +198,7 @@ class WarmRanks:
                  on_change: Callable[[], None] = lambda: None) -> None:
         self._env = dict(env)
         self._log_dir = log_dir
-        self._start_timeout = check_seconds("WarmRanks(start_timeout)", start_timeout,
+        self._start_timeout = check_seconds("WarmSpares(start_timeout)", start_timeout,
                                             text=False)
         self._on_change = on_change
         self._lock = threading.Lock()
@@ -220,7 +220,7 @@ class WarmRanks:
             OSError: a process or socket could not be made (those started before stay).
         """
         check_device(device)
-        whole_number("WarmRanks.fill(count)", count, 0)
+        whole_number("WarmSpares.fill(count)", count, 0)
         with self._lock:
             if self._closed:
                 return 0

@@ -1,4 +1,4 @@
-"""Warm ranks (``serving.warm_ranks``, ``serving.warm_worker``): real processes that imported
+"""Warm ranks (``serving.warm_spares``, ``serving.warm_worker``): real processes that imported
 torch ahead, each becoming a rank of a real replica (gloo on the CPU) when handed its
 environment and channel; none given out before it is ready or for another device; closed, or
 dying with their leader, they leave nothing behind. The GPU case is tests/gpu/test_warm_rank_gpu.py."""
@@ -22,7 +22,7 @@ from rankguard.deadline import Deadline
 from rankguard.errors import UsageError
 from rankguard.processes import proctree
 from rankguard.serving.replica import Replica, StartState
-from rankguard.serving.warm_ranks import WARM_TRIES, WarmCount, WarmRanks, WarmStart
+from rankguard.serving.warm_spares import WARM_TRIES, WarmCount, WarmSpares, WarmStart
 from rankguard.serving.warm_worker import WarmPart
 from tests.conftest import ROOT
 
@@ -34,11 +34,11 @@ READY_S = 60.0  # a warm rank's start: python and import torch, on two busy core
 
 
 class Warm:
-    """A :class:`WarmRanks` whose changes wake :meth:`wait`."""
+    """A :class:`WarmSpares` whose changes wake :meth:`wait`."""
 
     def __init__(self, folder: Path, start_timeout: float = READY_S) -> None:
         self.changed = threading.Condition()
-        self.ranks = WarmRanks({}, str(folder), start_timeout, self._change)
+        self.ranks = WarmSpares({}, str(folder), start_timeout, self._change)
 
     def _change(self) -> None:
         with self.changed:
@@ -257,16 +257,16 @@ def test_after_failures_in_a_row_no_more_start_on_that_device(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize("device, count, wrong", [
-    ("cpu", -1, "WarmRanks.fill(count): expected a whole number >= 0, got -1"),
-    ("cpu", 1.5, "WarmRanks.fill(count): expected a whole number >= 0, got 1.5"),
-    ("gpu", 1, "WarmRanks(device): 'gpu' is not a device"),
-    ("cuda", 1, "WarmRanks(device): 'cuda' is not a device"),
-    ("cuda:-1", 1, "WarmRanks(device): 'cuda:-1' is not a device"),
-    ("cuda:01", 1, "WarmRanks(device): 'cuda:01' is not a device"),
+    ("cpu", -1, "WarmSpares.fill(count): expected a whole number >= 0, got -1"),
+    ("cpu", 1.5, "WarmSpares.fill(count): expected a whole number >= 0, got 1.5"),
+    ("gpu", 1, "WarmSpares(device): 'gpu' is not a device"),
+    ("cuda", 1, "WarmSpares(device): 'cuda' is not a device"),
+    ("cuda:-1", 1, "WarmSpares(device): 'cuda:-1' is not a device"),
+    ("cuda:01", 1, "WarmSpares(device): 'cuda:01' is not a device"),
 ])
 def test_a_bad_device_or_count_is_refused_naming_it(tmp_path: Path, device: str, count: Any,
                                                     wrong: str) -> None:
-    warm = WarmRanks({}, str(tmp_path), READY_S)
+    warm = WarmSpares({}, str(tmp_path), READY_S)
     with pytest.raises(UsageError) as caught:
         warm.fill(device, count)
     assert str(caught.value).startswith(wrong)
@@ -274,5 +274,5 @@ def test_a_bad_device_or_count_is_refused_naming_it(tmp_path: Path, device: str,
 
 
 def test_a_bad_start_timeout_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match=r"WarmRanks\(start_timeout\)"):
-        WarmRanks({}, str(tmp_path), -1.0)
+    with pytest.raises(UsageError, match=r"WarmSpares\(start_timeout\)"):
+        WarmSpares({}, str(tmp_path), -1.0)
