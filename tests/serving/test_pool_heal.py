@@ -149,3 +149,17 @@ def test_after_an_overrun_only_the_rank_that_never_finished_the_call_is_replaced
         ("drain_then_regroup", []), ("stacks_then_replace", [1])]
     assert list(events(log, "stacks")[0]["stacks"]) == ["1"]
     assert [e["ranks"] for e in healed(log)] == [[1]]
+
+
+@pytest.mark.deadline(120)
+def test_a_warm_spare_takes_the_place_of_a_killed_rank_and_another_warms_up(
+        tmp_path: Path) -> None:
+    log = tmp_path / "journal.jsonl"
+    with rankguard.Pool(2, rf.load, spares=0, timeout=TIMEOUT, journal=str(log),
+                        warm_spares=1) as pool:
+        wait_for(lambda: pool.status().warm_spares == {"cpu": 1}, 60, "a warm spare")
+        before, after, _ = fault_then_serve(pool, rf.forward, 1.0, (1, "kill"))
+        assert after[0] == before[0] and after[1] != before[1]
+        wait_for(lambda: pool.status().warm_spares == {"cpu": 1}, 60, "the next warm spare")
+    (event,) = healed(log)
+    assert event["warm"] == [1] and event["pids"] == after

@@ -49,6 +49,7 @@ EVENTS = (
     "group_suspect",
     "group_retire",
     "ranks_replace",
+    "warm_spare_failed",
     "heal",
     "pool_close",
 )

@@ -60,6 +60,10 @@ def build_parser() -> Parser:
     p.add_argument("--gpus-per-replica", dest="gpus_per_replica", default=None,
                    help="instead of --devices: CUDA devices of its own for each replica, "
                    "spares included, in order, its ranks spread over them")
+    p.add_argument("--warm-spares", dest="warm_spares", default=None,
+                   help="rank processes kept ready on each device the replicas use (torch "
+                   "imported; on a GPU, CUDA initialised), each taking an unusable rank's "
+                   "place when a replica heals (default: 1 per device on GPUs, 0 on the CPU)")
     p.add_argument("--no-zygote", dest="zygote", action="store_false",
                    help="start each rank as a new Python (seconds) instead of forking it from "
                    "a zygote process that imported torch once (milliseconds)")
@@ -111,6 +115,9 @@ def main(argv: list[str]) -> int:
                 "--gpus-per-replica", args.gpus_per_replica, int, 1, "e.g. --gpus-per-replica 2"))
         placed(options.get("devices"), options.get("gpus_per_replica"), served.world_size,
                served.replicas, served.spares, CLI_NAMES)
+        if args.warm_spares is not None:
+            options["warm_spares"] = int(number("--warm-spares", args.warm_spares, int, 0,
+                                                "e.g. --warm-spares 1"))
         if args.timeout is not None:
             served.timeout = number("--timeout", args.timeout, float, 0.001, "e.g. --timeout 5")
         if args.suspect_after is not None:

@@ -285,6 +285,7 @@ class _Server:
                 "serving": status.serving, "suspect": status.suspect,
                 "waiting": status.waiting, "spares_ready": status.spares_ready,
                 "spares_starting": status.spares_starting, "healing": status.healing,
+                "warm_spares": status.warm_spares,
                 "last_start_failure": status.last_start_failure}
         return self.answer(200 if status.state == PoolState.READY else 503, body)
 

@@ -23,8 +23,8 @@ The names are stable (the README lists them):
   ``rankguard_pool_idle``, ``rankguard_pool_waiting`` (calls waiting for a replica),
   ``rankguard_pool_replicas{state}`` (``idle``, ``serving``, ``suspect``, ``spare``,
   ``starting``, ``healing``), ``rankguard_pool_state{state}``,
-  ``rankguard_pool_rank_device{group,rank,device}`` (1 for each rank of each healthy replica):
-  gauges;
+  ``rankguard_pool_rank_device{group,rank,device}`` (1 for each rank of each healthy replica),
+  ``rankguard_pool_warm_spares{device}`` (warm spare ranks ready): gauges;
 - ``rankguard_http_responses_total{route,code}``, ``rankguard_http_client_disconnects_total``:
   counters.
 """
@@ -154,6 +154,11 @@ class _PoolCollector:
         for name in STATES:
             state.add_metric([name], int(current == name))
         yield state
+        warm = GaugeMetricFamily("rankguard_pool_warm_spares", "Warm spare ranks ready to "
+                                 "take an unusable rank's place, by device.", labels=["device"])
+        for device, ready in sorted((status.warm_spares if status else {}).items()):
+            warm.add_metric([device], ready)
+        yield warm
         placed = GaugeMetricFamily("rankguard_pool_rank_device", "Where each rank of each "
                                    "healthy replica runs (1 per rank): its group, rank and "
                                    "device (cpu, cuda:0).", labels=["group", "rank", "device"])

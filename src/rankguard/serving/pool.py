@@ -120,6 +120,11 @@ class Pool:
         gpus_per_replica: instead of ``devices``: each replica, spares included, gets this
             many CUDA devices of its own, in order, its ranks spread over them (at most
             ``world_size``; more devices than visible is refused).
+        warm_spares: rank processes kept ready on each device the replicas use (torch
+            imported; on a GPU, CUDA initialised and its context made), each taking an
+            unusable rank's place when a replica heals (default: 1 per device on GPUs, where
+            a rank forked from the zygote still makes its CUDA context; 0 on the CPU, where a
+            forked rank starts in milliseconds). They start once every replica serves.
         wait: wait (bounded by ``start_timeout``) until the first replica is ready.
 
     Raises:
@@ -136,13 +141,14 @@ class Pool:
                  max_backoff: float = 30.0, journal: str | None = None,
                  log_dir: str | None = None, env: dict[str, str] | None = None,
                  zygote: bool = True, devices: list[int] | list[list[int]] | None = None,
-                 gpus_per_replica: int | None = None, wait: bool = True) -> None:
+                 gpus_per_replica: int | None = None, warm_spares: int | None = None,
+                 wait: bool = True) -> None:
         self.options = PoolOptions.checked(
             world_size, setup, spares=spares, timeout=timeout, replicas=replicas,
             suspect_after=suspect_after, max_queue=max_queue, on_healing=on_healing,
             start_timeout=start_timeout, max_backoff=max_backoff, journal=journal,
             log_dir=log_dir, env=env, zygote=zygote, devices=devices,
-            gpus_per_replica=gpus_per_replica)
+            gpus_per_replica=gpus_per_replica, warm_spares=warm_spares)
         options = self.options
         self.id = f"pool-{uuid.uuid4().hex[:8]}"
         self._journal = _open_journal(options.journal, self.id) if options.journal else None
@@ -378,7 +384,9 @@ class Pool:
                               serving=len(pool.dispatch.busy),
                               suspect=len(pool.dispatch.suspects(now)),
                               waiting=pool.dispatch.waiting(), replicas=self.options.replicas,
-                              placement=pool.placement(), healing=len(pool.retired))
+                              placement=pool.placement(), healing=len(pool.retired),
+                              warm_spares={device: count.ready for device, count
+                                           in self._keeper.warm.counts().items()})
 
     def wait_ready(self, timeout: float) -> None:
         """Wait until a replica serves calls.

@@ -48,6 +48,15 @@ class PoolOptions:
     env: Mapping[str, str]
     zygote: bool
     placement: tuple[ReplicaPlacement, ...]  # slot -> where its ranks run (replicas + spares)
+    warm_spares: int  # warm spare rank processes kept per device the replicas use
+
+    @property
+    def warm_devices(self) -> tuple[str, ...]:
+        """The devices to keep ``warm_spares`` warm spare ranks on: every device a replica
+        slot uses, in order."""
+        if not self.warm_spares:
+            return ()
+        return tuple(dict.fromkeys(d for slot in self.placement for d in slot.devices))
 
     @property
     def backend(self) -> Backend:
@@ -67,10 +76,12 @@ class PoolOptions:
                 max_queue: int | None, on_healing: str, start_timeout: float,
                 max_backoff: float, journal: str | None, log_dir: str | None,
                 env: Mapping[str, str] | None, zygote: bool, devices: Any,
-                gpus_per_replica: Any) -> PoolOptions:
+                gpus_per_replica: Any, warm_spares: Any) -> PoolOptions:
         """The options ``Pool(...)`` was given (its defaults are its own), checked, with the
         ones derived from them. A ``log_dir`` is created if missing. torch is imported (to
         count the visible CUDA devices) only when ``devices`` or ``gpus_per_replica`` is given.
+        ``warm_spares`` None: one per device on GPUs, none on the CPU (a rank forked from the
+        zygote starts in milliseconds there).
 
         Raises:
             UsageError: a bad argument, naming it and the fix.
@@ -100,9 +111,14 @@ class PoolOptions:
             raise UsageError("Pool(setup)", f"{setup!r} is not callable")
         if log_dir:
             log_dir = writable_dir("Pool(log_dir)", log_dir)
+        warm = (0 if placement[0].cuda is None else 1) if warm_spares is None else \
+            whole_number("Pool(warm_spares)", warm_spares, 0)
+        if warm > MAX_LOCAL_RANKS:
+            raise UsageError("Pool(warm_spares)", f"{shown(warm)} is above {MAX_LOCAL_RANKS}",
+                             f"start at most {MAX_LOCAL_RANKS} rank processes on one machine")
         return cls(world_size, setup, spares, limit, replicas, suspect, queue,
                    HealingMode(on_healing), start, backoff, journal or None, log_dir or None,
-                   dict(env or {}), zygote, placement)
+                   dict(env or {}), zygote, placement, warm)
 
 
 def placed(devices: Any, gpus_per_replica: Any, world_size: int, replicas: int, spares: int,

@@ -60,6 +60,7 @@ class PoolStatus:
             journal's ``group``) -> the device of each of its ranks (``cpu``, ``cuda:0``).
         healing: replicas retired after a fault that are being healed in place (regrouping,
             or their unusable ranks being replaced); they serve again once healed.
+        warm_spares: the warm spare ranks ready, by device (``Pool(warm_spares=)``).
     """
 
     state: PoolState
@@ -73,3 +74,4 @@ class PoolStatus:
     replicas: int = 1
     placement: dict[int, tuple[str, ...]] = field(default_factory=dict)
     healing: int = 0
+    warm_spares: dict[str, int] = field(default_factory=dict)

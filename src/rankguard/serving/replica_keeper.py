@@ -23,10 +23,11 @@ from ..errors import RequestFailed
 from .budgets import REGROUP_MARGIN_S, REGROUP_S, STACKS_S
 from .heal_plan import Heal, HealPlan, heal
 from .pool_options import PoolOptions
-from .placement import free_slot
+from .placement import CPU, DEVICE_ENV, free_slot
 from .pool_zygote import FORK_S, PoolZygote
 from .replica import Replica, StartFailure, StartState, cold_start
 from .replica_set import Event, ReplicaSet
+from .warm_spares import WarmSpares
 
 
 SPAWN_S = FORK_S + 3.0  # a replacement's start: a fork from the zygote, or a cold Popen
@@ -59,6 +60,8 @@ class ReplicaKeeper:
         self._event = event
         self.zygote = PoolZygote(options.zygote, options.env, log_dir, options.start_timeout,
                                  replicas.wake, event)
+        self.warm = WarmSpares(options.env, log_dir, options.start_timeout, self._warm_changed)
+        self._warm_due = bool(options.warm_devices)  # warm spares may be missing: look
         self._thread = threading.Thread(target=self._supervise, name="rankguard-pool",
                                         daemon=True)
         # a rank dies with the thread that started it (PR_SET_PDEATHSIG), so a replacement is
@@ -89,10 +92,18 @@ class ReplicaKeeper:
                 self._check_starting()
                 self._check_idle()
                 plan = self._plan()
-                if not isinstance(plan, _Start):
+                warm = not isinstance(plan, _Start) and self._warm_due and \
+                    pool.dispatch.healthy() >= self._options.replicas and not pool.coming()
+                if not isinstance(plan, _Start) and not warm:
                     pool.cond.wait(plan)
                     continue
-                pool.creating.append(plan.slot)
+                if warm:
+                    self._warm_due = False
+                else:
+                    pool.creating.append(plan.slot)
+            if warm:
+                self._fill_warm()
+                continue
             replica = self._create(plan)
             with pool.cond:
                 pool.creating.remove(plan.slot)
@@ -102,6 +113,23 @@ class ReplicaKeeper:
                                 slot=replica.slot, devices=replica.placement.devices)
                 pool.cond.notify_all()
         self._shut_down()
+
+    def _warm_changed(self) -> None:
+        """A warm spare became ready, failed or was taken: the supervisor looks again."""
+        self._warm_due = True
+        self._set.wake()
+
+    def _fill_warm(self) -> None:
+        """Not under the lock, from this thread (the warm spares die with the thread that
+        started them): start the missing warm spares, once every replica serves (they never
+        slow a start or a heal). One that cannot even be started (no descriptor) is tried
+        again at the next change."""
+        for device in self._options.warm_devices:
+            try:
+                self.warm.fill(device, self._options.warm_spares)
+            except OSError as error:
+                self._event("warm_spare_failed", device=device,
+                            detail=f"could not be started: {error}")
 
     def _check_starting(self) -> None:
         """Under the lock: the replicas that became ready serve; those that failed are
@@ -289,13 +317,20 @@ class ReplicaKeeper:
         until = Deadline.after(self._options.start_timeout)
         self._event("ranks_replace", group=replica.number, ranks=places)
         starter = self.zygote.starter(self.zygote.ready) or cold_start
+        warm: list[int] = []  # the places a warm spare took
 
         def start_rank(env: dict[str, str], log: str, channel_fd: int) -> Any:
-            return self._spawner.submit(starter, env, log, channel_fd).result(SPAWN_S)
+            spare = self.warm.take(env.get(DEVICE_ENV) or CPU)
+            proc = self._spawner.submit(spare or starter, env, log, channel_fd).result(SPAWN_S)
+            if spare is not None:
+                self._warm_changed()
+                if not spare.fallback:
+                    warm.append(int(env["RANK"]))
+            return proc
 
         done = replica.replace_ranks(places, until, start_rank)
         self._back(replica, {"role": "ranks_replaced", "ranks": places, "pids": replica.pids,
-                             "took_s": round(time.monotonic() - started, 3),
+                             "warm": warm, "took_s": round(time.monotonic() - started, 3),
                              "parts": done.parts} if done.ok else None,
                    f"replacing ranks {', '.join(map(str, places))} failed: {done.why}")
 
@@ -339,5 +374,6 @@ class ReplicaKeeper:
             closer.start()
         for closer in closers:
             closer.join(joined_by.wait_time_or_none())
+        self.warm.close(until)
         self.zygote.close(until)
         self._spawner.shutdown(wait=False)
