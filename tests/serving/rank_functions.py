@@ -192,3 +192,18 @@ def bounded_group(state: Any) -> bool:
 
 def cwd(state: Any) -> str:
     return os.getcwd()
+
+
+def start_sleepers(state: Any) -> list[int]:
+    """A child (same session) and a daemon (a session of its own, double-forked) of this rank,
+    each sleeping 120 s; their pids."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen(["sleep", "120"])
+    daemon = subprocess.run(
+        [sys.executable, "-c", "import subprocess; p = subprocess.Popen(['sleep', '120'], "
+         "start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
+         "print(p.pid)"],
+        capture_output=True, text=True, check=True, timeout=30)
+    return [child.pid, int(daemon.stdout)]

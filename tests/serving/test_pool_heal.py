@@ -163,3 +163,16 @@ def test_a_warm_spare_takes_the_place_of_a_killed_rank_and_another_warms_up(
         wait_for(lambda: pool.status().warm_spares == {"cpu": 1}, 60, "the next warm spare")
     (event,) = healed(log)
     assert event["warm"] == [1] and event["pids"] == after
+
+
+@pytest.mark.deadline(120)
+def test_what_a_replaced_rank_started_goes_with_it_and_its_peers_children_stay(
+        tmp_path: Path) -> None:
+    with rankguard.Pool(2, rf.load, spares=0, timeout=TIMEOUT) as pool:
+        started = pool.run(rf.start_sleepers, all_ranks=True)
+        fault_then_serve(pool, rf.forward, 1.0, (1, "kill"))
+        wait_for(lambda: not [pid for pid in started[1] if proctree.alive(pid)], 10,
+                 "the killed rank's child and daemon to end")
+        assert all(proctree.alive(pid) for pid in started[0]), "the survivor's were killed"
+    wait_for(lambda: not [pid for pid in started[0] if proctree.alive(pid)], 10,
+             "the survivor's child and daemon to end with the pool")

@@ -111,6 +111,20 @@ def descendants(pid: int) -> list[int]:
         return []
 
 
+def in_session(sid: int) -> list[int]:
+    """PIDs of the live processes of session ``sid`` (what a session leader started and left
+    behind, its leader gone; not this process); none when /proc cannot be read."""
+    found = []
+    me = os.getpid()
+    for pid in psutil.pids():
+        try:
+            if pid != me and os.getsid(pid) == sid:
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
 def signal_tree(pid: int, sig: int, *, group: bool = True) -> None:
     """Send ``sig`` to ``pid``, its descendants and (``group``) its process group; no errors."""
     targets = [pid, *descendants(pid)]

@@ -533,6 +533,8 @@ class Replica:
         self._ranks.signal(signal.SIGKILL, members)
         if not self._ranks.wait_exits(until, set(places)):
             return Replacement(False, "a replaced rank's process did not end", {})
+        for member in members:  # what it started goes with it; its peers' children stay
+            self._ranks.sweep_rank(member)
         stopped = time.monotonic()
         survivors = [rank for rank in range(self.world) if rank not in places]
         with self._cond:

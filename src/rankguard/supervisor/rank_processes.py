@@ -35,6 +35,7 @@ from ..deadline import Deadline
 from .output import OutputStream
 
 MARKER_VAR = "RANKGUARD_RANKS_TOKEN"  # this set's marker, inherited by whatever a rank starts
+RANK_MARKER_VAR = "RANKGUARD_RANK_TOKEN"  # one rank process's marker, likewise
 Writer = Callable[[bytes], None]
 Tee = Callable[[int], tuple[Writer | None, Writer | None]]  # rank -> its (stdout, stderr) writers
 
@@ -61,6 +62,7 @@ class RankProcess:
     exited_at: float | None = None  # monotonic, when its exit was seen
     killed: bool = False  # its supervisor had to SIGKILL it
     warm: bool = False  # a warm spare became this rank
+    marker: str = ""  # its own marker (``RANK_MARKER_VAR``), inherited by what it starts
 
     @property
     def pid(self) -> int:
@@ -126,6 +128,7 @@ class RankProcesses:
         self._members: list[RankProcess] = []
         self._replaced: list[RankProcess] = []  # members that a new process took over from
         self._reported: set[int] = set()  # ranks whose exit the watcher has reported
+        self._launched = 0  # rank processes started: numbers each one's marker
         self._hurried = False  # hurry(): the ranks' grace is over
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
@@ -175,8 +178,10 @@ class RankProcesses:
     def _launch(self, rank: int, files: RankFiles, env: Mapping[str, str],
                 launch: Callable[[dict[str, str]], subprocess.Popen[bytes]]) -> RankProcess:
         _ledger.create(files.ledger, self.world)
-        proc = launch({**env, MARKER_VAR: self.token})
-        member = RankProcess(rank, proc, files, time.monotonic())
+        self._launched += 1
+        marker = f"{self.token}.{self._launched}"
+        proc = launch({**env, MARKER_VAR: self.token, RANK_MARKER_VAR: marker})
+        member = RankProcess(rank, proc, files, time.monotonic(), marker=marker)
         member.pidfd = os.pidfd_open(proc.pid)
         self._selector.register(member.pidfd, selectors.EVENT_READ, ("exit", member))
         if proc.stdout is not None and proc.stderr is not None:
@@ -380,6 +385,19 @@ class RankProcesses:
         """SIGKILL every live process that carries this set's marker: what the ranks started
         and left behind, even detached from their process trees (not this process)."""
         proctree.kill_all(proctree.with_env(MARKER_VAR, self.token))
+
+    def sweep_rank(self, member: RankProcess) -> None:
+        """SIGKILL what rank ``member`` started and left behind, its own process gone, while
+        its peers (and what they started) go on: its process group and session (children,
+        forks without exec) and what carries its marker (daemons that left both)."""
+        leftovers = set(proctree.in_session(member.pid))
+        leftovers.update(proctree.with_env(RANK_MARKER_VAR, member.marker))
+        leftovers -= {peer.pid for peer in self.live()}
+        try:
+            os.killpg(member.pid, _signal.SIGKILL)
+        except OSError:
+            pass
+        proctree.kill_all(sorted(leftovers))
 
     def kill(self, until: Deadline | None = None) -> bool:
         """SIGKILL every rank's process tree and :meth:`sweep`; then, given ``until``, wait
