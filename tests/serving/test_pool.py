@@ -149,7 +149,8 @@ def test_calls_during_healing_wait_or_fail_fast_and_a_fault_while_healing_is_sur
         assert pool.metrics()["heals"] == 1
     retired = events(log, "group_retire")
     assert [(e["group"], e["action"]) for e in retired] == [(1, "replace"), (1, "kill")]
-    assert retired[1]["reason"] == "replacing ranks 1 failed: rank 0 was killed by SIGKILL"
+    assert retired[1]["reason"].startswith("replacing ranks 1 failed: rank 0 was killed by "
+                                           "SIGKILL"), retired[1]
     assert [e["group"] for e in events(log, "group_start")] == [1, 2]
 
     with rankguard.Pool(2, rf.load, spares=0, timeout=TIMEOUT, on_healing="fail",

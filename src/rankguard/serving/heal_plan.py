@@ -7,17 +7,17 @@ which cost seconds to minutes to make again. Only the ranks that cannot be reuse
 
 - **regroup** in place, every process kept: the ranks only raised, and what they raised leaves
   each process usable;
-- **drain, then regroup**: the call merely overran its own deadline with no rank to blame;
-  once every rank finished it, as above (a rank that does not finish it within the pool's
-  timeout is then replaced after its stacks, as a hung one);
+- **drain, then regroup**: the call merely overran its own deadline with no rank to blame,
+  or its caller was interrupted mid-call; once every rank finished it, as above (a rank that
+  does not finish it within the pool's timeout is then replaced after its stacks, as a hung
+  one);
 - **replace** the unusable ranks: each gets a new process (its own CUDA context, its own
   setup), which joins a new generation of the survivors; the survivors keep their processes.
   A rank is unusable when it died, or raised an error that lost its CUDA context;
 - **stacks, then replace**: a hang (a stopped rank, or one blamed at the deadline): where each
   culprit was stuck goes to the journal, then the culprits are replaced; the ranks that only
   waited for them (the verdict's victims) are kept;
-- **stacks, then kill**: a hang with no culprit singled out (the leader was interrupted
-  mid-call): every rank goes;
+- **stacks, then kill**: a hang whose culprits are every rank: nothing is left to keep;
 - **kill**: no rank is worth keeping (every one is unusable): a fresh replica is cheaper.
 
 An error leaves a process unusable when CUDA says its context is lost: a *sticky* error (an
@@ -78,25 +78,37 @@ def context_lost(error_type: str | None, detail: str) -> bool:
     return any(sticky.lower() in text for sticky in STICKY_CUDA_ERRORS)
 
 
-def heal(fault: RequestFailed, world: int, dead: frozenset[int], interrupted: bool) -> HealPlan:
+def heal(fault: RequestFailed, world: int, dead: frozenset[int]) -> HealPlan:
     """What to do with a replica of ``world`` ranks after ``fault``; ``dead``: its ranks whose
-    process is gone; ``interrupted``: the leader was interrupted in the call (its ranks may be
-    mid-way through it). Pure."""
+    process is gone. Pure."""
     everyone = frozenset(range(world))
     culprit = frozenset() if fault.rank is None else frozenset({fault.rank})
     if fault.cause == RequestCause.RAISED:
         lost = culprit if context_lost(fault.error_type, fault.detail) else frozenset()
         return _keeping(dead | lost, everyone, Heal.REPLACE, Heal.REGROUP)
-    if fault.cause == RequestCause.DEADLINE and fault.rank is None and not interrupted:
-        return HealPlan(Heal.DRAIN_THEN_REGROUP, frozenset())
+    if fault.cause == RequestCause.DEADLINE and fault.rank is None:
+        # every rank still running it (or the caller interrupted mid-call): let them finish
+        return _keeping(dead, everyone, Heal.REPLACE, Heal.DRAIN_THEN_REGROUP)
     if fault.cause in (RequestCause.FROZEN, RequestCause.DEADLINE):
-        if fault.rank is None:
-            return HealPlan(Heal.STACKS_THEN_KILL, everyone)
         # the victims waited for the culprits; a rank neither is was still running too
         kept = frozenset(fault.victims) & everyone
         return _keeping(everyone - kept | dead | culprit, everyone, Heal.STACKS_THEN_REPLACE,
                         Heal.REGROUP, gone_all=Heal.STACKS_THEN_KILL)
     return _keeping(dead | culprit, everyone, Heal.REPLACE, Heal.REGROUP)
+
+
+def idle_heal(world: int, dead: frozenset[int]) -> HealPlan:
+    """What to do with a replica of ``world`` ranks that ran no call when ranks ``dead``
+    died: replace them, keeping the others; kill it when none is left. Pure."""
+    return _keeping(dead, frozenset(range(world)), Heal.REPLACE, Heal.REGROUP)
+
+
+def stopped_heal(world: int, stopped: frozenset[int]) -> HealPlan:
+    """What to do with a replica of ``world`` ranks whose ranks ``stopped`` were found stopped
+    (SIGSTOP) as it was about to serve again: their stacks, then replace them; every rank
+    stopped: stacks, then kill. Pure."""
+    return _keeping(stopped, frozenset(range(world)), Heal.STACKS_THEN_REPLACE, Heal.REGROUP,
+                    gone_all=Heal.STACKS_THEN_KILL)
 
 
 def _keeping(unusable: frozenset[int], everyone: frozenset[int], replace: Heal, none: Heal,

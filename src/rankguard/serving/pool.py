@@ -251,8 +251,7 @@ class Pool:
         except BaseException:  # interrupted (KeyboardInterrupt...): the ranks are mid-request
             self._on_fault(replica, RequestFailed(None, RequestCause.DEADLINE, "was interrupted "
                                                   "in the leader",
-                                                  took=time.monotonic() - started),
-                           interrupted=True)
+                                                  took=time.monotonic() - started))
             raise
         self._release(replica, succeeded=True)
         self._event("request", group=replica.number, took_s=round(time.monotonic() - started, 6))
@@ -358,8 +357,7 @@ class Pool:
                                if state == UnavailableState.HEALING else
                                "the first replica is starting")
 
-    def _on_fault(self, replica: Replica, fault: RequestFailed, interrupted: bool = False
-                  ) -> None:
+    def _on_fault(self, replica: Replica, fault: RequestFailed) -> None:
         """Count ``fault`` and have the supervisor retire ``replica``
         (``ReplicaKeeper.retire``)."""
         with self._set.cond:
@@ -367,7 +365,7 @@ class Pool:
             self._set.counts[f"faults_{fault.cause}"] += 1
         self._event("request_fault", group=replica.number, rank=fault.rank, cause=fault.cause,
                     detail=fault.detail, victims=fault.victims, took_s=round(fault.took, 4))
-        self._keeper.retire(replica, fault, interrupted)
+        self._keeper.retire(replica, fault)
 
     # -- state ------------------------------------------------------------------------------------
 

@@ -70,7 +70,8 @@ class StartState(enum.StrEnum):
 @dataclass(frozen=True)
 class Replacement:
     """How :meth:`Replica.replace_ranks` went: ``ok``, else ``why`` not; ``parts``: seconds
-    per step (``stop``: the old processes killed and reaped; ``spawned``: the new ones
+    per step (``stop``: the old processes killed and reaped; ``finish``: until the survivors
+    had finished the failed call; ``spawned``: the new ones
     started; ``joined``: until the generation formed and every new rank ran its setup; and
     each new rank's own ``rank<r>_<step>``: ``process`` until its code ran (an interpreter's
     start, or a fork), then ``init`` (the rank runtime; torch imported, unless forked),
@@ -80,6 +81,7 @@ class Replacement:
     ok: bool
     why: str
     parts: dict[str, float]
+    ranks: tuple[int, ...] = ()  # the ranks whose processes were replaced
 
 
 @dataclass
@@ -256,6 +258,11 @@ class Replica:
     def alive(self) -> bool:
         return not self.killed and not self._dead and all(
             member.proc.poll() is None for member in self._ranks)
+
+    def stopped_ranks(self) -> frozenset[int]:
+        """The ranks whose process is stopped (SIGSTOP, a debugger)."""
+        return frozenset(member.rank for member in self._ranks
+                         if member.proc.poll() is None and proctree.is_stopped(member.pid))
 
     def dead_ranks(self) -> frozenset[int]:
         """The ranks whose process is gone (or no longer reachable)."""
@@ -516,32 +523,38 @@ class Replica:
             return not self._dead and len(self._regrouped) == self.world and \
                 all(self._regrouped.values())
 
-    def replace_ranks(self, places: Collection[int], until: Deadline,
+    def replace_ranks(self, places: Collection[int], until: Deadline, finish_by: Deadline,
                       start_rank: StartRank | None = None) -> Replacement:
-        """Replace the processes of ranks ``places`` (SIGKILLed first, when alive) with new
-        ones, while the other ranks keep theirs (their weights, their CUDA context): the
-        survivors form a new generation that keeps every rank's number and leaves ``places``
-        vacant, and each new process (``start_rank``, default the replica's own) joins it and
-        runs the setup. Everything by ``until`` (the survivors' generation waits until
+        """Replace the processes of ranks ``places`` (SIGKILLed first, when alive, with what
+        they started) with new ones, while the other ranks keep theirs (their weights, their
+        CUDA context): once the survivors have finished the failed call (by ``finish_by``: one
+        still in it then is hung), they form a new generation that keeps every rank's number
+        and leaves the replaced places vacant, and each new process (``start_rank``, default
+        the replica's own) joins it and runs the setup. A survivor found dead on the way is
+        replaced too. Everything by ``until`` (the survivors' generation waits until
         ``REGROUP_MARGIN_S`` before it); returns how it went (``ok`` False: the replica is not
         whole, kill it)."""
-        places = sorted(set(places))
         started = time.monotonic()
-        members = [self._ranks[rank] for rank in places]
-        for member in members:
-            member.killed = True
-        self._ranks.signal(signal.SIGKILL, members)
-        if not self._ranks.wait_exits(until, set(places)):
+        places = self._stop(sorted(set(places)), until)
+        if places is None:
             return Replacement(False, "a replaced rank's process did not end", {})
-        for member in members:  # what it started goes with it; its peers' children stay
-            self._ranks.sweep_rank(member)
-        stopped = time.monotonic()
+        killed = time.monotonic()
         survivors = [rank for rank in range(self.world) if rank not in places]
+        late = self._unfinished_by(survivors, finish_by)
+        dead = sorted(set(late) & self.dead_ranks())
+        if dead:  # died since the plan: replaced as well
+            places = self._stop(sorted(set(places) | set(dead)), until) or places
+            survivors = [rank for rank in survivors if rank not in dead]
+        late = [rank for rank in late if rank not in dead]
+        stopped = time.monotonic()
         with self._cond:
-            gone = [rank for rank in survivors if rank in self._dead]
-            if gone or self.killed:
-                return Replacement(False, f"rank {gone[0]} {self._dead[gone[0]].detail}"
-                                   if gone else "the replica was killed", {})
+            if not survivors or late or self.killed:
+                return Replacement(False, "; ".join(
+                    f"rank {rank} {self._dead[rank].detail}" for rank in dead
+                    if rank in self._dead) + ": no rank is left" if not survivors else
+                                   f"ranks {', '.join(map(str, late))} did not finish the "
+                                   f"failed call within {finish_by.seconds:g} s" if late else
+                                   "the replica was killed", {})
             self._regrouped = {}
             self._replacing = {rank: None for rank in places}
             for rank in places:
@@ -559,7 +572,32 @@ class Replica:
         except Exception as error:  # noqa: BLE001 (no descriptor, no memory...: not whole)
             return Replacement(False, f"a new process could not be started: {error}", {})
         return self._replaced(survivors, places, until,
-                              {"stop": stopped - started, "spawned": time.monotonic() - stopped})
+                              {"stop": killed - started, "finish": stopped - killed,
+                               "spawned": time.monotonic() - stopped})
+
+    def _stop(self, places: list[int], until: Deadline) -> list[int] | None:
+        """SIGKILL the processes of ``places`` that still run, wait (until ``until``) until
+        they are reaped, and kill what each started; ``places``, or None when one did not
+        end."""
+        members = [self._ranks[rank] for rank in places]
+        for member in members:
+            member.killed = True
+        self._ranks.signal(signal.SIGKILL, members)
+        if not self._ranks.wait_exits(until, set(places)):
+            return None
+        for member in members:  # what it started goes with it; its peers' children stay
+            self._ranks.sweep_rank(member)
+        return places
+
+    def _unfinished_by(self, ranks: list[int], by: Deadline) -> list[int]:
+        """Wait, until ``by``, for ``ranks`` to be done with the failed call (answered, or
+        dead); those that are not."""
+        outcome = self._current
+        if not self._unfinished or outcome is None:
+            return sorted(set(ranks) & self.dead_ranks())
+        seen = self.wait(outcome, by, lambda o: all(r in o.answered or r in o.dead
+                                                    for r in ranks))
+        return [rank for rank in ranks if rank not in seen.answered]
 
     def _replaced(self, survivors: list[int], places: list[int], until: Deadline,
                   parts: dict[str, float]) -> Replacement:
@@ -593,7 +631,7 @@ class Replica:
             if not why:
                 self._unfinished = False
             return Replacement(not why, why, {part: round(took, 4)
-                                              for part, took in parts.items()})
+                                              for part, took in parts.items()}, tuple(places))
 
     def _send_regroup(self, ranks: Iterable[int], vacant: list[int], until: Deadline) -> bool:
         try:

@@ -21,7 +21,7 @@ from ..processes import stack_summary
 from ..deadline import Deadline
 from ..errors import RequestFailed
 from .budgets import REGROUP_MARGIN_S, REGROUP_S, STACKS_S
-from .heal_plan import Heal, HealPlan, heal
+from .heal_plan import Heal, HealPlan, heal, idle_heal, stopped_heal
 from .pool_options import PoolOptions
 from .placement import CPU, DEVICE_ENV, free_slot
 from .pool_zygote import FORK_S, PoolZygote
@@ -162,14 +162,13 @@ class ReplicaKeeper:
                     consecutive=pool.backoff.failures, backoff_s=pause)
 
     def _check_idle(self) -> None:
-        """Under the lock: a ready replica that lost a rank is killed."""
+        """Under the lock: a ready replica that lost ranks has them replaced (killed when it
+        lost them all)."""
         pool = self._set
         for replica in list(pool.dispatch.ready):
             if not replica.alive():
-                pool.lose(replica)
-                replica.kill()
-                self._event("group_retire", group=replica.number, action="kill",
-                            reason="a rank of an idle replica died")
+                self._carry_out(replica, idle_heal(replica.world, replica.dead_ranks()),
+                                "a rank of an idle replica died")
         pool.count_heals()
 
     def _plan(self) -> _Start | float | None:
@@ -215,32 +214,37 @@ class ReplicaKeeper:
 
     # -- after a fault --------------------------------------------------------------------------
 
-    def retire(self, replica: Replica, fault: RequestFailed, interrupted: bool) -> None:
+    def retire(self, replica: Replica, fault: RequestFailed) -> None:
         """Retire ``replica`` after ``fault``, as ``heal_plan.heal`` decides: regrouped in
         place (after the call, when it merely overran its deadline), its unusable ranks
         replaced (after their stacks, for a hang), or killed (after its stacks, for a
         hang)."""
-        plan = heal(fault, replica.world, replica.dead_ranks(), interrupted)
+        with self._set.cond:
+            self._carry_out(replica, heal(fault, replica.world, replica.dead_ranks()),
+                            fault.cause)
+
+    def _carry_out(self, replica: Replica, plan: HealPlan, reason: str) -> None:
+        """Under the lock: ``replica`` no longer serves; heal it as ``plan`` says (in the
+        background, or at once for a kill)."""
         background = {Heal.REGROUP: self._regroup, Heal.DRAIN_THEN_REGROUP: self._drain_then_regroup,
                       Heal.REPLACE: self._replace, Heal.STACKS_THEN_REPLACE: self._replace}
         pool = self._set
-        with pool.cond:
-            pool.lose(replica)
-            self._event("group_retire", group=replica.number, action=plan.action,
-                        reason=fault.cause, ranks=sorted(plan.replace),
-                        kept=sorted(set(range(replica.world)) - plan.replace))
-            pool.counts[f"heal_{plan.action}"] += 1
-            if plan.action in background:
-                pool.retired.append(replica)
-                threading.Thread(target=self._heal, args=(background[plan.action], replica, plan),
-                                 daemon=True, name=f"rankguard-{plan.action}").start()
-            elif plan.action is Heal.STACKS_THEN_KILL:
-                threading.Thread(target=self._stacks_then_kill, args=(replica,), daemon=True,
-                                 name="rankguard-stacks").start()
-            else:
-                replica.kill()
-            pool.count_heals()
-            pool.cond.notify_all()
+        pool.lose(replica)
+        self._event("group_retire", group=replica.number, action=plan.action, reason=reason,
+                    ranks=sorted(plan.replace),
+                    kept=sorted(set(range(replica.world)) - plan.replace))
+        pool.counts[f"heal_{plan.action}"] += 1
+        if plan.action in background:
+            pool.retired.append(replica)
+            threading.Thread(target=self._heal, args=(background[plan.action], replica, plan),
+                             daemon=True, name=f"rankguard-{plan.action}").start()
+        elif plan.action is Heal.STACKS_THEN_KILL:
+            threading.Thread(target=self._stacks_then_kill, args=(replica,), daemon=True,
+                             name="rankguard-stacks").start()
+        else:
+            replica.kill()
+        pool.count_heals()
+        pool.cond.notify_all()
 
     def _heal(self, how: Callable[[Replica, HealPlan], None], replica: Replica,
               plan: HealPlan) -> None:
@@ -301,9 +305,10 @@ class ReplicaKeeper:
     def _regroup(self, replica: Replica, plan: HealPlan) -> None:
         """A replica whose ranks only raised forms a fresh generation and becomes a spare
         again."""
+        started = time.monotonic()
         ok = replica.regroup(Deadline.after(REGROUP_S + REGROUP_MARGIN_S))
-        self._back(replica, {"role": "regrouped"} if ok else None,
-                   "its ranks did not form a new generation")
+        self._back(replica, {"role": "regrouped", "took_s": round(time.monotonic() - started, 3)}
+                   if ok else None, "its ranks did not form a new generation")
 
     def _replace(self, replica: Replica, plan: HealPlan) -> None:
         """A replica with unusable ranks (``plan.replace``): their stacks first, for a hang;
@@ -328,29 +333,38 @@ class ReplicaKeeper:
                     warm.append(int(env["RANK"]))
             return proc
 
-        done = replica.replace_ranks(places, until, start_rank)
-        self._back(replica, {"role": "ranks_replaced", "ranks": places, "pids": replica.pids,
+        done = replica.replace_ranks(places, until, Deadline.after(self._options.timeout),
+                                     start_rank)
+        self._back(replica, {"role": "ranks_replaced", "ranks": list(done.ranks),
+                             "pids": replica.pids,
                              "warm": warm, "took_s": round(time.monotonic() - started, 3),
                              "parts": done.parts} if done.ok else None,
                    f"replacing ranks {', '.join(map(str, places))} failed: {done.why}")
 
     def _back(self, replica: Replica, ready: dict[str, Any] | None, failed: str) -> None:
         """A retired replica's heal ended: it serves again (``ready``: its ``group_ready``
-        event's fields), or it is killed (``failed``: why, for ``group_retire``)."""
+        event's fields), unless one of its ranks is stopped (that rank's heal follows); or
+        it is killed (``failed``: why, for ``group_retire``; nothing is said when the pool
+        closed meanwhile: the close killed it)."""
+        stopped = replica.stopped_ranks() if ready is not None else frozenset()
         pool = self._set
         with pool.cond:
             pool.retired.remove(replica)
-            if ready is not None and not pool.closed:
+            if pool.closed:
+                replica.kill()
+            elif ready is None:
+                self._event("group_retire", group=replica.number, action=Heal.KILL,
+                            reason=failed, ranks=list(range(replica.world)), kept=[])
+                pool.counts[f"heal_{Heal.KILL}"] += 1
+                replica.kill()
+            elif stopped:
+                self._carry_out(replica, stopped_heal(replica.world, stopped),
+                                "a rank was stopped while its replica healed")
+            else:
                 pool.counts["ranks_replaced"] += len(ready.get("ranks", ()))
                 pool.dispatch.add(replica)
                 self._event("group_ready", group=replica.number, **ready)
                 pool.count_heals()
-            elif ready is None:
-                self._event("group_retire", group=replica.number, action=Heal.KILL,
-                            reason=failed, ranks=list(range(replica.world)), kept=[])
-                replica.kill()
-            else:
-                replica.kill()
             pool.cond.notify_all()
 
     # -- the end --------------------------------------------------------------------------------
