@@ -207,3 +207,13 @@ def start_sleepers(state: Any) -> list[int]:
          "print(p.pid)"],
         capture_output=True, text=True, check=True, timeout=30)
     return [child.pid, int(daemon.stdout)]
+
+
+def die_while_peer_computes(state: Any, seconds: float) -> None:
+    """Rank 1 is killed 0.2 s in, while rank 0 is still busy for ``seconds`` (no collective)."""
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(seconds)

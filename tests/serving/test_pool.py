@@ -4,6 +4,7 @@ succeeds; spares heal the pool; a setup that always fails is reported with backo
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -12,6 +13,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 
@@ -34,6 +36,27 @@ def wait_for(condition, timeout: float, what: str) -> None:
 
 def events(path: Path, name: str) -> list[dict]:
     return [e for e in journal.read(str(path)) if e["event"] == name] if path.exists() else []
+
+
+@contextlib.contextmanager
+def journaled_pool(tmp_path: Path, setup: Any, **options: Any
+                   ) -> Iterator[tuple[rankguard.Pool, Path]]:
+    """A pool of 2 ranks, no spare replica, calls of ``TIMEOUT``, its journal in ``tmp_path``."""
+    log = tmp_path / "journal.jsonl"
+    with rankguard.Pool(2, setup, spares=0, timeout=TIMEOUT, journal=str(log),
+                        **options) as pool:
+        yield pool, log
+
+
+def kill_rank1_while_healing(pool: rankguard.Pool, log: Path) -> int:
+    """Kill rank 1 of the pool's replica mid-forward; return, once its replacement is under
+    way (the pool healing), rank 0's pid."""
+    survivor = pool.run(rf.pid, all_ranks=True)[0]
+    with pytest.raises(rankguard.RequestFailed):
+        pool.run(rf.forward, 1.0, fault=(1, "kill"))
+    assert pool.status().state == "healing"
+    wait_for(lambda: events(log, "ranks_replace"), 10, "rank 1's replacement to start")
+    return survivor
 
 
 @pytest.mark.slow
@@ -133,16 +156,10 @@ def test_a_setup_that_always_fails_is_reported_with_backoff(tmp_path: Path) -> N
 @pytest.mark.deadline(150)
 def test_calls_during_healing_wait_or_fail_fast_and_a_fault_while_healing_is_survived(
         tmp_path: Path) -> None:
-    log = tmp_path / "journal.jsonl"
     # a replacement's setup of seconds: a window to fault in while healing
-    with rankguard.Pool(2, rf.load_slowly_as_a_replacement, spares=0, timeout=TIMEOUT,
-                        journal=str(log)) as pool:
-        survivor = pool.run(rf.pid, all_ranks=True)[0]
-        with pytest.raises(rankguard.RequestFailed):
-            pool.run(rf.forward, 1.0, fault=(1, "kill"))
-        assert pool.status().state == "healing"
+    with journaled_pool(tmp_path, rf.load_slowly_as_a_replacement) as (pool, log):
+        survivor = kill_rank1_while_healing(pool, log)
         # a fault during healing: the rank that was kept dies while rank 1 is replaced
-        wait_for(lambda: events(log, "ranks_replace"), 10, "the replacement's start")
         os.kill(survivor, signal.SIGKILL)
         # a call that arrives while healing waits (bounded by its timeout) and succeeds
         assert pool.run(rf.forward, 1.0, timeout=90) == rf.expected(1.0, 2)

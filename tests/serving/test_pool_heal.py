@@ -5,6 +5,9 @@ fails, the replica is killed and a new one takes its slot."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -14,7 +17,7 @@ import rankguard
 from rankguard.processes import proctree
 
 from . import rank_functions as rf
-from .test_pool import events, wait_for
+from .test_pool import events, journaled_pool, kill_rank1_while_healing, wait_for
 
 TIMEOUT = 2.0
 
@@ -105,9 +108,7 @@ def test_a_frozen_rank_is_replaced_after_its_stacks_and_its_victims_keep_their_p
 @pytest.mark.deadline(150)
 def test_when_the_new_process_fails_its_setup_the_replica_is_killed_and_a_new_one_serves(
         tmp_path: Path) -> None:
-    log = tmp_path / "journal.jsonl"
-    with rankguard.Pool(2, rf.load_but_not_as_a_replacement, spares=0, timeout=TIMEOUT,
-                        journal=str(log)) as pool:
+    with journaled_pool(tmp_path, rf.load_but_not_as_a_replacement) as (pool, log):
         before, after, _ = fault_then_serve(pool, rf.forward, 1.0, (0, "kill"))
     assert not set(after) & set(before)  # a whole new replica
     retired = events(log, "group_retire")
@@ -176,3 +177,51 @@ def test_what_a_replaced_rank_started_goes_with_it_and_its_peers_children_stay(
         assert all(proctree.alive(pid) for pid in started[0]), "the survivor's were killed"
     wait_for(lambda: not [pid for pid in started[0] if proctree.alive(pid)], 10,
              "the survivor's child and daemon to end with the pool")
+
+
+@pytest.mark.deadline(120)
+def test_a_rank_that_dies_in_an_idle_replica_is_replaced_and_its_peers_kept(
+        tmp_path: Path) -> None:
+    log = tmp_path / "journal.jsonl"
+    with rankguard.Pool(3, rf.load, spares=0, timeout=TIMEOUT, journal=str(log)) as pool:
+        before = pool.run(rf.pid, all_ranks=True)
+        os.kill(before[1], signal.SIGKILL)
+        wait_for(lambda: healed(log), 60, "the idle replica's heal")
+        after = pool.run(rf.pid, all_ranks=True)
+        assert pool.metrics()["heal_replace"] == 1
+    assert (after[0], after[2]) == (before[0], before[2]) and after[1] != before[1]
+    (retired,) = events(log, "group_retire")
+    assert (retired["action"], retired["ranks"], retired["kept"]) == ("replace", [1], [0, 2])
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(120)
+def test_a_survivor_still_busy_with_the_failed_call_gets_the_pools_timeout_not_more(
+        tmp_path: Path) -> None:
+    with journaled_pool(tmp_path, rf.load) as (pool, log):
+        started = time.monotonic()
+        with pytest.raises(rankguard.RequestFailed):
+            pool.run(rf.die_while_peer_computes, 60.0)
+        assert pool.run(rf.forward, 2.0, timeout=60.0) == rf.expected(2.0, 2)
+        served_after = time.monotonic() - started
+    assert served_after < 40.0, "the heal waited for the busy survivor's 60 s call"
+    retired = events(log, "group_retire")
+    assert [e["action"] for e in retired] == ["replace", "kill"]
+    assert retired[1]["reason"] == (f"replacing ranks 1 failed: ranks 0 did not finish the "
+                                    f"failed call within {TIMEOUT:g} s")
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(150)
+def test_a_survivor_stopped_while_its_replica_heals_is_replaced_after_its_stacks(
+        tmp_path: Path) -> None:
+    with journaled_pool(tmp_path, rf.load_slowly_as_a_replacement) as (pool, log):
+        survivor = kill_rank1_while_healing(pool, log)
+        time.sleep(0.5)  # rank 0 has answered the failed call (told of rank 1's death)
+        os.kill(survivor, signal.SIGSTOP)  # while the new rank 1 loads (3 s)
+        assert pool.run(rf.forward, 2.0, timeout=90.0) == rf.expected(2.0, 2)
+        assert survivor not in pool.run(rf.pid, all_ranks=True)
+    retired = events(log, "group_retire")
+    assert [(e["action"], e["ranks"]) for e in retired] == [
+        ("replace", [1]), ("stacks_then_replace", [0])]
+    assert retired[1]["reason"] == "a rank was stopped while its replica healed"
