@@ -46,9 +46,11 @@ def test_stacks_and_status_of_a_hung_run_show_the_outlier_and_leave_it_running(
                   log_dir)
     try:
         deadline = time.monotonic() + WAIT_S
-        while True:  # until rank 1 hangs in the injection, its peers waiting for it
+        while True:  # until rank 1 hangs in the injection, its peers waiting for it (both:
+            # a peer may still finish its step as rank 1 enters the injection)
             shown = stacks(str(log_dir))
-            if "rank 1: perform (rankguard/inject/perform.py:" in shown.stdout:
+            if "rank 1: perform (rankguard/inject/perform.py:" in shown.stdout and \
+                    "ranks 0,2 (2): " in shown.stdout:
                 break
             assert proc.poll() is None, proc.communicate(timeout=10)[1][-3000:]
             assert time.monotonic() < deadline, shown.stdout + shown.stderr
