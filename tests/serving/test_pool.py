@@ -39,11 +39,12 @@ def events(path: Path, name: str) -> list[dict]:
 
 
 @contextlib.contextmanager
-def journaled_pool(tmp_path: Path, setup: Any, **options: Any
-                   ) -> Iterator[tuple[rankguard.Pool, Path]]:
-    """A pool of 2 ranks, no spare replica, calls of ``TIMEOUT``, its journal in ``tmp_path``."""
+def journaled_pool(tmp_path: Path, setup: Any, world: int = 2, timeout: float = TIMEOUT,
+                   **options: Any) -> Iterator[tuple[rankguard.Pool, Path]]:
+    """A pool of ``world`` ranks, no spare replica, calls of ``timeout``, its journal in
+    ``tmp_path``."""
     log = tmp_path / "journal.jsonl"
-    with rankguard.Pool(2, setup, spares=0, timeout=TIMEOUT, journal=str(log),
+    with rankguard.Pool(world, setup, spares=0, timeout=timeout, journal=str(log),
                         **options) as pool:
         yield pool, log
 

@@ -17,9 +17,9 @@ import rankguard
 from rankguard.processes import proctree
 
 from . import rank_functions as rf
-from .test_pool import events, journaled_pool, kill_rank1_while_healing, wait_for
+from .test_pool import (TIMEOUT, events, journaled_pool, kill_rank1_while_healing,
+                        wait_for)
 
-TIMEOUT = 2.0
 
 
 def fault_then_serve(pool: rankguard.Pool, fn: Callable[..., Any], *args: Any,
@@ -42,9 +42,8 @@ def healed(log: Path) -> list[dict]:
 @pytest.mark.parametrize("zygote", [True, False], ids=["forked", "cold"])
 def test_a_killed_rank_is_replaced_while_its_peer_keeps_its_process(
         zygote: bool, tmp_path: Path) -> None:
-    log = tmp_path / "journal.jsonl"
-    with rankguard.Pool(2, rf.load, spares=0, timeout=TIMEOUT, journal=str(log),
-                        zygote=zygote, log_dir=str(tmp_path / "logs")) as pool:
+    with journaled_pool(tmp_path, rf.load, zygote=zygote,
+                        log_dir=str(tmp_path / "logs")) as (pool, log):
         before, after, error = fault_then_serve(pool, rf.forward, 1.0, (1, "kill"))
         assert (error.rank, error.cause) == (1, "signalled")
         assert after[0] == before[0] and after[1] != before[1]
@@ -74,8 +73,7 @@ def test_a_killed_rank_is_replaced_while_its_peer_keeps_its_process(
 @pytest.mark.deadline(120)
 def test_a_rank_whose_error_says_its_cuda_context_is_lost_is_replaced_its_peer_kept(
         tmp_path: Path) -> None:
-    log = tmp_path / "journal.jsonl"
-    with rankguard.Pool(2, rf.load, spares=0, timeout=TIMEOUT, journal=str(log)) as pool:
+    with journaled_pool(tmp_path, rf.load) as (pool, log):
         before, after, error = fault_then_serve(pool, rf.forward, 1.0, (1, "sticky"))
         # an ordinary error keeps both processes
         _, kept, _ = fault_then_serve(pool, rf.forward, 1.0, (1, "raise"))
@@ -89,9 +87,8 @@ def test_a_rank_whose_error_says_its_cuda_context_is_lost_is_replaced_its_peer_k
 @pytest.mark.deadline(150)
 def test_a_frozen_rank_is_replaced_after_its_stacks_and_its_victims_keep_their_processes(
         tmp_path: Path) -> None:
-    log = tmp_path / "journal.jsonl"
-    with rankguard.Pool(3, rf.load, spares=0, timeout=TIMEOUT, journal=str(log),
-                        log_dir=str(tmp_path / "logs")) as pool:
+    with journaled_pool(tmp_path, rf.load, world=3,
+                        log_dir=str(tmp_path / "logs")) as (pool, log):
         before, after, error = fault_then_serve(pool, rf.forward, 1.0, (1, "freeze"))
     assert (error.rank, error.cause) == (1, "frozen")
     assert (after[0], after[2]) == (before[0], before[2]) and after[1] != before[1]
@@ -124,8 +121,7 @@ def test_a_peer_waiting_for_a_rank_that_died_is_released_at_once_not_at_the_dead
         tmp_path: Path) -> None:
     # each rank's child holds the rank's sockets: its death breaks no connection (as on NCCL),
     # so its peer learns it only from the pool
-    log = tmp_path / "journal.jsonl"
-    with rankguard.Pool(2, rf.load, spares=0, timeout=30.0, journal=str(log)) as pool:
+    with journaled_pool(tmp_path, rf.load, timeout=30.0) as (pool, log):
         children = pool.run(rf.fork_sleeper, all_ranks=True)
         assert fault_then_serve(pool, rf.forward, 1.0, (1, "kill"))[2].rank == 1
     took = healed(log)[0]["took_s"]
@@ -138,9 +134,8 @@ def test_a_peer_waiting_for_a_rank_that_died_is_released_at_once_not_at_the_dead
 @pytest.mark.deadline(150)
 def test_after_an_overrun_only_the_rank_that_never_finished_the_call_is_replaced(
         tmp_path: Path) -> None:
-    log = tmp_path / "journal.jsonl"
     # the pool's timeout (3 s) bounds how long the overrun call may take to finish
-    with rankguard.Pool(2, rf.load, spares=0, timeout=3.0, journal=str(log)) as pool:
+    with journaled_pool(tmp_path, rf.load, timeout=3.0) as (pool, log):
         before, after, error = fault_then_serve(pool, rf.sleep_by_rank, [1.5, 60.0],
                                                 timeout=1.0)
     assert (error.rank, error.cause) == (None, "deadline")
@@ -155,9 +150,7 @@ def test_after_an_overrun_only_the_rank_that_never_finished_the_call_is_replaced
 @pytest.mark.deadline(120)
 def test_a_warm_spare_takes_the_place_of_a_killed_rank_and_another_warms_up(
         tmp_path: Path) -> None:
-    log = tmp_path / "journal.jsonl"
-    with rankguard.Pool(2, rf.load, spares=0, timeout=TIMEOUT, journal=str(log),
-                        warm_spares=1) as pool:
+    with journaled_pool(tmp_path, rf.load, warm_spares=1) as (pool, log):
         wait_for(lambda: pool.status().warm_spares == {"cpu": 1}, 60, "a warm spare")
         before, after, _ = fault_then_serve(pool, rf.forward, 1.0, (1, "kill"))
         assert after[0] == before[0] and after[1] != before[1]
@@ -182,8 +175,7 @@ def test_what_a_replaced_rank_started_goes_with_it_and_its_peers_children_stay(
 @pytest.mark.deadline(120)
 def test_a_rank_that_dies_in_an_idle_replica_is_replaced_and_its_peers_kept(
         tmp_path: Path) -> None:
-    log = tmp_path / "journal.jsonl"
-    with rankguard.Pool(3, rf.load, spares=0, timeout=TIMEOUT, journal=str(log)) as pool:
+    with journaled_pool(tmp_path, rf.load, world=3) as (pool, log):
         before = pool.run(rf.pid, all_ranks=True)
         os.kill(before[1], signal.SIGKILL)
         wait_for(lambda: healed(log), 60, "the idle replica's heal")

@@ -482,14 +482,11 @@ class Replica:
         """After a request that failed: wait until ``until`` for every rank to be done with
         it. Returns the ranks that are not: dead, or still running it (empty: every rank is
         alive and idle, and may regroup and serve again)."""
-        unfinished: set[int] = set()
-        if self._unfinished and self._current is not None:
-            seen = self.wait(self._current, until, lambda o: o.all_accounted(self.world))
-            unfinished = set(range(self.world)) - seen.answered
-            if not unfinished:
-                with self._cond:
-                    self._unfinished = False
-        return frozenset(unfinished | self.dead_ranks())
+        late = self._unfinished_by(list(range(self.world)), until)
+        if not late:
+            with self._cond:
+                self._unfinished = False
+        return frozenset(late) | self.dead_ranks()
 
     def _positions(self) -> dict[int, _ledger.GroupProgress]:
         """Each rank's world group, from its ledger (ranks without one are left out)."""
@@ -548,13 +545,15 @@ class Replica:
         late = [rank for rank in late if rank not in dead]
         stopped = time.monotonic()
         with self._cond:
-            if not survivors or late or self.killed:
-                return Replacement(False, "; ".join(
-                    f"rank {rank} {self._dead[rank].detail}" for rank in dead
-                    if rank in self._dead) + ": no rank is left" if not survivors else
-                                   f"ranks {', '.join(map(str, late))} did not finish the "
-                                   f"failed call within {finish_by.seconds:g} s" if late else
-                                   "the replica was killed", {})
+            if not survivors:
+                ended = [f"rank {rank} {self._dead[rank].detail}" for rank in dead
+                         if rank in self._dead]
+                return Replacement(False, "; ".join(ended) + ": no rank is left", {})
+            if late:
+                return Replacement(False, f"ranks {', '.join(map(str, late))} did not finish "
+                                   f"the failed call within {finish_by.seconds:g} s", {})
+            if self.killed:
+                return Replacement(False, "the replica was killed", {})
             self._regrouped = {}
             self._replacing = {rank: None for rank in places}
             for rank in places:

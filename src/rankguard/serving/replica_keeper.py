@@ -230,10 +230,7 @@ class ReplicaKeeper:
                       Heal.REPLACE: self._replace, Heal.STACKS_THEN_REPLACE: self._replace}
         pool = self._set
         pool.lose(replica)
-        self._event("group_retire", group=replica.number, action=plan.action, reason=reason,
-                    ranks=sorted(plan.replace),
-                    kept=sorted(set(range(replica.world)) - plan.replace))
-        pool.counts[f"heal_{plan.action}"] += 1
+        self._retired(replica, plan, reason)
         if plan.action in background:
             pool.retired.append(replica)
             threading.Thread(target=self._heal, args=(background[plan.action], replica, plan),
@@ -246,6 +243,17 @@ class ReplicaKeeper:
         pool.count_heals()
         pool.cond.notify_all()
 
+    def _retired(self, replica: Replica, plan: HealPlan, reason: str) -> None:
+        """Under the lock: journal and count what ``plan`` does with ``replica`` and why."""
+        self._event("group_retire", group=replica.number, action=plan.action, reason=reason,
+                    ranks=sorted(plan.replace),
+                    kept=sorted(set(range(replica.world)) - plan.replace))
+        self._set.counts[f"heal_{plan.action}"] += 1
+
+    def _killed(self, replica: Replica, reason: str) -> None:
+        """Under the lock: journal and count that ``replica``'s heal ended in its kill."""
+        self._retired(replica, HealPlan(Heal.KILL, frozenset(range(replica.world))), reason)
+
     def _heal(self, how: Callable[[Replica, HealPlan], None], replica: Replica,
               plan: HealPlan) -> None:
         """``how(replica, plan)`` on a thread of its own; whatever it raises (it should not),
@@ -257,9 +265,7 @@ class ReplicaKeeper:
             with self._set.cond:
                 if replica in self._set.retired:
                     self._set.retired.remove(replica)
-                self._event("group_retire", group=replica.number, action=Heal.KILL,
-                            reason=f"its healing failed: {type(error).__name__}: {error}",
-                            ranks=list(range(replica.world)), kept=[])
+                self._killed(replica, f"its healing failed: {type(error).__name__}: {error}")
                 self._set.cond.notify_all()
             replica.kill()
 
@@ -292,10 +298,10 @@ class ReplicaKeeper:
         if not late:
             self._regroup(replica, plan)
         elif len(late) < replica.world:
-            self._event("group_retire", group=replica.number, action=Heal.STACKS_THEN_REPLACE,
-                        reason="its ranks did not finish the overrun call", ranks=sorted(late),
-                        kept=sorted(set(range(replica.world)) - late))
-            self._replace(replica, HealPlan(Heal.STACKS_THEN_REPLACE, late))
+            plan = HealPlan(Heal.STACKS_THEN_REPLACE, late)
+            with self._set.cond:
+                self._retired(replica, plan, "its ranks did not finish the overrun call")
+            self._replace(replica, plan)
         else:
             with self._set.cond:
                 self._set.retired.remove(replica)
@@ -353,9 +359,7 @@ class ReplicaKeeper:
             if pool.closed:
                 replica.kill()
             elif ready is None:
-                self._event("group_retire", group=replica.number, action=Heal.KILL,
-                            reason=failed, ranks=list(range(replica.world)), kept=[])
-                pool.counts[f"heal_{Heal.KILL}"] += 1
+                self._killed(replica, failed)
                 replica.kill()
             elif stopped:
                 self._carry_out(replica, stopped_heal(replica.world, stopped),

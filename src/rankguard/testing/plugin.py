@@ -54,7 +54,8 @@ from . import abort, leaks, processes
 from . import session as rank_session
 from .report import RanksFailed, compose
 from .warm_ranks import WarmRanks
-from ..serving.placement import Names, ReplicaPlacement, place
+from ..serving.placement import Names, ReplicaPlacement
+from ..serving.pool_options import placed
 from .watchdog import DeadlineExceeded, Phase, Watchdog
 
 DEFAULT_DEADLINE_S = 600.0
@@ -153,15 +154,9 @@ def _ranks_placement(item: pytest.Item) -> ReplicaPlacement | None:
     if devices is None:
         return ReplicaPlacement(value)
     try:
-        return place(devices, None, value, 1, 0, _visible_gpus(), RANKS_NAMES)[0]
+        return placed(devices, None, value, 1, 0, RANKS_NAMES)[0]
     except UsageError as error:
         raise UsageError(f"{item.nodeid}: {error.what}", error.problem, error.hint) from None
-
-
-def _visible_gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 class _Guard:
