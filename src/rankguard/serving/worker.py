@@ -123,12 +123,11 @@ def _run(command: dict[str, Any], state: Any, rank: int) -> dict[str, Any]:
     return answer
 
 
-def _join_group(parts: dict[str, float]) -> Any:
+def _join_group(parts: dict[str, float]) -> None:
     """Form the replica's process group on the backend and device the leader placed this rank
     on (``serving.placement``): a CUDA device becomes the current one (its context made)
     before the group (NCCL binds each rank's communicator to it) and before the setup (its
-    tensors go there). Returns ``torch.distributed``; ``parts`` gets the seconds each step
-    took."""
+    tensors go there). ``parts`` gets the seconds each step took."""
     import torch
     import torch.distributed as dist
 
@@ -141,7 +140,6 @@ def _join_group(parts: dict[str, float]) -> Any:
     started = time.monotonic()
     dist.init_process_group(os.environ.get(BACKEND_ENV) or str(Backend.GLOO))
     parts["group"] = time.monotonic() - started
-    return dist
 
 
 def _regroup(command: dict[str, Any]) -> dict[str, Any]:
