@@ -1,26 +1,40 @@
 #!/usr/bin/env bash
 # The GPU set on a lent GPU machine, as one bounded command (CI never runs it: it has no GPU).
-# Uses the machine's own python3 (a CUDA build of torch, pytest, psutil); rankguard from src/.
-# Usage: tests/gpu/run_gpu_set.sh OUT_DIR   (writes OUT_DIR/gpu.log; exits with pytest's code)
-# At most 280 s of tests, then 80 s of the NCCL cost bench (RGBENCH=0 leaves it out): 6 minutes.
+# Uses the machine's own python3 (a CUDA build of torch, pytest, pytest-xdist, psutil);
+# rankguard from src/.
+# Usage: tests/gpu/run_gpu_set.sh OUT_DIR
+# Writes OUT_DIR/gpu.log (the tests), heal.txt and load.txt (the serving benches, RGBENCH=0
+# leaves them out) and journals.tgz (the tests' journals and logs); exits with pytest's code.
+# At most 100 s for the pool's fault test (alone: it compares the device's free memory), 150 s
+# for the rest of the set (4 tests at a time), then 170 s of benches: 7 minutes at worst.
 set -u
 out=${1:?usage: run_gpu_set.sh OUT_DIR}
 cd "$(dirname "$0")/../.."
-export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+base=$(mktemp -d)
+pytest=(python3 -m pytest -q -m gpu -p no:cacheprovider -rsP -W ignore::pytest.PytestConfigWarning)
+{ nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
   python3 -c "import torch; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version())"
+  echo "== the pool's CUDA faults, alone"
 } > "$out/gpu.log" 2>&1
-timeout 280 python3 -m pytest -q -m gpu -p no:cacheprovider -rsP -W ignore::pytest.PytestConfigWarning \
+SECONDS=0
+timeout 100 "${pytest[@]}" --basetemp "$base/faults" tests/gpu/test_nccl_pool_faults.py \
+    >> "$out/gpu.log" 2>&1
+first=$?
+echo "exit $first after $SECONDS s" >> "$out/gpu.log"
+echo "== the rest of the GPU set, 4 at a time" >> "$out/gpu.log"
+SECONDS=0
+timeout 150 "${pytest[@]}" -n 4 --basetemp "$base/set" --ignore tests/gpu/test_nccl_pool_faults.py \
     tests/gpu tests/runtime/test_fr_progress.py >> "$out/gpu.log" 2>&1
 code=$?
-echo "exit $code" >> "$out/gpu.log"
-if [ "${RGBENCH:-1}" = 1 ]; then  # issue 29's cost figures, against torchrun
-  timeout 30 python3 bench/collective_overhead.py --backend nccl --ranks 2 --sizes 4096 \
-      --repeats 2 --iters 300 > "$out/bench_2_ranks.txt" 2>&1
-  timeout 30 python3 bench/collective_overhead.py --backend nccl --ranks 2 --sizes 4096 \
-      --repeats 2 --iters 300 --rankguard-env TORCH_NCCL_ENABLE_TIMING=1 \
-      > "$out/bench_2_ranks_timing_on.txt" 2>&1
-  timeout 20 python3 bench/collective_overhead.py --backend nccl --ranks 8 --sizes 4096 \
-      --repeats 1 --iters 60 > "$out/bench_8_ranks.txt" 2>&1
+echo "exit $code after $SECONDS s" >> "$out/gpu.log"
+[ "$code" = 0 ] && code=$first
+if [ "${RGBENCH:-1}" = 1 ]; then  # issue 31's figures: heals and load on GPU replicas
+  timeout 90 python3 bench/serve_heal_bench.py --devices 0 --repeats 2 \
+      > "$out/heal.txt" 2>&1 || echo "exit $?" >> "$out/heal.txt"
+  timeout 80 python3 bench/serve_load_bench.py --devices 0 --only 2 \
+      > "$out/load.txt" 2>&1 || echo "exit $?" >> "$out/load.txt"
 fi
+(cd "$base" && find . \( -name '*.jsonl' -o -name '*.log' -o -name '*.txt' \) -size -2M \
+    | tar czf "$out/journals.tgz" -T -) 2>/dev/null
 exit $code

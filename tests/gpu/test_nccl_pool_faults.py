@@ -25,12 +25,12 @@ HEALED_S = 5.0  # the issue's bound: fault -> the replica serves again
 SLACK_BYTES = 64 << 20  # the device's free memory may move by this much (NCCL's own buffers)
 
 
-def _served_by_group(pool: rankguard.Pool, group: int, until: float) -> None:
+def _served_by_group(pool: rankguard.Pool, group: int, until: float) -> float:
     """Wait, until ``until`` (monotonic), for replica ``group`` to be healthy and both replicas
-    idle."""
+    idle; returns when (monotonic)."""
     while time.monotonic() < until:
         if group in pool.status().placement and pool.status().idle >= 2:
-            return
+            return time.monotonic()
         time.sleep(0.05)
     raise AssertionError(f"replica {group} did not serve again in time")
 
@@ -59,8 +59,9 @@ def test_each_cuda_fault_fails_one_request_and_the_replica_heals_keeping_what_is
             assert pool.run(gf.forward, 2.0) == gf.expected(2.0, 2), kind
             faulty = [e for e in journal.read(str(log)) if e["event"] == "request_fault"][-1]
             # a hung rank's stacks come first (bounded by the request's deadline)
-            _served_by_group(pool, faulty["group"],
-                             t0 + took + HEALED_S + (TIMEOUT if cause == "deadline" else 0.0))
+            healed = _served_by_group(
+                pool, faulty["group"],
+                t0 + took + HEALED_S + (TIMEOUT if cause == "deadline" else 0.0))
             after_pids = {e["group"]: e["pids"] for e in journal.read(str(log))
                           if e["event"] == "group_ready" and e.get("pids")}
             pids = after_pids.get(faulty["group"], started[faulty["group"]])
@@ -68,6 +69,9 @@ def test_each_cuda_fault_fails_one_request_and_the_replica_heals_keeping_what_is
             assert pids[0] == old[0], f"{kind}: rank 0's process was not kept"
             assert (pids[1] != old[1]) == replaced, f"{kind}: rank 1 {pids} vs {old}"
             started[faulty["group"]] = pids
+            print(f"{kind}: request failed after {took:.2f} s ({cause}); replica "
+                  f"{faulty['group']} healthy again {healed - t0 - took:.2f} s later; "
+                  f"rank 1 replaced: {pids[1] != old[1]}")
             now = pool.run(gf.memory, all_ranks=True)
             assert now[0][0] == memory[0][0], f"{kind}: rank 0's allocations moved"
             assert abs(now[0][1] - memory[0][1]) <= SLACK_BYTES, \
