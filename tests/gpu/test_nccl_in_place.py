@@ -1,8 +1,9 @@
 """``rankguard run --recovery in-place`` of a DDP job on NCCL (``python -m pytest -m gpu``), two
-ranks sharing GPU 0: rank 1 is SIGKILLed at its 20th collective; rank 0 is released by the
-communicator's abort (the launcher's notice), a new process takes rank 1's place in a new NCCL
-generation, receives the model and optimizer over NCCL from rank 0, DDP is rebuilt, and the run
-ends with the parameters of a run without the fault, bit for bit. Skipped without a CUDA GPU."""
+ranks sharing GPU 0: rank 1 is SIGKILLed before its step 20 (``at=step20``: DDP issues its
+all_reduce from C++, where ``at=opN`` cannot count it); rank 0 is released by the communicator's
+abort (the launcher's notice), a new process takes rank 1's place in a new NCCL generation,
+receives the model and optimizer over NCCL from rank 0, DDP is rebuilt, and the run ends with
+the parameters of a run without the fault, bit for bit. Skipped without a CUDA GPU."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import rankguard
-from rankguard.processes import proctree
+from rankguard.processes import proctree, stack_requests
 from rankguard.records import journal
 from tests.gpu import pool_functions as gf
 from tests.gpu.nccl_ranks import GPU_SET, ONE_GPU
@@ -25,56 +25,64 @@ HEALED_S = 5.0  # the issue's bound: fault -> the replica serves again
 SLACK_BYTES = 64 << 20  # the device's free memory may move by this much (NCCL's own buffers)
 
 
-def _served_by_group(pool: rankguard.Pool, group: int, until: float) -> float:
+def _served_by_group(pool: rankguard.Pool, group: int, until: float, log: Path) -> float:
     """Wait, until ``until`` (monotonic), for replica ``group`` to be healthy and both replicas
-    idle; returns when (monotonic)."""
+    idle; returns when (monotonic). If it is not, the live ranks' stacks go to their logs."""
     while time.monotonic() < until:
         if group in pool.status().placement and pool.status().idle >= 2:
             return time.monotonic()
         time.sleep(0.05)
-    raise AssertionError(f"replica {group} did not serve again in time")
+    pids = {pid for e in journal.read(str(log)) for pid in e.get("pids") or ()}
+    for pid in pids:
+        stack_requests.request(pid)
+    time.sleep(1.0)  # the dumps land in the pool's log folder (tmp_path/logs)
+    raise AssertionError(f"replica {group} did not serve again in time: {pool.status()}")
 
 
+@pytest.mark.parametrize("kind", gf.FAULTS)
 def test_each_cuda_fault_fails_one_request_and_the_replica_heals_keeping_what_is_healthy(
-        tmp_path: Path) -> None:
+        tmp_path: Path, kind: str) -> None:
+    cause, replaced = gf.FAULTS[kind]
     log = tmp_path / "journal.jsonl"
     with rankguard.Pool(2, gf.load, devices=[[0, 0], [0, 0]], replicas=2, spares=0,
                         timeout=TIMEOUT, start_timeout=90.0, env=ONE_GPU,
-                        journal=str(log)) as pool:
+                        journal=str(log), log_dir=str(tmp_path / "logs")) as pool:
         pool.wait_ready(90.0)
         assert pool.run(gf.forward, 1.0) == gf.expected(1.0, 2)
+        assert pool.run(gf.forward, 1.0) == gf.expected(1.0, 2)  # both replicas' first calls
         started = {e["group"]: e["pids"] for e in journal.read(str(log))
                    if e["event"] == "group_start"}
         memory = pool.run(gf.memory, all_ranks=True)
-        for kind, (cause, replaced) in gf.FAULTS.items():
-            t0 = time.monotonic()
-            with pytest.raises(rankguard.RequestFailed) as caught:
-                pool.run(gf.forward, 1.0, (1, kind))
-            took = time.monotonic() - t0
-            assert (caught.value.rank, caught.value.cause) == (1, cause), f"{kind}: {caught.value}"
-            assert took < TIMEOUT + 1.0, f"{kind}: the error came after {took:.2f} s"
-            if cause != "deadline":
-                assert took < TIMEOUT / 2, f"{kind}: rank 0 was released by a timeout"
-            # the other replica serves meanwhile
-            assert pool.run(gf.forward, 2.0) == gf.expected(2.0, 2), kind
-            faulty = [e for e in journal.read(str(log)) if e["event"] == "request_fault"][-1]
-            # a hung rank's stacks come first (bounded by the request's deadline)
-            healed = _served_by_group(
-                pool, faulty["group"],
-                t0 + took + HEALED_S + (TIMEOUT if cause == "deadline" else 0.0))
-            after_pids = {e["group"]: e["pids"] for e in journal.read(str(log))
-                          if e["event"] == "group_ready" and e.get("pids")}
-            pids = after_pids.get(faulty["group"], started[faulty["group"]])
-            old = started[faulty["group"]]
-            assert pids[0] == old[0], f"{kind}: rank 0's process was not kept"
-            assert (pids[1] != old[1]) == replaced, f"{kind}: rank 1 {pids} vs {old}"
-            started[faulty["group"]] = pids
-            print(f"{kind}: request failed after {took:.2f} s ({cause}); replica "
-                  f"{faulty['group']} healthy again {healed - t0 - took:.2f} s later; "
-                  f"rank 1 replaced: {pids[1] != old[1]}")
-            now = pool.run(gf.memory, all_ranks=True)
-            assert now[0][0] == memory[0][0], f"{kind}: rank 0's allocations moved"
-            assert abs(now[0][1] - memory[0][1]) <= SLACK_BYTES, \
-                f"{kind}: the GPU's free memory moved by {now[0][1] - memory[0][1]} bytes"
-        every = [pid for pids in started.values() for pid in pids]
+        t0 = time.monotonic()
+        with pytest.raises(rankguard.RequestFailed) as caught:
+            pool.run(gf.forward, 1.0, (1, kind))
+        took = time.monotonic() - t0
+        assert (caught.value.rank, caught.value.cause) == (1, cause), f"{kind}: {caught.value}"
+        assert took < TIMEOUT + 1.0, f"{kind}: the error came after {took:.2f} s"
+        if cause != "deadline":
+            assert took < TIMEOUT / 2, f"{kind}: rank 0 was released by a timeout"
+        # the other replica serves meanwhile
+        assert pool.run(gf.forward, 2.0) == gf.expected(2.0, 2), kind
+        faulty = [e for e in journal.read(str(log)) if e["event"] == "request_fault"][-1]
+        # a hung rank's stacks come first (bounded by the request's deadline)
+        healed = _served_by_group(
+            pool, faulty["group"],
+            t0 + took + HEALED_S + (TIMEOUT if cause == "deadline" else 0.0), log)
+        after_pids = {e["group"]: e["pids"] for e in journal.read(str(log))
+                      if e["event"] == "group_ready" and e.get("pids")}
+        old = started[faulty["group"]]
+        pids = after_pids.get(faulty["group"], old)
+        print(f"{kind}: request failed after {took:.2f} s ({cause}); replica "
+              f"{faulty['group']} healthy again {healed - t0 - took:.2f} s later; "
+              f"rank 1 replaced: {pids[1] != old[1]}")
+        assert pids[0] == old[0], f"{kind}: rank 0's process was not kept"
+        assert (pids[1] != old[1]) == replaced, f"{kind}: rank 1 {pids} vs {old}"
+        # the healed replica answers (each replica, whichever the pool picks: two calls each)
+        for _ in range(4):
+            assert pool.run(gf.forward, 3.0) == gf.expected(3.0, 2), kind
+        now = pool.run(gf.memory, all_ranks=True)
+        assert now[0][0] == memory[0][0], f"{kind}: rank 0's allocations moved"
+        assert abs(now[0][1] - memory[0][1]) <= SLACK_BYTES, \
+            f"{kind}: the GPU's free memory moved by {now[0][1] - memory[0][1]} bytes"
+        every = [pid for group_pids in (*started.values(), pids) for pid in group_pids]
     assert not [pid for pid in every if proctree.alive(pid)], "a rank outlived the pool"

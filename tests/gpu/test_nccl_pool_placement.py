@@ -24,7 +24,7 @@ def test_a_replica_of_two_nccl_ranks_sharing_gpu_0_serves_an_all_reduce(tmp_path
                                                           ("cuda:0", "nccl", "host1")]
         assert pool.run(rf.forward, 2.0) == rf.expected(2.0, 2)
         assert pool.status().placement == {1: ("cuda:0", "cuda:0")}
-    events = journal.read(str(log))
+    events = list(journal.read(str(log)))
     assert [e["backend"] for e in events if e["event"] == "pool_start"] == ["nccl"]
     assert [e["devices"] for e in events if e["event"] == "group_start"] == [["cuda:0"] * 2]
     assert not [e for e in events if e["event"] in ("request_fault", "group_start_failed")]

@@ -17,3 +17,12 @@ def test_two_faults_at_the_same_collective_are_both_performed_in_order():
                      rank=1, attempt=0)
     with pytest.raises(InjectedFault):
         first.before_op(3)
+
+
+def test_a_step_fault_is_performed_once_before_its_step():
+    # a step run again after a recovery must not fault again
+    injector = Injector([parse("raise:rank=1,at=step4")], rank=1, attempt=0)
+    injector.before_step(3)
+    with pytest.raises(InjectedFault, match="at=step4"):
+        injector.before_step(4)
+    injector.before_step(4)

@@ -11,6 +11,12 @@ def test_spec_with_op_moment_parses_kind_rank_and_op():
     assert (spec.kind, spec.rank, spec.at, spec.op, spec.attempt) == ("hang", 2, "op", 30, 0)
 
 
+def test_spec_with_step_moment_parses_the_step():
+    spec = parse("kill:rank=1,at=step0")
+    assert (spec.kind, spec.rank, spec.at, spec.op) == ("kill", 1, "step", 0)
+    assert parse("raise:rank=0,at=step12").op == 12
+
+
 def test_spec_with_argument_time_and_any_attempt_parses():
     spec = parse("slow:2.5:rank=0,at=1.5s,attempt=any")
     assert (spec.arg, spec.at, spec.seconds, spec.attempt) == (2.5, "time", 1.5, None)
@@ -44,10 +50,12 @@ def test_encode_decode_round_trip():
     ("slow:-1:rank=1,at=op3", "seconds '-1' is below 0"),
     ("gil:1e300:rank=1,at=op3", "seconds '1e300' is above 1000000000"),
     ("slow:1_0:rank=1,at=op3", "seconds '1_0' is not a number"),
-    ("hang:rank=1,at=1e3s", "is not start, init, opN or a time"),
+    ("hang:rank=1,at=1e3s", "is not start, init, opN, stepN or a time"),
     ("hang:rank=1,at=99999999999.5s", "time '99999999999.5' is above"),
     ("hang:rank=١,at=op3", "rank='١' is not a rank number"),
     ("hang:rank=1,at=op٣", "is not start, init, opN"),
+    ("hang:rank=1,at=step-1", "is not start, init, opN, stepN"),
+    ("hang:rank=1,at=step", "is not start, init, opN, stepN"),
     ("hang:rank=1,at=op3,attempt=²", "attempt='²' is not a number or 'any'"),
     ("hang:rank=1,at=op3,at=op4", "option at= is given twice"),
     ("hang:rank=" + "9" * 5000 + ",at=op3", "is far too long"),

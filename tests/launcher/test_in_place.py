@@ -46,7 +46,8 @@ def _events(run: Run, name: str) -> list[dict[str, Any]]:
 @pytest.mark.slow
 @pytest.mark.deadline(240)
 @pytest.mark.parametrize("fault", ["kill:rank=1,at=op20", "stop:rank=2,at=op20",
-                                   "raise:rank=0,at=op20", "crash:3:rank=1,at=op25"])
+                                   "raise:rank=0,at=op20", "crash:3:rank=1,at=op25",
+                                   "kill:rank=2,at=step15"])
 def test_a_replaced_rank_costs_no_step_and_the_run_ends_bit_for_bit(
         run_rankguard: Any, fault_free: str, fault: str) -> None:
     run = run_rankguard([*ARGS, "--recovery", "in-place", "--inject", fault, *SCRIPT],

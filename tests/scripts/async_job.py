@@ -261,6 +261,10 @@ elif scenario == "graph":
     assert after.item() == world, after
     print(f"OK rank={rank} backend={dist.get_backend()} replays={at} value={value[0].item():g}",
           flush=True)
+    # torch's own counts before the teardown (a captured collective's work is never enqueued)
+    import json
+    status = json.loads(torch._C._distributed_c10d._dump_nccl_trace_json(False, False))
+    print(f"PG_STATUS {status.get('pg_status')}", flush=True)
 else:
     raise SystemExit(f"unknown scenario {scenario!r}")
 dist.destroy_process_group()

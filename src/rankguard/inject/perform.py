@@ -1,7 +1,7 @@
 """Performing injected faults for real, inside the rank they target.
 
 The rank's bootstrap builds one :class:`Injector` from the specs in its environment. Faults tied
-to a moment of the program (``start``, ``init``, ``opN``) run in the main thread at that moment;
+to a moment of the program (``start``, ``init``, ``opN``, ``stepN``) run in the main thread at that moment;
 faults tied to a time run from a timer thread, and those that must act in the main thread (hang,
 slow, raise) reach it through a Python-level interrupt of the main thread.
 """
@@ -84,9 +84,11 @@ class Injector:
         self._start = [s for s in mine if s.at == "start"]
         self._init = [s for s in mine if s.at == "init"]
         self._by_op: dict[int, list[FaultSpec]] = {}
+        self._by_step: dict[int, list[FaultSpec]] = {}
         for spec in mine:
-            if spec.at == "op":
-                self._by_op.setdefault(spec.op, []).append(spec)
+            if spec.at in ("op", "step"):
+                (self._by_op if spec.at == "op" else self._by_step).setdefault(
+                    spec.op, []).append(spec)
         self._timed = [s for s in mine if s.at == "time"]
         self.active = bool(mine)
 
@@ -109,6 +111,12 @@ class Injector:
         """Called before the ``seq``-th collective of the default group (1-based); performs its
         faults in the order given, as at ``start`` and ``init``."""
         for spec in self._by_op.get(seq, ()):
+            perform(spec)
+
+    def before_step(self, step: int) -> None:
+        """Called by ``StepLoop`` before it runs ``step``; performs that step's faults once
+        (a step run again after a recovery does not fault again)."""
+        for spec in self._by_step.pop(step, ()):
             perform(spec)
 
     @property

@@ -25,6 +25,8 @@ Moments (``at=``):
 - ``start``   before the user's script runs
 - ``init``    in ``init_process_group``, before the rendezvous
 - ``opN``     before the N-th collective on the default group (N >= 1)
+- ``stepN``   before a ``rankguard.StepLoop`` runs step N (the number its step function
+              receives, from 0), once
 - ``Ts``      T seconds (a decimal) after the rank started
 
 ``attempt=`` picks the restart attempt it applies to: a number (default 0, the first attempt)
@@ -41,7 +43,8 @@ from ..inputs.options import number
 
 KINDS = ("crash", "raise", "kill", "term", "stop", "hang", "gil", "slow")
 _TAKES_SECONDS = ("gil", "slow")
-_AT = re.compile(r"(?:(start|init)|op([0-9]+)|([0-9]+(?:\.[0-9]*)?)s)", re.ASCII)
+_AT = re.compile(r"(?:(start|init)|op([0-9]+)|step([0-9]+)|([0-9]+(?:\.[0-9]*)?)s)",
+                 re.ASCII)
 _DIGITS = re.compile(r"[0-9]+", re.ASCII)
 
 
@@ -55,8 +58,8 @@ class FaultSpec:
 
     kind: str
     rank: int
-    at: str  # "start", "init", "op" or "time"
-    op: int = 0  # for at == "op"
+    at: str  # "start", "init", "op", "step" or "time"
+    op: int = 0  # for at == "op", and the step for at == "step"
     seconds: float = 0.0  # for at == "time"
     arg: float | None = None  # crash code, or seconds of gil/slow
     attempt: int | None = 0  # None: every attempt
@@ -128,13 +131,14 @@ def parse(text: str, *, what: str = "--inject", moment: str | None = None) -> Fa
         raise _bad(text, f"rank={fields['rank']!r} is not a rank number")
     match = _AT.fullmatch(fields["at"])
     if fields["at"] == moment:
-        word, op, seconds = moment, None, None
+        word, op, step, seconds = moment, None, None, None
     elif not match:
-        raise _bad(text, f"at={fields['at']!r} is not start, init, opN or a time like 2.5s")
+        raise _bad(text, f"at={fields['at']!r} is not start, init, opN, stepN or a time like 2.5s")
     else:
-        word, op, seconds = match.groups()
+        word, op, step, seconds = match.groups()
     if op is not None and _value("op", op, int) < 1:
         raise _bad(text, "collectives are counted from op1")
+    counted = op if op is not None else step
     attempt_text = fields.get("attempt", "0")
     if attempt_text == "any":
         attempt = None
@@ -145,8 +149,8 @@ def parse(text: str, *, what: str = "--inject", moment: str | None = None) -> Fa
     return FaultSpec(
         kind=kind,
         rank=int(_value("rank", fields["rank"], int)),
-        at=word or ("op" if op is not None else "time"),
-        op=int(_value("op", op, int)) if op is not None else 0,
+        at=word or ("op" if op is not None else "step" if step is not None else "time"),
+        op=int(_value("op" if op is not None else "step", counted, int)) if counted is not None else 0,
         seconds=_value("time", seconds, float) if seconds is not None else 0.0,
         arg=arg,
         attempt=attempt,

@@ -253,6 +253,18 @@ class AsyncGroupSampler:
         _, _, pg_id, recorder = min(pending)
         return self._overdue(recorder, pg_id, now)
 
+    def waiting_in(self, name: str) -> Overdue | None:
+        """The operation of the group ``name`` this rank waits in, read afresh (any thread);
+        None when it waits in none."""
+        self.sample()
+        with self._lock:
+            now = self._clock()
+            for (recorder, pg_id), bound in self._bound.items():
+                if (bound is not None and bound.name == name and bound.record is not None
+                        and bound.record.pending):
+                    return self._overdue(recorder, pg_id, now)
+        return None
+
     def describe(self, name: str) -> dict[str, object] | None:
         """This rank's progress in the asynchronous group ``name`` (``world``: the default
         group), as a peer's probe wants it (``groups.describe``); None: no such group."""

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from ..records import ledger as _ledger
 from . import async_groups
 from .probe import ANSWER_WINDOW_S
-from .state import GroupRecord, current
+from .state import WORLD, GroupRecord, current
 
 ABANDON_WINDOW_S = 0.05  # how long a rank that gives up waits for its peers to take the notice
 
@@ -42,16 +42,23 @@ def retire_all(reason: str) -> None:
 
 
 on_notice_taken: list[Callable[[], None]] = []  # called after a peer's notice retired a group
+# called with a peer's notice about a group rankguard does not wrap (NCCL's): set by the rank's
+# instrumentation once it watches such groups (``async_deadline.take_peer_notice``)
+on_unwrapped_notice: list[Callable[[str, dict[str, Any]], None]] = []
 
 
 def on_notice(name: str, notice: dict[str, Any]) -> None:
     """A peer reports that the group called ``name`` failed: retire it here too, and release
-    at once what waits on it outside Python (``bounded``'s releasable futures)."""
+    at once what waits on it outside Python (``bounded``'s releasable futures; for a group
+    rankguard does not wrap, its communicator's abort)."""
     record = current().groups.by_name(name)
     if record is not None:
         retire(record, notice_text(notice), notice)
         for release in on_notice_taken:
             release()
+        return
+    for take in on_unwrapped_notice:
+        take(name, notice)
 
 
 def notice_text(notice: dict[str, Any]) -> str:
@@ -103,10 +110,28 @@ def _reported_dead(peer: int) -> bool:
     return notice is not None and notice == (_ledger.NOTICE_NAMES[_ledger.NOTICE_DIED], peer)
 
 
+_abandoned_unwrapped: set[int] = set()  # generations whose unwrapped world this rank gave up
+
+
 def abandon_world(reason: str) -> None:
     """This rank gives up on the current world group: retire it here and tell every peer, so
-    that none keeps waiting for this rank in a collective (their wait raises PeerFailed)."""
-    record = current().groups.world()
-    if record is not None and record.retired is None:
-        retire(record, reason)
-        tell_peers(record, {"by": record.rank, "reason": reason}, window=ABANDON_WINDOW_S)
+    that none keeps waiting for this rank in a collective (their wait raises PeerFailed; on
+    NCCL, their communicator is aborted). Once per group."""
+    state = current()
+    record = state.groups.world()
+    if record is not None:
+        if record.retired is None:
+            retire(record, reason)
+            tell_peers(record, {"by": record.rank, "reason": reason}, window=ABANDON_WINDOW_S)
+        return
+    sampler = async_groups.sampler()  # a default group rankguard does not wrap (NCCL's)?
+    if (state.asker is None or sampler is None or sampler.describe(WORLD) is None
+            or state.generation in _abandoned_unwrapped):
+        return
+    import torch.distributed as dist
+
+    _abandoned_unwrapped.add(state.generation)
+    rank = dist.get_rank()
+    peers = [peer for peer in range(dist.get_world_size()) if peer != rank]
+    state.asker.ask(WORLD, peers, {"by": rank, "reason": reason}, window=ABANDON_WINDOW_S,
+                    gone=_reported_dead)

@@ -333,6 +333,9 @@ def _watch_async_groups() -> None:
         async_groups.watch(state.ledger, recorder, state.completions.lag,
                            async_deadline.deadlines, async_deadline.expire,
                            async_deadline.take_notice)
+    if Recorder.NCCL in recorders and async_deadline.take_peer_notice not in \
+            groups.on_unwrapped_notice:
+        groups.on_unwrapped_notice.append(async_deadline.take_peer_notice)
     default = c10d._get_default_group() if c10d.is_initialized() else None
     if (recorders and state.bounded and default is not None
             and state.groups.of(default) is None):  # a default group we do not wrap

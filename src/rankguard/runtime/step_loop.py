@@ -239,9 +239,12 @@ class StepLoop:
                 raise
         if fault is not None:
             self._recover(fault)
+        injector = current().injector
         while self._step < steps:
             fault = None
             try:
+                if injector is not None:
+                    injector.before_step(self._step)
                 step_fn(self._step)
             except Exception as error:  # noqa: BLE001 (a peer's fault is handled, others raised)
                 fault = peer_fault(error)
