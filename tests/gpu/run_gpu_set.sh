@@ -45,6 +45,7 @@ if [ "${RGBENCH:-1}" = 1 ]; then  # issue 31's figures: heals and load on GPU re
         --requests 200 > "$out/load.txt" 2>&1 || echo "exit $?" >> "$out/load.txt"
   fi
 fi
-(cd "$base" && find . \( -name '*.jsonl' -o -name '*.log' -o -name '*.txt' \) -size -2M \
+(cd "$base" && find . \( -name '*.jsonl' -o -name '*.log' -o -name '*.txt' -o -name '*.stacks' \) \
+    -size -2M \
     | tar czf "$out/journals.tgz" -T -) 2>/dev/null
 exit $code

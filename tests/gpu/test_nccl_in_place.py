@@ -30,7 +30,7 @@ def test_a_killed_nccl_rank_is_replaced_in_place_and_the_run_ends_bit_for_bit(
         run_rankguard: Any) -> None:
     clean = run_rankguard([*ARGS, *SCRIPT], timeout=120, env=ONE_GPU)
     assert clean.code == 0, clean.stderr[-3000:]
-    run = run_rankguard([*ARGS, "--recovery", "in-place", "--inject", "kill:rank=1,at=op20",
+    run = run_rankguard([*ARGS, "--recovery", "in-place", "--inject", "kill:rank=1,at=step20",
                          *SCRIPT], timeout=150, env=ONE_GPU)
     print("\n".join(line for line in run.stdout.splitlines() if "recovered" in line))
     assert run.code == 0, run.stderr[-4000:]

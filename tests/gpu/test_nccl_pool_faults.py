@@ -7,6 +7,7 @@ its level; nothing is left running. Skipped without a CUDA GPU."""
 
 from __future__ import annotations
 
+import faulthandler
 import time
 from pathlib import Path
 
@@ -36,6 +37,8 @@ def _served_by_group(pool: rankguard.Pool, group: int, until: float, log: Path) 
     for pid in pids:
         stack_requests.request(pid)
     time.sleep(1.0)  # the dumps land in the pool's log folder (tmp_path/logs)
+    with open(log.parent / "leader_threads.txt", "w") as threads:  # the heal's step
+        faulthandler.dump_traceback(threads, all_threads=True)
     raise AssertionError(f"replica {group} did not serve again in time: {pool.status()}")
 
 

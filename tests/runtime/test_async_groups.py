@@ -1,5 +1,6 @@
 """The sampler's rules for an asynchronous group's record (pure; the sampler itself runs in
-real ranks in tests/launcher/test_recorded_groups.py and the GPU set)."""
+real ranks in tests/launcher/test_recorded_groups.py and the GPU set), and how it takes the
+supervisor's notices from a real ledger."""
 
 from __future__ import annotations
 
@@ -7,15 +8,17 @@ from dataclasses import replace
 
 import pytest
 
-from rankguard.records.ledger import OP_CODES
+from rankguard.records.ledger import (NOTICE_DIED, NOTICE_HUNG, OP_CODES, LedgerWriter,
+                                      create, post_notice)
 from rankguard.margins import ASYNC_STALL_S
-from rankguard.runtime.async_groups import (MAX_TICK_S, MIN_TICK_S, Published, advance,
-                                            kind_wanted, overdue, tick_for, with_retired)
+from rankguard.runtime.async_groups import (MAX_TICK_S, MIN_TICK_S, AsyncGroupSampler,
+                                            Published, advance, kind_wanted, overdue, tick_for,
+                                            with_retired)
 from rankguard.runtime.fr_progress import GroupCounts
 
 AR = OP_CODES["all_reduce"]
 BEFORE = Published(enqueued=10, started=9, completed=8, t_enter=1.0, t_done=2.0, kind=AR,
-                   kind_of=9, pending_since=2.0)
+                   kind_of=9, pending_since=2.0, read_at=10)
 # gloo: torch says #19 completed, the entries showed #20 completed, #21 the first not
 RETIRED = Published(24, -1, 20, 1.0, 2.0, AR, 21, 2.0, retired=20)
 
@@ -28,16 +31,16 @@ ADVANCE = {
         (BEFORE, GroupCounts(10, 9, 8), True, BEFORE),
     "a new enqueue moves the enqueue time only: the same operation is waited for":
         (BEFORE, GroupCounts(11, 9, 8), True,
-         Published(11, 9, 8, 5.0, 2.0, AR, 9, 2.0)),
+         Published(11, 9, 8, 5.0, 2.0, AR, 9, 2.0, read_at=10)),
     "a completion moves the completion time, and the next operation is waited for from now":
         (BEFORE, GroupCounts(10, 10, 9), True,
-         Published(10, 10, 9, 1.0, 5.0, AR, 9, 5.0)),
+         Published(10, 10, 9, 1.0, 5.0, AR, 9, 5.0, read_at=10)),
     "the last completion leaves nothing waited for":
         (BEFORE, GroupCounts(10, 10, 10), True,
-         Published(10, 10, 10, 1.0, 5.0, AR, 9, 0.0)),
+         Published(10, 10, 10, 1.0, 5.0, AR, 9, 0.0, read_at=10)),
     "a start alone moves no time (the rules wait on completions)":
         (BEFORE, GroupCounts(10, 10, 8), True,
-         Published(10, 10, 8, 1.0, 2.0, AR, 9, 2.0)),
+         Published(10, 10, 8, 1.0, 2.0, AR, 9, 2.0, read_at=10)),
     "a new group in the same slot (fewer counts) is a move too":
         (BEFORE, GroupCounts(2, 2, 1), True, Published(2, 2, 1, 5.0, 5.0, AR, 9, 5.0)),
     "torch's gloo count standing behind what the entries showed completed is not believed":
@@ -86,7 +89,10 @@ KIND = {
     "its kind already learnt: not again": (BEFORE, 2.0 + ASYNC_STALL_S, 0),
     "a later operation stalled: learn it": (Published(12, 11, 10, 0.0, 0.0, AR, 9), 10.0, 11),
     "torch's completed count lags the entries, which showed a later one: not again":
-        (Published(12, 9, 8, 0.0, 0.0, AR, 11), 10.0, 0),
+        (Published(12, 9, 8, 0.0, 0.0, AR, 11, read_at=12), 10.0, 0),
+    "operations enqueued since the entries were read: read again (on NCCL a later one done "
+    "shows the pending one done: one captured in a CUDA graph never completes)":
+        (replace(BEFORE, enqueued=12), 10.0, 9),
 }
 
 
@@ -116,3 +122,23 @@ OVERDUE = {
 def test_an_operation_is_overdue_once_it_waited_past_a_deadline(record, now, per_op_s,
                                                                   limit_at, expected):
     assert overdue(record, now, per_op_s, limit_at) is expected
+
+
+def test_each_notice_of_the_supervisor_is_taken_once_and_the_next_after_a_regroup(tmp_path):
+    # a pool's rank lives through many heals: a notice after the first regroup is taken too
+    path = str(tmp_path / "ledger")
+    create(path, 2)  # as the supervisor makes it
+    ledger = LedgerWriter(path)
+    taken = []
+    sampler = AsyncGroupSampler(ledger, [], MIN_TICK_S, False, lambda name: None,
+                                on_notice=lambda notice, waiting: taken.append(notice))
+    sampler.sample()
+    post_notice(path, NOTICE_DIED, 1)
+    sampler.sample()
+    sampler.sample()
+    assert taken == [("died", 1)]
+    ledger.clear_notice()  # what regroup does
+    sampler.sample()
+    post_notice(path, NOTICE_HUNG, 0)
+    sampler.sample()
+    assert taken == [("died", 1), ("hung", 0)]

@@ -183,3 +183,21 @@ COMPLETED_UPTO = {
 def test_a_group_got_as_far_as_its_entries_show_completed_without_a_gap(
         entries: list[fr.Entry], upto: int | None) -> None:
     assert fr.completed_upto(entries, 0) == upto
+
+
+IN_ORDER = {  # (the entries not completed, torch's enqueued count) -> how far the group got
+    "no entry active: every enqueued one completed": (([], 5), 5),
+    "a captured #4 never completes, the eager #5 after it did: #5": (([_op(4, False)], 5), 5),
+    "#4 stuck with #5 queued behind it: #3": (([_op(4, False), _op(5, False)], 5), 3),
+    "the last enqueued is active: the one before it": (([_op(5, False)], 5), 4),
+    "another group's active entries say nothing about this one":
+        (([_op(5, False, pg_id=1)], 5), 5),
+    "nothing enqueued yet": (([], 0), 0),
+}
+
+
+@pytest.mark.parametrize("given, upto", IN_ORDER.values(), ids=IN_ORDER.keys())
+def test_an_nccl_group_got_as_far_as_its_last_enqueued_operation_not_active(
+        given: tuple[list[fr.Entry], int], upto: int) -> None:
+    active, enqueued = given
+    assert fr.completed_in_order(active, 0, enqueued) == upto

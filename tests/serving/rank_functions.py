@@ -217,3 +217,8 @@ def die_while_peer_computes(state: Any, seconds: float) -> None:
         time.sleep(0.2)
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(seconds)
+
+
+def environ(state: Any, names: list[str]) -> dict[str, str | None]:
+    """The values of ``names`` in this rank's environment (None: unset)."""
+    return {name: os.environ.get(name) for name in names}

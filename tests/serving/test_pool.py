@@ -20,6 +20,7 @@ import pytest
 import rankguard
 from rankguard.records import journal
 from rankguard.processes import proctree
+from rankguard.supervisor.nccl_env import NCCL_SETTINGS
 
 from . import rank_functions as rf
 
@@ -397,3 +398,17 @@ def test_closing_the_pool_during_a_call_fails_it_as_pool_closed_and_blames_no_ra
     assert events(log, "request_fault") == []  # the close is no rank's fault
     assert pool.metrics().get("faults_signalled", 0) == 0
     assert pool.metrics()["requests_closed"] == 1
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_ENABLE_MONITORING": "0"}),
+    ({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"},
+     {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_NCCL_ENABLE_MONITORING": "0"}),
+])
+def test_ranks_get_the_nccl_settings_of_rankguard_run_and_keep_the_users(
+        monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: dict[str, str]) -> None:
+    # torch's watchdog must not kill a rank whose peer died: the pool's heal keeps it
+    for name in NCCL_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    with rankguard.Pool(2, rf.load, spares=0, timeout=10.0, env=env) as pool:
+        assert pool.run(rf.environ, list(NCCL_SETTINGS), all_ranks=True) == [expected] * 2

@@ -20,13 +20,14 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable
 
 from .. import margins
 from ..records import recovery_file
 from ..store import sealed
 from ..processes.proctree import MARKER
 from ..supervisor import RankFiles, RankProcesses, spawn
+from ..supervisor.nccl_env import nccl_settings
 from ..supervisor.rank_processes import Tee, Writer
 from .config import RunConfig
 from .store_keys import attempt_namespace
@@ -76,26 +77,6 @@ class Layout:
         """This node alone: every rank of the job is local, the store is the launcher's."""
         return cls(config.master_addr, master_port, attempt_namespace(config.run_id, attempt),
                    config.nproc)
-
-
-# torch's NCCL settings rankguard needs, each kept where the user set it (README, "NCCL").
-# Not TORCH_NCCL_ENABLE_TIMING, which tells a rank whose GPU is stuck before a collective from
-# a collective stuck in NCCL: it made enqueueing an all_reduce cost 668 us instead of 28 with
-# 400 queued (one H100, bench/collective_overhead.py --backend nccl): the user's to turn on.
-NCCL_SETTINGS = {
-    # a peer's abort or a remote error only marks the works failed: rankguard's verdict and
-    # abort decide, not torch's watchdog, which in modes 1 and 3 kills the process
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0",
-    # torch's heartbeat monitor kills a rank whose watchdog is stuck, or after a dump another
-    # rank's timeout asked for, unless its group was aborted: rankguard judges hangs itself
-    "TORCH_NCCL_ENABLE_MONITORING": "0",
-}
-
-
-def nccl_settings(env: Mapping[str, str]) -> dict[str, str]:
-    """torch's NCCL variables for the ranks: rankguard's ``NCCL_SETTINGS``, except where
-    ``env`` (the user's) sets one, even to an empty value. Pure."""
-    return {name: env.get(name, value) for name, value in NCCL_SETTINGS.items()}
 
 
 def base_env(config: RunConfig, token: str, master_port: int) -> dict[str, str]:

@@ -75,6 +75,7 @@ class Published:
     # the last operation the recorder's entries showed completed with every one before it (0:
     # not read): ``completed`` is never less (torch's gloo count may be, see fr_progress)
     retired: int = 0
+    read_at: int = 0  # the enqueued count when the entries were last read for this group
 
     @property
     def pending(self) -> int:
@@ -89,9 +90,10 @@ def advance(before: Published | None, counts: GroupCounts, timing: bool, now: fl
     "none"; with ``timing`` on (``TORCH_NCCL_ENABLE_TIMING``) a started count of -1 means none
     started yet (0), without it, not known (-1). The completed count is never less than what
     the entries showed (``retired``) while the group is the same (its enqueued count did not go
-    back). Pure."""
+    back), and so is the count at which they were read. Pure."""
     enqueued = max(counts.enqueued, 0)
-    retired = before.retired if before is not None and enqueued >= before.enqueued else 0
+    same = before is not None and enqueued >= before.enqueued  # else a new group in the slot
+    retired = before.retired if same else 0
     completed = min(max(counts.completed, 0, retired), enqueued)
     started = max(counts.started, 0) if timing else -1
     pending = completed + 1 if enqueued > completed else 0
@@ -102,7 +104,7 @@ def advance(before: Published | None, counts: GroupCounts, timing: bool, now: fl
     return replace(before, enqueued=enqueued, started=started, completed=completed,
                    t_enter=now if enqueued != before.enqueued else before.t_enter,
                    t_done=now if completed != before.completed else before.t_done,
-                   pending_since=since, retired=retired)
+                   pending_since=since, retired=retired, read_at=before.read_at if same else 0)
 
 
 def with_retired(record: Published, retired: int | None) -> Published:
@@ -136,9 +138,12 @@ def kind_wanted(record: Published, now: float) -> int:
     """The operation whose kind the sampler should learn now (0: none): the one the group
     waits in, once its completions have not moved for ``ASYNC_STALL_S`` and its kind is not
     known yet (``kind_of`` may be past ``pending``: torch's completed count lags its entries,
-    and the entries tell which operation is really waited in). Pure."""
+    and the entries tell which operation is really waited in), or operations were enqueued
+    since the entries were last read (on NCCL, one of them completing shows the pending one
+    done: see ``fr_progress.completed_in_order``). Pure."""
     pending = record.pending
-    if pending and record.kind_of < pending and now - record.t_done >= ASYNC_STALL_S:
+    if pending and (record.kind_of < pending or record.enqueued > record.read_at) \
+            and now - record.t_done >= ASYNC_STALL_S:
         return pending
     return 0
 
@@ -199,9 +204,9 @@ class AsyncGroupSampler:
         ``timing``: whether the device's start of each operation is recorded; ``deadlines``:
         the deadlines in force now, (seconds per operation, a monotonic instant), each None
         when there is none; ``on_overdue``: called, on the sampler's thread and outside its
-        tick, for each operation that passed one (once per group); ``on_notice``: called once,
-        the same way, when the supervisor posts a notice in the ledger (a peer died or hung),
-        with it and the operation this rank waits in (None: none)."""
+        tick, for each operation that passed one (once per group); ``on_notice``: called once
+        per notice, the same way, when the supervisor posts one in the ledger (a peer died or
+        hung), with it and the operation this rank waits in (None: none)."""
         self.ledger = ledger
         self._deadlines = deadlines
         self.on_overdue = on_overdue
@@ -231,10 +236,12 @@ class AsyncGroupSampler:
         with self._lock:
             for reader in self.readers:
                 late += self._sample(reader)
-            if self.on_notice is not None and not self._noticed:
-                notice = self.ledger.notice()
-                self._noticed = notice is not None
-                waiting = self._waiting_in() if notice is not None else None
+            if self.on_notice is not None:
+                posted = self.ledger.notice()
+                if posted is not None and not self._noticed:
+                    notice, waiting = posted, self._waiting_in()
+                # a regroup clears the notice: the next one, in the next generation, is taken
+                self._noticed = posted is not None
         if notice is not None and self.on_notice is not None:
             self.on_notice(notice, waiting)
         if self.on_overdue is not None:
@@ -329,14 +336,17 @@ class AsyncGroupSampler:
         for pg_id, seq in wanted.items():
             bound = self._bound[(reader.recorder, pg_id)]
             assert bound is not None and bound.record is not None
-            record = with_retired(bound.record, fr_progress.completed_upto(entries, pg_id))
+            upto = (fr_progress.completed_in_order(entries, pg_id, bound.record.enqueued)
+                    if reader.recorder is Recorder.NCCL
+                    else fr_progress.completed_upto(entries, pg_id))
+            record = with_retired(bound.record, upto)
             # the first not completed, at or past the one waited in; none: all completed
             # meanwhile, not asked again until another one is waited in
             seq, kind = next(((op.seq, op.kind) for op in entries if op.pg_id == pg_id
                               and not op.completed and op.seq >= max(seq, record.pending)),
                              (max(seq, record.pending), ""))
             self._publish(bound, replace(record, kind=_ledger.OP_CODES.get(kind, NONE),
-                                         kind_of=seq))
+                                         kind_of=seq, read_at=record.enqueued))
         self._keep(reader.recorder, entries, now)
 
     def _keep(self, recorder: Recorder, entries: list[Entry], now: float) -> None:

@@ -219,6 +219,24 @@ def completed_upto(entries: list[Entry], pg_id: int) -> int | None:
     return last
 
 
+def completed_in_order(active: list[Entry], pg_id: int, enqueued: int) -> int:
+    """How far NCCL group ``pg_id`` got, from its entries not completed (``active``, as
+    :meth:`FlightRecorderReader.entries` gives them with ``only_active``) and torch's count of
+    its enqueued operations: the last enqueued one that is not active. Pure.
+
+    An NCCL group runs its operations in order on one stream, so one that completed means every
+    one before it did. torch's own completed count does not: an operation captured in a CUDA
+    graph is recorded but never completes, and torch 2.11's count stays before it for good
+    (seen on an H100: enqueued 5, completed 3, after the eager #5 that followed a captured #4
+    had completed), which would read as a hang as soon as the rank goes quiet. An entry the
+    ring has dropped (more operations in flight than its size) counts as completed."""
+    pending = {entry.seq for entry in active if entry.pg_id == pg_id and not entry.completed}
+    upto = enqueued
+    while upto in pending:
+        upto -= 1
+    return max(upto, 0)
+
+
 def buffer_size(env: Mapping[str, str] | None = None) -> int:
     """The number of entries torch's recorders keep, read from ``env`` (default: this
     process's environment) as torch reads it; 0 means off.

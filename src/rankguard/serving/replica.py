@@ -38,6 +38,7 @@ from ..errors import UsageError
 from ..records.ledger import LedgerReader
 from ..runtime import stacks, vacancies
 from ..supervisor import RankFiles, RankProcess, RankProcesses, spawn
+from ..supervisor.nccl_env import nccl_settings
 from . import leader_env
 from ..runtime.init import GRACE_ENV
 from .budgets import (COLLECTIVE_MARGIN_S, EXIT_STATUS_S, POOL_RANK_GRACE_S, REAP_S,
@@ -151,6 +152,7 @@ class Replica:
                 **sealed.host_env(),  # this replica's own store seal
                 vacancies.REPLACING_ENV: "0",  # a replacement is told so (replace_ranks)
                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        base.update(nccl_settings(base))  # as rankguard run's ranks: rankguard decides faults
         base.setdefault(GRACE_ENV, f"{POOL_RANK_GRACE_S:g}")
         self._base_env = base
         self._setup = setup

@@ -1,0 +1,26 @@
+"""torch's NCCL settings that every rank rankguard starts gets (``rankguard run``'s ranks, a
+pool's and the pytest plugin's warm ranks), each kept where the user set it (README, "NCCL").
+
+Not ``TORCH_NCCL_ENABLE_TIMING``, which tells a rank whose GPU is stuck before a collective from
+a collective stuck in NCCL: it made enqueueing an all_reduce cost 668 us instead of 28 with 400
+queued (one H100, ``bench/collective_overhead.py --backend nccl``): the user's to turn on.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+NCCL_SETTINGS = {
+    # a peer's abort or a remote error only marks the works failed: rankguard's verdict and
+    # abort decide, not torch's watchdog, which in modes 1 and 3 kills the process
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0",
+    # torch's heartbeat monitor kills a rank whose watchdog is stuck, or after a dump another
+    # rank's timeout asked for, unless its group was aborted: rankguard judges hangs itself
+    "TORCH_NCCL_ENABLE_MONITORING": "0",
+}
+
+
+def nccl_settings(env: Mapping[str, str]) -> dict[str, str]:
+    """torch's NCCL variables for the ranks: :data:`NCCL_SETTINGS`, except where ``env`` (the
+    user's) sets one, even to an empty value. Pure."""
+    return {name: env.get(name, value) for name, value in NCCL_SETTINGS.items()}
