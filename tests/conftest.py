@@ -96,14 +96,15 @@ def launch(args: list[str], log_dir: Path, timeout: float = 60.0,
                             start_new_session=True)
 
 
-def finish(proc: subprocess.Popen[str], log_dir: Path, timeout: float, started: float) -> Run:
+def finish(proc: subprocess.Popen[str], log_dir: Path, timeout: float, started: float,
+           what: str = "rankguard run") -> Run:
     """Wait for a launcher under a hard deadline; on expiry kill its whole tree and fail."""
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proctree.signal_tree(proc.pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=10)
-        pytest.fail(f"rankguard run did not finish within {timeout} s; stderr:\n{err[-3000:]}")
+        pytest.fail(f"{what} did not finish within {timeout} s; stderr:\n{err[-3000:]}")
     return Run(proc.returncode, out, err, time.monotonic() - started, log_dir)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rankguard.supervisor.nccl_env import NCCL_SETTINGS
+from rankguard.inputs.nccl_env import NCCL_SETTINGS
 
 
 def rank_env(run_rankguard, env: dict[str, str]) -> dict[str, str]:

@@ -70,14 +70,19 @@ def test_each_group_counts_its_collectives_and_the_dumps_are_read_by_torchs_anal
     nccl = bool(env)
     for rank, report in enumerate(reports):
         # one group of WORLD_OPS (the default group, torch's id 0 on gloo), one of SUB_OPS
-        by_size = sorted(report["groups"].values(), key=lambda counts: counts["enqueued"])
-        for counts, ops in zip(by_size, (SUB_OPS, WORLD_OPS), strict=True):
-            # gloo knows no "started", and may record the completion of a group's last
-            # collective only at its next one (torch 2.13: seen once 5 of 6 ten seconds after
-            # the last one, on one rank); NCCL with timing knows both
+        by_size = sorted(report["groups"].items(), key=lambda group: group[1]["enqueued"])
+        for (pg_id, counts), ops in zip(by_size, (SUB_OPS, WORLD_OPS), strict=True):
+            # gloo knows no "started", and torch's gloo count of completions may stay behind
+            # (torch 2.13: seen 5 of 6 ten seconds after the last one, and 2 of 6 on a loaded
+            # machine): there the entries show how far the group got (completed_upto), which
+            # is what rankguard reads; NCCL with timing knows both
             assert counts["enqueued"] == ops, (rank, report)
             assert counts["started"] == (ops if nccl else -1), (rank, report)
-            assert counts["completed"] in ((ops,) if nccl else (ops - 1, ops)), (rank, report)
+            if nccl:
+                assert counts["completed"] == ops, (rank, report)
+            else:
+                assert counts["completed"] <= ops, (rank, report)
+                assert report["upto"][pg_id] == ops, (rank, report)
         if nccl:
             assert {c["desc"]: c["ranks"] for c in report["configs"].values()}["default_pg"] \
                 == [0, 1]

@@ -42,6 +42,12 @@ def _ones(size: int) -> torch.Tensor:
     return torch.ones(size, device="cuda" if BACKEND == "nccl" else "cpu")
 
 
+def _upto(reader: fr.FlightRecorderReader) -> dict[int, int | None]:
+    """How far each group got, as its entries show (``fr_progress.completed_upto``)."""
+    entries = reader.entries(only_active=False)
+    return {pg_id: fr.completed_upto(entries, pg_id) for pg_id in {e.pg_id for e in entries}}
+
+
 def main() -> None:
     scenario, world_ops, sub_ops, folder = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), \
         sys.argv[4]
@@ -67,13 +73,16 @@ def main() -> None:
     if BACKEND == "nccl":
         torch.cuda.synchronize()  # nothing is stuck here: every rank joined every collective
     deadline = time.monotonic() + CAUGHT_UP_S
-    progress = reader.read()
-    while any(c.completed < c.enqueued for c in progress.groups.values()):
+    progress, upto = reader.read(), _upto(reader)
+    # torch's gloo count may stay behind for good: the entries show how far each group got
+    while any((c.completed if BACKEND == "nccl" else upto.get(pg_id)) != c.enqueued
+              for pg_id, c in progress.groups.items()):
         if time.monotonic() > deadline:
             break
         time.sleep(0.01)
-        progress = reader.read()
+        progress, upto = reader.read(), _upto(reader)
     report["groups"] = {pg_id: dataclasses.asdict(c) for pg_id, c in progress.groups.items()}
+    report["upto"] = upto
     report["configs"] = {name: dataclasses.asdict(c) for name, c in progress.configs.items()}
     dist.barrier()
     # rank 0 enters one more collective of the sub-group, which rank 1 joins only once both

@@ -20,7 +20,7 @@ import pytest
 import rankguard
 from rankguard.records import journal
 from rankguard.processes import proctree
-from rankguard.supervisor.nccl_env import NCCL_SETTINGS
+from rankguard.inputs.nccl_env import NCCL_SETTINGS
 
 from . import rank_functions as rf
 

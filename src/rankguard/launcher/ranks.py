@@ -27,7 +27,7 @@ from ..records import recovery_file
 from ..store import sealed
 from ..processes.proctree import MARKER
 from ..supervisor import RankFiles, RankProcesses, spawn
-from ..supervisor.nccl_env import nccl_settings
+from ..inputs.nccl_env import nccl_settings
 from ..supervisor.rank_processes import Tee, Writer
 from .config import RunConfig
 from .store_keys import attempt_namespace

@@ -11,6 +11,7 @@ import os
 
 from ..records import ledger as _ledger
 from ..errors import UsageError
+from ..inputs.nccl_env import nccl_settings
 from . import deadline_scope
 from . import eviction, instrument, stacks
 from .state import current
@@ -38,7 +39,11 @@ def init(*, grace: float | None = None, collective_timeout: float | None = None,
     - ``SIGUSR1`` makes the rank append the stacks of all its threads to ``stacks_file``;
     - process groups created afterwards on gloo are instrumented and **bounded**: collectives
       honour ``rankguard.deadline()`` and ``collective_timeout``, and a failed collective raises
-      a ``rankguard.CollectiveError`` that names the ranks that had not arrived.
+      a ``rankguard.CollectiveError`` that names the ranks that had not arrived;
+    - torch's NCCL settings rankguard needs (``TORCH_NCCL_ASYNC_ERROR_HANDLING=0``,
+      ``TORCH_NCCL_ENABLE_MONITORING=0``: rankguard's abort decides, not torch's watchdog,
+      which would kill the process on a peer's remote error) are set in ``os.environ``, except
+      where already set, for the NCCL groups made afterwards.
 
     Args:
         grace: SIGTERM teardown budget in seconds (default ``$RANKGUARD_GRACE`` or 5).
@@ -70,6 +75,8 @@ def init(*, grace: float | None = None, collective_timeout: float | None = None,
         world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
         state.ledger = _ledger.LedgerWriter.private(world_size)
     state.enable_bounded()
+    for name, value in nccl_settings(os.environ).items():  # as rankguard run's ranks get them
+        os.environ.setdefault(name, value)
     _instrument_torch()
 
 

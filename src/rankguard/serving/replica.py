@@ -38,7 +38,7 @@ from ..errors import UsageError
 from ..records.ledger import LedgerReader
 from ..runtime import stacks, vacancies
 from ..supervisor import RankFiles, RankProcess, RankProcesses, spawn
-from ..supervisor.nccl_env import nccl_settings
+from ..inputs.nccl_env import nccl_settings
 from . import leader_env
 from ..runtime.init import GRACE_ENV
 from .budgets import (COLLECTIVE_MARGIN_S, EXIT_STATUS_S, POOL_RANK_GRACE_S, REAP_S,

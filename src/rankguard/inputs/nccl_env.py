@@ -1,5 +1,7 @@
 """torch's NCCL settings that every rank rankguard starts gets (``rankguard run``'s ranks, a
-pool's and the pytest plugin's warm ranks), each kept where the user set it (README, "NCCL").
+pool's and the pytest plugin's warm ranks) and that ``rankguard.init()`` sets in its own
+process (before its NCCL groups form: torch reads them then), each kept where the user set it
+(README, "NCCL").
 
 Not ``TORCH_NCCL_ENABLE_TIMING``, which tells a rank whose GPU is stuck before a collective from
 a collective stuck in NCCL: it made enqueueing an all_reduce cost 668 us instead of 28 with 400
