@@ -1,7 +1,8 @@
 """The Megatron-LM case, for gloo (tests/testing) and NCCL (tests/gpu): every rank runs the suite
 (``torchrun -m pytest`` or ``rankguard run -m pytest``); a session fixture forms the group and,
 at teardown, calls ``barrier()`` then ``destroy_process_group()``; rank 1 fails a test while
-rank 0 waits inside that test's all_reduce for it."""
+rank 0 waits inside that test's all_reduce for it; the test after it runs on a group the plugin
+formed anew."""
 
 from __future__ import annotations
 
@@ -62,6 +63,12 @@ def test_rank1_fails_while_rank0_waits_in_its_all_reduce():
     t = torch.ones(1, device=device())
     dist.all_reduce(t)
     assert t.item() == 2  # rank 0 reads the result: it waits here on NCCL
+
+
+def test_collectives_work_again_after_the_failure():
+    t = torch.ones(1, device=device())
+    dist.all_reduce(t)
+    assert t.item() == 2
 '''
 
 RUN_S = 120.0  # each run's hard bound (a deadlocked teardown would run for the backend's 30 min)
@@ -115,8 +122,9 @@ def under_rankguard(run_rankguard: Any, tmp_path: Path, backend: str, deadline: 
 
 
 def check_bounded_and_both_reported(run: SuiteRun, deadline: float) -> None:
-    """Both ranks' failures are reported, rank 0's naming rank 1, within about one test
-    deadline each (the teardown's barrier included), and the run failed."""
+    """Both ranks' failures are reported, rank 0's naming rank 1, the next test passes on both
+    ranks, all within about one test deadline each (the teardown's barrier included), and the
+    run failed."""
     text = run.output
     assert "AssertionError: rank 1 fails before its all_reduce" in text, text[-6000:]
     # rank 0 is released from its all_reduce by rank 1's notice (or, if the notice came first,
@@ -125,5 +133,8 @@ def check_bounded_and_both_reported(run: SuiteRun, deadline: float) -> None:
                      r"|GroupRetired: process group 'world' is retired \()rank 1 failed "
                      r"test_suite\.py::test_rank1_fails_while_rank0_waits_in_its_all_reduce",
                      text), text[-6000:]
+    # the plugin formed the group anew before the next test, on both ranks
+    assert len(re.findall(r"^PASSED \S*test_suite\.py::test_collectives_work_again_after_the_"
+                          r"failure$", text, re.M)) == 2, text[-6000:]
     assert run.code != 0
     assert run.wall_s < 3 * deadline + 30, f"took {run.wall_s:.1f} s"  # not the backend's

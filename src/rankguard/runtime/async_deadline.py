@@ -69,7 +69,7 @@ def expire(op: Overdue) -> None:
         _keep_alive(group for group, _ in _named(op.group, [(g, None) for g in fr_progress.torch_groups()]))
         raise_in_main_thread(error)
         return
-    _raise_and_abort(error, _named(op.group, nccl_abort.nccl_groups()), "the group")
+    _raise_and_abort(error, _named(op.group, nccl_abort.nccl_groups()), "the group", str(error))
 
 
 def take_notice(notice: tuple[str, int], waiting: Overdue | None) -> None:
@@ -90,7 +90,8 @@ def take_notice(notice: tuple[str, int], waiting: Overdue | None) -> None:
                            missing=[failed] if failed >= 0 else [], waited=waiting.waited_s)
         state.last_failure = error
     if waiting is None or waiting.recorder is Recorder.NCCL:
-        _raise_and_abort(error, nccl_abort.nccl_groups(), "the communicators")
+        _raise_and_abort(error, nccl_abort.nccl_groups(), "the communicators",
+                         f"the supervisor reported that {_ledger.notice_text(kind, failed)}")
     elif error is not None:
         _keep_alive(fr_progress.torch_groups())
         raise_in_main_thread(error)
@@ -98,17 +99,20 @@ def take_notice(notice: tuple[str, int], waiting: Overdue | None) -> None:
 
 def take_peer_notice(name: str, notice: dict[str, Any]) -> None:
     """A peer reports (``runtime.probe``) that it gave up on the group ``name`` (it raised
-    outside a collective, or a collective of its failed): in bounded mode, abort that group's
-    NCCL communicator, on a thread of its own (the probe's thread answers the peer at once),
-    and, if this rank waits in an operation of the group, raise :class:`~rankguard.PeerFailed`
-    there. A wait on the GPU for a peer that will never enqueue its part ends within the abort
-    (0.5 to 2.9 s measured), not at a deadline."""
+    outside a collective, or a collective of its failed), or this rank itself did (``by`` is
+    its own rank: ``groups.abandon_world``): in bounded mode, abort that group's NCCL
+    communicator, on a thread of its own (the probe's thread answers the peer at once), and,
+    for a peer's notice, if this rank waits in an operation of the group, raise
+    :class:`~rankguard.PeerFailed` there. A wait on the GPU for a peer that will never enqueue
+    its part ends within the abort (0.5 to 2.9 s measured), not at a deadline; later
+    collectives of the group fail at once (``internal.world_retired`` says why)."""
     state = current()
     found = nccl_abort.not_aborted(_named(name, nccl_abort.nccl_groups()))
     if not state.bounded or not found:
         return
     sampler = async_groups.sampler()
-    waiting = sampler.waiting_in(name) if sampler is not None else None
+    own = notice.get("by") == int(os.environ.get("RANK", "-1"))
+    waiting = sampler.waiting_in(name) if sampler is not None and not own else None
     error = None
     if waiting is not None:
         by = notice.get("by")
@@ -117,7 +121,8 @@ def take_peer_notice(name: str, notice: dict[str, Any]) -> None:
                            missing=[by] if isinstance(by, int) else [], waited=waiting.waited_s)
         state.last_failure = error
     _no_abort_under_way.clear()  # before the answer: the peer's regroup waits for the abort
-    threading.Thread(target=_raise_and_abort, args=(error, found, "the group"),
+    threading.Thread(target=_raise_and_abort, args=(error, found, "the group",
+                                                    notice_text(notice)),
                      name="rankguard-peer-notice-abort", daemon=True).start()
 
 
@@ -130,15 +135,15 @@ def _keep_alive(groups: Iterable[Any]) -> None:
 
 
 def _raise_and_abort(error: CollectiveError | None, groups: list[tuple[Any, Any]],
-                     what: str) -> None:
+                     what: str, reason: str) -> None:
     """Make ``error`` pending in the main thread, then abort ``groups`` (bounded; the kill
-    fallback if the abort hangs)."""
+    fallback if the abort hangs); ``reason``: why, as later uses of the groups are told."""
     _no_abort_under_way.clear()
     try:
         async_groups.keep_torch_dump()  # before the abort marks every operation completed
         if error is not None:
             raise_in_main_thread(error)
-        aborted = nccl_abort.abort(groups, COLLECTIVE_ABORT_S)
+        aborted = nccl_abort.abort(groups, COLLECTIVE_ABORT_S, reason)
         if not aborted.finished and error is not None:
             _give_up(error, f"NCCL's abort of {what} did not return within "
                             f"{COLLECTIVE_ABORT_S:g} s")

@@ -133,5 +133,7 @@ def abandon_world(reason: str) -> None:
     _abandoned_unwrapped.add(state.generation)
     rank = dist.get_rank()
     peers = [peer for peer in range(dist.get_world_size()) if peer != rank]
-    state.asker.ask(WORLD, peers, {"by": rank, "reason": reason}, window=ABANDON_WINDOW_S,
-                    gone=_reported_dead)
+    notice = {"by": rank, "reason": reason}
+    state.asker.ask(WORLD, peers, notice, window=ABANDON_WINDOW_S, gone=_reported_dead)
+    for take in on_unwrapped_notice:  # its own communicator too: no later collective waits
+        take(WORLD, notice)

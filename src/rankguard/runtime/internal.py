@@ -15,7 +15,7 @@ from typing import Iterable
 
 from ..records import ledger as _ledger
 from ..deadline import Deadline
-from . import barrier, generations, groups
+from . import barrier, generations, groups, nccl_abort
 from . import shutdown as _shutdown
 from .deadline_scope import until
 from .generations import Generation
@@ -36,9 +36,17 @@ def world() -> GroupRecord | None:
 
 
 def world_retired() -> str | None:
-    """Why this rank's default group was retired, or None while it is usable (or absent)."""
+    """Why this rank's default group was retired (for one rankguard does not wrap, NCCL's:
+    why its communicator was aborted), or None while it is usable (or absent)."""
     record = world()
-    return record.retired if record is not None else None
+    if record is not None:
+        return record.retired
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    default = dist.distributed_c10d._get_default_group()
+    return next((nccl_abort.why_aborted(backend) for group, backend in nccl_abort.nccl_groups()
+                 if group is default and nccl_abort.why_aborted(backend) is not None), None)
 
 
 def retire_all(reason: str) -> None:

@@ -52,13 +52,20 @@ def nccl_groups() -> list[tuple[Any, Any]]:
 
 
 def not_aborted(groups: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
-    """Those of ``groups`` whose backend no :func:`abort` of this process has aborted yet."""
-    return [(group, backend) for group, backend in groups if id(backend) not in _aborted]
+    """Those of ``groups`` whose backend no :func:`abort` of this process has aborted, or
+    begun to (one whose abort hangs is not aborted again)."""
+    return [(group, backend) for group, backend in groups if id(backend) not in _reasons]
 
 
 # the backends :func:`abort` aborted (by id: a retired group is never destructed, so its id is
-# never reused)
+# never reused), and why each was, from the start of its abort
 _aborted: set[int] = set()
+_reasons: dict[int, str] = {}
+
+
+def why_aborted(backend: Any) -> str | None:
+    """Why :func:`abort` aborted ``backend`` (or is aborting it); None: it did not."""
+    return _reasons.get(id(backend))
 
 
 def finished_within(call: Callable[[], object], limit_s: float, name: str) -> bool:
@@ -70,12 +77,16 @@ def finished_within(call: Callable[[], object], limit_s: float, name: str) -> bo
     return not worker.is_alive()
 
 
-def abort(groups: list[tuple[Any, Any]], limit_s: float) -> Aborted:
+def abort(groups: list[tuple[Any, Any]], limit_s: float,
+          reason: str = "its NCCL communicator was aborted") -> Aborted:
     """Abort the backends of ``groups`` (as :func:`nccl_groups` gives them) on a daemon thread,
-    and wait at most ``limit_s`` for it. Never raises: an abort's error is reported."""
+    and wait at most ``limit_s`` for it; ``reason``: why (:func:`why_aborted`). Never raises:
+    an abort's error is reported."""
     if not groups:
         return Aborted(0, True, 0.0)
     errors: list[str] = []
+    for _, backend in groups:
+        _reasons.setdefault(id(backend), reason)
 
     def run() -> None:
         for _, backend in groups:
