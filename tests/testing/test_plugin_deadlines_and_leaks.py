@@ -16,6 +16,7 @@ from rankguard.processes import proctree
 from rankguard.testing.watchdog import BACKSTOP_S, LAST_RESORT_S, LAST_WORDS_S
 from tests.detached import CGROUP, DAEMON, SUBREAPER
 
+from . import ipc_child_case
 from .suite import run_suite
 
 DEADLINE = 3.0
@@ -445,3 +446,10 @@ def test_a_hung_torch_multiprocess_test_case_names_its_ranks_with_their_python_s
     assert re.search(rf"stuck: rank 1: pid \d+ .*\n.* main thread at {re.escape(str(path))}:22 "
                      rf"in test_rank1_hangs", text), text
     assert session.code == 1 and session.wall_s < 90
+
+
+def test_a_spawned_child_wedged_holding_the_parents_tensor_is_named_and_released(
+        tmp_path: Path) -> None:
+    # the cuda-python case on the CPU (shared memory): tests/gpu/test_cuda_ipc_child.py
+    ipc_child_case.check_named_released_and_the_session_goes_on(
+        ipc_child_case.run(tmp_path, "cpu", DEADLINE))
