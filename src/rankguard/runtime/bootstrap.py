@@ -94,14 +94,19 @@ def _wait_for_activation() -> None:
 
 def _warm_up() -> None:
     """What a spare pays before it is needed: ``import torch`` (2.5 s here), torch.distributed
-    and DDP, and the lazy imports of an optimizer's first construction (torch._dynamo: 2.2 s
+    and DDP, the lazy imports of an optimizer's first construction (torch._dynamo: 2.2 s
     more, which a replacement would otherwise pay between its ``init_process_group`` and its
-    first step)."""
+    first step), and, where torch sees a GPU, CUDA's initialisation (the driver and runtime:
+    the part of a new rank's CUDA start that does not depend on its device, which a spare
+    cannot know; the device's context is made when the script picks it). Nothing forks after
+    it: the spare becomes the rank in this process."""
     import torch
     import torch.distributed  # noqa: F401
     import torch.nn.parallel  # noqa: F401
 
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    if torch.cuda.is_available():
+        torch.cuda.init()
 
 
 def _prepare(rank: int, attempt: int) -> None:
