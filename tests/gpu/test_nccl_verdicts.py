@@ -4,7 +4,8 @@ the other rank keeps enqueueing. The launcher names rank 1 and the all_reduce fr
 Flight Recorder counted in each rank (published in the ledger by the rank's sampler), within
 ``--hang-timeout`` + 2 s: (a) rank 1 asleep in Python never enqueued it; (b) rank 1 enqueued it
 but its GPU, stuck in a kernel, never started it (with ``TORCH_NCCL_ENABLE_TIMING=1``; without,
-the collective is stuck on every rank). Skipped without a CUDA GPU."""
+the collective is stuck on every rank). In (a), ``rankguard flight-recorder`` gives torch's own
+dumps of every rank, and torch's analyser names rank 1 as missing. Skipped without a CUDA GPU."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import re
 import pytest
 
 from tests.conftest import script
+from tests.observe import fr_dumps
 from tests.gpu.nccl_ranks import GPU_SET, ONE_GPU
 
 pytestmark = GPU_SET
@@ -53,6 +55,10 @@ def test_the_rank_that_held_up_an_nccl_all_reduce_is_named_within_the_hang_timeo
     run = run_rankguard(nccl_job(scenario, "51"), timeout=90, env={**ONE_GPU, **env})
     hang = assert_blamed(run, verdict)
     assert (hang["op"], hang["seq"]) == ("all_reduce", 51), hang
+    if scenario == "sleep":  # torch's own dumps of every rank name the rank that never came
+        found = fr_dumps.analyse(run.log_dir, run.log_dir / "fr")
+        assert "Not all ranks joining collective, sequence number: 51" in found, found[-3000:]
+        assert "missing ranks: {1}" in found, found[-3000:]
 
 
 def test_without_timing_a_gpu_stuck_before_a_collective_is_a_stuck_collective(run_rankguard):

@@ -16,7 +16,7 @@ from rankguard.records import recent_file
 from rankguard.observe import flight_recorder, report, timeline
 
 from ..conftest import ROOT, script
-from . import browser
+from . import browser, fr_dumps
 
 T = 1_800_000_000.0  # a wall-clock time
 
@@ -256,22 +256,10 @@ def test_a_hung_runs_report_shows_its_lanes_the_open_operation_and_the_verdict_i
     assert seen["flags"] >= 3  # the fault, the verdict, the teardown
     assert (tmp_path / "report.png").stat().st_size > 10_000
     # torch's own trace analyser, on the Flight Recorder dumps, names the same rank and operation
-    found = _analyse(run.log_dir, tmp_path / "fr")
+    found = fr_dumps.analyse(run.log_dir, tmp_path / "fr")
     seq = run.event("hang_detected")["seq"]
     assert f"Not all ranks joining collective, sequence number: {seq}" in found, found[-3000:]
     assert "missing ranks: {1}" in found and "has errors" not in found, found[-3000:]
-
-
-def _analyse(log_dir: Path, into: Path) -> str:
-    """The run's dumps, analysed by torch's own trace analyser: what it printed."""
-    dumped = subprocess.run([sys.executable, "-m", "rankguard.cli", "flight-recorder",
-                             str(log_dir), "-o", str(into)], cwd=ROOT,
-                            capture_output=True, text=True, timeout=60)
-    assert dumped.returncode == 0, dumped.stderr
-    analysed = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace",
-                               str(into)], capture_output=True, text=True, timeout=120)
-    assert analysed.returncode == 0, analysed.stderr[-3000:]
-    return analysed.stdout + analysed.stderr
 
 
 @pytest.mark.slow
@@ -284,7 +272,7 @@ def test_a_sigkilled_ranks_dumps_give_torchs_analyser_only_the_missing_rank(
                          "--inject", "kill:rank=1,at=op30", script("allreduce.py"), "60"],
                         timeout=90)
     assert run.code == 1 and "rank 1 was killed by SIGKILL" in run.stderr, run.stderr[-3000:]
-    found = _analyse(run.log_dir, tmp_path / "fr")
+    found = fr_dumps.analyse(run.log_dir, tmp_path / "fr")
     assert "Not all ranks joining collective, sequence number: 30" in found, found[-3000:]
     assert "missing ranks: {1}" in found, found[-3000:]
     assert "has errors" not in found and "MISMATCH" not in found, found[-3000:]
