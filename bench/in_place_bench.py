@@ -3,6 +3,7 @@
     python bench/in_place_bench.py [--nproc 4] [--steps 2000] [--warm 8] [--cap 180]
     python bench/in_place_bench.py --overhead 5 [--steps 800]
     python bench/in_place_bench.py --paired [--steps 2000]
+    python bench/in_place_bench.py --device cuda [--nproc 2]
 
 The job is ``in_place_worker.py`` (a 3-layer MLP, DDP on gloo/CPU). For each way of recovering,
 the bench starts the job, waits until it has run ``--warm`` seconds past its first step (so
@@ -26,6 +27,12 @@ run`` restarting (warm spares); (c) ``torchrun`` restarting; (d) torchft, when i
 (``pip install torchft``): four replica groups of one rank, each under a torchrun that restarts
 it, with torchft's lighthouse in this process on loopback (torchft's own servers listen on
 every interface).
+
+``--device cuda`` trains on GPU 0 over NCCL, every rank sharing it (each a host of its own
+through ``NCCL_HOSTID``; NCCL over its socket transport on loopback), without torchft. Below the
+table, the in-place recovery's parts from its journal: detection (the SIGKILL to the launcher's
+``replace``), the replacement's start to holding the state (process, CUDA, joining the new
+generation: its communicator), the state transfer (``share_s``), and the rest to its first step.
 
 ``--overhead ROUNDS`` measures only the step time without faults, which one run cannot tell
 from noise: ROUNDS rounds, each running the three ways back to back in a rotating order, (a)
@@ -57,6 +64,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "in_place_worker.py")
 NAMES = {"in-place": "rankguard in-place", "rankguard-restart": "rankguard restart",
          "torchrun": "torchrun restart", "torchft": "torchft heal"}
+# ranks sharing one GPU: NCCL's socket transport on loopback only
+ONE_GPU = {"BENCH_DEVICE": "cuda", "NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1",
+           "NCCL_IB_DISABLE": "1", "NCCL_NVLS_ENABLE": "0", "NCCL_COLLNET_ENABLE": "0",
+           "NCCL_SOCKET_IFNAME": "lo"}
 
 
 def command(way: str, nproc: int, steps: int, out: str, mode: str, spares: bool = True
@@ -181,8 +192,27 @@ def run(way: str, nproc: int, steps: int, warm: float, cap: float, fault: bool,
     if os.path.exists(os.path.join(out, "paired.json")):
         with open(os.path.join(out, "paired.json")) as f:
             result["paired"] = json.load(f)
+    if t_fault is not None and "next_step_s" in result:
+        result["parts"] = in_place_parts(os.path.join(out, "logs", "journal.jsonl"), t_fault,
+                                         result["next_step_s"])
     shutil.rmtree(out, ignore_errors=True)
     return result
+
+
+def in_place_parts(journal_path: str, t_fault: float, next_step_s: float) -> dict | None:
+    """Where an in-place recovery's time went, from its journal (None: not one)."""
+    if not os.path.exists(journal_path):
+        return None
+    with open(journal_path) as f:
+        events = [json.loads(line) for line in f if line.strip()]
+    replace = next((e for e in events if e["event"] == "replace"), None)
+    replaced = next((e for e in events if e["event"] == "replaced"), None)
+    if replace is None or replaced is None:
+        return None
+    held = replaced["held_at"]  # when the replacement held the state (its own clock)
+    return {"detection": replace["ts"] - t_fault,
+            "start, CUDA, new generation": held - replaced["share_s"] - replace["ts"],
+            "state transfer": replaced["share_s"], "to the first step": t_fault + next_step_s - held}
 
 
 def main() -> None:
@@ -196,9 +226,13 @@ def main() -> None:
     parser.add_argument("--paired", action="store_true",
                         help="measure StepLoop's cost against the plain loop in the same "
                         "processes, with 1 rank and with --nproc ranks")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: every rank on GPU 0, over NCCL (no torchft)")
     args = parser.parse_args()
     ways: tuple[str, ...] = ("in-place", "rankguard-restart", "torchrun")
-    if importlib.util.find_spec("torchft") is not None:
+    if args.device == "cuda":
+        os.environ.update(ONE_GPU)  # every job's processes inherit it
+    elif importlib.util.find_spec("torchft") is not None:
         ways += ("torchft",)
     if args.paired:
         paired(args.nproc, args.steps, args.cap)
@@ -225,6 +259,10 @@ def main() -> None:
         ratio = f"{c['step_s'] / base:.3f}" if base and "step_s" in c else "-"
         print(f"{NAMES[way]:22}{next_s:>20}{paused:>15}{lost:>14}{same:>13}{step:>11}"
               f"{ratio:>13}")
+    parts = faulty["in-place"].get("parts")
+    if parts:
+        print("in-place, fault -> next step: " + ", ".join(f"{name} {seconds:.2f} s"
+                                                           for name, seconds in parts.items()))
 
 
 def overhead(ways: tuple[str, ...], nproc: int, steps: int, cap: float, rounds: int) -> None:

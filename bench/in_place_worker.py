@@ -9,7 +9,8 @@ lighthouse), whose replicas heal from a live peer; ``paired`` measures StepLoop'
 (see :func:`paired`). All train the same model on the same data (drawn from the step and the
 rank, or replica group). Ranks 0 and 1 append ``{"step", "t", "pid"}`` to
 ``OUT_DIR/steps_rankR.jsonl`` as each step completes; rank 0 writes the final parameters'
-checksum to ``OUT_DIR/checksum``.
+checksum to ``OUT_DIR/checksum``. With ``BENCH_DEVICE=cuda`` the ranks train on GPU 0 over
+NCCL (each a host of its own through ``NCCL_HOSTID``, so that several share the device).
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ import torch.distributed as dist
 
 CKPT_EVERY = 20
 WIDTH = 256
+DEVICE = torch.device("cuda", 0) if os.environ.get("BENCH_DEVICE") == "cuda" \
+    else torch.device("cpu")
 
 
 def batch(step: int, rank: int) -> torch.Tensor:
     """The data of ``step`` on ``rank`` (or replica group): the same in every way."""
-    return torch.randn(32, 64, generator=torch.Generator().manual_seed(step * 1000 + rank))
+    return torch.randn(32, 64, generator=torch.Generator().manual_seed(step * 1000 + rank)
+                       ).to(DEVICE)
 
 
 def main() -> None:
@@ -38,12 +42,15 @@ def main() -> None:
     if mode == "torchft":
         rank = int(os.environ["BENCH_REPLICA"])  # the replica group stands for the rank
     else:
-        dist.init_process_group("gloo")
+        if DEVICE.type == "cuda":
+            os.environ.setdefault("NCCL_HOSTID", f"host{os.environ['RANK']}")
+            torch.cuda.set_device(DEVICE)
+        dist.init_process_group("nccl" if DEVICE.type == "cuda" else "gloo")
         rank = dist.get_rank()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, WIDTH), torch.nn.ReLU(),
                                 torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(),
-                                torch.nn.Linear(WIDTH, 1))
+                                torch.nn.Linear(WIDTH, 1)).to(DEVICE)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     log = open(os.path.join(out, f"steps_rank{rank}.jsonl"), "a") if rank < 2 else None
 
@@ -79,7 +86,7 @@ def main() -> None:
         ckpt = os.path.join(out, "checkpoint.pt")
         start = 0
         if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and os.path.exists(ckpt):
-            state = torch.load(ckpt)
+            state = torch.load(ckpt, map_location=DEVICE)
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             start = state["step"]
@@ -94,7 +101,7 @@ def main() -> None:
     if rank == 0:
         digest = hashlib.sha256()
         for param in model.parameters():
-            digest.update(param.detach().numpy().tobytes())
+            digest.update(param.detach().cpu().numpy().tobytes())
         with open(os.path.join(out, "checksum"), "w") as f:
             f.write(digest.hexdigest()[:16])
     if mode != "torchft":

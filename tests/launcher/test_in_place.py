@@ -59,6 +59,7 @@ def test_a_replaced_rank_costs_no_step_and_the_run_ends_bit_for_bit(
     assert replace["rank"] == rank and replace["old_pid"] != replace["new_pid"]
     (replaced,) = _events(run, "replaced")
     assert replaced["rank"] == rank and replaced["pid"] == replace["new_pid"]
+    assert replace["ts"] <= replaced["held_at"] <= replaced["ts"], (replace, replaced)
     assert replaced["source"] != rank and replaced["nbytes"] > 0
     assert not _events(run, "restart")  # one attempt: the survivors never stopped
     assert run.outcomes(0) == {0: "ok", 1: "ok", 2: "ok"}

@@ -162,7 +162,8 @@ class InPlace:
                     "replaced", attempt=pending.attempt, rank=rank, pid=pending.member.pid,
                     generation=joined.generation,
                     step=joined.step, source=joined.source, nbytes=joined.nbytes,
-                    share_s=joined.share_s, since_fault_s=round(now - pending.fault_at, 3))
+                    share_s=joined.share_s, held_at=joined.held_at,
+                    since_fault_s=round(now - pending.fault_at, 3))
                 self._say(f"rankguard: rank {rank} replaced: generation {joined.generation} "
                           f"resumes at step {joined.step} with the state of rank "
                           f"{joined.source} ({joined.nbytes} bytes), {now - pending.fault_at:.2f} "

@@ -3,8 +3,8 @@
 Under ``rankguard run --recovery in-place`` the launcher gives each replacement process the path
 of a file in its attempt's private folder. Once the replacement's ``rankguard.StepLoop`` has
 received the state from a peer and rebuilt its wrappers, it writes there one JSON object:
-``{"generation": G, "step": S, "source": R, "nbytes": B, "share_s": T}``, by a rename, so the
-launcher never reads half of it. The launcher journals it (``replaced``) and then counts the
+``{"generation": G, "step": S, "source": R, "nbytes": B, "share_s": T, "held_at": W}`` (W: the
+wall-clock time it wrote it), by a rename, so the launcher never reads half of it. The launcher journals it (``replaced``) and then counts the
 replacement as done; until then it is pending, within the replace timeout.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ class Joined:
     source: int
     nbytes: int
     share_s: float
+    held_at: float = 0.0  # wall-clock time the state was held (0.0: not written, an old writer)
 
 
 def write(shared: Any, generation: int) -> None:
@@ -39,7 +41,8 @@ def write(shared: Any, generation: int) -> None:
     if not target:
         return
     record = {"generation": generation, "step": shared.step, "source": shared.source,
-              "nbytes": shared.nbytes, "share_s": round(shared.took, 6)}
+              "nbytes": shared.nbytes, "share_s": round(shared.took, 6),
+              "held_at": round(time.time(), 6)}
     try:
         private_files.replace_with(target, json.dumps(record))
     except OSError:
@@ -51,6 +54,7 @@ def read(path: str) -> Joined | None:
     try:
         fields = json.loads(private_files.read_regular(path, LIMIT))
         return Joined(int(fields["generation"]), int(fields["step"]), int(fields["source"]),
-                      int(fields["nbytes"]), float(fields["share_s"]))
+                      int(fields["nbytes"]), float(fields["share_s"]),
+                      float(fields.get("held_at", 0.0)))
     except (OSError, ValueError, TypeError, KeyError):
         return None
