@@ -5,11 +5,11 @@
 # inner pytest sessions of the ranks marker's test find it by its entry point, as after a pip
 # install).
 # Usage: tests/gpu/run_gpu_set.sh OUT_DIR
-# Writes OUT_DIR/gpu.log (the tests), heal.txt and load.txt (the serving benches, RGBENCH=0
-# leaves them out) and journals.tgz (the tests' journals, logs and stacks); exits with pytest's
-# code. At most 150 s for the pool's fault tests (one at a time: each compares the device's
-# free memory), 150 s for the rest of the set (4 tests at a time), then at most 120 s of
-# benches while the whole stays under 6 minutes.
+# Writes OUT_DIR/gpu.log (the tests), heal.txt, in_place.txt and load.txt (the benches,
+# RGBENCH=0 leaves them out) and journals.tgz (the tests' journals, logs and stacks); exits with
+# pytest's code. The tests: at most 150 s for the pool's fault tests (one at a time: each
+# compares the device's free memory), 150 s for the rest of the set (4 tests at a time); 105 s
+# in all on an H200. Then the benches, by priority, until 7 minutes in all.
 set -u
 out=${1:?usage: run_gpu_set.sh OUT_DIR}
 cd "$(dirname "$0")/../.."
@@ -37,11 +37,15 @@ timeout 150 "${pytest[@]}" -n 4 --basetemp "$base/set" --ignore tests/gpu/test_n
 code=$?
 echo "exit $code after $((SECONDS - began)) s" >> "$out/gpu.log"
 [ "$code" = 0 ] && code=$first
-if [ "${RGBENCH:-1}" = 1 ]; then  # issue 31's figures: heals and load on GPU replicas
+if [ "${RGBENCH:-1}" = 1 ]; then
+  # a pool's heals on GPU replicas (issue 31), recovery inside a DDP job on NCCL (issue 32),
+  # then a pool under load with faults (issue 31) in the time left
   timeout 60 python3 bench/serve_heal_bench.py --devices 0 --repeats 2 --no-cold \
       --heal-bound 20 > "$out/heal.txt" 2>&1 || echo "exit $?" >> "$out/heal.txt"
-  if [ "$SECONDS" -lt 300 ]; then
-    timeout $((350 - SECONDS)) python3 bench/serve_load_bench.py --devices 0 --only 2 \
+  timeout 100 python3 bench/in_place_bench.py --device cuda --nproc 2 --steps 1500 --warm 3 \
+      --cap 30 > "$out/in_place.txt" 2>&1 || echo "exit $?" >> "$out/in_place.txt"
+  if [ "$SECONDS" -lt 360 ]; then
+    timeout $((420 - SECONDS)) python3 bench/serve_load_bench.py --devices 0 --only 2 \
         --requests 200 > "$out/load.txt" 2>&1 || echo "exit $?" >> "$out/load.txt"
   fi
 fi
