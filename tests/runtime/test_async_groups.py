@@ -62,7 +62,8 @@ def test_times_move_where_counts_moved(before, counts, timing, after):
 GLOO_BEHIND = Published(24, -1, 19, 1.0, 2.0, pending_since=2.0)  # torch says #19 completed
 RETIRE = {
     "the entries show more completed than torch's count: the group got that far, and its wait "
-    "since before stands": (GLOO_BEHIND, 20, replace(GLOO_BEHIND, completed=20, retired=20)),
+    "in the next one is dated from now": (GLOO_BEHIND, 20, replace(GLOO_BEHIND, completed=20,
+                                                                   retired=20, pending_since=5.0)),
     "the entries show every operation enqueued completed: nothing is waited for":
         (replace(GLOO_BEHIND, enqueued=20), 20,
          replace(GLOO_BEHIND, enqueued=20, completed=20, retired=20, pending_since=0.0)),
@@ -78,7 +79,7 @@ RETIRE = {
 
 @pytest.mark.parametrize("record, retired, after", RETIRE.values(), ids=RETIRE.keys())
 def test_the_completed_count_is_raised_to_what_the_entries_show(record, retired, after):
-    assert with_retired(record, retired) == after
+    assert with_retired(record, retired, 5.0) == after
 
 
 KIND = {

@@ -107,18 +107,22 @@ def advance(before: Published | None, counts: GroupCounts, timing: bool, now: fl
                    pending_since=since, retired=retired, read_at=before.read_at if same else 0)
 
 
-def with_retired(record: Published, retired: int | None) -> Published:
-    """The group's record once the recorder's entries showed every operation up to
-    ``retired`` completed (``fr_progress.completed_upto``; None: the group has no entry there):
-    its completed count is raised to it (never past the enqueued count, which the entries,
-    read later, may be ahead of). The times stay: they are when torch's counts last moved, the
-    last completion seen; a rank that still waits, waits since it began to. Pure."""
+def with_retired(record: Published, retired: int | None, now: float) -> Published:
+    """The group's record at ``now`` once the recorder's entries showed every operation up to
+    ``retired`` completed (``fr_progress.completed_upto`` or ``completed_in_order``; None: the
+    group has no entry there): its completed count is raised to it (never past the enqueued
+    count, which the entries, read later, may be ahead of). The times of the counts stay: they
+    are when torch's counts last moved. A rank still waiting in the same operation waits since
+    it began to; one now seen waiting in a later operation waits since ``now``: it began to
+    after the earlier one completed, which the entries do not date, and an older time would
+    make it look as if it had waited longer than the peer that holds everyone up (a 2x2 mesh
+    on a loaded machine blamed the victim's peer so). Pure."""
     if retired is None or retired <= record.retired:
         return record
     completed = min(max(record.completed, retired), record.enqueued)
     pending = completed + 1 if record.enqueued > completed else 0
-    return replace(record, completed=completed, retired=retired,
-                   pending_since=record.pending_since if pending else 0.0)
+    since = record.pending_since if pending == record.pending else (now if pending else 0.0)
+    return replace(record, completed=completed, retired=retired, pending_since=since)
 
 
 def overdue(record: Published, now: float, per_op_s: float | None,
@@ -339,7 +343,7 @@ class AsyncGroupSampler:
             upto = (fr_progress.completed_in_order(entries, pg_id, bound.record.enqueued)
                     if reader.recorder is Recorder.NCCL
                     else fr_progress.completed_upto(entries, pg_id))
-            record = with_retired(bound.record, upto)
+            record = with_retired(bound.record, upto, now)
             # the first not completed, at or past the one waited in; none: all completed
             # meanwhile, not asked again until another one is waited in
             seq, kind = next(((op.seq, op.kind) for op in entries if op.pg_id == pg_id
