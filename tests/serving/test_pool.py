@@ -86,6 +86,9 @@ def test_each_fault_kind_mid_forward_fails_only_that_request_and_the_next_succee
             if cause == "raised":
                 assert "ValueError: injected failure mid-forward" in error.remote_traceback
             assert pool.run(rf.forward, 2.0) == rf.expected(2.0, 2), f"after {kind}"
+        # the last fault's heal (its culprit's stacks first) ends before the pool closes: a
+        # close kills the ranks, and raced the stacks of the last hang on a loaded machine
+        wait_for(lambda: pool.status().spares_ready >= 1, SPARE_WAIT_S, "the last heal")
         metrics = pool.metrics()
     assert metrics["requests_failed"] == len(rf.KINDS)
     assert metrics["heals"] == len(rf.KINDS)
