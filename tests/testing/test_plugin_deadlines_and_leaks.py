@@ -448,6 +448,7 @@ def test_a_hung_torch_multiprocess_test_case_names_its_ranks_with_their_python_s
     assert session.code == 1 and session.wall_s < 90
 
 
+@pytest.mark.slow  # a spawned child imports torch (7 s)
 def test_a_spawned_child_wedged_holding_the_parents_tensor_is_named_and_released(
         tmp_path: Path) -> None:
     # the cuda-python case on the CPU (shared memory): tests/gpu/test_cuda_ipc_child.py
