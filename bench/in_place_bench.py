@@ -212,7 +212,8 @@ def in_place_parts(journal_path: str, t_fault: float, next_step_s: float) -> dic
     held = replaced["held_at"]  # when the replacement held the state (its own clock)
     return {"detection": replace["ts"] - t_fault,
             "start, CUDA, new generation": held - replaced["share_s"] - replace["ts"],
-            "state transfer": replaced["share_s"], "to the first step": t_fault + next_step_s - held}
+            "state transfer": replaced["share_s"],
+            "to the first step": t_fault + next_step_s - held}
 
 
 def main() -> None:

@@ -116,8 +116,8 @@ def under_rankguard(run_rankguard: Any, tmp_path: Path, backend: str, deadline: 
     run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "60",
                          *pytest_args(suite, deadline)],
                         timeout=RUN_S, env={**(env or {}), "SUITE_BACKEND": backend})
-    logs = "".join(f"----- rank {rank} -----\n" + path.read_text()
-                   for rank, path in enumerate(sorted((run.log_dir / "attempt0").glob("rank?.log"))))
+    logs = "".join(f"----- rank {rank} -----\n" + path.read_text() for rank, path in
+                   enumerate(sorted((run.log_dir / "attempt0").glob("rank?.log"))))
     return SuiteRun(run.code, logs + run.stdout + run.stderr, run.wall_s)
 
 

@@ -1,9 +1,9 @@
 """Performing injected faults for real, inside the rank they target.
 
 The rank's bootstrap builds one :class:`Injector` from the specs in its environment. Faults tied
-to a moment of the program (``start``, ``init``, ``opN``, ``stepN``) run in the main thread at that moment;
-faults tied to a time run from a timer thread, and those that must act in the main thread (hang,
-slow, raise) reach it through a Python-level interrupt of the main thread.
+to a moment of the program (``start``, ``init``, ``opN``, ``stepN``) run in the main thread at that
+moment; faults tied to a time run from a timer thread, and those that must act in the main
+thread (hang, slow, raise) reach it through a Python-level interrupt of the main thread.
 """
 
 from __future__ import annotations
@@ -86,9 +86,10 @@ class Injector:
         self._by_op: dict[int, list[FaultSpec]] = {}
         self._by_step: dict[int, list[FaultSpec]] = {}
         for spec in mine:
-            if spec.at in ("op", "step"):
-                (self._by_op if spec.at == "op" else self._by_step).setdefault(
-                    spec.op, []).append(spec)
+            if spec.at == "op":
+                self._by_op.setdefault(spec.op, []).append(spec)
+            elif spec.at == "step":
+                self._by_step.setdefault(spec.op, []).append(spec)
         self._timed = [s for s in mine if s.at == "time"]
         self.active = bool(mine)
 

@@ -138,7 +138,7 @@ def parse(text: str, *, what: str = "--inject", moment: str | None = None) -> Fa
         word, op, step, seconds = match.groups()
     if op is not None and _value("op", op, int) < 1:
         raise _bad(text, "collectives are counted from op1")
-    counted = op if op is not None else step
+    counted, counts = (op, "op") if op is not None else (step, "step")
     attempt_text = fields.get("attempt", "0")
     if attempt_text == "any":
         attempt = None
@@ -149,8 +149,8 @@ def parse(text: str, *, what: str = "--inject", moment: str | None = None) -> Fa
     return FaultSpec(
         kind=kind,
         rank=int(_value("rank", fields["rank"], int)),
-        at=word or ("op" if op is not None else "step" if step is not None else "time"),
-        op=int(_value("op" if op is not None else "step", counted, int)) if counted is not None else 0,
+        at=word or (counts if counted is not None else "time"),
+        op=int(_value(counts, counted, int)) if counted is not None else 0,
         seconds=_value("time", seconds, float) if seconds is not None else 0.0,
         arg=arg,
         attempt=attempt,

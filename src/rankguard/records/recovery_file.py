@@ -4,8 +4,9 @@ Under ``rankguard run --recovery in-place`` the launcher gives each replacement 
 of a file in its attempt's private folder. Once the replacement's ``rankguard.StepLoop`` has
 received the state from a peer and rebuilt its wrappers, it writes there one JSON object:
 ``{"generation": G, "step": S, "source": R, "nbytes": B, "share_s": T, "held_at": W}`` (W: the
-wall-clock time it wrote it), by a rename, so the launcher never reads half of it. The launcher journals it (``replaced``) and then counts the
-replacement as done; until then it is pending, within the replace timeout.
+wall-clock time it wrote it), by a rename, so the launcher never reads half of it. The launcher
+journals it (``replaced``) and then counts the replacement as done; until then it is pending,
+within the replace timeout.
 """
 
 from __future__ import annotations

@@ -45,8 +45,8 @@ def world_retired() -> str | None:
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
     default = dist.distributed_c10d._get_default_group()
-    return next((nccl_abort.why_aborted(backend) for group, backend in nccl_abort.nccl_groups()
-                 if group is default and nccl_abort.why_aborted(backend) is not None), None)
+    backend = next((b for group, b in nccl_abort.nccl_groups() if group is default), None)
+    return nccl_abort.why_aborted(backend) if backend is not None else None
 
 
 def retire_all(reason: str) -> None:

@@ -57,9 +57,8 @@ def not_aborted(groups: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
     return [(group, backend) for group, backend in groups if id(backend) not in _reasons]
 
 
-# the backends :func:`abort` aborted (by id: a retired group is never destructed, so its id is
-# never reused), and why each was, from the start of its abort
-_aborted: set[int] = set()
+# why :func:`abort` aborted each backend, from the start of its abort (by id: a retired group is
+# never destructed, so its id is never reused)
 _reasons: dict[int, str] = {}
 
 
@@ -92,7 +91,6 @@ def abort(groups: list[tuple[Any, Any]], limit_s: float,
         for _, backend in groups:
             try:
                 backend.abort()
-                _aborted.add(id(backend))
             except Exception as error:  # noqa: BLE001 (reported; the others are aborted still)
                 errors.append(f"{type(error).__name__}: {error}")
 
