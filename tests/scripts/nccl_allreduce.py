@@ -1,16 +1,15 @@
 """An NCCL job for the GPU set: ``nccl_allreduce.py STEPS``: every rank on GPU 0 (each a host of
 its own through ``NCCL_HOSTID``, so that NCCL accepts several ranks on one device), STEPS
 all-reduces of 1 MB, the sum checked; prints ``OK rank=R backend=B``."""
-import os
 import sys
 
 import torch
 import torch.distributed as dist
 
-os.environ.setdefault("NCCL_HOSTID", f"host{os.environ['RANK']}")
+from gpu0 import join_nccl
+
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 50
-torch.cuda.set_device(0)
-dist.init_process_group("nccl")
+join_nccl()
 world = dist.get_world_size()
 t = torch.ones(256 * 1024, device="cuda")
 for _ in range(steps):

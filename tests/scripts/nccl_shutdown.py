@@ -13,12 +13,11 @@ import torch.distributed as dist
 
 import rankguard
 
+from gpu0 import join_nccl
+
 mode, folder = sys.argv[1], sys.argv[2]
-os.environ.setdefault("NCCL_HOSTID", f"host{os.environ['RANK']}")
 rankguard.init()
-torch.cuda.set_device(0)
-dist.init_process_group("nccl")
-rank = dist.get_rank()
+rank = join_nccl()
 t = torch.ones(1024, device="cuda")
 for _ in range(10):
     dist.all_reduce(t)
