@@ -20,12 +20,14 @@ def test_ranks_get_the_nccl_settings_rankguard_needs(run_rankguard, monkeypatch)
         monkeypatch.delenv(name, raising=False)
     seen = rank_env(run_rankguard, {})
     assert {name: seen.get(name) for name in NCCL_SETTINGS} == {
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_ENABLE_MONITORING": "0"}
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_ENABLE_MONITORING": "0",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "0", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0"}
     assert "TORCH_NCCL_ENABLE_TIMING" not in seen  # costly: the user's choice (README)
 
 
 @pytest.mark.parametrize("name, value", [("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"),
                                          ("TORCH_NCCL_ENABLE_TIMING", "1"),
-                                         ("TORCH_NCCL_ENABLE_MONITORING", "")])
+                                         ("TORCH_NCCL_ENABLE_MONITORING", ""),
+                                         ("TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", "15000")])
 def test_a_setting_the_user_made_is_kept(run_rankguard, name, value):
     assert rank_env(run_rankguard, {name: value})[name] == value

@@ -17,9 +17,11 @@ READ_BACK = ("import json, os, rankguard; rankguard.init(); "
 
 
 @pytest.mark.parametrize("user, expected", [
-    ({}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_ENABLE_MONITORING": "0"}),
-    ({"TORCH_NCCL_ENABLE_MONITORING": "1"},
-     {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_ENABLE_MONITORING": "1"}),
+    ({}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_ENABLE_MONITORING": "0",
+          "TORCH_NCCL_DUMP_ON_TIMEOUT": "0", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0"}),
+    ({"TORCH_NCCL_ENABLE_MONITORING": "1", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "500"},
+     {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_ENABLE_MONITORING": "1",
+      "TORCH_NCCL_DUMP_ON_TIMEOUT": "0", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "500"}),
 ])
 def test_init_sets_the_nccl_settings_unless_the_user_did(user: dict[str, str],
                                                          expected: dict[str, str]) -> None:

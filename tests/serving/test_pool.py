@@ -404,9 +404,11 @@ def test_closing_the_pool_during_a_call_fails_it_as_pool_closed_and_blames_no_ra
 
 
 @pytest.mark.parametrize("env, expected", [
-    ({}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_ENABLE_MONITORING": "0"}),
-    ({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"},
-     {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_NCCL_ENABLE_MONITORING": "0"}),
+    ({}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_ENABLE_MONITORING": "0",
+          "TORCH_NCCL_DUMP_ON_TIMEOUT": "0", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0"}),
+    ({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"},
+     {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_NCCL_ENABLE_MONITORING": "0",
+      "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0"}),
 ])
 def test_ranks_get_the_nccl_settings_of_rankguard_run_and_keep_the_users(
         monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: dict[str, str]) -> None:

@@ -19,6 +19,16 @@ NCCL_SETTINGS = {
     # torch's heartbeat monitor kills a rank whose watchdog is stuck, or after a dump another
     # rank's timeout asked for, unless its group was aborted: rankguard judges hangs itself
     "TORCH_NCCL_ENABLE_MONITORING": "0",
+    # on a failed collective torch's monitor thread dumps the Flight Recorder to
+    # /tmp/nccl_trace_rank_R (a predictable name in a world-writable folder), tells every rank
+    # of the store to do the same (a replacement joining that store later too), then sleeps
+    # TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC (480 s) where the group's destruction joins it:
+    # rankguard writes the dump itself, in the run's folder, before it aborts a communicator
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
+    # and torch's watchdog sleeps four times this (60 s by default) after any failed collective
+    # whatever the setting above, while destroying the group waits for the watchdog: a rank
+    # whose peer died would stall for a minute in the heal that keeps it
+    "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0",
 }
 
 
