@@ -14,7 +14,7 @@ import torch.distributed as dist
 import rankguard
 
 FAULTS = {  # kind -> (the cause the pool reports, whether the rank's process is replaced)
-    "oom": ("raised", False),  # CUDA out of memory: not sticky, the process is kept
+    "oom": ("raised", True),  # CUDA out of memory: its reserved memory goes back with it
     "assert": ("raised", True),  # a device-side assert: its CUDA context is lost
     "kill": ("signalled", True),
     "spin": ("deadline", True),  # stuck in a GPU kernel past the request's deadline

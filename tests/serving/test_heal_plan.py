@@ -6,7 +6,7 @@ import pytest
 
 from rankguard.errors import RequestCause, RequestFailed
 from rankguard.serving.heal_plan import (STICKY_CUDA_ERRORS, Heal, HealPlan, context_lost,
-                                         heal, idle_heal, stopped_heal)
+                                         heal, idle_heal, out_of_memory, stopped_heal)
 
 OOM = ("OutOfMemoryError", "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
 ILLEGAL = ("AcceleratorError", "AcceleratorError: CUDA error: an illegal memory access was "
@@ -31,8 +31,8 @@ def hang(cause: RequestCause, rank: int | None, victims: list[int]) -> RequestFa
 HEALS = {
     "a rank that raised an ordinary error leaves every process usable: regroup in place":
         (raised(PLAIN), 2, NONE, Heal.REGROUP, NONE),
-    "a CUDA out-of-memory error is not sticky: the process is kept and regrouped":
-        (raised(OOM), 2, NONE, Heal.REGROUP, NONE),
+    "a CUDA out-of-memory error: only that rank is replaced (its reserved memory goes back)":
+        (raised(OOM), 2, NONE, Heal.REPLACE, R1),
     "an illegal memory access loses the rank's CUDA context: only that rank is replaced":
         (raised(ILLEGAL), 2, NONE, Heal.REPLACE, R1),
     "a device-side assert loses the rank's CUDA context: only that rank is replaced":
@@ -106,3 +106,15 @@ def test_every_sticky_cuda_error_is_recognised_in_torchs_wording(sticky: str) ->
 def test_an_error_that_is_not_an_exception_of_the_rank_is_never_a_lost_context() -> None:
     assert not context_lost(None, "CUDA error: an illegal memory access was encountered")
     assert not context_lost(*OOM)
+
+
+@pytest.mark.parametrize("error, expected", [
+    (OOM, True),
+    (("RuntimeError", "RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB"), True),
+    (("RuntimeError", "RuntimeError: DefaultCPUAllocator: can't allocate memory"), False),
+    (PLAIN, False),
+    (ASSERT, False),
+    ((None, "CUDA out of memory"), False),  # not an exception of the rank
+])
+def test_cuda_out_of_memory_is_recognised(error: tuple, expected: bool) -> None:
+    assert out_of_memory(*error) is expected
