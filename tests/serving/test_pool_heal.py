@@ -196,11 +196,16 @@ def test_a_survivor_still_busy_with_the_failed_call_gets_the_pools_timeout_not_m
             pool.run(rf.die_while_peer_computes, 60.0)
         assert pool.run(rf.forward, 2.0, timeout=60.0) == rf.expected(2.0, 2)
         served_after = time.monotonic() - started
+        wait_for(lambda: events(log, "stacks"), 30, "the failed heal's stacks")
     assert served_after < 40.0, "the heal waited for the busy survivor's 60 s call"
     retired = events(log, "group_retire")
     assert [e["action"] for e in retired] == ["replace", "kill"]
     assert retired[1]["reason"] == (f"replacing ranks 1 failed: ranks 0 did not finish the "
                                     f"failed call within {TIMEOUT:g} s")
+    # where the survivor was when the heal gave up, in the journal before the replica's kill
+    (stacks,) = events(log, "stacks")
+    assert list(stacks["stacks"]) == ["0"] and stacks["ts"] >= retired[1]["ts"], stacks
+    assert "die_while_peer_computes" in " ".join(stacks["grouped"]), stacks
 
 
 @pytest.mark.slow

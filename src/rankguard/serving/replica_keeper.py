@@ -281,8 +281,9 @@ class ReplicaKeeper:
                         stack_summary.by_stack(dumps, sorted(dumps)), ""))
 
     def _stacks_then_kill(self, replica: Replica) -> None:
-        """After a hang verdict that singled out no culprit: every rank's stacks (``_stacks``),
-        then the replica is killed (the call already failed; this does not delay it)."""
+        """After a hang verdict that singled out no culprit, or a heal that failed: every live
+        rank's stacks (``_stacks``), then the replica is killed (the call already failed, and
+        the replica no longer counts as one: this delays neither)."""
         try:
             self._stacks(replica)
         finally:
@@ -351,16 +352,18 @@ class ReplicaKeeper:
         """A retired replica's heal ended: it serves again (``ready``: its ``group_ready``
         event's fields), unless one of its ranks is stopped (that rank's heal follows); or
         it is killed (``failed``: why, for ``group_retire``; nothing is said when the pool
-        closed meanwhile: the close killed it)."""
+        closed meanwhile: the close killed it), after the stacks of its live ranks went to the
+        journal (where the heal left them: a survivor that never regrouped, say)."""
         stopped = replica.stopped_ranks() if ready is not None else frozenset()
         pool = self._set
+        gave_up = False
         with pool.cond:
             pool.retired.remove(replica)
             if pool.closed:
                 replica.kill()
             elif ready is None:
                 self._killed(replica, failed)
-                replica.kill()
+                gave_up = True
             elif stopped:
                 self._carry_out(replica, stopped_heal(replica.world, stopped),
                                 "a rank was stopped while its replica healed")
@@ -370,6 +373,8 @@ class ReplicaKeeper:
                 self._event("group_ready", group=replica.number, **ready)
                 pool.count_heals()
             pool.cond.notify_all()
+        if gave_up:
+            self._stacks_then_kill(replica)
 
     # -- the end --------------------------------------------------------------------------------
 
