@@ -27,7 +27,7 @@ def test_ranks_get_the_nccl_settings_rankguard_needs(run_rankguard, monkeypatch)
 
 @pytest.mark.parametrize("name, value", [("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"),
                                          ("TORCH_NCCL_ENABLE_TIMING", "1"),
-                                         ("TORCH_NCCL_ENABLE_MONITORING", ""),
+                                         ("TORCH_NCCL_ENABLE_MONITORING", "false"),
                                          ("TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", "15000")])
 def test_a_setting_the_user_made_is_kept(run_rankguard, name, value):
     assert rank_env(run_rankguard, {name: value})[name] == value

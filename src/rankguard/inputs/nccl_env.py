@@ -10,7 +10,10 @@ queued (one H100, ``bench/collective_overhead.py --backend nccl``): the user's t
 
 from __future__ import annotations
 
+import re
 from typing import Mapping
+
+from ..errors import UsageError
 
 NCCL_SETTINGS = {
     # a peer's abort or a remote error only marks the works failed: rankguard's verdict and
@@ -36,3 +39,38 @@ def nccl_settings(env: Mapping[str, str]) -> dict[str, str]:
     """torch's NCCL variables for the ranks: :data:`NCCL_SETTINGS`, except where ``env`` (the
     user's) sets one, even to an empty value. Pure."""
     return {name: env.get(name, value) for name, value in NCCL_SETTINGS.items()}
+
+
+# torch's spellings of a flag (c10d's getCvarBool, case-insensitive)
+_FLAG = ("1", "0", "true", "false", "t", "f", "yes", "no", "y", "n")
+_WHOLE = re.compile(r"[0-9]{1,9}")  # a C int that torch's std::stoi reads whole
+
+# torch's NCCL variables rankguard sets or names, and what torch takes in each
+_TAKES = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": ("0", "1", "2", "3"),
+    "TORCH_NCCL_ENABLE_MONITORING": _FLAG,
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": _FLAG,
+    "TORCH_NCCL_ENABLE_TIMING": _FLAG,
+    "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": None,  # a whole number of milliseconds
+}
+
+
+def check(env: Mapping[str, str]) -> None:
+    """Check the user's values, in ``env``, of torch's NCCL variables that rankguard sets or
+    names: torch refuses any other value (or reads only its leading digits) when a rank forms
+    an NCCL group, deep inside ``init_process_group``; here, before any rank starts. Pure.
+
+    Raises:
+        UsageError: naming the variable, its value and what torch takes.
+    """
+    for name, takes in _TAKES.items():
+        value = env.get(name)
+        if value is None:
+            continue
+        if takes is None:
+            if not _WHOLE.fullmatch(value.strip()):
+                raise UsageError(f"{name}={value!r}", "is not a whole number of milliseconds",
+                                 f"e.g. {name}={NCCL_SETTINGS[name]}, or unset it")
+        elif value.strip().lower() not in takes:
+            raise UsageError(f"{name}={value!r}", "torch refuses it as an NCCL group forms",
+                             f"use one of {', '.join(takes)}, or unset it")

@@ -5,11 +5,13 @@
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UsageError, shown
+from ..inputs import nccl_env
 from ..inputs.options import MAX_LOCAL_RANKS, seconds, whole_number, writable_dir
 from .budgets import MIN_CALL_FRACTION, SUSPECT_FRACTION
 from .placement import POOL_NAMES, Backend, Names, ReplicaPlacement, place
@@ -111,6 +113,7 @@ class PoolOptions:
             raise UsageError("Pool(setup)", f"{setup!r} is not callable")
         if log_dir:
             log_dir = writable_dir("Pool(log_dir)", log_dir)
+        nccl_env.check({**os.environ, **(env or {})})  # the ranks' environment
         warm = (0 if placement[0].cuda is None else 1) if warm_spares is None else \
             whole_number("Pool(warm_spares)", warm_spares, 0)
         if warm > MAX_LOCAL_RANKS:
