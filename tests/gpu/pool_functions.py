@@ -14,6 +14,7 @@ import torch.distributed as dist
 import rankguard
 
 FAULTS = {  # kind -> (the cause the pool reports, whether the rank's process is replaced)
+    "raise": ("raised", False),  # a bad request: an ordinary error, every process kept
     "oom": ("raised", True),  # CUDA out of memory: its reserved memory goes back with it
     "assert": ("raised", True),  # a device-side assert: its CUDA context is lost
     "kill": ("signalled", True),
@@ -41,6 +42,8 @@ def expected(x: float, world_size: int) -> float:
 
 def inject(kind: str) -> None:
     device = rankguard.device()
+    if kind == "raise":
+        raise ValueError("a bad request")
     if kind == "oom":
         torch.empty(1 << 50, dtype=torch.uint8, device=device)  # a petabyte
     elif kind == "assert":

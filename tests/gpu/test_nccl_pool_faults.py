@@ -2,7 +2,8 @@
 while a second replica serves (``python -m pytest -m gpu``): each fails only its own request,
 naming rank 1 and the cause; rank 0, waiting in the NCCL all_reduce, is released by the
 communicator's abort (a raise or a death), or at the request's deadline (a rank stuck in a
-kernel); only what cannot be reused is replaced; the replica serves again; GPU memory is back to
+kernel); only what cannot be reused is replaced (an ordinary error: nothing, the replica regroups
+its processes); the replica serves again; GPU memory is back to
 its level; nothing is left running. Skipped without a CUDA GPU."""
 
 from __future__ import annotations
