@@ -98,8 +98,9 @@ def _warm_up() -> None:
     more, which a replacement would otherwise pay between its ``init_process_group`` and its
     first step), and, where torch sees a GPU, CUDA's initialisation (the driver and runtime:
     the part of a new rank's CUDA start that does not depend on its device, which a spare
-    cannot know; the device's context is made when the script picks it). Nothing forks after
-    it: the spare becomes the rank in this process."""
+    cannot know; the device's context is made when the script picks it, except where torch
+    sees one GPU only: the rank can only pick that one, whose context the spare makes now).
+    Nothing forks after it: the spare becomes the rank in this process."""
     import torch
     import torch.distributed  # noqa: F401
     import torch.nn.parallel  # noqa: F401
@@ -107,6 +108,8 @@ def _warm_up() -> None:
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
     if torch.cuda.is_available():
         torch.cuda.init()
+        if torch.cuda.device_count() == 1:
+            torch.zeros(1, device="cuda:0")  # the context, as the rank's first tensor makes it
 
 
 def _prepare(rank: int, attempt: int) -> None:
