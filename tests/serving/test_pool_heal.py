@@ -5,8 +5,10 @@ fails, the replica is killed and a new one takes its slot."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -15,6 +17,7 @@ import pytest
 
 import rankguard
 from rankguard.processes import proctree
+from rankguard.supervisor import RankProcess
 
 from . import rank_functions as rf
 from .test_pool import (TIMEOUT, events, journaled_pool, kill_rank1_while_healing,
@@ -222,3 +225,33 @@ def test_a_survivor_stopped_while_its_replica_heals_is_replaced_after_its_stacks
     assert [(e["action"], e["ranks"]) for e in retired] == [
         ("replace", [1]), ("stacks_then_replace", [0])]
     assert retired[1]["reason"] == "a rank was stopped while its replica healed"
+
+
+def leader_holds() -> dict[str, int]:
+    """What the leader holds that a heal could leave behind: threads, file descriptors, and
+    records of rank processes."""
+    gc.collect()
+    return {"threads": threading.active_count(), "fds": len(os.listdir("/proc/self/fd")),
+            "rank records": sum(type(o) is RankProcess for o in gc.get_objects())}
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(180)
+def test_heal_after_heal_the_leader_holds_no_more_than_after_the_first(tmp_path: Path) -> None:
+    heals = 6
+
+    def heal_once() -> None:
+        with pytest.raises(rankguard.RequestFailed):
+            pool.run(rf.forward, 1.0, (1, "kill"))
+        assert pool.run(rf.forward, 2.0, timeout=60.0) == rf.expected(2.0, 2)
+
+    with journaled_pool(tmp_path, rf.load) as (pool, log):
+        heal_once()  # the first heal makes what every heal reuses (the spawner's thread...)
+        first = leader_holds()
+        for _ in range(heals):
+            heal_once()
+        # a heal's own threads end just after it: each count must come back within a bound
+        wait_for(lambda: all(leader_holds()[k] <= first[k] for k in first), 10,
+                 f"the leader to hold no more than after the first heal ({first}) after "
+                 f"{heals} more; it holds {leader_holds()}")
+    assert len(healed(log)) == heals + 1

@@ -4,8 +4,10 @@ whole process trees and what left them carrying the set's marker; stacks come be
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
+import weakref
 from pathlib import Path
 
 import pytest
@@ -97,6 +99,29 @@ def test_a_watcher_thread_reports_exits_to_waiters_of_other_threads(ranks, tmp_p
     assert sorted(seen) == [0, 1]
     rs.close(Deadline.after(LONG_S))
     assert not Path(rs[0].ledger_path).exists()
+
+
+def test_a_rank_replaced_many_times_leaves_the_set_holding_only_its_current_process(
+        ranks, tmp_path: Path) -> None:
+    """A pool heals a rank any number of times: the set must not keep what it replaced (the
+    leader grew by one process record, its Popen and its condition per heal)."""
+    rs = ranks()
+    until = Deadline.after(LONG_S)
+    member = start(rs, tmp_path, ["sh", "-c", "exit 1"])
+    replaced: list[weakref.ref] = []
+    for number in range(1, 4):
+        pump_until(rs, until, lambda: not member.alive)
+        old_ledger = member.ledger_path
+        replaced.append(weakref.ref(member))
+        where = RankFiles(member.log_path, member.stacks_path,
+                          str(tmp_path / f"rank0.{number}.ledger"))
+        member = rs.replace(0, where, {}, lambda env: spawn(["sh", "-c", "exit 1"], env,
+                                                            log=where.log))
+        assert not Path(old_ledger).exists()  # its process is gone: nothing writes it again
+        assert Path(member.ledger_path).exists()
+    gc.collect()
+    assert [ref() for ref in replaced] == [None] * 3
+    assert list(rs) == [member] and not until.passed()
 
 
 def test_kill_ends_the_process_trees_and_what_left_them_with_the_marker(ranks, tmp_path: Path

@@ -19,7 +19,6 @@ the ranks answered, their ledgers and their process states.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import os
 import signal
@@ -201,11 +200,9 @@ class Replica:
             theirs.close()
         end = LeaderEnd(mine)
         reader = LedgerReader(files.ledger)
-        if rank < len(self.ends):
+        if rank < len(self.ends):  # the replaced process's (its ledger file is gone)
             self.ends[rank].close()
             self._ledgers[rank].close()
-            with contextlib.suppress(OSError):  # the replaced process's: read no more
-                os.unlink(self._ledgers[rank].path)
             self.ends[rank], self._ledgers[rank] = end, reader
         else:
             self.ends.append(end)

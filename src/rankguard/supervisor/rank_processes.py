@@ -126,7 +126,6 @@ class RankProcesses:
         self.token = secrets.token_hex(8)
         self._tee = tee
         self._members: list[RankProcess] = []
-        self._replaced: list[RankProcess] = []  # members that a new process took over from
         self._reported: set[int] = set()  # ranks whose exit the watcher has reported
         self._launched = 0  # rank processes started: numbers each one's marker
         self._hurried = False  # hurry(): the ranks' grace is over
@@ -160,7 +159,10 @@ class RankProcesses:
     def replace(self, rank: int, files: RankFiles, env: Mapping[str, str],
                 launch: Callable[[dict[str, str]], subprocess.Popen[bytes]]) -> RankProcess:
         """Start a new process as rank ``rank``, whose member has exited (been reaped), as
-        :meth:`start` does; it takes the old member's place in the set. Returns it.
+        :meth:`start` does; it takes the old member's place in the set, which keeps nothing
+        of the old one (its ledger file is removed; a reader's mapping of it stays readable):
+        a set replaced any number of times holds no more than its ``world`` members. Returns
+        the new member.
 
         Raises:
             ValueError: rank ``rank``'s member is still alive, or there is none.
@@ -169,10 +171,12 @@ class RankProcesses:
         if index is None or self._members[index].alive:
             raise ValueError(f"rank {rank} has no member that has exited")
         member = self._launch(rank, files, env, launch)
-        self._replaced.append(self._members[index])
+        old = self._members[index]
         with self._exits:
             self._members[index] = member
             self._reported.discard(rank)
+        if old.ledger_path != member.ledger_path:
+            _remove(old.ledger_path)
         return member
 
     def _launch(self, rank: int, files: RankFiles, env: Mapping[str, str],
@@ -445,11 +449,15 @@ class RankProcesses:
         self._selector.close()
         for fd in (self._wake_r, self._wake_w):
             os.close(fd)
-        for member in self._members + self._replaced:
-            try:
-                os.unlink(member.ledger_path)
-            except OSError:
-                pass
+        for member in self._members:
+            _remove(member.ledger_path)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _drain(fd: int) -> None:
