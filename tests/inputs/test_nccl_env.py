@@ -1,14 +1,20 @@
 """torch's NCCL variables the user set: the values torch takes pass, the others are refused
-before any rank starts, naming the variable (``inputs.nccl_env.check``), by ``rankguard run``
-and by ``rankguard.Pool``."""
+before any rank starts, naming the variable (``inputs.nccl_env.check``), by ``rankguard run``,
+``rankguard serve`` and ``rankguard.Pool``."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 
 import rankguard
 from rankguard.errors import UsageError
 from rankguard.inputs import nccl_env
+
+from ..conftest import ROOT
 
 TAKEN = [{}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}, {"TORCH_NCCL_ENABLE_MONITORING": "True"},
          {"TORCH_NCCL_DUMP_ON_TIMEOUT": " yes "}, {"TORCH_NCCL_ENABLE_TIMING": "1"},
@@ -57,3 +63,13 @@ def test_rankguard_run_refuses_it_before_any_rank_starts(run_rankguard) -> None:
 def test_a_pool_refuses_it_in_its_env_option() -> None:
     with pytest.raises(UsageError, match="TORCH_NCCL_ENABLE_TIMING='2'"):
         rankguard.Pool(2, None, env={"TORCH_NCCL_ENABLE_TIMING": "2"})
+
+
+def test_rankguard_serve_refuses_it_before_it_listens() -> None:
+    done = subprocess.run([sys.executable, "-m", "rankguard.cli", "serve",
+                           "examples/serve_tp.py:app", "--port", "0"], cwd=ROOT,
+                          env={**os.environ, "TORCH_NCCL_ENABLE_MONITORING": "maybe"},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("rankguard serve: error: TORCH_NCCL_ENABLE_MONITORING='maybe'")
+    assert "Traceback" not in done.stderr and "listening" not in done.stdout

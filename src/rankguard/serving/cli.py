@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 import sys
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import UsageError
+from ..inputs import nccl_env
 from ..inputs.options import Parser, number, writable_dir, writable_file
 from .placement import CLI_NAMES, parse_devices
 from .pool_options import HEALING_MODES, MAX_QUEUE, check_size, placed
@@ -90,6 +92,7 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         args = build_parser().parse_args(argv)
+        nccl_env.check(os.environ)  # the ranks' environment
         port = int(number("--port", args.port, int, 0, "use a port from 0 to 65535, e.g. "
                           "--port 8000", maximum=65535))
         grace = number("--grace", args.grace, float, 0.1, "e.g. --grace 10")
