@@ -46,6 +46,7 @@ BROKEN = "import nonexistent_module_xyz\n"
     (["examples/serve_tp.py:app", "--gpus-per-replica", "0"], "--gpus-per-replica: '0' is below 1"),
     (["examples/serve_tp.py:app", "--warm-spares", "-1"], "--warm-spares: '-1' is below 0"),
     (["examples/serve_tp.py:app", "--warm-spares", "one"], "--warm-spares: 'one' is not"),
+    (["examples/serve_tp.py:app", "--warm-spares", "100000"], "--warm-spares: '100000' is above"),
     (["examples/serve_tp.py:app", "--gpus-per-replica", "2", "--replicas", "300"],
      "--gpus-per-replica: 2 per replica x 301 replicas"),
 ])

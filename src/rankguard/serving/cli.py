@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..inputs import nccl_env
-from ..inputs.options import Parser, number, writable_dir, writable_file
+from ..inputs.options import MAX_LOCAL_RANKS, Parser, number, writable_dir, writable_file
 from .placement import CLI_NAMES, parse_devices
 from .pool_options import HEALING_MODES, MAX_QUEUE, check_size, placed
 from ..serving.budgets import HTTP_ANSWER_S
@@ -120,7 +120,8 @@ def main(argv: list[str]) -> int:
                served.replicas, served.spares, CLI_NAMES)
         if args.warm_spares is not None:
             options["warm_spares"] = int(number("--warm-spares", args.warm_spares, int, 0,
-                                                "e.g. --warm-spares 1"))
+                                                f"at most {MAX_LOCAL_RANKS}, e.g. "
+                                                "--warm-spares 1", maximum=MAX_LOCAL_RANKS))
         if args.timeout is not None:
             served.timeout = number("--timeout", args.timeout, float, 0.001, "e.g. --timeout 5")
         if args.suspect_after is not None:
