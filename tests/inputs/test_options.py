@@ -45,6 +45,8 @@ def test_every_folder_a_log_dir_makes_is_private_whatever_the_umask(tmp_path):
     ({"TORCH_FR_BUFFER_SIZE": ""}, "TORCH_FR_BUFFER_SIZE='': is not a number of entries"),
     ({"TORCH_NCCL_TRACE_BUFFER_SIZE": "99999999999999999999"},
      "TORCH_NCCL_TRACE_BUFFER_SIZE='99999999999999999999': is not a number of entries"),
+    ({"TORCH_FR_BUFFER_SIZE": "2147483648"},  # past a C int: torch's std::stoi aborts the rank
+     "TORCH_FR_BUFFER_SIZE='2147483648': is not a number of entries"),
     ({"TORCH_FR_BUFFER_SIZE": "0", "RANKGUARD_GLOO": "recorder"},
      "TORCH_FR_BUFFER_SIZE=0: turns off torch's Flight Recorder"),
 ])
@@ -56,6 +58,7 @@ def test_a_flight_recorder_size_torch_would_abort_on_or_that_leaves_nothing_watc
 
 
 @pytest.mark.parametrize("env", [{}, {"TORCH_FR_BUFFER_SIZE": "2000"},
+                                 {"TORCH_FR_BUFFER_SIZE": "2147483647"},
                                  {"TORCH_FR_BUFFER_SIZE": "0"}, {"TORCH_FR_BUFFER_SIZE": "-1"},
                                  {"TORCH_FR_BUFFER_SIZE": "0", "RANKGUARD_GLOO": "wrap"}])
 def test_a_flight_recorder_size_torch_takes_is_accepted(env):

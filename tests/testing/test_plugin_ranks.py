@@ -175,3 +175,16 @@ def test_rank1_never_joins():
     had, waited = map(float, found.groups())
     assert had < 6 - 1 and abs(waited - had) < 0.5, text  # what it had, and waited it out
     assert session.result("test_good_after") == "passed"
+
+
+@pytest.mark.parametrize("name, value", [("TORCH_FR_BUFFER_SIZE", "abc"),
+                                         ("TORCH_NCCL_ENABLE_MONITORING", "maybe")])
+def test_warm_ranks_that_torch_would_abort_fail_the_test_at_once_naming_the_variable(
+        tmp_path: Path, name: str, value: str) -> None:
+    # torch aborts a rank on such a Flight Recorder size: the pool would wait 90 s for it
+    session = run_suite(tmp_path, {"test_env.py": HEADER + GOOD}, [], timeout=60,
+                        env={name: value})
+    assert session.result("test_good_after") == "failed", session.output
+    text = session.text("test_good_after")
+    assert f"the warm ranks cannot start: {name}={value!r}" in text, text
+    assert session.wall_s < 30, session.wall_s

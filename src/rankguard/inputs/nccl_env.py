@@ -35,42 +35,77 @@ NCCL_SETTINGS = {
 }
 
 
+# torch's older names of two of its variables: it reads them too (the newer name wins where
+# both are set, so setting the newer one would override the user's older one)
+OLDER_NAMES = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "NCCL_ASYNC_ERROR_HANDLING",
+               "TORCH_NCCL_ENABLE_TIMING": "NCCL_ENABLE_TIMING"}
+
+# what torchrun's agent gives every rank where its own environment does not set it
+# (torch.distributed.elastic's local_elastic_agent): not the user's choice
+TORCHRUN_DEFAULTS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+
+
 def nccl_settings(env: Mapping[str, str]) -> dict[str, str]:
     """torch's NCCL variables for the ranks: :data:`NCCL_SETTINGS`, except where ``env`` (the
-    user's) sets one, even to an empty value. Pure."""
-    return {name: env.get(name, value) for name, value in NCCL_SETTINGS.items()}
+    user's) sets one, even to an empty value, or torch's older name of it (then it is left
+    out: the user's older name stays in force). Pure."""
+    return {name: env.get(name, value) for name, value in NCCL_SETTINGS.items()
+            if name in env or OLDER_NAMES.get(name, name) not in env}
 
 
-# torch's spellings of a flag (c10d's getCvarBool, case-insensitive)
+def own_settings(env: Mapping[str, str]) -> dict[str, str]:
+    """What ``rankguard.init()`` sets in its own process from its environment ``env``: as
+    :func:`nccl_settings`, except that under stock torchrun (``TORCHELASTIC_RUN_ID`` set, no
+    rankguard launcher) a value torchrun's agent gives where the user set none
+    (:data:`TORCHRUN_DEFAULTS`: ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``, in which torch's
+    watchdog tears the rank down on a peer's death) is taken for unset. Pure."""
+    if "TORCHELASTIC_RUN_ID" in env and "RANKGUARD_LAUNCHER_PID" not in env:
+        env = {name: value for name, value in env.items()
+               if TORCHRUN_DEFAULTS.get(name) != value}
+    return nccl_settings(env)
+
+
+# torch's spellings of a flag (c10d's getCvarBool: lower-cased, not stripped)
 _FLAG = ("1", "0", "true", "false", "t", "f", "yes", "no", "y", "n")
-_WHOLE = re.compile(r"[0-9]{1,9}")  # a C int that torch's std::stoi reads whole
+# a number torch's std::stoi reads whole (leading blanks and a sign it takes too)
+_INTEGER = re.compile(r"[ \t\n\v\f\r]*[+-]?[0-9]+")
+_C_INT = range(-(1 << 31), 1 << 31)
 
-# torch's NCCL variables rankguard sets or names, and what torch takes in each
-_TAKES = {
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING": ("0", "1", "2", "3"),
+# torch's NCCL variables rankguard sets or names (their older names too), and what torch
+# takes in each: a flag, or a range of whole numbers
+_TAKES: dict[str, tuple[str, ...] | range] = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": range(0, 4),  # its four modes
     "TORCH_NCCL_ENABLE_MONITORING": _FLAG,
     "TORCH_NCCL_DUMP_ON_TIMEOUT": _FLAG,
     "TORCH_NCCL_ENABLE_TIMING": _FLAG,
-    "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": None,  # a whole number of milliseconds
+    "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": range(0, 1 << 31),  # milliseconds
 }
 
 
 def check(env: Mapping[str, str]) -> None:
     """Check the user's values, in ``env``, of torch's NCCL variables that rankguard sets or
-    names: torch refuses any other value (or reads only its leading digits) when a rank forms
-    an NCCL group, deep inside ``init_process_group``; here, before any rank starts. Pure.
+    names (and of their older names): torch refuses any other value when a rank forms an NCCL
+    group, deep inside ``init_process_group`` (or, for a number with a unit, reads only its
+    leading digits); here, before any rank starts. Pure.
 
     Raises:
         UsageError: naming the variable, its value and what torch takes.
     """
     for name, takes in _TAKES.items():
-        value = env.get(name)
-        if value is None:
-            continue
-        if takes is None:
-            if not _WHOLE.fullmatch(value.strip()):
-                raise UsageError(f"{name}={value!r}", "is not a whole number of milliseconds",
-                                 f"e.g. {name}={NCCL_SETTINGS[name]}, or unset it")
-        elif value.strip().lower() not in takes:
+        for spelt in (name, OLDER_NAMES.get(name)):
+            value = env.get(spelt) if spelt is not None else None
+            if value is not None:
+                _check_one(spelt, value, takes)
+
+
+def _check_one(name: str, value: str, takes: tuple[str, ...] | range) -> None:
+    if isinstance(takes, tuple):
+        if value.lower() not in takes:
             raise UsageError(f"{name}={value!r}", "torch refuses it as an NCCL group forms",
                              f"use one of {', '.join(takes)}, or unset it")
+        return
+    number = int(value) if _INTEGER.fullmatch(value) and int(value) in _C_INT else None
+    if number is None or number not in takes:
+        raise UsageError(f"{name}={value!r}", f"is not a whole number from {takes.start} to "
+                         f"{takes.stop - 1}", f"e.g. {name}={NCCL_SETTINGS.get(name, '0')}, "
+                         "or unset it")

@@ -60,8 +60,9 @@ FR_BUFFER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")  # torc
 
 def check_flight_recorder(env: Mapping[str, str] | None = None) -> None:
     """Check the size of torch's Flight Recorder as the ranks will get it from ``env``
-    (default: this process's): torch aborts a process whose size is not a whole number, and
-    ``RANKGUARD_GLOO=recorder`` watches gloo groups through the recorder, so it must be on.
+    (default: this process's): torch aborts a process whose size is not a whole number that
+    fits a C int (it reads it with std::stoi), and ``RANKGUARD_GLOO=recorder`` watches gloo
+    groups through the recorder, so it must be on.
 
     Raises:
         UsageError: the size is not a whole number, or it is 0 with ``RANKGUARD_GLOO=recorder``.
@@ -71,7 +72,7 @@ def check_flight_recorder(env: Mapping[str, str] | None = None) -> None:
     if name is None:
         return
     value = env[name]
-    if not _INTEGER.fullmatch(value.strip()) or len(value.strip()) > 18:
+    if not _INTEGER.fullmatch(value.strip()) or not -(1 << 31) <= int(value) < 1 << 31:
         raise UsageError(f"{name}={value!r}", "is not a number of entries (torch aborts every "
                          "rank on it)", f"set it to 2000 (torch's default), 0 to turn torch's "
                          "Flight Recorder off, or unset it")

@@ -11,7 +11,7 @@ import os
 
 from ..records import ledger as _ledger
 from ..errors import UsageError
-from ..inputs.nccl_env import nccl_settings
+from ..inputs import nccl_env
 from . import deadline_scope
 from . import eviction, instrument, stacks
 from .state import current
@@ -40,10 +40,11 @@ def init(*, grace: float | None = None, collective_timeout: float | None = None,
     - process groups created afterwards on gloo are instrumented and **bounded**: collectives
       honour ``rankguard.deadline()`` and ``collective_timeout``, and a failed collective raises
       a ``rankguard.CollectiveError`` that names the ranks that had not arrived;
-    - torch's NCCL settings rankguard needs (``TORCH_NCCL_ASYNC_ERROR_HANDLING=0``,
-      ``TORCH_NCCL_ENABLE_MONITORING=0``: rankguard's abort decides, not torch's watchdog,
-      which would kill the process on a peer's remote error) are set in ``os.environ``, except
-      where already set, for the NCCL groups made afterwards.
+    - torch's NCCL settings rankguard needs (``inputs.nccl_env``: rankguard's abort decides,
+      not torch's watchdog, which would kill the process on a peer's remote error or sleep a
+      minute after it) are set in ``os.environ`` for the NCCL groups made afterwards, except
+      where already set (the ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` stock torchrun gives where
+      the user set none excepted); a value of them torch would refuse is refused here.
 
     Args:
         grace: SIGTERM teardown budget in seconds (default ``$RANKGUARD_GRACE`` or 5).
@@ -64,6 +65,7 @@ def init(*, grace: float | None = None, collective_timeout: float | None = None,
     if collective_timeout is None and os.environ.get(COLLECTIVE_TIMEOUT_ENV):
         collective_timeout = deadline_scope.check_seconds(COLLECTIVE_TIMEOUT_ENV,
                                                      os.environ[COLLECTIVE_TIMEOUT_ENV])
+    nccl_env.check(os.environ)
     if collective_timeout is not None:
         deadline_scope.set_default(collective_timeout)
     eviction.install(grace)
@@ -75,8 +77,7 @@ def init(*, grace: float | None = None, collective_timeout: float | None = None,
         world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
         state.ledger = _ledger.LedgerWriter.private(world_size)
     state.enable_bounded()
-    for name, value in nccl_settings(os.environ).items():  # as rankguard run's ranks get them
-        os.environ.setdefault(name, value)
+    os.environ.update(nccl_env.own_settings(os.environ))  # as rankguard run's ranks get them
     _instrument_torch()
 
 

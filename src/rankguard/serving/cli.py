@@ -18,7 +18,8 @@ from typing import Any
 
 from ..errors import UsageError
 from ..inputs import nccl_env
-from ..inputs.options import MAX_LOCAL_RANKS, Parser, number, writable_dir, writable_file
+from ..inputs.options import (MAX_LOCAL_RANKS, Parser, check_flight_recorder, number,
+                              writable_dir, writable_file)
 from .placement import CLI_NAMES, parse_devices
 from .pool_options import HEALING_MODES, MAX_QUEUE, check_size, placed
 from ..serving.budgets import HTTP_ANSWER_S
@@ -93,6 +94,7 @@ def main(argv: list[str]) -> int:
     try:
         args = build_parser().parse_args(argv)
         nccl_env.check(os.environ)  # the ranks' environment
+        check_flight_recorder()
         port = int(number("--port", args.port, int, 0, "use a port from 0 to 65535, e.g. "
                           "--port 8000", maximum=65535))
         grace = number("--grace", args.grace, float, 0.1, "e.g. --grace 10")

@@ -12,7 +12,8 @@ from typing import Any
 
 from ..errors import UsageError, shown
 from ..inputs import nccl_env
-from ..inputs.options import MAX_LOCAL_RANKS, seconds, whole_number, writable_dir
+from ..inputs.options import (MAX_LOCAL_RANKS, check_flight_recorder, seconds,
+                              whole_number, writable_dir)
 from .budgets import MIN_CALL_FRACTION, SUSPECT_FRACTION
 from .placement import POOL_NAMES, Backend, Names, ReplicaPlacement, place
 
@@ -113,7 +114,9 @@ class PoolOptions:
             raise UsageError("Pool(setup)", f"{setup!r} is not callable")
         if log_dir:
             log_dir = writable_dir("Pool(log_dir)", log_dir)
-        nccl_env.check({**os.environ, **(env or {})})  # the ranks' environment
+        ranks_env = {**os.environ, **checked_env(env)}
+        nccl_env.check(ranks_env)
+        check_flight_recorder(ranks_env)
         warm = (0 if placement[0].cuda is None else 1) if warm_spares is None else \
             whole_number("Pool(warm_spares)", warm_spares, 0)
         if warm > MAX_LOCAL_RANKS:
@@ -121,7 +124,30 @@ class PoolOptions:
                              f"start at most {MAX_LOCAL_RANKS} rank processes on one machine")
         return cls(world_size, setup, spares, limit, replicas, suspect, queue,
                    HealingMode(on_healing), start, backoff, journal or None, log_dir or None,
-                   dict(env or {}), zygote, placement, warm)
+                   checked_env(env), zygote, placement, warm)
+
+
+def checked_env(env: Any) -> dict[str, str]:
+    """``Pool(env=)``: variables added to the ranks' environment, checked as ``os.environ``
+    would take them (a name that is a non-empty string without ``=`` or a NUL, a value that is
+    a string without a NUL).
+
+    Raises:
+        UsageError: ``env`` is not a mapping, or one of its entries is not such a variable.
+    """
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        raise UsageError("Pool(env)", f"expected a dict of names to values, got {shown(env)}",
+                         "e.g. env={'NCCL_DEBUG': 'WARN'}")
+    for name, value in env.items():
+        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+            raise UsageError("Pool(env)", f"{shown(name)} is not a variable name",
+                             "give names of letters, digits and underscores")
+        if not isinstance(value, str) or "\0" in value:
+            raise UsageError("Pool(env)", f"the value of {name} is {shown(value)}, not a "
+                             "string without NUL characters", f"e.g. env={{{name!r}: '1'}}")
+    return dict(env)
 
 
 def placed(devices: Any, gpus_per_replica: Any, world_size: int, replicas: int, spares: int,

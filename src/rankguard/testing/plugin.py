@@ -48,7 +48,7 @@ import pytest
 
 from ..processes import proctree
 from ..deadline import Deadline, check_seconds
-from ..errors import UsageError
+from ..errors import PoolUnavailable, UsageError
 from ..inputs.options import number
 from . import abort, leaks, processes
 from . import session as rank_session
@@ -364,7 +364,7 @@ class _Guard:
     def pytest_runtest_makereport(self, item: pytest.Item, call: Any) -> Generator[None]:
         report = yield
         if call.excinfo is not None and (
-                isinstance(call.excinfo.value, RanksFailed)
+                isinstance(call.excinfo.value, (RanksFailed, PoolUnavailable))
                 or call.excinfo.value is item.stash.get(_BAD_MARKER, None)):
             report.longrepr = str(call.excinfo.value)  # says it all: no traceback of ours
         return report

@@ -14,13 +14,16 @@ Every wait here has a deadline: start-up (``START_S``), each test (the test's ow
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from typing import Any
 
 from .. import margins
 from ..deadline import Deadline
-from ..errors import PoolUnavailable, UnavailableState
+from ..errors import PoolUnavailable, UnavailableState, UsageError
+from ..inputs import nccl_env
+from ..inputs.options import check_flight_recorder
 from ..serving.budgets import REGROUP_MARGIN_S, STACKS_S
 from ..serving.placement import ReplicaPlacement
 from ..serving.replica import Replica, StartState
@@ -39,10 +42,18 @@ class WarmRanks:
 
     Raises:
         PoolUnavailable: the ranks did not start (``failed``: a rank died, or was not ready
-            within ``START_S``); the message has their output.
+            within ``START_S``; the message has their output), or would not (a value in the
+            environment that torch refuses as the ranks form their group: the message names
+            it).
     """
 
     def __init__(self, placement: ReplicaPlacement, tag: str) -> None:
+        try:
+            nccl_env.check(os.environ)
+            check_flight_recorder()
+        except UsageError as error:
+            raise PoolUnavailable(UnavailableState.FAILED, 0.0,
+                                  f"the warm ranks cannot start: {error}") from None
         world = self.world = placement.world_size
         self.folder = tempfile.mkdtemp(prefix=f"rankguard-pool{world}-")
         start_by = Deadline.after(START_S)
