@@ -114,7 +114,8 @@ class PoolOptions:
             raise UsageError("Pool(setup)", f"{setup!r} is not callable")
         if log_dir:
             log_dir = writable_dir("Pool(log_dir)", log_dir)
-        ranks_env = {**os.environ, **checked_env(env)}
+        extra_env = checked_env(env)
+        ranks_env = {**os.environ, **extra_env}
         nccl_env.check(ranks_env)
         check_flight_recorder(ranks_env)
         warm = (0 if placement[0].cuda is None else 1) if warm_spares is None else \
@@ -124,7 +125,7 @@ class PoolOptions:
                              f"start at most {MAX_LOCAL_RANKS} rank processes on one machine")
         return cls(world_size, setup, spares, limit, replicas, suspect, queue,
                    HealingMode(on_healing), start, backoff, journal or None, log_dir or None,
-                   checked_env(env), zygote, placement, warm)
+                   extra_env, zygote, placement, warm)
 
 
 def checked_env(env: Any) -> dict[str, str]:
