@@ -151,3 +151,37 @@ def test_a_report_is_not_written_into_a_shared_folder_like_tmp(tmp_path: Path) -
     _one_line(_rankguard("report", str(run), "-o", str(sticky / "report.html")),
               f"{str(sticky)!r} can be written by other users (mode 1777)")
     assert list(sticky.iterdir()) == []
+
+
+# -- links planted where an output folder is expected --------------------------------------------
+
+@pytest.mark.parametrize("planted", ["flight_recorder", "flight_recorder/attempt0"])
+def test_flight_recorder_refuses_a_symlink_planted_at_its_output_folder(
+        tmp_path: Path, planted: str) -> None:
+    run = _plant_run(tmp_path / "run")
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "attempt0").mkdir(parents=True, mode=0o700)  # what a link at either leads to
+    link = run / planted
+    link.parent.mkdir(exist_ok=True, mode=0o700)
+    link.symlink_to(elsewhere if planted == "flight_recorder" else elsewhere / "attempt0")
+    before = _tree(elsewhere)
+    _one_line(_rankguard("flight-recorder", str(run)), f"-o: {str(link)!r} is a symlink, not a "
+              "folder of yours")
+    assert _tree(elsewhere) == before  # no rank_0, rank_1 there
+
+
+def test_an_output_folder_given_as_a_symlink_is_refused(tmp_path: Path) -> None:
+    run = _plant_run(tmp_path / "run")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(elsewhere)
+    _one_line(_rankguard("flight-recorder", str(run), "-o", str(link)),
+              f"-o: {str(link)!r} is a symlink")
+    _one_line(_rankguard("report", str(run), "-o", str(link / "report.html")),
+              f"-o: {str(link)!r} is a symlink")
+    assert list(elsewhere.iterdir()) == []
+    made = _rankguard("flight-recorder", str(run), "-o", str(tmp_path / "new" / "fr"))
+    assert made.returncode == 0, made.stderr  # what it makes itself is fine
+    assert {stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "new", tmp_path / "new" / "fr")
+            } == {0o700}
