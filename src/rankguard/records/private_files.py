@@ -31,7 +31,7 @@ def user_dir_path(uid: int | None = None) -> str:
 
 
 def user_dir(what: str) -> str:
-    """The user's private folder, created 0700 if missing.
+    """The user's private folder, created 0700 if missing (:func:`private_dir`).
 
     Args:
         what: the option or argument the folder is the default of, named in errors.
@@ -40,14 +40,24 @@ def user_dir(what: str) -> str:
         UsageError: it exists but is a symlink or not a folder, belongs to another user, or is
             writable by group or others.
     """
-    path = user_dir_path()
+    return private_dir(user_dir_path(), what)
+
+
+def private_dir(path: str, what: str) -> str:
+    """``path``, a folder created 0700 if missing, then checked as :func:`check_private`
+    checks it: a symlink, a file, or a folder of someone else's found at the name (planted
+    there first, in a folder others can write) is refused, never used.
+
+    Raises:
+        UsageError: it cannot be created, or breaks the rule.
+    """
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
     except OSError as exc:
-        raise UsageError(what, f"cannot create the default folder {path!r}: {exc.strerror}",
-                         "choose a folder of your own for it") from None
+        raise UsageError(what, f"cannot create {path!r}: {exc.strerror}",
+                         f"choose a folder of your own for {what}") from None
     check_private(path, what)
     return path
 
