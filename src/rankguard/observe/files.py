@@ -7,7 +7,9 @@ commands make (a report, dumps) as a user's files may be: damaged, hostile, or n
   known-looking ``event``, a finite ``ts``, and whole numbers (or null) where rankguard writes
   whole numbers; anything else is skipped, so every later rule may rely on those types.
 - ``write_new`` writes a file only where a regular file (or nothing) is: not through a symbolic
-  link, not into a FIFO; the content is made before the file is touched.
+  link, not into a FIFO; the content is made before the file is touched. Callers write into a
+  folder of the user's own, opened and checked first (``private_files.open_private``): never
+  into one another user owns or can write, where a file of theirs could be waiting.
 - ``printable`` makes text from a run safe to print on a terminal (no control characters).
 
 Every failure is a ``UsageError`` naming the path and the fix.
@@ -86,8 +88,12 @@ def finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def write_new(path: str, what: str, data: bytes) -> None:
+def write_new(path: str, what: str, data: bytes, folder_fd: int | None = None) -> None:
     """Write ``data`` to ``path`` (created 0600, or a regular file replaced in place).
+
+    Args:
+        folder_fd: the folder's descriptor (``private_files.open_private``): the file is
+            opened by its name relative to it, so it lands in the folder that was checked.
 
     Raises:
         UsageError: ``path`` is empty, a symbolic link, not a regular file, or cannot be
@@ -95,13 +101,18 @@ def write_new(path: str, what: str, data: bytes) -> None:
     """
     if not path:
         raise UsageError(what, "is empty", "give a file name")
+    name = path if folder_fd is None else os.path.basename(path)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-                     | os.O_CLOEXEC, 0o600)
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_CLOEXEC, 0o600, dir_fd=folder_fd)
     except OSError as exc:
-        if os.path.islink(path):
+        try:
+            mode = os.lstat(name, dir_fd=folder_fd).st_mode
+        except OSError:
+            mode = None
+        if mode is not None and stat.S_ISLNK(mode):
             problem = f"cannot write {path}: it is a symbolic link"
-        elif os.path.exists(path) and not os.path.isfile(path):
+        elif mode is not None and not stat.S_ISREG(mode):
             problem = f"{path} is not a regular file"
         else:
             problem = f"cannot write {path}: {exc.strerror}"
@@ -118,6 +129,23 @@ def write_new(path: str, what: str, data: bytes) -> None:
                          "give another file") from None
     finally:
         os.close(fd)
+
+
+def write_private(path: str, what: str, data: bytes) -> None:
+    """``write_new`` into ``path``'s folder, which must be the user's own, that only they can
+    write, and not a symlink (``private_files.open_private``).
+
+    Raises:
+        UsageError: as ``write_new``, or the folder is not such a folder.
+    """
+    if not path:
+        raise UsageError(what, "is empty", "give a file name")
+    folder = private_files.open_private(os.path.dirname(os.path.abspath(path)), what,
+                                        "give another file")
+    try:
+        write_new(path, what, data, folder)
+    finally:
+        os.close(folder)
 
 
 def printable(text: str) -> str:

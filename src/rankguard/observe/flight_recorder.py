@@ -36,7 +36,7 @@ import os
 import pickle
 from typing import Any, Mapping
 
-from ..records import recent_file
+from ..records import private_files, recent_file
 from ..errors import UsageError
 from . import files
 
@@ -131,24 +131,24 @@ def dump(recent: recent_file.RankRecent, world_size: int) -> dict[str, Any]:
             "pg_status": {}, "rank": recent.rank}
 
 
-def write(folder: str, recent: Mapping[int, recent_file.RankRecent], world_size: int
-          ) -> list[str]:
-    """Write ``rank_R`` for every rank of ``recent`` into ``folder`` (made, 0700, if missing);
-    returns the files.
+def write(base: str, parts: tuple[str, ...], recent: Mapping[int, recent_file.RankRecent],
+          world_size: int) -> list[str]:
+    """Write ``rank_R`` for every rank of ``recent`` into folder ``base/parts...``; returns the
+    files. The folders of ``parts`` are made (0700) if missing; each of them, and ``base`` when
+    ``parts`` is empty, must be the user's own, that only they can write, and not a symlink
+    (``private_files.make_private``): the dumps never land where another user chose.
 
     Raises:
-        UsageError: ``folder`` is not a folder, or it or a file in it cannot be written.
+        UsageError: a folder breaks that rule or cannot be made, or a file cannot be written.
     """
-    if os.path.lexists(folder) and not os.path.isdir(folder):
-        raise UsageError("-o", f"{folder} is not a folder", "give a folder for the dumps")
-    try:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-    except OSError as exc:
-        raise UsageError("-o", f"cannot make {folder}: {exc.strerror}",
-                         "give another folder") from None
+    folder = os.path.join(base, *parts)
+    fd = private_files.make_private(base, parts, "-o", "give another folder")
     written = []
-    for rank, kept in sorted(with_proven_completions(recent).items()):
-        path = os.path.join(folder, f"{PREFIX}{rank}")
-        files.write_new(path, "-o", pickle.dumps(dump(kept, world_size)))
-        written.append(path)
+    try:
+        for rank, kept in sorted(with_proven_completions(recent).items()):
+            path = os.path.join(folder, f"{PREFIX}{rank}")
+            files.write_new(path, "-o", pickle.dumps(dump(kept, world_size)), fd)
+            written.append(path)
+    finally:
+        os.close(fd)
     return written

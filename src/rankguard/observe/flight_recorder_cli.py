@@ -1,6 +1,9 @@
 """``rankguard flight-recorder [RUN]``: an attempt's recent operations as PyTorch Flight Recorder
 dumps (``observe.flight_recorder``), for ``python -m torch.distributed.flight_recorder.fr_trace``.
 
+The dumps go only into a folder of the user's own that no other user can write, reached
+without a symlink below the folder the user named (``flight_recorder.write``).
+
 Exit codes: 0 dumps written; 1 the attempt kept no recent operations (a run of an older
 rankguard, or ranks that never started); 2 bad usage, no such run, or the folder cannot be
 written.
@@ -13,7 +16,7 @@ import sys
 
 from ..records import recent_file
 from ..errors import UsageError
-from ..inputs.options import number
+from ..inputs.options import missing_dirs, number
 from . import files, flight_recorder, runs
 
 PROG = "rankguard flight-recorder"
@@ -42,11 +45,11 @@ def main(argv: list[str]) -> int:
               "no rank's recent operations were kept (ranks that never started, or a run of an "
               "older rankguard)", file=sys.stderr)
         return 1
-    folder = os.path.join(run.log_dir, "flight_recorder", f"attempt{attempt}") \
-        if args.output is None else args.output
     world = _world_size(events, kept)
     try:
-        written = flight_recorder.write(folder, kept, world)
+        base, parts = _output(run.log_dir, attempt, args.output)
+        folder = os.path.join(base, *parts)
+        written = flight_recorder.write(base, parts, kept, world)
     except UsageError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
@@ -65,6 +68,22 @@ def main(argv: list[str]) -> int:
               "one folder for the whole job")
     print(f"  analyse them with: {analyse}")
     return 0
+
+
+def _output(log_dir: str, attempt: int, given: str | None) -> tuple[str, tuple[str, ...]]:
+    """Where the dumps go, as ``flight_recorder.write`` takes it: a folder as the user named it
+    (followed), then the folders below it that must be private: by default the run's log
+    folder itself, ``flight_recorder`` and ``attemptN``; for ``-o``, the folders of it that do
+    not exist yet, or, when it exists, none (``-o`` itself is then the folder checked)."""
+    if given is None:
+        return os.path.dirname(log_dir), (os.path.basename(log_dir), "flight_recorder",
+                                          f"attempt{attempt}")
+    if not given:
+        raise UsageError("-o", "is empty", "give a folder for the dumps")
+    missing = missing_dirs(given)
+    if not missing:
+        return os.path.abspath(given), ()
+    return os.path.dirname(missing[0]), tuple(os.path.basename(m) for m in missing)
 
 
 def _local_ranks(events: list[dict], attempt: int) -> list[int]:

@@ -2,7 +2,11 @@
 a timeline: a lane per rank per attempt with the operations it entered, the fault, the verdict,
 the escalation steps, restarts and spares, and the grouped stacks.
 
-Exit codes: 0 the report was written; 2 bad usage, no such run, or the file cannot be written.
+The report is written only into a folder of the user's own that no other user can write (as
+``rankguard run``'s runs folder: ``private_files``), never through a symlink.
+
+Exit codes: 0 the report was written; 2 bad usage, no such run, or the file cannot be written
+(there).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ def main(argv: list[str]) -> int:
     target = os.path.join(run.log_dir, FILE) if args.output is None else args.output
     page = report.render(view).encode("utf-8", errors="replace")
     try:
-        files.write_new(target, "-o", page)
+        files.write_private(target, "-o", page)
     except UsageError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2

@@ -116,20 +116,52 @@ def _journal_path(target: str | None) -> str:
            if os.path.isdir(folder)):
         raise UsageError("RUN", f"{target!r} is the folder of every run, not one run",
                          _known_runs())
-    candidates = [target, os.path.join(target, JOURNAL), os.path.join(user_folder, JOURNAL)]
-    for path in candidates:
-        if os.path.isfile(path) and (path.endswith(".jsonl") or path != target):
-            return path
-    for folder in (target, user_folder):
-        nodes = node_journals(folder)
-        if len(nodes) == 1:  # one agent of a run of several nodes ran on this machine
-            return nodes[0]
-        if nodes:
-            names = [os.path.join(target, os.path.basename(os.path.dirname(p))) for p in nodes]
-            raise UsageError("RUN", f"{target!r} is a run of several nodes, {len(nodes)} of "
-                             f"whose agents ran on this machine, each with its own log folder",
-                             "give one of them: " + ", ".join(names))
+    if os.path.isfile(target) and target.endswith(".jsonl"):
+        return target
+    own = _journal_in(target, target)
+    if own is None and user_folder != target:  # a RUN_ID: searched in the runs' folder
+        own = _journal_in(os.path.join(runs_folder(), target), target)
+    if own is not None:
+        return own
     raise UsageError("RUN", f"no run's journal at {target!r}", _known_runs())
+
+
+def _journal_in(folder: str, target: str) -> str | None:
+    """The journal of the run whose log folder is ``folder`` (``target`` names it), or of
+    the one node agent of it that ran here; None: no journal there.
+
+    Raises:
+        UsageError: several node agents of the run ran here.
+    """
+    own = os.path.join(folder, JOURNAL)
+    if os.path.isfile(own):
+        return own
+    nodes = node_journals(folder)
+    if len(nodes) == 1:  # one agent of a run of several nodes ran on this machine
+        return nodes[0]
+    if nodes:
+        names = [os.path.join(target, os.path.basename(os.path.dirname(p))) for p in nodes]
+        raise UsageError("RUN", f"{target!r} is a run of several nodes, {len(nodes)} of "
+                         f"whose agents ran on this machine, each with its own log folder",
+                         "give one of them: " + ", ".join(names))
+    return None
+
+
+def runs_folder() -> str:
+    """This user's folder of runs (``$TMPDIR/rankguard-UID``, the default ``--log-dir``'s),
+    before anything in it is read: refused, as ``rankguard run`` refuses it, unless it is a
+    folder of this user's that only this user can write, since anyone who can write it can
+    plant a run there (or a link), and have its journal read and the output written where they
+    choose. Missing is fine: it has no run.
+
+    Raises:
+        UsageError: it is a symlink, not a folder, another user's, or writable by others.
+    """
+    folder = private_files.user_dir_path()
+    if os.path.lexists(folder):
+        private_files.check_private(folder, "RUN", "remove it, or give the run's --log-dir "
+                                    "or journal file")
+    return folder
 
 
 def node_journals(folder: str) -> list[str]:
@@ -157,7 +189,7 @@ def _known_runs(shown: int = 5) -> str:
 def _journals() -> list[tuple[float, str]]:
     """Every journal under this user's default log folders, one run's or one node agent's
     (``RUN_ID/HOST-PID``), latest first."""
-    folder = private_files.user_dir_path()
+    folder = runs_folder()
     try:
         runs = [os.path.join(folder, name) for name in os.listdir(folder)]
     except OSError:

@@ -6,13 +6,20 @@ whoever creates it first, who then controls, or can read, what the others write 
 user gets ``$TMPDIR/rankguard-<uid>``, created 0700 and refused when it is not exactly that (a
 symlink, not a folder, owned by someone else, or writable by group or others). Logs, journals,
 stack dumps and ledgers hold the ranks' output: they are created 0600 (:func:`opener`).
+
+What rankguard writes later into a folder (a report, Flight Recorder dumps) goes into a folder
+held open by descriptor once it passed the same rule (:func:`open_private`,
+:func:`make_private`): a folder another user owns or can write, or a symlink planted where a
+folder is expected, is refused rather than written through.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import tempfile
+from collections.abc import Sequence
 
 from ..errors import UsageError
 
@@ -24,7 +31,7 @@ def user_dir_path(uid: int | None = None) -> str:
 
 
 def user_dir(what: str) -> str:
-    """The user's private folder, created 0700 if missing.
+    """The user's private folder, created 0700 if missing (:func:`private_dir`).
 
     Args:
         what: the option or argument the folder is the default of, named in errors.
@@ -33,26 +40,109 @@ def user_dir(what: str) -> str:
         UsageError: it exists but is a symlink or not a folder, belongs to another user, or is
             writable by group or others.
     """
-    path = user_dir_path()
+    return private_dir(user_dir_path(), what)
+
+
+def private_dir(path: str, what: str) -> str:
+    """``path``, a folder created 0700 if missing, then checked as :func:`check_private`
+    checks it: a symlink, a file, or a folder of someone else's found at the name (planted
+    there first, in a folder others can write) is refused, never used.
+
+    Raises:
+        UsageError: it cannot be created, or breaks the rule.
+    """
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
     except OSError as exc:
-        raise UsageError(what, f"cannot create the default folder {path!r}: {exc.strerror}",
-                         "choose a folder of your own for it") from None
+        raise UsageError(what, f"cannot create {path!r}: {exc.strerror}",
+                         f"choose a folder of your own for {what}") from None
     check_private(path, what)
     return path
 
 
-def check_private(path: str, what: str) -> None:
+def check_private(path: str, what: str, instead: str = "") -> None:
     """Refuse ``path`` unless it is a real folder of this user that only this user can write.
+
+    Args:
+        what: the option or argument the folder is for, named in errors.
+        instead: the way out but fixing the folder, for the hint (default: removing it, or
+            choosing another folder for ``what``).
 
     Raises:
         UsageError: naming what is wrong with it and how to fix it.
     """
-    info = os.lstat(path)
-    hint = f"remove it, or choose a folder of your own for {what}"
+    _check(os.lstat(path), path, what, instead)
+
+
+def open_private(path: str, what: str, instead: str = "", dir_fd: int | None = None,
+                 shown: str = "") -> int:
+    """A descriptor of folder ``path`` (relative to ``dir_fd`` when given), for writing files
+    into it with ``dir_fd``: a folder of this user only this user can write (the rule of
+    :func:`check_private`), opened without following a symlink at its last component, and
+    checked on the descriptor itself, so the folder written into is the folder checked.
+
+    Args:
+        shown: the path named in errors (default: ``path``).
+
+    Raises:
+        UsageError: it cannot be opened, or breaks the rule; naming ``what`` and the fix.
+    """
+    shown = shown or path
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     dir_fd=dir_fd)
+    except OSError as exc:
+        with contextlib.suppress(OSError):  # a symlink or not a folder: say which
+            _check(os.lstat(path, dir_fd=dir_fd), shown, what, instead)
+        raise UsageError(what, f"cannot open {shown!r}: {exc.strerror}",
+                         instead or f"choose a folder of your own for {what}") from None
+    try:
+        _check(os.fstat(fd), shown, what, instead)
+    except UsageError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def make_private(base: str, parts: Sequence[str], what: str, instead: str = "") -> int:
+    """A descriptor of folder ``base/parts...`` as :func:`open_private` gives it, each of
+    ``parts`` made 0700 if missing. Each part is made and opened relative to the descriptor of
+    the one above, never through a symlink, and must keep the rule too: a symlink or a folder
+    of someone else planted at one is refused, not followed. ``base`` (followed, as the user
+    named it) may be any folder when ``parts`` are given: only the folders at those names,
+    made or found, must be private.
+
+    Raises:
+        UsageError: a folder cannot be made or opened, or breaks the rule.
+    """
+    if not parts:
+        return open_private(base, what, instead)
+    try:
+        fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UsageError(what, f"cannot open {base!r}: {exc.strerror}",
+                         instead or f"choose a folder of your own for {what}") from None
+    path = base
+    for part in parts:
+        path = os.path.join(path, part)
+        try:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o700, dir_fd=fd)
+            inner = open_private(part, what, instead, dir_fd=fd, shown=path)
+        except OSError as exc:
+            raise UsageError(what, f"cannot create {path!r}: {exc.strerror}",
+                             instead or f"choose a folder of your own for {what}") from None
+        finally:
+            os.close(fd)
+        fd = inner
+    return fd
+
+
+def _check(info: os.stat_result, path: str, what: str, instead: str) -> None:
+    """The rule of :func:`check_private`, on what ``lstat`` or ``fstat`` said of ``path``."""
+    hint = instead or f"remove it, or choose a folder of your own for {what}"
     if stat.S_ISLNK(info.st_mode):
         raise UsageError(what, f"{path!r} is a symlink, not a folder of yours", hint)
     if not stat.S_ISDIR(info.st_mode):

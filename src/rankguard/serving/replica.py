@@ -30,6 +30,7 @@ from functools import partial
 from typing import Any, Callable, Collection, Iterable
 
 from ..records import ledger as _ledger
+from ..records import private_files
 from ..processes import proctree
 from ..store import sealed, store_server
 from ..deadline import Deadline
@@ -143,7 +144,7 @@ class Replica:
         self._unfinished = False  # the last request failed, and may still be running
         self._regrouped: dict[int, bool] = {}  # rank -> whether it formed the new generation
         self._finishing = False
-        os.makedirs(folder, exist_ok=True)
+        private_files.private_dir(folder, "log_dir")  # 0700, as rankguard run's attemptN
         self._store: Any = store_server.host_on_loopback(STORE_S)
         base = {**os.environ, **leader_env.leader_context(), **env,
                 "MASTER_ADDR": store_server.LOOPBACK, "MASTER_PORT": str(self._store.port),
