@@ -41,6 +41,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
 
 from ..errors import RequestCause
 from .heal_plan import Heal
+from .heal_times import HealTimes
 from .pool import Pool
 from .pool_state import PoolState, PoolStatus
 
@@ -63,11 +64,9 @@ class CallOutcome(enum.StrEnum):
 
 
 OUTCOMES = tuple(CallOutcome)
-# seconds: a request is answered within its timeout (at most minutes); a heal takes a fraction
-# of a second with a ready spare, seconds without one
+# seconds: a request is answered within its timeout (at most minutes)
 REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                    120.0, 300.0)
-HEAL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 class ServeMetrics:
@@ -118,7 +117,8 @@ class _PoolCollector:
                        "cause", {c: values.get(f"faults_{c}", 0) for c in CAUSES})
         yield _counter("rankguard_pool_heals", "Times a new replica took over after the "
                        "serving one was lost.", None, {"": values.get("heals", 0)})
-        yield _heal_histogram(pool.heal_durations() if pool is not None else [])
+        yield _heal_histogram(pool.heal_buckets() if pool is not None else HealTimes().buckets(),
+                              values.get("heal_seconds_sum", 0.0))
         yield _counter("rankguard_pool_heal_actions", "What the pool did with a replica after a "
                        "failed call: regroup, drain_then_regroup, replace (its unusable ranks), "
                        "stacks_then_replace, stacks_then_kill, kill.", "action",
@@ -197,9 +197,7 @@ def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, text, value=value)
 
 
-def _heal_histogram(durations: list[float]) -> HistogramMetricFamily:
-    buckets = [(f"{bound:g}", sum(1 for d in durations if d <= bound)) for bound in HEAL_BUCKETS]
-    buckets.append(("+Inf", len(durations)))
+def _heal_histogram(buckets: list[tuple[str, int]], total_s: float) -> HistogramMetricFamily:
     return HistogramMetricFamily("rankguard_pool_heal_seconds", "Seconds from losing the "
                                  "serving replica to a new one serving.", buckets=buckets,
-                                 sum_value=sum(durations))
+                                 sum_value=total_s)

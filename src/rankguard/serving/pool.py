@@ -193,10 +193,6 @@ class Pool:
         """What :meth:`metrics` counts (read it under no assumption of consistency)."""
         return self._set.counts
 
-    @property
-    def heal_seconds(self) -> list[float]:
-        """See :meth:`heal_durations`, which copies it under the lock."""
-        return self._set.heal_seconds
 
     @property
     def _dispatch(self) -> Dispatch[Replica]:
@@ -408,9 +404,17 @@ class Pool:
                 pool.cond.wait(until.wait_time())
 
     def heal_durations(self) -> list[float]:
-        """Seconds each heal took, from losing the serving replica to a new one serving."""
+        """Seconds each heal took, from losing the serving replica to a new one serving: the
+        latest ``heal_times.RECENT`` (1000), oldest first."""
         with self._set.cond:
-            return list(self._set.heal_seconds)
+            return list(self._set.heal_times.recent)
+
+    def heal_buckets(self) -> list[tuple[str, int]]:
+        """Every heal since the pool started, in the cumulative buckets of the
+        ``rankguard_pool_heal_seconds`` histogram (``heal_times.HEAL_BUCKETS``, then
+        ``+Inf``)."""
+        with self._set.cond:
+            return self._set.heal_times.buckets()
 
     def metrics(self) -> dict[str, float]:
         """Counters and gauges: requests by outcome, faults by cause, heals and their time,
@@ -423,8 +427,8 @@ class Pool:
             values["spares_ready"] = pool.dispatch.spare_replicas()
             values["spares_starting"] = pool.coming()
             values["serving"] = len(pool.dispatch.busy)
-            values["heal_seconds_sum"] = sum(pool.heal_seconds)
-            values["heal_seconds_count"] = len(pool.heal_seconds)
+            values["heal_seconds_sum"] = pool.heal_times.total_s
+            values["heal_seconds_count"] = pool.heal_times.count
             return values
 
     def _event(self, name: str, **fields: Any) -> None:

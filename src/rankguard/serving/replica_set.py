@@ -19,6 +19,7 @@ from collections.abc import Callable
 from ..deadline import Deadline
 from .backoff import StartBackoff
 from .dispatch import Dispatch
+from .heal_times import HealTimes
 from .pool_state import PoolState, state_of
 from .replica import Replica
 
@@ -51,7 +52,7 @@ class ReplicaSet:
         self.closed_join_by = Deadline.never()  # and how long the shutdown may take
         self.closed_replicas = 0  # replicas the shutdown ended
         self.counts: Counter[str] = Counter()
-        self.heal_seconds: list[float] = []
+        self.heal_times = HealTimes()
         self._lost_at: list[float] = []  # when replicas were lost, until the pool is whole
         self._event = event
 
@@ -94,6 +95,6 @@ class ReplicaSet:
         once when a spare was ready)."""
         while self._lost_at and self.dispatch.healthy() >= self.replicas and not self.closed:
             took = time.monotonic() - self._lost_at.pop(0)
-            self.heal_seconds.append(took)
+            self.heal_times.add(took)
             self.counts["heals"] += 1
             self._event("heal", healthy=self.dispatch.healthy(), took_s=round(took, 4))
