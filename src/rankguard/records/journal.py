@@ -37,6 +37,7 @@ EVENTS = (
     "linger",
     "rendezvous",
     "round_end",
+    "injection_never_fired",
     "run_end",
     "pool_start",
     "zygote_start",
