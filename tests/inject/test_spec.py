@@ -67,3 +67,13 @@ def test_bad_spec_is_rejected_with_a_message_naming_the_problem(text, fragment):
         parse(text)
     assert fragment in str(info.value)
     assert str(info.value).startswith("--inject:")
+
+
+def test_a_caller_that_performs_the_fault_at_its_own_moment_refuses_at():
+    # the serving example's request fault: an at= there would be silently not kept to
+    assert parse("kill:rank=1", what="fault", moment="now").rank == 1
+    with pytest.raises(UsageError) as caught:
+        parse("kill:rank=1,at=op1", what="fault", moment="now")
+    assert str(caught.value) == ("fault: at=op1 is not taken here (the caller performs the fault "
+                                 "now) in 'kill:rank=1,at=op1' (write KIND[:ARG]:rank=R, e.g. "
+                                 "stop:rank=1)")

@@ -69,6 +69,9 @@ def _run(args, tmp_path, env=None):
     (["--inject", "hang:rank=0,rank=1,at=op1", "x.py"], "option rank= is given twice"),
     (["--inject", "hang:rank=0,at=op1,attempt=1", "x.py"], "targets attempt 1, but the run "
      "has attempts 0 to 0"),
+    # each fault has a byte in the ledger, to tell the run which never fired
+    (["--inject", "hang:rank=0,at=op1"] * 65 + ["x.py"], "--inject: is given 65 times, more "
+     "than the 64 a run may have (give fewer faults)"),
     # run ids name files and folders
     (["--run-id", "..", "x.py"], "--run-id: '..' is not a simple name"),
     (["--run-id", "a/b", "x.py"], "--run-id: 'a/b' is not a simple name"),

@@ -22,3 +22,8 @@ def test_an_operation_whose_kind_is_not_known_yet_is_a_collective_with_its_numbe
     assert "waiting in collective #11 (world)" in line, line
     line = _line(RankView(1, 42, "computing", "running", "", 10, "world", 3.0))
     assert "computing, after collective #10" in line, line
+
+
+def test_a_run_with_no_attempt_started_says_so_not_attempt_none():
+    head = render(StatusView("r1", None, False, 0, None, ())).splitlines()[0]
+    assert head == "run r1  no attempt started  restarts 0", head

@@ -152,3 +152,22 @@ def test_an_operation_is_labelled_by_kind_and_number(args, label) -> None:
 
 def test_an_operation_whose_kind_is_not_known_is_shown_as_a_collective() -> None:
     assert (ledger.op_shown("none"), ledger.op_shown("broadcast")) == ("collective", "broadcast")
+
+
+def test_injected_faults_and_the_last_step_are_read_back(tmp_path):
+    path = str(tmp_path / "r0.ledger")
+    ledger.create(path, world_size=2)
+    writer, reader = ledger.LedgerWriter(path), ledger.LedgerReader(path)
+    fresh = reader.injections()
+    assert (fresh.fired, fresh.step, fresh.op, fresh.bootstrapped) == (frozenset(), None, 0, False)
+    writer.set_flag(ledger.FLAG_BOOTSTRAPPED)
+    world = writer.world()
+    for kind in ("init_process_group", "all_reduce", "all_reduce"):
+        world.enter(ledger.OP_CODES[kind])
+    writer.record_step(0)
+    writer.record_step(7)
+    writer.record_injection(0)
+    writer.record_injection(ledger.MAX_INJECTIONS - 1)
+    seen = reader.injections()
+    assert seen.fired == {0, ledger.MAX_INJECTIONS - 1}
+    assert (seen.step, seen.op, seen.bootstrapped) == (7, 2, True)  # init is no collective

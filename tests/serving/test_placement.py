@@ -63,8 +63,19 @@ REFUSED = {
     "a device index out of range of the visible devices": (
         ([0, 2], None, 2, 1, 0, 2), "Pool(devices): device 2 is out of range: 2 CUDA "
         "device(s) are visible (0 to 1)"),
-    "a device asked for where none is visible": (
-        ([0], None, 1, 1, 0, 0), "device 0 is out of range: no CUDA device is visible"),
+    "a device asked for where none is visible says so, with no count to stay below": (
+        ([0], None, 1, 1, 0, 0), "Pool(devices): device 0 was asked for, and no CUDA device is "
+        "visible (leave out Pool(devices) to run on the CPU (gloo), or run where "
+        "CUDA_VISIBLE_DEVICES names a device)"),
+    # the value's shape is checked whole before any index meets the visible devices
+    "a list of the wrong length is named before a device that is not visible": (
+        ([[0, 1], [0, 1, 2]], None, 2, 1, 1, 0), "Pool(devices): 3 device(s) [0, 1, 2] for 2 "
+        "rank(s) per replica"),
+    "a list where an index should be is named before a device that is not visible": (
+        ([[0, [1]]], None, 2, 1, 0, 0), "Pool(devices): expected a CUDA device index (a whole "
+        "number >= 0), got [1]"),
+    "a bad index is named before a smaller device that is out of range": (
+        ([5, -1], None, 2, 1, 0, 2), "got -1"),
     "fewer device lists than replicas and spares": (
         ([[0, 1], [2, 3]], None, 2, 2, 1, 8), "Pool(devices): 2 device lists for 3 replicas "
         "(2 serving and 1 spare(s))"),
@@ -96,6 +107,17 @@ def test_the_cli_names_its_flags_in_the_errors() -> None:
     with pytest.raises(UsageError, match=r"^--gpus-per-replica: 1 per replica x 2 replicas .* "
                        r"with --devices\)$"):
         place(None, 1, 1, 1, 1, 1, CLI_NAMES)
+
+
+def test_the_cli_spells_its_examples_as_the_flag_takes_them() -> None:
+    # a CLI user writes --devices 0,1 or 0,1/2,3, not Python lists
+    with pytest.raises(UsageError) as caught:
+        place(parse_devices("0,1,2"), None, 2, 1, 0, 4, CLI_NAMES)
+    assert str(caught.value).endswith("(give one CUDA device index per rank, e.g. 0,1, or one "
+                                      "such list per replica, spares included, e.g. 0,1/2,3)")
+    with pytest.raises(UsageError) as caught:
+        place([0, 1, 2], None, 2, 1, 0, 4)
+    assert "e.g. [0, 1], " in str(caught.value) and "e.g. [[0, 1], [2, 3]])" in str(caught.value)
 
 
 # (placement, rank) -> the rank's environment

@@ -244,6 +244,9 @@ def test_bad_requests_are_answered_400_413_or_422_and_never_reach_the_ranks(
     assert reply.status == 422 and "'x' must be a list of 8 numbers" in reply.body["error"]["detail"]
     reply = server.run({"x": X, "fault": "boom:rank=1"})
     assert reply.status == 422 and "unknown kind 'boom'" in reply.body["error"]["detail"]
+    reply = server.run({"x": X, "fault": "kill:rank=1,at=op1"})  # README: kinds without at=
+    assert reply.status == 422 and "fault: at=op1 is not taken here" in \
+        reply.body["error"]["detail"], reply.body
     reply = server.run({"x": X, "fault": "kill:rank=7"})  # a replica has ranks 0 and 1
     assert reply.status == 422, reply.body
     assert "'fault' names rank 7, but a replica has ranks 0 to 1" in reply.body["error"]["detail"]

@@ -38,9 +38,10 @@ BROKEN = "import nonexistent_module_xyz\n"
      "more than 1024 rank processes"),
     (["examples/serve_tp.py:app", "--devices", "a,b"], "--devices: 'a' is not a CUDA device index"),
     (["examples/serve_tp.py:app", "--devices", "0,1,2"],
-     "--devices: 3 device(s) [0, 1, 2] for 2 rank(s) per replica"),
-    (["examples/serve_tp.py:app", "--devices", "1000,1000"],
-     "--devices: device 1000 is out of range"),
+     "--devices: 3 device(s) [0, 1, 2] for 2 rank(s) per replica (give one CUDA device index "
+     "per rank, e.g. 0,1, or one such list per replica, spares included, e.g. 0,1/2,3)"),
+    # out of range where GPUs are visible, none visible elsewhere: both name the device
+    (["examples/serve_tp.py:app", "--devices", "1000,1000"], "--devices: device 1000 "),
     (["examples/serve_tp.py:app", "--devices", "0,1", "--gpus-per-replica", "1"],
      "--devices and --gpus-per-replica: both were given"),
     (["examples/serve_tp.py:app", "--gpus-per-replica", "0"], "--gpus-per-replica: '0' is below 1"),

@@ -243,12 +243,15 @@ BAD_MARKERS = {  # test name: (marker, what the one-line error says)
     "test_nan": ('deadline(float("nan"))', "@pytest.mark.deadline: nan is not a number"),
     "test_infinite": ('deadline(float("inf"))', "@pytest.mark.deadline: inf is not a finite"),
     "test_two_values": ("deadline(1, 2)", "@pytest.mark.deadline: takes one value, got (1, 2)"),
-    "test_misspelt": ("deadline(second=5)", "@pytest.mark.deadline: takes one value, "
-                      "got (second=5)"),
+    "test_misspelt": ("deadline(second=5)", "@pytest.mark.deadline: unknown keyword second= "
+                      "in (second=5) (it takes seconds=; give an int or a float"),
     "test_ranks_text": ('ranks("2")', "@pytest.mark.ranks: needs a number of ranks from 1 to "
                         "64, got '2'"),
-    "test_ranks_other_keyword": ("ranks(2, gpus=1)", "@pytest.mark.ranks: takes one value, got "
-                                 "(2, gpus=1)"),
+    "test_ranks_other_keyword": ("ranks(2, gpus=1)", "@pytest.mark.ranks: unknown keyword "
+                                 "gpus= in (2, gpus=1) (it takes n= and devices=; give an int"),
+    "test_ranks_devicez": ("ranks(2, devicez=[0, 1])", "@pytest.mark.ranks: unknown keyword "
+                           "devicez= in (2, devicez=[0, 1]) (it takes n= and devices=; "),
+    "test_ranks_twice": ("ranks(2, n=2)", "@pytest.mark.ranks: takes one value, got (2, n=2)"),
     "test_ranks_devices_short": ("ranks(2, devices=[0])", "@pytest.mark.ranks(devices=): 1 "
                                  "device(s) [0] for 2 rank(s) per replica"),
     "test_ranks_devices_absent": ("ranks(2, devices=[0, 999])", "@pytest.mark.ranks(devices=): "

@@ -4,6 +4,10 @@ The rank's bootstrap builds one :class:`Injector` from the specs in its environm
 to a moment of the program (``start``, ``init``, ``opN``, ``stepN``) run in the main thread at that
 moment; faults tied to a time run from a timer thread, and those that must act in the main
 thread (hang, slow, raise) reach it through a Python-level interrupt of the main thread.
+
+Each fault is recorded in the rank's ledger as it fires, before it is performed, and so is each
+``StepLoop`` step the rank begins: the launcher tells from them which faults never fired, and
+how far the rank got (``launcher.injections``).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import threading
 import time
 
 from ..deadline import Deadline
+from ..records.ledger import LedgerWriter
 from .spec import FaultSpec, InjectedFault
 
 # A signal number whose Python handler performs main-thread faults. Only its Python handler is
@@ -76,64 +81,80 @@ def perform(spec: FaultSpec) -> None:
     raise AssertionError(f"unhandled fault kind {kind}")  # parse() admits only known kinds
 
 
+_Armed = tuple[int, FaultSpec]  # a fault of this rank, and its place in RANKGUARD_INJECT
+
+
 class Injector:
     """The faults that apply to this rank in this attempt, and the hooks that trigger them."""
 
-    def __init__(self, specs: list[FaultSpec], rank: int, attempt: int) -> None:
-        mine = [s for s in specs if s.applies_to(rank, attempt)]
-        self._start = [s for s in mine if s.at == "start"]
-        self._init = [s for s in mine if s.at == "init"]
-        self._by_op: dict[int, list[FaultSpec]] = {}
-        self._by_step: dict[int, list[FaultSpec]] = {}
-        for spec in mine:
-            if spec.at == "op":
-                self._by_op.setdefault(spec.op, []).append(spec)
-            elif spec.at == "step":
-                self._by_step.setdefault(spec.op, []).append(spec)
-        self._timed = [s for s in mine if s.at == "time"]
+    def __init__(self, specs: list[FaultSpec], rank: int, attempt: int,
+                 ledger: LedgerWriter | None = None) -> None:
+        """``specs``: every spec of the run, in ``RANKGUARD_INJECT``'s order (a fault is
+        recorded in ``ledger`` by its place there); those of ``rank`` and ``attempt`` apply."""
+        self._ledger = ledger
+        mine = [(place, s) for place, s in enumerate(specs) if s.applies_to(rank, attempt)]
+        self._start = [a for a in mine if a[1].at == "start"]
+        self._init = [a for a in mine if a[1].at == "init"]
+        self._by_op: dict[int, list[_Armed]] = {}
+        self._by_step: dict[int, list[_Armed]] = {}
+        for armed in mine:
+            if armed[1].at == "op":
+                self._by_op.setdefault(armed[1].op, []).append(armed)
+            elif armed[1].at == "step":
+                self._by_step.setdefault(armed[1].op, []).append(armed)
+        self._timed = [a for a in mine if a[1].at == "time"]
         self.active = bool(mine)
+
+    def _fire(self, armed: _Armed) -> None:
+        place, spec = armed
+        if self._ledger is not None:
+            self._ledger.record_injection(place)
+        perform(spec)
 
     def at_start(self) -> None:
         """Run ``at=start`` faults and arm the timed ones (timer threads, daemonic)."""
-        for spec in self._start:
-            perform(spec)
+        for armed in self._start:
+            self._fire(armed)
         if self._timed:
             signal.signal(_MAIN_THREAD_SIGNAL, self._on_main_thread_interrupt)
-        for spec in self._timed:
-            timer = threading.Timer(spec.seconds, self._fire_timed, args=(spec,))
+        for armed in self._timed:
+            timer = threading.Timer(armed[1].seconds, self._fire_timed, args=(armed,))
             timer.daemon = True
             timer.start()
 
     def at_init(self) -> None:
-        for spec in self._init:
-            perform(spec)
+        for armed in self._init:
+            self._fire(armed)
 
     def before_op(self, seq: int) -> None:
         """Called before the ``seq``-th collective of the default group (1-based); performs its
         faults in the order given, as at ``start`` and ``init``."""
-        for spec in self._by_op.get(seq, ()):
-            perform(spec)
+        for armed in self._by_op.get(seq, ()):
+            self._fire(armed)
 
     def before_step(self, step: int) -> None:
-        """Called by ``StepLoop`` before it runs ``step``; performs that step's faults once
-        (a step run again after a recovery does not fault again)."""
-        for spec in self._by_step.pop(step, ()):
-            perform(spec)
+        """Called by ``StepLoop`` before it runs ``step``; records the step in the ledger and
+        performs that step's faults once (a step run again after a recovery does not fault
+        again)."""
+        if self._ledger is not None:
+            self._ledger.record_step(step)
+        for armed in self._by_step.pop(step, ()):
+            self._fire(armed)
 
     @property
     def has_op_faults(self) -> bool:
         return bool(self._by_op)
 
-    _pending: FaultSpec | None = None
+    _pending: _Armed | None = None
 
-    def _fire_timed(self, spec: FaultSpec) -> None:
-        if spec.kind in ("hang", "slow", "raise"):
-            self._pending = spec
+    def _fire_timed(self, armed: _Armed) -> None:
+        if armed[1].kind in ("hang", "slow", "raise"):
+            self._pending = armed
             _thread.interrupt_main(_MAIN_THREAD_SIGNAL)
         else:
-            perform(spec)
+            self._fire(armed)
 
     def _on_main_thread_interrupt(self, signum: int, frame: object) -> None:
-        spec, self._pending = self._pending, None
-        if spec is not None:
-            perform(spec)
+        armed, self._pending = self._pending, None
+        if armed is not None:
+            self._fire(armed)

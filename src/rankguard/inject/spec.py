@@ -73,7 +73,8 @@ def parse(text: str, *, what: str = "--inject", moment: str | None = None) -> Fa
     """Parse one spec.
 
     ``moment``: for callers that perform the fault themselves at a moment of their own (the
-    serving example injects mid-forward): ``at=`` may then be left out, and means ``moment``.
+    serving example injects mid-forward, ``moment="now"``): ``at=`` is then refused, since no
+    other moment would be kept to.
     ``what``: the name of the input, for errors.
 
     Raises:
@@ -124,7 +125,10 @@ def parse(text: str, *, what: str = "--inject", moment: str | None = None) -> Fa
             raise _bad(text, f"option {key}= is given twice")
         fields[key] = value.strip()
     if moment is not None:
-        fields.setdefault("at", moment)
+        if "at" in fields:
+            raise _bad(text, f"at={fields['at']} is not taken here (the caller performs the "
+                       f"fault {moment})")
+        fields["at"] = moment
     if "rank" not in fields or "at" not in fields:
         raise _bad(text, "both rank= and at= are required")
     if not _DIGITS.fullmatch(fields["rank"]):

@@ -40,6 +40,7 @@ from .config import RunConfig
 from .ranks import start_attempt
 from .monitor import HangMonitor, Verdict
 from .in_place import InPlace
+from .injections import Seen, never_fired
 from .spares import Spares
 from .node_link import LinkContext, NodeLink
 from .outcome import (EXIT_INTERNAL, FINAL_KINDS, Fault, FaultKind, RankOutcome, RankSnapshot,
@@ -83,6 +84,7 @@ class Agent:
         self._guardian: subprocess.Popen[bytes] | None = None
         self._tracking: proctree.Tracking | None = None
         self._ledger_dir = ""
+        self._seen: list[Seen] = []  # each rank process's injected faults, at its end
         self._spares = Spares(config, self._token, self._port, 1 if config.in_place else None) \
             if config.spares and config.max_restarts > 0 else None
         self._in_place = InPlace(config, self._token, self._journal, self._say,
@@ -152,6 +154,9 @@ class Agent:
             self._link.leave(attempt_result.fault)
         status, code = self._link.run_status(attempt_result.fault, self._signal)
         root = next((r.root_cause for r in reports if r.root_cause), None)
+        unfired = never_fired(cfg.injections, self._seen)
+        for spec in unfired:
+            self._journal.write("injection_never_fired", **spec.as_dict())
         # rank output first, then count what was lost
         self._terminal.end_status()
         self._terminal.out.flush(Deadline.after(margins.FLUSH_S))
@@ -160,7 +165,8 @@ class Agent:
                             dropped_output=self._terminal.dropped())
         self._journal.close()
         self._say(render(cfg.run_id, status, code, reports, cfg.log_dir, cfg.journal_path,
-                         restart_s, self._terminal.dropped_line()))
+                         restart_s, self._terminal.dropped_line(),
+                         [spec.message for spec in unfired]))
         return code
 
     # -- one attempt -------------------------------------------------------------------------
@@ -224,6 +230,8 @@ class Agent:
         teardown.sweep(self._tracking, self._journal, attempt,
                        tuple(self._spares.pids()) if self._spares is not None else ())
         last = {rank: reader.read() for rank, reader in readers.items()}
+        self._seen.extend(Seen(attempt, rank, reader.injections())
+                          for rank, reader in readers.items())
         self._keep_recent(ranks, readers)
         for reader in readers.values():
             reader.close()
@@ -286,6 +294,7 @@ class Agent:
             monitor.unwatch(rank)
         for member in replacer.replace(ranks, self._layout, self._ledger_dir, fault, hang,
                                        culprits):
+            self._seen.append(Seen(ranks.number, member.rank, readers[member.rank].injections()))
             readers[member.rank].close()
             readers[member.rank] = _ledger.LedgerReader(member.ledger_path)
             monitor.watch(member.rank, member.pid, readers[member.rank], member.started_at)

@@ -18,6 +18,7 @@ import uuid
 
 from ..inputs import nccl_env, options
 from ..records import private_files
+from ..records.ledger import MAX_INJECTIONS
 from ..store import sealed
 from ..errors import UsageError
 from ..inputs.options import (MAX_LOCAL_RANKS, Parser, missing_dirs, number, remove_empty_dirs,
@@ -318,6 +319,9 @@ def parse(argv: list[str]) -> _config.RunConfig:
                                      "e.g. --collective-timeout 60")
     recovery = _recovery(ns.recovery, max_restarts, max_nodes)
     injections = tuple(inject_spec.parse(text) for text in ns.inject)
+    if len(injections) > MAX_INJECTIONS:
+        raise UsageError("--inject", f"is given {len(injections)} times, more than the "
+                         f"{MAX_INJECTIONS} a run may have", "give fewer faults")
     for fault in injections:
         if fault.rank >= nproc * max_nodes:
             raise UsageError("--inject", f"{fault.text!r} targets rank {fault.rank}, but the run "

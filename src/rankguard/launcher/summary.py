@@ -22,11 +22,14 @@ class AttemptReport:
 
 def render(run_id: str, status: str, exit_code: int, reports: list[AttemptReport],
            log_dir: str, journal_path: str, restart_s: list[float],
-           terminal_note: str | None = None) -> str:
-    """The summary; ``terminal_note``: what the terminal lost, if anything (a line)."""
+           terminal_note: str | None = None, unfired: list[str] | None = None) -> str:
+    """The summary; ``terminal_note``: what the terminal lost, if anything (a line);
+    ``unfired``: a line for each injected fault that never fired, said first after the result
+    (a run that "succeeded" without its fault tested nothing)."""
     ran = (f"after {len(reports)} attempt{'s' if len(reports) != 1 else ''}" if reports
            else "and ran no attempt")
     lines = [f"rankguard: run {run_id} {status} {ran} (exit code {exit_code})"]
+    lines.extend(f"  {line}" for line in unfired or ())
     first_fault = next((r for r in reports if r.root_cause), None)
     if first_fault is not None:
         lines.append(f"  root cause: {first_fault.root_cause} (attempt {first_fault.attempt})")

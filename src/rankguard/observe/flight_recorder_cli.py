@@ -5,8 +5,8 @@ The dumps go only into a folder of the user's own that no other user can write, 
 without a symlink below the folder the user named (``flight_recorder.write``).
 
 Exit codes: 0 dumps written; 1 the attempt kept no recent operations (a run of an older
-rankguard, or ranks that never started); 2 bad usage, no such run, or the folder cannot be
-written.
+rankguard, or ranks that never started); 2 bad usage, no such run, a ``rankguard.Pool``'s
+journal (a pool keeps no attempts), or the folder cannot be written.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..records import recent_file
+from ..records import journal, recent_file
 from ..errors import UsageError
 from ..inputs.options import missing_dirs, number
 from . import files, flight_recorder, runs
@@ -35,6 +35,11 @@ def main(argv: list[str]) -> int:
         args = p.parse_args(argv)
         run = runs.find(args.run)
         events = list(run.events)
+        if journal.of_pool(events):
+            raise UsageError("RUN", f"{run.journal} is the journal of a rankguard.Pool (pool "
+                             f"{files.printable(run.run_id)}), which has no attempts nor ranks' recent "
+                             f"operations", "rankguard flight-recorder works on the runs of "
+                             "rankguard run; rankguard report draws a pool's journal")
         attempt = _attempt(events, args.attempt)
     except UsageError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)

@@ -156,7 +156,8 @@ def _process(pid: int) -> str:
 
 def render(view: StatusView) -> str:
     """The snapshot as a table for a terminal."""
-    head = (f"run {view.run_id}  attempt {view.attempt}  restarts {view.restarts}"
+    attempt = "no attempt started" if view.attempt is None else f"attempt {view.attempt}"
+    head = (f"run {view.run_id}  {attempt}  restarts {view.restarts}"
             f"{'  (ended)' if view.ended else ''}")
     lines = [head, f"{'rank':>4}  {'pid':>7}  {'state':<40} {'for':>8}  process"]
     for r in view.ranks:

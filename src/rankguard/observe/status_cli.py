@@ -1,6 +1,7 @@
 """``rankguard status [RUN]``: a live view of a run's ranks (``observe.status``), refreshed
 like ``top`` until the run ends or Ctrl-C; ``--once`` for one snapshot, ``--json`` for
-machines. It touches nothing of the job. Exit codes: 0, or 2 for bad usage or no such run."""
+machines. It touches nothing of the job. Exit codes: 0, or 2 for bad usage, no such run, or
+a ``rankguard.Pool``'s journal (a pool has no attempts nor ranks to show here)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import json
 import sys
 import time
 
+from ..errors import UsageError
 from ..inputs.options import Parser
-from . import runs, status
+from ..records import journal
+from . import files, runs, status
 
 PROG = "rankguard status"
 _CLEAR = "\x1b[H\x1b[2J"
@@ -31,6 +34,13 @@ def main(argv: list[str]) -> int:
     if parsed is None:
         return 2
     args, interval, run = parsed
+    if journal.of_pool(run.events):
+        error = UsageError("RUN", f"{run.journal} is the journal of a rankguard.Pool (pool "
+                           f"{run.run_id}), which has no attempts nor ranks to show",
+                           "rankguard status shows the ranks of a run of rankguard run; a "
+                           "pool's are in pool.status(), or rankguard serve's /healthz")
+        print(files.printable(f"{PROG}: error: {error}"), file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(status.snapshot(run).as_json()))
         return 0

@@ -12,7 +12,7 @@ import json
 import os
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 EVENTS = (
     "run_start",
@@ -37,6 +37,7 @@ EVENTS = (
     "linger",
     "rendezvous",
     "round_end",
+    "injection_never_fired",
     "run_end",
     "pool_start",
     "zygote_start",
@@ -86,6 +87,13 @@ class Journal:
 
     def close(self) -> None:
         self._file.close()
+
+
+def of_pool(events: Iterable[dict[str, Any]]) -> bool:
+    """Whether ``events`` are a ``rankguard.Pool``'s journal (its ``pool_start``), not a run's
+    of ``rankguard run``: the commands that look at a run's attempts and ranks say so of a
+    pool's rather than find no attempt in it."""
+    return any(e.get("event") == "pool_start" for e in events)
 
 
 def read(path: str) -> Iterator[dict[str, Any]]:

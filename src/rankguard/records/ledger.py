@@ -34,6 +34,10 @@ Layout (little-endian):
   second line before the first, so it never sees more completions than entries.
 - a ring of recent operations per slot (``ledger_ring``): each operation entered, with its
   times.
+- the injected faults' trailer, written only in a rank where ``--inject`` armed a fault
+  (``inject.perform``): the last ``rankguard.StepLoop`` step the rank began (plus one, 0: none),
+  then one byte per spec of ``RANKGUARD_INJECT`` (``MAX_INJECTIONS``), set once that fault
+  fired. Each byte has its own writer and is written once: no lock.
 
 Sequence numbers: in the world group, entry 1 is ``init_process_group`` and entry ``k + 1`` is
 the ``k``-th collective, so ``seq`` as shown to people (``all_reduce #k``) is ``entered - 1``.
@@ -60,7 +64,7 @@ from ..errors import LedgerError
 MAGIC = 0x52474C31  # "RGL1"
 # The layout's version, written in each header: raise it with every change of the layout below
 # (what changed goes in the commit message).
-VERSION = 5
+VERSION = 6
 MAX_GROUPS = 64  # the world group and 63 sub-groups
 # magic version pid flags fault in_coll exit_code t_fault t_start blamed
 HEADER = struct.Struct("<IIqIIIiddQ8x")
@@ -77,7 +81,11 @@ _KEY = struct.Struct("<Q")  # a slot's group key: 0 while no group has taken it
 SLOT_SIZE = 128
 _EVERY_KEY = struct.Struct("<" + f"Q{SLOT_SIZE - _KEY.size}x" * MAX_GROUPS)  # every slot's key
 RING_OFFSET = HEADER.size + MAX_GROUPS * SLOT_SIZE
-SIZE = RING_OFFSET + _ring.size(MAX_GROUPS)
+MAX_INJECTIONS = 64  # the ``--inject`` specs a run may give: one byte of the trailer each
+_STEP_BEGUN = struct.Struct("<Q")  # the trailer: the last StepLoop step begun, plus one
+_OFF_TRAILER = RING_OFFSET + _ring.size(MAX_GROUPS)
+_OFF_FIRED = _OFF_TRAILER + _STEP_BEGUN.size
+SIZE = _OFF_FIRED + MAX_INJECTIONS
 _RECORD = _ring.RECORD_SIZE
 WORLD_SLOT = 0
 
@@ -472,6 +480,16 @@ class LedgerWriter:
                 mask |= 1 << rank
         struct.pack_into("<Q", self._buf, _OFF_BLAMED, mask)
 
+    def record_injection(self, index: int) -> None:
+        """Record that injected fault ``index`` (its place in ``RANKGUARD_INJECT``, below
+        ``MAX_INJECTIONS``) fires now: written before the fault is performed, so a fault that
+        kills the rank is recorded too."""
+        self._buf[_OFF_FIRED + index] = 1
+
+    def record_step(self, step: int) -> None:
+        """Record that the rank begins ``rankguard.StepLoop`` step ``step`` (from 0)."""
+        _STEP_BEGUN.pack_into(self._buf, _OFF_TRAILER, step + 1)
+
     def notice(self) -> tuple[str, int] | None:
         """The supervisor's notice that a peer failed: (``died`` or ``hung``, its rank)."""
         kind, rank = _NOTICE.unpack_from(self._buf, _OFF_NOTICE)
@@ -590,6 +608,23 @@ class RankProgress:
 
 
 @dataclass(frozen=True)
+class InjectionProgress:
+    """What a rank's ledger says of its injected faults (see :meth:`LedgerReader.injections`).
+
+    Attributes:
+        fired: the places in ``RANKGUARD_INJECT`` of the faults that fired in this process.
+        step: the last ``rankguard.StepLoop`` step it began (None: none, or no fault armed).
+        op: the number of its last collective on the default group (0: none).
+        bootstrapped: its bootstrap ran (a process that never ran it recorded nothing).
+    """
+
+    fired: frozenset[int]
+    step: int | None
+    op: int
+    bootstrapped: bool
+
+
+@dataclass(frozen=True)
 class RecentOp:
     """One of a rank's recent operations (the ledger's ring), with its group's identity."""
 
@@ -661,6 +696,18 @@ class LedgerReader:
                             tuple(groups),
                             tuple(r for r in range(blamed.bit_length()) if blamed >> r & 1),
                             exit_code)
+
+    def injections(self) -> InjectionProgress:
+        """The rank's injected faults that fired, and how far it got: read when its attempt
+        ends, or before a replacement takes its place (not on every tick)."""
+        progress = self.read()
+        begun = _STEP_BEGUN.unpack_from(self._buf, _OFF_TRAILER)[0]
+        fired = self._buf[_OFF_FIRED:_OFF_FIRED + MAX_INJECTIONS]
+        world = next((g for g in progress.groups if g.is_world), None)
+        return InjectionProgress(
+            frozenset(index for index, flag in enumerate(fired) if flag),
+            begun - 1 if begun else None, max(world.seq, 0) if world is not None else 0,
+            bool(progress.flags & FLAG_BOOTSTRAPPED))
 
     def _taken_slots(self) -> list[int]:
         """The slots a group has taken (a non-zero key), read in one pass: the launcher reads

@@ -139,7 +139,7 @@ def _prepare(rank: int, attempt: int) -> None:
     if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:  # before the script may
         state.launcher_store = (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])
     injector = _perform.Injector(_spec.decode(os.environ.get("RANKGUARD_INJECT", "")), rank,
-                                 attempt)
+                                 attempt, state.ledger)
     if injector.active:
         state.injector = injector
         state.record_only = False

@@ -50,14 +50,16 @@ class Backend(enum.StrEnum):
 
 
 class Names(NamedTuple):
-    """How the caller calls the two options (in errors)."""
+    """How the caller calls the two options, and spells a device option's value (in errors)."""
 
     devices: str
     gpus_per_replica: str
+    one_list: str = "[0, 1]"  # one device index per rank, every replica
+    per_replica: str = "[[0, 1], [2, 3]]"  # one such list per replica, spares included
 
 
 POOL_NAMES = Names("Pool(devices)", "Pool(gpus_per_replica)")
-CLI_NAMES = Names("--devices", "--gpus-per-replica")
+CLI_NAMES = Names("--devices", "--gpus-per-replica", "0,1", "0,1/2,3")
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,7 @@ def place(devices: Any, gpus_per_replica: Any, world_size: int, replicas: int, s
     count = visible or 0
     if devices is not None:
         return tuple(ReplicaPlacement(world_size, cuda) for cuda in
-                     _explicit(devices, world_size, replicas, spares, count, names.devices))
+                     _explicit(devices, world_size, replicas, spares, count, names))
     per = _whole(names.gpus_per_replica, gpus_per_replica)
     if per > world_size:
         raise UsageError(names.gpus_per_replica, f"{per} devices for {world_size} rank(s) per "
@@ -145,10 +147,13 @@ def place(devices: Any, gpus_per_replica: Any, world_size: int, replicas: int, s
 
 
 def _explicit(devices: Any, world_size: int, replicas: int, spares: int, visible: int,
-              what: str) -> list[tuple[int, ...]]:
-    """``Pool(devices=)`` as one tuple of device indexes per slot."""
-    hint = ("give one CUDA device index per rank, e.g. [0, 1], or one such list per replica, "
-            "spares included, e.g. [[0, 1], [2, 3]]")
+              names: Names) -> list[tuple[int, ...]]:
+    """``Pool(devices=)`` as one tuple of device indexes per slot: its shape is checked whole
+    (types, lengths, indexes) before any index is compared with the visible devices, so that a
+    malformed value is never taken for a missing GPU."""
+    what = names.devices
+    hint = (f"give one CUDA device index per rank, e.g. {names.one_list}, or one such list per "
+            f"replica, spares included, e.g. {names.per_replica}")
     if not isinstance(devices, (list, tuple)) or not devices:
         raise UsageError(what, f"expected a list of CUDA device indexes, got {shown(devices)}",
                          hint)
@@ -166,10 +171,15 @@ def _explicit(devices: Any, world_size: int, replicas: int, spares: int, visible
                              f"rank(s) per replica", hint)
         for index in cuda:
             _whole(what, index, least=0)
-            if index >= visible:
-                raise UsageError(what, f"device {index} is out of range: {_visible(visible)}",
-                                 "give indexes below that count (CUDA_VISIBLE_DEVICES decides "
-                                 "which devices are visible, and numbers them from 0)")
+    for index in (index for cuda in lists for index in cuda):
+        if visible == 0:
+            raise UsageError(what, f"device {index} was asked for, and no CUDA device is "
+                             "visible", f"leave out {what} to run on the CPU (gloo), or run "
+                             "where CUDA_VISIBLE_DEVICES names a device")
+        if index >= visible:
+            raise UsageError(what, f"device {index} is out of range: {_visible(visible)}",
+                             "give indexes below that count (CUDA_VISIBLE_DEVICES decides "
+                             "which devices are visible, and numbers them from 0)")
     return lists
 
 

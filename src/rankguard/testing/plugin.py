@@ -106,14 +106,19 @@ def _setting(where: str, value: Any, hint: str, *, off: bool) -> float:
 def _marker_value(item: pytest.Item, marker: pytest.Mark, keyword: str, hint: str,
                   options: frozenset[str] = frozenset()) -> Any:
     """The one value a marker takes, positional or as ``keyword`` (besides the keyword
-    ``options`` it may have); UsageError otherwise."""
-    kwargs = {k: v for k, v in marker.kwargs.items() if k not in options}
-    given = [*marker.args, *kwargs.values()]
-    if len(given) != 1 or set(kwargs) - {keyword}:
-        spelled = ", ".join([*map(repr, marker.args),
-                             *(f"{k}={v!r}" for k, v in marker.kwargs.items())])
-        raise UsageError(f"{item.nodeid}: @pytest.mark.{marker.name}",
-                         f"takes one value, got ({spelled})", hint)
+    ``options`` it may have); UsageError otherwise, naming a keyword it does not take and
+    those it does."""
+    where = f"{item.nodeid}: @pytest.mark.{marker.name}"
+    spelled = ", ".join([*map(repr, marker.args),
+                         *(f"{k}={v!r}" for k, v in marker.kwargs.items())])
+    unknown = sorted(set(marker.kwargs) - {keyword} - options)
+    if unknown:
+        takes = " and ".join(f"{k}=" for k in (keyword, *sorted(options)))
+        raise UsageError(where, f"unknown keyword {', '.join(f'{k}=' for k in unknown)} in "
+                         f"({spelled})", f"it takes {takes}; {hint}")
+    given = [*marker.args, *(v for k, v in marker.kwargs.items() if k == keyword)]
+    if len(given) != 1:
+        raise UsageError(where, f"takes one value, got ({spelled})", hint)
     return given[0]
 
 
