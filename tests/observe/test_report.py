@@ -72,6 +72,17 @@ def test_a_run_becomes_a_section_per_attempt_with_lanes_ops_and_moments() -> Non
     assert second.lanes[0].spans == [] and second.lanes[0].t_end is None
 
 
+def test_an_injected_fault_that_never_fired_is_a_flag_of_its_attempt() -> None:
+    message = "injection kill:rank=1,at=step9 never fired (in attempt 1, rank 1 reached step 4)"
+    events = [*HUNG_RUN[:-1],
+              {"event": "injection_never_fired", "ts": T + 8.9, "attempt": 1, "rank": 1,
+               "injection": "kill:rank=1,at=step9", "message": message}, HUNG_RUN[-1]]
+    second = timeline.of_run(events, RECENT).sections[1]
+    assert [(m.kind, m.text) for m in second.marks if m.kind == "injection"] == [
+        ("injection", message)]
+    assert message in report.render(timeline.of_run(events, RECENT))
+
+
 def test_the_page_draws_every_lane_and_operation_and_escapes_what_it_shows() -> None:
     page = report.render(timeline.of_run(HUNG_RUN, RECENT))
     main = "".join(re.findall(r'<svg class="timeline" .*?</svg>', page))  # not the zoomed ones

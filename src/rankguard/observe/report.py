@@ -32,7 +32,7 @@ OTHER_OP = "#8cd17d"
 MARK_COLORS = {"fault": "#d62728", "verdict": "#d62728", "escalate": "#ff7f0e",
                "restart": "#1f77b4", "spares": "#17becf", "first_step": "#2ca02c",
                "straggler": "#e377c2", "exit": "#7f7f7f", "replace": "#ff7f0e",
-               "replaced": "#2ca02c", "suspect": "#ff7f0e",
+               "replaced": "#2ca02c", "suspect": "#ff7f0e", "injection": "#bcbd22",
                "heal": "#2ca02c", "retire": "#d62728", "ready": "#2ca02c"}
 _CSS = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #222; }

@@ -39,7 +39,8 @@ class Span:
 @dataclass(frozen=True)
 class Mark:
     """A moment of the run: ``kind`` is fault, verdict, escalate, restart, spares, first_step,
-    straggler, exit, replace, replaced, suspect, heal, retire or ready."""
+    straggler, exit, replace, replaced, injection (one that never fired), suspect, heal, retire
+    or ready."""
 
     t: float
     kind: str
@@ -134,6 +135,8 @@ def _attempt(number: int, events: list[dict[str, Any]],
         elif kind == "escalate":
             marks.append(Mark(ts, "escalate", f"{event.get('step')}: "
                               f"{_ranks(event.get('ranks'))} ({event.get('reason')})"))
+        elif kind == "injection_never_fired":  # written as the run ended
+            marks.append(Mark(ts, "injection", str(event.get("message", "")), event.get("rank")))
         elif kind == "spares":
             marks.append(Mark(ts, "spares", f"{event.get('started')} warm spare(s) started"))
         elif kind == "attempt_end":
