@@ -354,6 +354,7 @@ def parse(argv: list[str]) -> _config.RunConfig:
     made = missing_dirs(log_dir)
     try:
         writable_dir("--log-dir", log_dir)
+        private_files.check_own(log_dir, "--log-dir")
         made += missing_dirs(os.path.dirname(journal))
         writable_file("--journal", journal)
     except UsageError:

@@ -76,6 +76,21 @@ def check_private(path: str, what: str, instead: str = "") -> None:
     _check(os.lstat(path), path, what, instead)
 
 
+def check_own(path: str, what: str) -> None:
+    """Refuse folder ``path``, one the user named to write into (``--log-dir``), unless it is a
+    folder of this user that other users cannot write. Its group may (a team's shared folder,
+    0775 or 2775): that is the rule of :func:`check_private` less the group. A symlink there is
+    followed if this user made it; one of someone else's is refused.
+
+    Raises:
+        UsageError: naming what is wrong with it and how to fix it.
+    """
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) and info.st_uid == os.geteuid():
+        info = os.stat(path)
+    _check(info, path, what, f"choose a folder of your own for {what}", writers=0o002)
+
+
 def open_private(path: str, what: str, instead: str = "", dir_fd: int | None = None,
                  shown: str = "") -> int:
     """A descriptor of folder ``path`` (relative to ``dir_fd`` when given), for writing files
@@ -140,8 +155,10 @@ def make_private(base: str, parts: Sequence[str], what: str, instead: str = "") 
     return fd
 
 
-def _check(info: os.stat_result, path: str, what: str, instead: str) -> None:
-    """The rule of :func:`check_private`, on what ``lstat`` or ``fstat`` said of ``path``."""
+def _check(info: os.stat_result, path: str, what: str, instead: str,
+           writers: int = 0o022) -> None:
+    """The rule of :func:`check_private` (of :func:`check_own` with ``writers`` 0o002: the
+    mode bits of those who must not write), on what ``lstat`` or ``fstat`` said of ``path``."""
     hint = instead or f"remove it, or choose a folder of your own for {what}"
     if stat.S_ISLNK(info.st_mode):
         raise UsageError(what, f"{path!r} is a symlink, not a folder of yours", hint)
@@ -150,10 +167,11 @@ def _check(info: os.stat_result, path: str, what: str, instead: str) -> None:
     if info.st_uid != os.geteuid():
         raise UsageError(what, f"{path!r} belongs to uid {info.st_uid}, not to you "
                                f"(uid {os.geteuid()})", hint)
-    if info.st_mode & 0o022:
+    if info.st_mode & writers:
+        fix = "chmod o-w" if writers == 0o002 else "chmod 700"
         raise UsageError(what, f"{path!r} can be written by other users "
                                f"(mode {stat.S_IMODE(info.st_mode):04o})",
-                         f"chmod 700 {path}, or {hint}")
+                         f"{fix} {path}, or {hint}")
 
 
 def opener(path: str, flags: int) -> int:

@@ -110,7 +110,8 @@ class Pool:
         max_backoff: the longest pause, in seconds, between start-ups that keep failing.
         journal: path of a JSON-lines journal to append events to (default: none).
         log_dir: where each rank's output and stacks go (default: a new temporary folder,
-            removed when the pool closes).
+            removed when the pool closes); a folder of this user's that other users cannot
+            write (its group may).
         env: extra environment variables for the ranks.
         devices: the CUDA device of each rank: ``[0, 1]`` puts rank r of every replica on
             device ``devices[r]``; ``[[0, 1], [2, 3]]`` gives one list per replica, spares
