@@ -114,3 +114,55 @@ def test_run_writes_into_a_log_dir_its_group_can_write(tmp_path: Path) -> None:
                 script("sleeper.py"), "0")
     assert done.returncode == 0, done.stderr
     assert (folder / "journal.jsonl").is_file() and (folder / "attempt0" / "rank0.log").is_file()
+
+
+# -- the folders a run makes in it ---------------------------------------------------------------
+
+def _planted(at: Path, kind: str, tmp_path: Path) -> Path:
+    """Plant ``kind`` at ``at`` as another user could, first; returns the folder that a run
+    writing through it would write into."""
+    if kind == "a symlink":
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir(mode=0o700)
+        at.symlink_to(elsewhere)
+        return elsewhere
+    at.mkdir(mode=0o777)
+    os.chown(at, NOBODY, NOBODY)
+    return at
+
+
+def _refused_folder(done: subprocess.CompletedProcess[str], folder: Path) -> None:
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert len(lines) == 1, lines
+    assert f"--log-dir: {str(folder)!r}" in lines[0], lines
+
+
+@pytest.mark.parametrize("kind", ["a symlink", "a folder of another user's"])
+def test_run_refuses_what_is_planted_at_an_attempt_folders_name_and_writes_nothing_through_it(
+        tmp_path: Path, kind: str) -> None:
+    logs = tmp_path / "team"
+    logs.mkdir()
+    logs.chmod(0o775)  # a member of the group could plant
+    written = _planted(logs / "attempt0", kind, tmp_path)
+    started = tmp_path / "started"
+    done = _cli("run", "--master-port", "0", "--log-dir", str(logs), "--nproc-per-node", "1",
+                script("report_ledger.py"), str(started))
+    _refused_folder(done, logs / "attempt0")
+    assert list(written.iterdir()) == []
+    assert not list(tmp_path.glob("started*"))  # no rank ran
+
+
+@pytest.mark.parametrize("kind", ["a symlink", "a folder of another user's"])
+def test_run_refuses_what_is_planted_at_its_default_log_folders_name(
+        tmp_path: Path, kind: str) -> None:
+    tmp = tmp_path / "tmp"
+    (tmp / f"rankguard-{os.geteuid()}").mkdir(parents=True, mode=0o700)
+    run = tmp / f"rankguard-{os.geteuid()}" / "planted"
+    written = _planted(run, kind, tmp_path)
+    done = subprocess.run([sys.executable, "-m", "rankguard.cli", "run", "--master-port", "0",
+                           "--run-id", "planted", script("sleeper.py"), "0"],
+                          capture_output=True, text=True, cwd=str(ROOT), timeout=90,
+                          env={**os.environ, "TMPDIR": str(tmp)})
+    _refused_folder(done, run)
+    assert list(written.iterdir()) == []
