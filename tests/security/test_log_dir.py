@@ -11,9 +11,11 @@ Real folders, real modes and owners (another uid by ``os.chown``: the tests run 
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ import pytest
 import rankguard
 from rankguard.errors import UsageError
 
-from ..conftest import ROOT, script
+from ..conftest import ROOT, finish, launch, script
 
 NOBODY = 65534
 TIMEOUT = 10.0
@@ -166,3 +168,32 @@ def test_run_refuses_what_is_planted_at_its_default_log_folders_name(
                           env={**os.environ, "TMPDIR": str(tmp)})
     _refused_folder(done, run)
     assert list(written.iterdir()) == []
+
+
+@pytest.mark.parametrize("found", ["nothing", "a symlink", "a file of another user's"])
+def test_the_traceback_of_an_internal_error_is_private_and_written_through_no_planted_name(
+        tmp_path: Path, found: str) -> None:
+    logs = tmp_path / "team"
+    logs.mkdir()
+    logs.chmod(0o775)  # a member of the group could plant
+    target = logs / "internal_error.txt"
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep\n")
+    if found == "a symlink":
+        target.symlink_to(victim)
+    elif found == "a file of another user's":
+        target.write_text("theirs\n")
+        target.chmod(0o666)
+        os.chown(target, NOBODY, NOBODY)
+    proc = launch(["--nproc-per-node", "2", "--max-restarts", "1", "--no-spares",
+                   script("break_ledger_dir.py")], logs)  # an internal error: exit 4
+    run = finish(proc, logs, 60, time.monotonic())
+    assert run.code == 4, run.stderr[-2000:]
+    if found == "nothing":
+        assert f"Traceback: {target}" in run.stderr
+        assert stat.S_IMODE(target.stat().st_mode) == 0o600
+        assert "Traceback (most recent call last)" in target.read_text()
+    else:  # refused: the traceback is kept on stderr, and nothing is written through the name
+        assert "Traceback: above" in run.stderr and "Traceback (most recent" in run.stderr
+        assert victim.read_text() == "keep\n"
+        assert target.is_symlink() or target.read_text() == "theirs\n"

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ..records import ledger as _ledger
-from ..records import ledger_ring, recent_file
+from ..records import ledger_ring, private_files, recent_file
 from .. import margins
 from ..processes import proctree
 from ..deadline import Deadline
@@ -106,7 +106,8 @@ class Agent:
         except Exception as exc:
             where = os.path.join(self.config.log_dir, "internal_error.txt")
             try:
-                with open(where, "w") as f:
+                # 0600; a link or a file of someone else's found at the name is not written
+                with open(where, "w", opener=private_files.own_opener) as f:
                     traceback.print_exc(file=f)
             except OSError:  # the log dir itself may be what broke: keep the traceback here
                 self._terminal.say(traceback.format_exc().rstrip("\n"))

@@ -16,6 +16,7 @@ folder is expected, is refused rather than written through.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import tempfile
@@ -178,6 +179,43 @@ def opener(path: str, flags: int) -> int:
     """An ``opener`` for :func:`open`: a new file is created 0600, and a symlink at ``path`` is
     refused (``OSError`` ELOOP), never followed."""
     return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
+def own_opener(path: str, flags: int) -> int:
+    """An ``opener`` for :func:`open`, for a file at a name someone else may have taken first
+    (a journal the user put in ``/tmp``, ``internal_error.txt`` in a folder a group writes): as
+    :func:`opener`, and what was opened must be a file of this user's with no other name,
+    checked on the descriptor (so a file planted after any earlier check is refused too).
+    ``"w"`` truncates it only once it passed.
+
+    Raises:
+        OSError: ``EPERM`` with what is wrong (a file of someone else's, hard links), ``ELOOP``
+            for a symlink, or why it cannot be opened.
+    """
+    fd = os.open(path, (flags & ~os.O_TRUNC) | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        problem = _file_problem(os.fstat(fd))
+        if problem:
+            raise PermissionError(errno.EPERM, problem, path)
+        if flags & os.O_TRUNC:
+            os.ftruncate(fd, 0)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _file_problem(info: os.stat_result) -> str:
+    """What makes a file, as ``lstat`` or ``fstat`` saw it, one rankguard must not write into
+    (it may have been planted there by another user); "" if nothing."""
+    if stat.S_ISLNK(info.st_mode):
+        return "is a symbolic link (not followed: give the file's own path)"
+    if info.st_uid != os.geteuid():
+        return f"belongs to uid {info.st_uid}, not to you (uid {os.geteuid()})"
+    if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+        return (f"has {info.st_nlink} names (hard links): writing it would write the others "
+                "too")
+    return ""
 
 
 def replace_with(target: str, text: str) -> None:
