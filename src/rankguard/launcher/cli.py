@@ -360,6 +360,7 @@ def parse(argv: list[str]) -> _config.RunConfig:
             os.close(private_files.make_private(home, parts, "--log-dir"))
         made += missing_dirs(os.path.dirname(journal))
         writable_file("--journal", journal)
+        private_files.check_own_file(journal, "--journal")
     except UsageError:
         remove_empty_dirs(made)
         raise

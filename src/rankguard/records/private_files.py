@@ -92,6 +92,21 @@ def check_own(path: str, what: str) -> None:
     _check(info, path, what, f"choose a folder of your own for {what}", writers=0o002)
 
 
+def check_own_file(path: str, what: str) -> None:
+    """Refuse ``path``, a file the user named to append to (``--journal``), if something
+    another user could have planted is there: a symlink, a file of someone else's, a file with
+    other names (hard links). Missing is fine: :func:`own_opener` creates it 0600.
+
+    Raises:
+        UsageError: naming what is there and how to fix it.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        problem = _file_problem(os.lstat(path))
+        if problem:
+            raise UsageError(what, f"{path!r} {problem}",
+                             "remove it, or give a file of your own")
+
+
 def open_private(path: str, what: str, instead: str = "", dir_fd: int | None = None,
                  shown: str = "") -> int:
     """A descriptor of folder ``path`` (relative to ``dir_fd`` when given), for writing files

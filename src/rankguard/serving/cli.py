@@ -141,6 +141,7 @@ def main(argv: list[str]) -> int:
             private_files.check_own(options["log_dir"], "--log-dir")
         if args.journal:
             options["journal"] = writable_file("--journal", args.journal)
+            private_files.check_own_file(options["journal"], "--journal")
         listener = _listen(args.host, port)
     except UsageError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
