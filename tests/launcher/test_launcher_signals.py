@@ -74,12 +74,26 @@ def test_sigkill_to_launcher_leaves_no_rank_or_grandchild(tmp_path):
 def test_internal_error_stops_every_rank_and_exits_4(tmp_path):
     log_dir = tmp_path / "logs"
     proc = launch(["--nproc-per-node", "2", "--max-restarts", "1", "--no-spares",
-                   script("break_log_dir.py"), str(log_dir)], log_dir)
+                   script("break_ledger_dir.py")], log_dir)
     run = finish(proc, log_dir, 60, time.monotonic())
     assert run.code == 4, run.stderr[-2000:]
-    assert "rankguard: internal error: NotADirectoryError" in run.stderr
-    assert "attempt1" in run.stderr and "every rank was stopped" in run.stderr
-    assert "Traceback: above" in run.stderr  # the log dir is broken: kept on stderr
+    assert "rankguard: internal error: LedgerError" in run.stderr
+    assert "every rank was stopped" in run.stderr
+    assert f"Traceback: {log_dir / 'internal_error.txt'}" in run.stderr
+    assert "Traceback (most recent call last)" in (log_dir / "internal_error.txt").read_text()
+    # every rank is gone: the autouse fixture fails the test otherwise
+
+
+def test_a_log_dir_broken_during_the_run_stops_every_rank_and_exits_2(tmp_path):
+    log_dir = tmp_path / "logs"
+    proc = launch(["--nproc-per-node", "2", "--max-restarts", "1", "--no-spares",
+                   script("break_log_dir.py"), str(log_dir)], log_dir)
+    run = finish(proc, log_dir, 60, time.monotonic())
+    assert run.code == 2, run.stderr[-2000:]
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"rankguard: error: --log-dir: cannot create "
+                           f"{str(log_dir / 'attempt1')!r}: Not a directory"), last
+    assert last.endswith("every rank was stopped") and "Traceback" not in run.stderr
     # ranks of both attempts are gone: the autouse fixture fails the test otherwise
 
 

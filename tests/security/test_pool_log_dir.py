@@ -1,7 +1,8 @@
 """A pool's log folder given by the user (``rankguard serve --log-dir``, ``Pool(log_dir=)``), as
 ``rankguard run --log-dir`` treats its own: taken where the user puts it, even in a folder
-anyone can write, but what the pool makes in it is private (group folders 0700, files 0600), and
-a link or someone else's folder planted at a group folder's name is refused, never written
+their group can write (one that others can write is refused: ``test_log_dir``), but what the
+pool makes in it is private (group folders 0700, files 0600), and a link or someone else's
+folder planted at a group folder's name (by a member of the group) is refused, never written
 through.
 
 Real pools and a real ``rankguard serve`` process; another uid by ``os.chown`` (tests run as
@@ -34,28 +35,29 @@ def _modes(folder: Path) -> tuple[dict[str, str], dict[str, str]]:
              if p.is_file() and stat.S_IMODE(p.lstat().st_mode) != 0o600})
 
 
-def _world_writable(folder: Path) -> Path:
+def _group_writable(folder: Path) -> Path:
+    """A team's shared folder: its group may write it, others not."""
     folder.mkdir()
-    folder.chmod(0o777)
+    folder.chmod(0o775)
     return folder
 
 
-def test_a_pools_group_folders_and_files_are_private_in_a_log_dir_anyone_can_write(
+def test_a_pools_group_folders_and_files_are_private_in_a_log_dir_its_group_can_write(
         tmp_path: Path) -> None:
-    logs = _world_writable(tmp_path / "logs")
+    logs = _group_writable(tmp_path / "logs")
     with rankguard.Pool(2, spares=1, timeout=TIMEOUT, log_dir=str(logs)) as pool:
         pool.run(rf.pid)
         groups = sorted(p.name for p in logs.iterdir() if p.name.startswith("group"))
         modes = _modes(logs)
     assert groups == ["group1", "group2"], groups
     assert modes == ({}, {}), modes
-    assert stat.S_IMODE(logs.stat().st_mode) == 0o777  # the user's folder is theirs to set
+    assert stat.S_IMODE(logs.stat().st_mode) == 0o775  # the user's folder is theirs to set
 
 
 @pytest.mark.parametrize("planted", ["a symlink", "a folder of nobody's"])
 def test_a_pool_refuses_what_is_planted_at_a_group_folders_name_and_starts_the_next(
         tmp_path: Path, planted: str) -> None:
-    logs = _world_writable(tmp_path / "logs")
+    logs = _group_writable(tmp_path / "logs")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir(mode=0o700)
     if planted == "a symlink":
@@ -76,9 +78,9 @@ def test_a_pool_refuses_what_is_planted_at_a_group_folders_name_and_starts_the_n
 
 @pytest.mark.slow
 @pytest.mark.deadline(180)
-def test_serve_keeps_its_group_folders_and_files_private_in_a_log_dir_anyone_can_write(
+def test_serve_keeps_its_group_folders_and_files_private_in_a_log_dir_its_group_can_write(
         tmp_path: Path) -> None:
-    logs = _world_writable(tmp_path / "logs")  # Server gives --log-dir tmp_path/logs
+    logs = _group_writable(tmp_path / "logs")  # Server gives --log-dir tmp_path/logs
     server = Server(tmp_path)
     try:
         assert server.run({"x": [1.0] * 8}).status == 200

@@ -28,10 +28,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ..records import ledger as _ledger
-from ..records import ledger_ring, recent_file
+from ..records import ledger_ring, private_files, recent_file
 from .. import margins
 from ..processes import proctree
 from ..deadline import Deadline
+from ..errors import UsageError
 from ..records.journal import Journal
 from ..processes.proctree import MARKER
 from ..supervisor import RankProcesses
@@ -43,8 +44,8 @@ from .in_place import InPlace
 from .injections import Seen, never_fired
 from .spares import Spares
 from .node_link import LinkContext, NodeLink
-from .outcome import (EXIT_INTERNAL, FINAL_KINDS, Fault, FaultKind, RankOutcome, RankSnapshot,
-                      classify, lingering, notice_kind)
+from .outcome import (EXIT_INTERNAL, EXIT_USAGE, FINAL_KINDS, Fault, FaultKind, RankOutcome,
+                      RankSnapshot, classify, lingering, notice_kind)
 from . import watch_rules
 from .watch_rules import Act, Decision, Look, Say, Tick
 from .summary import AttemptReport, render
@@ -96,13 +97,19 @@ class Agent:
 
     def run(self) -> int:
         """Run every attempt; returns the exit code. An error of rankguard's own (not of a
-        rank) still stops every rank, and gives ``EXIT_INTERNAL`` with the traceback saved."""
+        rank) still stops every rank, and gives ``EXIT_INTERNAL`` with the traceback saved; a
+        log folder found unusable meanwhile (``LOG_DIR/attemptN`` planted as a link) stops
+        them too, and gives ``EXIT_USAGE`` with one line naming it."""
         try:
             return self._run()
+        except UsageError as exc:  # the log folder, found unusable meanwhile (a planted link)
+            self._terminal.say(f"rankguard: error: {exc}; every rank was stopped")
+            return EXIT_USAGE
         except Exception as exc:
             where = os.path.join(self.config.log_dir, "internal_error.txt")
             try:
-                with open(where, "w") as f:
+                # 0600; a link or a file of someone else's found at the name is not written
+                with open(where, "w", opener=private_files.own_opener) as f:
                     traceback.print_exc(file=f)
             except OSError:  # the log dir itself may be what broke: keep the traceback here
                 self._terminal.say(traceback.format_exc().rstrip("\n"))

@@ -350,16 +350,21 @@ def parse(argv: list[str]) -> _config.RunConfig:
         raise UsageError("--rdzv-id", "is needed with several nodes: every agent of the job "
                          "gives the same one", "e.g. --rdzv-id job42")
     run_id = _check_run_id(ns.run_id) if ns.run_id is not None else f"rg-{uuid.uuid4().hex[:8]}"
-    default_dir = os.path.join(private_files.user_dir("--log-dir"), run_id)
-    if rendezvous is not None:  # several agents of one run may share a machine
-        default_dir = os.path.join(default_dir, f"{socket.gethostname()}-{os.getpid()}")
-    log_dir = os.path.abspath(ns.log_dir or default_dir)
+    home = private_files.user_dir("--log-dir")
+    parts = (run_id,) if rendezvous is None else \
+        (run_id, f"{socket.gethostname()}-{os.getpid()}")  # several agents may share a machine
+    log_dir = os.path.abspath(ns.log_dir or os.path.join(home, *parts))
     journal = os.path.abspath(ns.journal or os.path.join(log_dir, "journal.jsonl"))
     made = missing_dirs(log_dir)
     try:
-        writable_dir("--log-dir", log_dir)
+        if ns.log_dir:
+            writable_dir("--log-dir", log_dir)
+            private_files.check_own(log_dir, "--log-dir")
+        else:  # each made 0700 or refused if found planted, never followed
+            os.close(private_files.make_private(home, parts, "--log-dir"))
         made += missing_dirs(os.path.dirname(journal))
         writable_file("--journal", journal)
+        private_files.check_own_file(journal, "--journal")
     except UsageError:
         remove_empty_dirs(made)
         raise

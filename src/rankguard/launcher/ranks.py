@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .. import margins
-from ..records import recovery_file
+from ..records import private_files, recovery_file
 from ..store import sealed
 from ..processes.proctree import MARKER
 from ..supervisor import RankFiles, RankProcesses, spawn
@@ -190,9 +190,14 @@ def start_attempt(config: RunConfig, attempt: int, token: str, layout: Layout,
     ledger folder, ``ledger.make_dir``). Rank output is teed to ``terminal`` when given, as
     ``config.streams`` says. With ``replacing``, every rank is the replacement of a lost one
     (a standby node taking a lost node's place): see :func:`replacement_env`.
+
+    Raises:
+        UsageError: ``LOG_DIR/attemptN`` is a link, not a folder, or a folder of someone else's
+            or that others can write (planted there by whoever can write ``LOG_DIR``).
     """
-    attempt_dir = os.path.join(config.log_dir, f"attempt{attempt}")
-    os.makedirs(attempt_dir, mode=0o700, exist_ok=True)
+    # 0700, and a link or someone else's folder found at the name is refused, never followed
+    attempt_dir = private_files.private_dir(os.path.join(config.log_dir, f"attempt{attempt}"),
+                                            "--log-dir")
     ranks = RankProcesses(attempt, layout.world, terminal_tee(config, terminal, layout.base))
     for local_rank in range(config.nproc):
         rank = layout.base + local_rank

@@ -14,6 +14,8 @@ import threading
 import time
 from typing import Any, Iterable, Iterator
 
+from . import private_files
+
 EVENTS = (
     "run_start",
     "attempt_start",
@@ -60,12 +62,19 @@ class Journal:
     """Appends events to a JSON-lines file, flushed after each event."""
 
     def __init__(self, path: str, run_id: str) -> None:
+        """Open ``path`` for appending (created 0600 if missing).
+
+        Raises:
+            OSError: it cannot be opened, or something another user could have planted is
+                there (:func:`~rankguard.records.private_files.own_opener`).
+        """
         self.path = path
         self.run_id = run_id
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        # 0600 like the ranks' output; a symbolic link planted at the path is not followed
+        # 0600 like the ranks' output; a symbolic link, a file of someone else's or with other
+        # names found at the path (which may be in /tmp) is refused, never written through
         self._file = open(path, "a", buffering=1,  # noqa: SIM115 (closed by close())
-                          opener=lambda p, flags: os.open(p, flags | os.O_NOFOLLOW, 0o600))
+                          opener=private_files.own_opener)
         self._lock = threading.Lock()  # a pool writes from its supervisor and callers' threads
         self._context: dict[str, Any] = {}
 

@@ -16,6 +16,7 @@ folder is expected, is refused rather than written through.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import tempfile
@@ -74,6 +75,36 @@ def check_private(path: str, what: str, instead: str = "") -> None:
         UsageError: naming what is wrong with it and how to fix it.
     """
     _check(os.lstat(path), path, what, instead)
+
+
+def check_own(path: str, what: str) -> None:
+    """Refuse folder ``path``, one the user named to write into (``--log-dir``), unless it is a
+    folder of this user that other users cannot write. Its group may (a team's shared folder,
+    0775 or 2775): that is the rule of :func:`check_private` less the group. A symlink there is
+    followed if this user made it; one of someone else's is refused.
+
+    Raises:
+        UsageError: naming what is wrong with it and how to fix it.
+    """
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) and info.st_uid == os.geteuid():
+        info = os.stat(path)
+    _check(info, path, what, f"choose a folder of your own for {what}", writers=0o002)
+
+
+def check_own_file(path: str, what: str) -> None:
+    """Refuse ``path``, a file the user named to append to (``--journal``), if something
+    another user could have planted is there: a symlink, a file of someone else's, a file with
+    other names (hard links). Missing is fine: :func:`own_opener` creates it 0600.
+
+    Raises:
+        UsageError: naming what is there and how to fix it.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        problem = _file_problem(os.lstat(path))
+        if problem:
+            raise UsageError(what, f"{path!r} {problem}",
+                             "remove it, or give a file of your own")
 
 
 def open_private(path: str, what: str, instead: str = "", dir_fd: int | None = None,
@@ -140,8 +171,10 @@ def make_private(base: str, parts: Sequence[str], what: str, instead: str = "") 
     return fd
 
 
-def _check(info: os.stat_result, path: str, what: str, instead: str) -> None:
-    """The rule of :func:`check_private`, on what ``lstat`` or ``fstat`` said of ``path``."""
+def _check(info: os.stat_result, path: str, what: str, instead: str,
+           writers: int = 0o022) -> None:
+    """The rule of :func:`check_private` (of :func:`check_own` with ``writers`` 0o002: the
+    mode bits of those who must not write), on what ``lstat`` or ``fstat`` said of ``path``."""
     hint = instead or f"remove it, or choose a folder of your own for {what}"
     if stat.S_ISLNK(info.st_mode):
         raise UsageError(what, f"{path!r} is a symlink, not a folder of yours", hint)
@@ -150,16 +183,54 @@ def _check(info: os.stat_result, path: str, what: str, instead: str) -> None:
     if info.st_uid != os.geteuid():
         raise UsageError(what, f"{path!r} belongs to uid {info.st_uid}, not to you "
                                f"(uid {os.geteuid()})", hint)
-    if info.st_mode & 0o022:
+    if info.st_mode & writers:
+        fix = "chmod o-w" if writers == 0o002 else "chmod 700"
         raise UsageError(what, f"{path!r} can be written by other users "
                                f"(mode {stat.S_IMODE(info.st_mode):04o})",
-                         f"chmod 700 {path}, or {hint}")
+                         f"{fix} {path}, or {hint}")
 
 
 def opener(path: str, flags: int) -> int:
     """An ``opener`` for :func:`open`: a new file is created 0600, and a symlink at ``path`` is
     refused (``OSError`` ELOOP), never followed."""
     return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
+def own_opener(path: str, flags: int) -> int:
+    """An ``opener`` for :func:`open`, for a file at a name someone else may have taken first
+    (a journal the user put in ``/tmp``, ``internal_error.txt`` in a folder a group writes): as
+    :func:`opener`, and what was opened must be a file of this user's with no other name,
+    checked on the descriptor (so a file planted after any earlier check is refused too).
+    ``"w"`` truncates it only once it passed.
+
+    Raises:
+        OSError: ``EPERM`` with what is wrong (a file of someone else's, hard links), ``ELOOP``
+            for a symlink, or why it cannot be opened.
+    """
+    fd = os.open(path, (flags & ~os.O_TRUNC) | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        problem = _file_problem(os.fstat(fd))
+        if problem:
+            raise PermissionError(errno.EPERM, problem, path)
+        if flags & os.O_TRUNC:
+            os.ftruncate(fd, 0)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _file_problem(info: os.stat_result) -> str:
+    """What makes a file, as ``lstat`` or ``fstat`` saw it, one rankguard must not write into
+    (it may have been planted there by another user); "" if nothing."""
+    if stat.S_ISLNK(info.st_mode):
+        return "is a symbolic link (not followed: give the file's own path)"
+    if info.st_uid != os.geteuid():
+        return f"belongs to uid {info.st_uid}, not to you (uid {os.geteuid()})"
+    if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+        return (f"has {info.st_nlink} names (hard links): writing it would write the others "
+                "too")
+    return ""
 
 
 def replace_with(target: str, text: str) -> None:

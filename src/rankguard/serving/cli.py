@@ -20,6 +20,7 @@ from ..errors import UsageError
 from ..inputs import nccl_env
 from ..inputs.options import (MAX_LOCAL_RANKS, Parser, check_flight_recorder, number,
                               writable_dir, writable_file)
+from ..records import private_files
 from .placement import CLI_NAMES, parse_devices
 from .pool_options import HEALING_MODES, MAX_QUEUE, check_size, placed
 from ..serving.budgets import HTTP_ANSWER_S
@@ -137,8 +138,10 @@ def main(argv: list[str]) -> int:
                                               maximum=MAX_QUEUE))
         if args.log_dir:
             options["log_dir"] = writable_dir("--log-dir", args.log_dir)
+            private_files.check_own(options["log_dir"], "--log-dir")
         if args.journal:
             options["journal"] = writable_file("--journal", args.journal)
+            private_files.check_own_file(options["journal"], "--journal")
         listener = _listen(args.host, port)
     except UsageError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)

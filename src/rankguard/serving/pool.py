@@ -43,6 +43,7 @@ from typing import Any, Callable
 from ..deadline import Deadline
 from ..errors import (PoolClosed, PoolUnavailable, RequestCause, RequestFailed,
                       UnavailableState, UsageError)
+from ..records import private_files
 from ..records.journal import Journal
 from ..inputs.options import seconds, writable_file
 from .dispatch import Dispatch
@@ -108,9 +109,11 @@ class Pool:
             within its deadline; ``fail``: it raises :class:`PoolUnavailable` at once.
         start_timeout: seconds a replica may take to start (torch import, setup).
         max_backoff: the longest pause, in seconds, between start-ups that keep failing.
-        journal: path of a JSON-lines journal to append events to (default: none).
+        journal: path of a JSON-lines journal to append events to (default: none); a
+            symlink, a file of another user's or a hard link found there is refused.
         log_dir: where each rank's output and stacks go (default: a new temporary folder,
-            removed when the pool closes).
+            removed when the pool closes); a folder of this user's that other users cannot
+            write (its group may).
         env: extra environment variables for the ranks.
         devices: the CUDA device of each rank: ``[0, 1]`` puts rank r of every replica on
             device ``devices[r]``; ``[[0, 1], [2, 3]]`` gives one list per replica, spares
@@ -472,8 +475,10 @@ class Pool:
 
 
 def _open_journal(path: str, pool_id: str) -> Journal:
+    path = writable_file("Pool(journal)", path)
+    private_files.check_own_file(path, "Pool(journal)")
     try:
-        return Journal(writable_file("Pool(journal)", path), pool_id)
+        return Journal(path, pool_id)
     except OSError as error:
         raise UsageError("Pool(journal)", f"cannot open {path!r}: {error.strerror}",
                          "choose a file you can write to") from None

@@ -14,6 +14,7 @@ from ..errors import UsageError, shown
 from ..inputs import nccl_env
 from ..inputs.options import (MAX_LOCAL_RANKS, check_flight_recorder, seconds,
                               whole_number, writable_dir)
+from ..records import private_files
 from .budgets import MIN_CALL_FRACTION, SUSPECT_FRACTION
 from .placement import POOL_NAMES, Backend, Names, ReplicaPlacement, place
 
@@ -114,6 +115,7 @@ class PoolOptions:
             raise UsageError("Pool(setup)", f"{setup!r} is not callable")
         if log_dir:
             log_dir = writable_dir("Pool(log_dir)", log_dir)
+            private_files.check_own(log_dir, "Pool(log_dir)")
         extra_env = checked_env(env)
         ranks_env = {**os.environ, **extra_env}
         nccl_env.check(ranks_env)
