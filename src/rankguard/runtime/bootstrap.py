@@ -118,11 +118,11 @@ def _prepare(rank: int, attempt: int) -> None:
     if ledger_path:
         state.ledger = _ledger.LedgerWriter(ledger_path)
         state.ledger.set_flag(_ledger.FLAG_BOOTSTRAPPED)
-    if os.environ.get(stacks.PATH_ENV):
-        stacks.install()
-        if state.ledger is not None:
-            state.ledger.set_flag(_ledger.FLAG_STACKS_READY)
     try:
+        if os.environ.get(stacks.PATH_ENV):
+            stacks.install()
+            if state.ledger is not None:
+                state.ledger.set_flag(_ledger.FLAG_STACKS_READY)
         eviction.install(init.grace_from_env())
         if os.environ.get(init.COLLECTIVE_TIMEOUT_ENV):
             deadline_scope.set_default(deadline_scope.check_seconds(
