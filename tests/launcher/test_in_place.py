@@ -232,3 +232,21 @@ def test_a_sub_group_made_in_on_regroup_survives_a_replacement_and_one_made_at_t
     assert replaced == [1] and not _events(run, "replaced")  # the replacement was refused
     spent = run.event("run_end")["ts"] - _events(run, "replace")[0]["ts"]
     assert spent < 60, spent  # not the replacement limit (96 s at --hang-timeout 3)
+
+
+SMALL = [script("step_loop_small.py")]
+TWO = ["--nproc-per-node", "2", "--hang-timeout", "3", "--recovery", "in-place"]
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(120)
+def test_when_every_rank_dies_at_once_the_attempt_restarts_at_once(run_rankguard: Any) -> None:
+    run = run_rankguard([*TWO, "--max-restarts", "5", "--inject", "kill:rank=0,at=step5",
+                         "--inject", "kill:rank=1,at=step5", *SMALL], timeout=90)
+    assert run.code == 0, run.stderr[-4000:]
+    refused = _events(run, "replace_refused")
+    assert refused and "no other rank holds the state" in refused[0]["reason"], refused
+    (restart,) = _events(run, "restart")
+    assert "SIGKILL" in restart["root_cause"], restart
+    assert len(_events(run, "replace")) <= 1
+    assert run.wall_s < 40, run.wall_s

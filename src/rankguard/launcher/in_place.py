@@ -38,11 +38,10 @@ from ..supervisor import RankFiles, RankProcess, RankProcesses
 from .config import RunConfig
 from .monitor import Verdict
 from .outcome import Fault, FaultKind
+from . import replace_rules
 from .ranks import Layout, launcher_for, rank_env, recovery_path, replacement_env
 
 EXIT_WAIT_S = 1.0  # a rank that raised prints its traceback within ms, then leaves
-_REPLACEABLE = frozenset({FaultKind.RAISED, FaultKind.SIGNALLED, FaultKind.EXITED,
-                          FaultKind.HUNG})
 
 
 @dataclass
@@ -81,33 +80,12 @@ class InPlace:
     def refusal(self, fault: Fault, culprits: set[int], ranks: RankProcesses,
                 snaps: dict[int, _ledger.RankProgress], restarts_left: int,
                 world: int) -> str | None:
-        """Why ``fault`` cannot be repaired in place (None: it can). ``world``: the ranks of
-        the job, on every node (another node's ranks can give a replacement the state)."""
-        if fault.kind == FaultKind.REPLACE_FAILED:
-            return "a replacement that does not join in time is not replaced again"
-        if fault.kind not in _REPLACEABLE or not culprits:
-            return "the fault names no rank to replace"
-        local = {member.rank for member in ranks}
-        if not culprits <= local:
-            return (f"rank {min(culprits - local)} runs on another node (whose agent "
-                    "replaces it, or ends the round)")
-        if fault.kind == FaultKind.EXITED and any(_ended_well(ranks[r], snaps.get(r)) for r in culprits):
-            return "the rank ended its script (exit code 0)"
-        if restarts_left < len(culprits):
-            return "no restarts left (each replacement counts as one)"
-        if len(culprits) >= world:
-            return "no other rank holds the state to give a replacement"
-        for member in ranks:
-            if member.rank in culprits or member.rank in self._pending:
-                continue  # a replacement on its way runs StepLoop once it has joined
-            snap = snaps.get(member.rank)
-            if not member.alive:
-                return f"rank {member.rank} has already exited"
-            if snap is None or not snap.flags & _ledger.FLAG_STEP_LOOP:
-                return f"rank {member.rank} does not run its loop in rankguard.StepLoop"
-            if not snap.flags & _ledger.FLAG_BOUNDED:
-                return f"rank {member.rank} is not in bounded mode"
-        return None
+        """Why ``fault`` cannot be repaired in place (None: it can): ``replace_rules.refusal``
+        over what the agent knows of ``ranks`` now (``snaps``: their ledgers)."""
+        members = {m.rank: _member(m, snaps.get(m.rank), m.rank in self._pending)
+                   for m in ranks}
+        return replace_rules.refusal(fault.kind, frozenset(culprits), members, restarts_left,
+                                     world)
 
     def replace(self, ranks: RankProcesses, layout: Layout, ledger_dir: str, fault: Fault,
                 hang: Verdict | None, culprits: set[int]) -> list[RankProcess]:
@@ -203,6 +181,15 @@ class InPlace:
         member = ranks.replace(rank, files, env, launcher_for(self._config, spare))
         member.warm = member.proc is spare
         return member, member.warm, recovery
+
+
+def _member(member: RankProcess, snap: _ledger.RankProgress | None,
+            joining: bool) -> replace_rules.Member:
+    flags = snap.flags if snap is not None else 0
+    return replace_rules.Member(alive=member.alive, joining=joining,
+                                ended_well=_ended_well(member, snap),
+                                step_loop=bool(flags & _ledger.FLAG_STEP_LOOP),
+                                bounded=bool(flags & _ledger.FLAG_BOUNDED))
 
 
 def _ended_well(member: RankProcess, snap: _ledger.RankProgress | None) -> bool:

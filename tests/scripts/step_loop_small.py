@@ -1,0 +1,36 @@
+"""A small ``rankguard.StepLoop`` job: one all_reduce per step (``STEPS``, default 20, each
+``ST`` seconds, default 0.05); state ``{"w": w}``. ``CHILD=1``: each rank first starts a
+``sleep`` child that outlives it unless its tree is stopped (its pid goes to
+``CHILD_DIR/rank<R>-<pid>``)."""
+
+import os
+import subprocess
+import time
+
+import torch
+import torch.distributed as dist
+
+import rankguard
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+if os.environ.get("CHILD") == "1":
+    child = subprocess.Popen(["sleep", "1000"])
+    with open(os.path.join(os.environ["CHILD_DIR"], f"rank{rank}-{os.getpid()}"), "w") as f:
+        f.write(str(child.pid))
+w = torch.zeros(4)
+
+
+def load_state(state: dict) -> None:
+    w.copy_(state["w"])
+
+
+def step(n: int) -> None:
+    t = torch.ones(4) * (rank + 1)
+    dist.all_reduce(t)
+    w.add_(t)
+    time.sleep(float(os.environ.get("ST", "0.05")))
+
+
+rankguard.StepLoop(lambda: {"w": w}, load_state).run(step, int(os.environ.get("STEPS", "20")))
+print(f"rank {rank} done w={w.tolist()}", flush=True)
