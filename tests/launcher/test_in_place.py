@@ -250,3 +250,19 @@ def test_when_every_rank_dies_at_once_the_attempt_restarts_at_once(run_rankguard
     assert "SIGKILL" in restart["root_cause"], restart
     assert len(_events(run, "replace")) <= 1
     assert run.wall_s < 40, run.wall_s
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(120)
+def test_a_survivor_that_ends_while_its_peer_is_replaced_ends_the_wait_at_once(
+        run_rankguard: Any) -> None:
+    run = run_rankguard([*TWO, "--max-restarts", "2", "--inject", "stop:rank=1,at=step19",
+                         *SMALL], timeout=90)
+    assert run.code == 0, run.stderr[-4000:]
+    assert len(_events(run, "replace")) == 1
+    (refused,) = _events(run, "replace_refused")
+    assert "rank 0 has already exited" in refused["reason"], refused
+    (restart,) = _events(run, "restart")
+    assert "SIGSTOP" in restart["root_cause"], restart
+    assert "can no longer join" in run.stderr
+    assert run.wall_s < 40, run.wall_s

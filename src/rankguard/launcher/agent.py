@@ -343,7 +343,7 @@ class Agent:
             self._end_lingering(ranks, monitor, look, snaps)
             overdue = None
             if self._in_place is not None and self._in_place.pending:
-                overdue = self._in_place.check(now)
+                overdue = self._in_place.check(now, ranks)
                 if overdue is None and not self._in_place.pending:
                     self._prepare_spares(ranks.number)
             verdicts: tuple[Verdict, ...] = ()

@@ -53,6 +53,7 @@ class _Pending:
     recovery_path: str
     fault_at: float  # monotonic: when the fault it repairs began
     deadline: Deadline
+    fault: Fault | None = None  # the fault it repairs (None: a lost node's rank, adopted)
 
 
 class InPlace:
@@ -107,7 +108,8 @@ class InPlace:
             member, warm, recovery_path = self._start(ranks, layout, ledger_dir, rank)
             self.used += 1
             limit = Deadline.after(margins.replacement_limit(self._config.hang_timeout))
-            self._pending[rank] = _Pending(member, ranks.number, recovery_path, fault.at, limit)
+            self._pending[rank] = _Pending(member, ranks.number, recovery_path, fault.at, limit,
+                                           fault)
             self._journal.write("replace", attempt=ranks.number, rank=rank, old_pid=old.pid,
                                 new_pid=member.pid, warm=warm, cause=fault.describe(),
                                 old_ending=_ending(old), stacks=stacks.get(rank) is not None
@@ -129,9 +131,20 @@ class InPlace:
                             new_pid=member.pid, warm=member.warm, cause=cause,
                             old_ending="was on the lost node", stacks=None)
 
-    def check(self, now: float) -> Fault | None:
+    def check(self, now: float, ranks: RankProcesses) -> Fault | None:
         """Journal the replacements that now hold the state; a fault for one that passed its
-        deadline without."""
+        deadline without; and, once a rank that was to give the state has exited (0 or not:
+        the generation the replacement waits for can no longer form), the fault that
+        replacement repairs, at once (its hang verdict, if one), so that it is the cause."""
+        gone = next((m for m in ranks if m.rank not in self._pending and not m.alive), None)
+        if gone is not None and self._pending:
+            rank, pending = min(self._pending.items())
+            self._pending.clear()
+            self._say(f"rankguard: rank {gone.rank} {gone.ending()} while rank {rank}'s "
+                      "replacement joins: the replacement can no longer join")
+            return pending.fault or Fault(
+                FaultKind.REPLACE_FAILED, now, rank, f"was replaced, but rank {gone.rank} "
+                f"{gone.ending()} before the replacement joined")
         for rank, pending in list(self._pending.items()):
             joined = recovery_file.read(pending.recovery_path)
             if joined is not None:

@@ -92,7 +92,7 @@ class Look:
 class Tick:
     """What the loop gathers once per tick, after :func:`on_events` decided to go on."""
 
-    overdue: Fault | None = None  # a replacement in place did not join in time
+    overdue: Fault | None = None  # a replacement in place did not, or can no longer, join
     verdicts: tuple[Verdict, ...] = ()  # the hang rules' (``HangMonitor.check``)
     replacing: bool = False  # a replacement in place is awaited (``in_place``)
 
@@ -124,7 +124,7 @@ def on_tick(look: Look, tick: Tick) -> Decision:
     passed: a peer's death may explain it), the faults the ranks show, and the hang rules'
     verdicts (but while a replacement is awaited: its own deadline bounds the wait)."""
     if tick.overdue is not None:
-        return Decision(Act.STOP, tick.overdue, None, (
+        return Decision(Act.STOP, tick.overdue, tick.overdue.verdict, (
             Say(f"rankguard: {tick.overdue.describe()}; stopping the other ranks"),))
     raised = [deadline_verdict(state.rank, state.progress, set(look.live))
               for state in look.ranks if state.rank in look.live and state.progress is not None
