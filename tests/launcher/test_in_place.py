@@ -7,9 +7,11 @@ checksum of its final parameters.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -266,3 +268,42 @@ def test_a_survivor_that_ends_while_its_peer_is_replaced_ends_the_wait_at_once(
     assert "SIGSTOP" in restart["root_cause"], restart
     assert "can no longer join" in run.stderr
     assert run.wall_s < 40, run.wall_s
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(120)
+def test_a_replaced_ranks_children_are_stopped_when_it_is_replaced(tmp_path: Any) -> None:
+    """Each rank starts a ``sleep`` child; the killed rank's child (re-parented) is stopped
+    with it, before its replacement holds the state, not at the end of the run."""
+    from tests.conftest import finish, launch
+
+    children = tmp_path / "children"
+    children.mkdir()
+    log_dir = tmp_path / "run"
+    started = time.monotonic()
+    proc = launch([*TWO, "--max-restarts", "2", "--inject", "kill:rank=1,at=step10", *SMALL],
+                  log_dir, env={"CHILD": "1", "CHILD_DIR": str(children), "STEPS": "60"})
+    try:
+        replaced, old_pid = None, None
+        while time.monotonic() - started < 60 and proc.poll() is None and replaced is None:
+            time.sleep(0.1)
+            journal = log_dir / "journal.jsonl"
+            lines = journal.read_text().splitlines() if journal.exists() else []
+            events = [json.loads(line) for line in lines if line.endswith("}")]
+            old_pid = next((e["old_pid"] for e in events if e["event"] == "replace"), old_pid)
+            replaced = next((e for e in events if e["event"] == "replaced"), None)
+        assert replaced is not None and proc.poll() is None, "no replacement while it ran"
+        old_child = int((children / f"rank1-{old_pid}").read_text())
+        assert _gone(old_child), f"rank 1's child {old_child} outlived its replacement"
+    finally:
+        run = finish(proc, log_dir, 60, started)
+    assert run.code == 0, run.stderr[-4000:]
+
+
+def _gone(pid: int) -> bool:
+    """``pid`` has exited (a zombie not reaped yet counts)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True

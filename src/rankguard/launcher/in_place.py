@@ -7,7 +7,8 @@ the agent does not stop the attempt. For each culprit:
 
 1. **stacks**: a live culprit (hung, or on its way out) dumps its stacks first;
 2. **stop**: its process tree is SIGKILLed and reaped (a rank that raised gets
-   ``EXIT_WAIT_S`` to print its traceback and leave by itself);
+   ``EXIT_WAIT_S`` to print its traceback and leave by itself), then what it started and left
+   behind (its session, what carries its rank marker: ``RankProcesses.sweep_rank``);
 3. **notice**: the other ranks get a notice in their ledgers: a collective they wait in raises
    ``PeerFailed`` at once, and their loop forms a new generation that keeps the failed place
    vacant (``regroup(keep_size=True)``);
@@ -178,6 +179,8 @@ class InPlace:
             member.killed = True
         ranks.signal(signal.SIGKILL, live)  # their trees; continued, so a stopped one dies
         ranks.wait_exits(Deadline.after(margins.REAP_S), culprits)
+        for rank in culprits:  # what they started and left behind (their trees are gone)
+            ranks.sweep_rank(ranks[rank])
 
     def _start(self, ranks: RankProcesses, layout: Layout, ledger_dir: str, rank: int
                ) -> tuple[RankProcess, bool, str]:
