@@ -34,6 +34,13 @@ ROWS: dict[str, tuple[FaultKind, set[int], dict[int, Member], int, int, str | No
     "a culprit whose script ended with code 0":
         (FaultKind.EXITED, {1}, {0: UP, 1: Member(alive=False, ended_well=True)}, 5, 2,
          "the rank ended its script"),
+    "every rank is a culprit and no restarts are left: the state is the reason, not restarts":
+        (FaultKind.HUNG, {0, 1}, {0: UP, 1: UP}, 0, 2, "no other rank holds the state"),
+    "no restarts left at all":
+        (FaultKind.SIGNALLED, {1}, {0: UP, 1: GONE}, 0, 2, "no restarts left"),
+    "two culprits but one restart left: says that one is left (the attempt still restarts)":
+        (FaultKind.HUNG, {1, 2}, {0: UP, 1: UP, 2: UP}, 1, 3,
+         "2 ranks to replace but 1 restart left"),
     "a replacement that did not join in time":
         (FaultKind.REPLACE_FAILED, {1}, {0: UP, 1: JOINING}, 5, 2, "not replaced again"),
     "a culprit on another node":

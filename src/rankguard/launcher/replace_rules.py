@@ -49,14 +49,17 @@ def refusal(kind: FaultKind, culprits: frozenset[int], members: Mapping[int, Mem
                 "replaces it, or ends the round)")
     if kind == FaultKind.EXITED and any(members[r].ended_well for r in culprits):
         return "the rank ended its script (exit code 0)"
-    if restarts_left < len(culprits):
-        return "no restarts left (each replacement counts as one)"
     joining = sorted(r for r, m in members.items() if m.joining and r not in culprits)
     if len(culprits) + len(joining) >= world:
         if joining:
             return ("no other rank holds the state to give a replacement (rank "
                     f"{', '.join(map(str, joining))} is itself a replacement still joining)")
         return "no other rank holds the state to give a replacement"
+    if restarts_left < len(culprits):
+        if restarts_left <= 0:
+            return "no restarts left (each replacement counts as one)"
+        return (f"{len(culprits)} ranks to replace but {restarts_left} restart"
+                f"{'s' if restarts_left > 1 else ''} left (each replacement counts as one)")
     for rank, member in sorted(members.items()):
         if rank in culprits or member.joining:
             continue  # a replacement on its way runs StepLoop once it has joined
