@@ -32,7 +32,8 @@ from typing import Any, Callable
 from ..records import ledger as _ledger
 from ..records import recovery_file
 from ..deadline import check_seconds
-from ..errors import CollectiveError, GroupRetired, UsageError, first_line, in_chain
+from ..errors import (CollectiveError, CollectiveTimeout, GroupRetired, UsageError, first_line,
+                      in_chain)
 from . import ddp_layout, failures, generations, peer_state, vacancies
 from .state import current
 
@@ -284,7 +285,8 @@ class StepLoop:
     def _recover(self, fault: BaseException) -> None:
         """Form a generation with replacements for the failed ranks and resume in it; again
         after a fault during that (a replacement that died while joining, a second fault),
-        until ``max_recoveries``.
+        until ``max_recoveries``. Without a launcher that starts replacements, a regroup that
+        timed out for want of members ends the loop at once (no later one could form).
 
         Raises:
             RankguardError: the last fault, once the recoveries are spent (or gloo's
@@ -297,6 +299,9 @@ class StepLoop:
                 generation = generations.regroup(timeout=self._regroup_timeout, keep_size=True)
             except CollectiveError as again:
                 fault = self._failed(started, fault, again)
+                if isinstance(again, CollectiveTimeout) and again.missing \
+                        and not vacancies.replacements_started():
+                    raise  # nobody replaces the members that did not come: no retry can form
                 continue
             again = None
             try:
