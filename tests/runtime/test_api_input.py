@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -128,3 +129,30 @@ def test_a_state_torch_cannot_save_is_named_as_get_states_fault() -> None:
 
     with pytest.raises(rankguard.UsageError, match=r"get_state\(\): the state cannot be saved"):
         peer_state._serialize({"model": lambda: None})
+
+
+NESTED = """
+import sys
+import torch.distributed as dist
+import rankguard
+
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+outer = rankguard.StepLoop(dict, print)
+
+def step(n):
+    rankguard.StepLoop(dict, print).run(print, 1)
+
+try:
+    outer.run(step, 1)
+except rankguard.UsageError as error:
+    print("usage", error)
+"""
+
+
+def test_a_step_loop_run_inside_another_loops_step_is_refused(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", NESTED, str(tmp_path / "store")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("usage StepLoop.run(): another StepLoop is "
+                                                   "running"), proc.stdout

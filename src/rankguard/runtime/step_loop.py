@@ -38,6 +38,8 @@ from . import ddp_layout, failures, generations, peer_state, vacancies
 from .state import current
 
 
+_running: "StepLoop | None" = None  # the loop whose run() this process is in
+
 
 @dataclass(frozen=True)
 class Recovery:
@@ -200,8 +202,9 @@ class StepLoop:
         """Call ``step_fn(step)`` for each step from the current one up to ``steps``.
 
         Raises:
-            UsageError: ``steps`` is not a whole number >= 0, no process group exists, or
-                ``run()`` was called before on this loop.
+            UsageError: ``steps`` is not a whole number >= 0, no process group exists,
+                ``run()`` was called before on this loop, or another loop's ``run()`` is in
+                progress (a loop inside a step).
             rankguard.CollectiveError: recovery failed (no replacement joined in time, a fault
                 during the transfer, more than ``max_recoveries`` faults).
             Exception: whatever ``step_fn`` raised that was not a peer's fault.
@@ -217,13 +220,20 @@ class StepLoop:
             raise UsageError("StepLoop.run()", "is called once per loop (a replacement "
                              "resumes inside the run its peers are in)",
                              "pass the total number of steps to one run()")
+        global _running
+        if _running is not None:
+            raise UsageError("StepLoop.run()", "another StepLoop is running in this process "
+                             "(a loop inside a loop's step cannot recover: its peers' fault "
+                             "ends the outer step)", "run one StepLoop at a time")
         self._ran = True
+        _running = self
         ledger = current().ledger
         if ledger is not None:
             ledger.set_flag(_ledger.FLAG_STEP_LOOP)
         try:
             self._run(step_fn, steps)
         finally:
+            _running = None
             if ledger is not None:
                 ledger.clear_flag(_ledger.FLAG_STEP_LOOP)
 
