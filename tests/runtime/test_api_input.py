@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -126,5 +127,47 @@ def test_a_step_loop_without_a_process_group_says_so() -> None:
 def test_a_state_torch_cannot_save_is_named_as_get_states_fault() -> None:
     from rankguard.runtime import peer_state
 
-    with pytest.raises(rankguard.UsageError, match=r"get_state\(\): the state cannot be saved"):
+    with pytest.raises(rankguard.UsageError, match=r"get_state\(\): the state cannot be sent"):
         peer_state._serialize({"model": lambda: None})
+
+
+@pytest.mark.parametrize("thing, named", [
+    (threading.Lock(), "cannot pickle '_thread.lock' object"),
+    (object(), "Unsupported global: GLOBAL object was not an allowed global by default"),
+])
+def test_a_state_a_peer_cannot_load_is_refused_by_the_sender_in_one_line(
+        thing: object, named: str) -> None:
+    # an object() was saved and sent: the replacement died in torch's weights-only load
+    from rankguard.runtime import peer_state
+
+    with pytest.raises(rankguard.UsageError) as caught:
+        peer_state._serialize({"model": {"weight": 1.0}, "extra": thing})
+    assert "\n" not in str(caught.value) and named in str(caught.value), str(caught.value)
+    assert str(caught.value).startswith("get_state(): the state cannot be sent to a peer")
+
+
+NESTED = """
+import sys
+import torch.distributed as dist
+import rankguard
+
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+outer = rankguard.StepLoop(dict, print)
+
+def step(n):
+    rankguard.StepLoop(dict, print).run(print, 1)
+
+try:
+    outer.run(step, 1)
+except rankguard.UsageError as error:
+    print("usage", error)
+"""
+
+
+def test_a_step_loop_run_inside_another_loops_step_is_refused(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", NESTED, str(tmp_path / "store")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("usage StepLoop.run(): another StepLoop is "
+                                                   "running"), proc.stdout

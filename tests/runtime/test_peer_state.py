@@ -80,3 +80,16 @@ def test_two_faults_in_a_row_are_each_replaced_and_the_run_still_ends_bit_for_bi
     assert [(r["replaced"], r["step"]) for r in recoveries] == [([1], 3), ([2], 8)], \
         json.dumps(recoveries, indent=1)
     assert len(faulty[2]["recoveries"]) == 0  # its replacement joined at the second
+
+
+@pytest.mark.slow
+def test_a_step_loop_with_no_launcher_ends_after_one_regroup_when_a_peer_never_joins(
+        tmp_path: Path) -> None:
+    # no launcher replaces rank 1: each of the 8 recoveries waited for it again (48 s here)
+    env = {"RANKGUARD_COLLECTIVE_TIMEOUT": "3", "SCENARIO_REGROUP_TIMEOUT": "3"}
+    with Ranks("step_loop_peer_hangs", 2, tmp_path, launcher="torchrun", env=env) as ranks:
+        result = ranks.result(0, timeout=40)
+    assert (result["type"], result["missing"]) == ("CollectiveTimeout", [1]), result
+    assert "regroup" in result["message"] and result["recoveries"] == 1, result
+    # the step's collective (3 s), one regroup (3 s, plus 0.5 s of reads), this machine's load
+    assert result["elapsed"] < 3.0 + 3.5 + 4.0, result

@@ -194,6 +194,20 @@ def test_regroup_of_three_survivors_after_a_rank_is_killed_then_allreduce_is_cor
     assert any(r["missing"] == [3] for r in results)
 
 
+@pytest.mark.slow
+def test_a_generation_one_rank_gave_up_on_is_not_formed_later_with_that_rank(
+        tmp_path: Path) -> None:
+    # rank 0's arrival at generation 2 stays in the store after it gave up and exited: rank 1
+    # adopted it and connected to the dead rank for the group's timeout (30 s and more)
+    with Ranks("regroup_after_a_solo_failure", 2, tmp_path, launcher="torchrun") as ranks:
+        first = ranks.result(0, timeout=30)
+        later = ranks.result(1, timeout=30)
+    assert (first["type"], first["missing"]) == ("CollectiveTimeout", [1]), first
+    assert later["type"] is None, later  # the survivor forms a generation of its own
+    assert later["members"] == [1] and later["number"] == 3, later
+    assert later["elapsed"] < 5.0 + 0.5 + 3.0, later  # regroup(timeout=5), plus this machine's load
+
+
 def test_ddp_peer_death_raises_peer_failed_from_backward_not_a_crash(tmp_path: Path) -> None:
     with Ranks("ddp_peer_dies", 2, tmp_path) as ranks:
         result = ranks.result(0)

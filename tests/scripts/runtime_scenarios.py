@@ -161,6 +161,56 @@ def regroup_after_kill() -> None:
         rankguard.shutdown(timeout=5)
 
 
+def regroup_after_a_solo_failure() -> None:
+    """Both ranks form generation 1; rank 0 alone tries generation 2, gives up and exits; then
+    rank 1 regroups: generation 2's arrival of rank 0 must not make it connect to rank 0."""
+    torch, dist = group()
+    rankguard.regroup(timeout=10)
+    if RANK == 0:
+        started = time.monotonic()
+        try:
+            rankguard.regroup(timeout=3)
+            report(type=None)
+        except rankguard.CollectiveTimeout as error:
+            report(**error_fields(error, started))
+        os._exit(0)
+    wait_for_file("result_0.json")
+    time.sleep(0.5)  # rank 0 exits (os._exit at once after its report)
+    started = time.monotonic()
+    try:
+        generation = rankguard.regroup(timeout=5)
+        report(type=None, members=generation.members, number=generation.number,
+               elapsed=time.monotonic() - started)
+    except rankguard.RankguardError as error:
+        report(**error_fields(error, started))
+    os._exit(0)
+
+
+def step_loop_peer_hangs() -> None:
+    """A StepLoop (no launcher to replace ranks) whose rank 1 hangs at step 3: rank 0's
+    collective times out, its regroup waits for rank 1, and the loop must then end."""
+    torch, dist = group()
+    model = torch.nn.Linear(4, 1)
+    loop = rankguard.StepLoop(lambda: {"model": model.state_dict()}, model.load_state_dict,
+                              regroup_timeout=float(os.environ["SCENARIO_REGROUP_TIMEOUT"]))
+    started = time.monotonic()
+
+    def step(n: int) -> None:
+        nonlocal started
+        if RANK == 1 and n == 3:
+            time.sleep(120)  # hung (the test kills it)
+        started = time.monotonic()
+        t = torch.ones(4)
+        dist.all_reduce(t)
+
+    try:
+        loop.run(step, 6)
+        report(type=None)
+    except rankguard.RankguardError as error:
+        report(**error_fields(error, started), recoveries=len(loop.recoveries))
+    os._exit(0)
+
+
 def ddp_peer_dies() -> None:
     torch, dist = group()
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
@@ -402,6 +452,8 @@ SCENARIOS = {
     "deadline_peer_frozen": deadline_peer_frozen,
     "send_recv_slow": send_recv_slow,
     "regroup_after_kill": regroup_after_kill,
+    "step_loop_peer_hangs": step_loop_peer_hangs,
+    "regroup_after_a_solo_failure": regroup_after_a_solo_failure,
     "ddp_peer_dies": ddp_peer_dies,
     "outsider_writes": outsider_writes,
     "outsider_regroup": outsider_regroup,

@@ -34,8 +34,9 @@ waiting after it completed, for ``MIN_LAG_S``. Where nobody judges ``done`` agai
 (is it inside a collective? at exit, on SIGTERM, when regrouping) call
 :meth:`CompletionTracker.flush` first, so they are exact.
 
-At interpreter exit the thread is stopped and the works it holds are released before modules
-are torn down (left to finalization, gloo could abort the process).
+At interpreter exit the thread is stopped and the works it holds are kept alive for good
+(:meth:`CompletionTracker.close`): destroyed at exit by gloo's worker thread, a work would abort
+the process.
 
 The issuing thread's entry points are :meth:`CompletionTracker.issue` (enter, start, watch: the
 whole operation in one call, for the path with nothing else to do between those steps) and
@@ -47,6 +48,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import ctypes
 import threading
 from typing import Any, Callable, Protocol, TypeVar
 
@@ -194,11 +196,22 @@ class CompletionTracker:
                 atexit.register(self.close)
 
     def close(self, timeout: float = 1.0) -> None:
-        """Stop the thread (waiting at most ``timeout`` s) and release every pending work."""
+        """Stop the thread (waiting at most ``timeout`` s) and let go of every pending work,
+        which is kept alive for the rest of the process.
+
+        A work is marked completed before the backend's worker thread drops its own
+        reference to it. Released here, at exit, the last reference could be the worker's: it
+        would then destroy the work, and with it decref its tensors' Python objects, during
+        interpreter finalization, where taking the GIL ends the thread and the C++ runtime
+        aborts the process (``terminate called without an active exception``: SIGABRT after
+        a script that exits right after its last collective). Never destroyed, a work only
+        loses the worker's reference."""
         self._closing.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        for _, work in self._pending:
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(work))
         self._pending.clear()
 
     def flush(self, wait: bool = True) -> bool:

@@ -10,7 +10,10 @@ A process group that saw a fault is retired, never reused. ``rankguard.regroup()
    makes that proposal the one every survivor adopts. A rank left out of it learns so and gets
    :class:`rankguard.GroupRetired`.
 2. **join**: every member marks its arrival under its own key; all must be in within the
-   timeout, or the ones that are not are named (:class:`rankguard.CollectiveTimeout`).
+   timeout, or the ones that are not are named (:class:`rankguard.CollectiveTimeout`). The
+   outcome (formed, or failed for want of whom) is decided once in the store; a generation
+   that failed is never formed later (a rank that comes to it takes the next number), so no
+   rank connects to a member that gave up on it.
 3. **new group**: the old groups are discarded (their backends are never destructed, see
    ``runtime.groups``) and the default group is created again, ranks numbered in the order of
    their old ranks. ``RANK`` and ``WORLD_SIZE`` in the environment follow.
@@ -179,7 +182,7 @@ def form_next(limit: Deadline, exclude: Iterable[int] | None = None,
     proposal: list[int | None] = [None if r in failed else r for r in range(size)] \
         if keep_size else sorted(set(range(size)) - failed)
     try:
-        members, joined = with_store_client(
+        number, members, joined = with_store_client(
             limit, "regroup's store calls",
             lambda client: _agree_and_join(client, number, proposal, rank, limit))
     except RuntimeError as error:  # the store died (torch's error) or stalled (StoreStalled)
@@ -200,6 +203,8 @@ def form_next(limit: Deadline, exclude: Iterable[int] | None = None,
         raise GroupRetired(WORLD, f"this rank was left out of generation {number} "
                                   f"(members: {members})")
     if not joined.complete:
+        # the peers of the group this rank leaves must not wait for it in a collective
+        groups.abandon_world(f"rank {rank} gave up forming generation {number}")
         groups.retire_all(f"generation {number} did not form")
         raise CollectiveTimeout("did not form: members failed to join", op="regroup",
                                 seq=number, group=WORLD, rank=rank,
@@ -292,20 +297,51 @@ def _silent(rank: int, size: int, known: set[int]) -> set[int]:
 
 
 def _agree_and_join(client: Any, number: int, proposal: list[int | None], rank: int,
-                    limit: Deadline) -> tuple[list[int | None] | None, barrier.Meeting | None]:
-    """The agreed members of generation ``number`` (None: none agreed by ``limit``) and, if
-    this rank is one of them, who joined by ``limit`` (None: left out). Vacant places are
-    published for replacements before this rank waits for them."""
+                    limit: Deadline
+                    ) -> tuple[int, list[int | None] | None, barrier.Meeting | None]:
+    """The generation formed (``number``, or the first later one that did not fail), its
+    agreed members (None: none agreed by ``limit``) and, if this rank is one of them, who
+    joined by ``limit`` (None: left out). Vacant places are published for replacements before
+    this rank waits for them.
+
+    A generation that failed is never formed later: its members and arrivals in the store are
+    of ranks that gave up on it (and may since have exited), so a rank that comes to it after
+    its outcome was decided goes on to the next number. The outcome is decided once, by
+    compare-and-set: the first member to find every arrival, or to give up waiting, writes it,
+    and every member acts on the one written."""
+    while _outcome(client, number) is not None:
+        number += 1
     prefix = vacancies.prefix(number)
     members = _agree(client, f"{prefix}members", proposal, limit)
     if members is None or rank not in members:
-        return members, None
+        return number, members, None
     vacant = tuple(place for place, member in enumerate(members) if member is None)
     if vacant:
         vacancies.publish(client, vacancies.Vacancies(
             number, len(members), vacant, time.time() + limit.remaining()), limit)
-    return members, barrier.meet(client, vacancies.join_barrier(number), members.index(rank),
-                                 len(members), limit)
+    joined = barrier.meet(client, vacancies.join_barrier(number), members.index(rank),
+                          len(members), limit)
+    ours = json.dumps(None if joined.complete else joined.missing)
+    decided = _first_authentic(client, _outcome_key(number), ours, limit.later(_STORE_ALLOWANCE_S))
+    missing = joined.missing if decided is None else json.loads(decided)
+    if missing is None:  # formed: this rank's late reads aside, every member arrived
+        return number, members, barrier.Meeting(joined.size, {r: "" for r in range(joined.size)})
+    return number, members, barrier.Meeting(
+        joined.size, {r: "" for r in range(joined.size) if r not in missing})
+
+
+def _outcome_key(number: int) -> str:
+    return f"{vacancies.prefix(number)}outcome"
+
+
+def _outcome(client: Any, number: int) -> list[int] | None:
+    """The members (new numbering) that generation ``number`` failed for want of, if a member
+    decided that it failed; None if it formed, or is undecided (a forged outcome is ignored)."""
+    key = _outcome_key(number)
+    if not client.check([key]):
+        return None
+    text = sealed.unseal(key, client.get(key))
+    return None if text is None else json.loads(text)
 
 
 def _previous(members: list[int | None], place: int) -> int:
@@ -319,12 +355,22 @@ def _agree(client: Any, key: str, proposal: list[int | None], limit: Deadline
     """The membership in ``key``: the first authentic proposal written there (``proposal`` if
     it is this one); None if none could be agreed by ``limit``. A forged value found there is
     replaced by compare-and-set; each try is one round trip to the store."""
-    ours = sealed.seal(key, json.dumps(proposal))
+    text = _first_authentic(client, key, json.dumps(proposal), limit)
+    if text is None:
+        return None
+    return [None if member is None else int(member) for member in json.loads(text)]
+
+
+def _first_authentic(client: Any, key: str, value: str, limit: Deadline) -> str | None:
+    """The first authentic value written in ``key`` (``value`` if it is this rank's); None if
+    none could be agreed by ``limit``. A forged value found there is replaced by
+    compare-and-set; each try is one round trip to the store."""
+    ours = sealed.seal(key, value)
     current_value = client.compare_set(key, "", ours)
     while True:
         text = sealed.unseal(key, current_value)
         if text is not None:
-            return [None if member is None else int(member) for member in json.loads(text)]
+            return text
         if limit.passed():
             return None
         current_value = client.compare_set(key, current_value, ours)  # the forged value only

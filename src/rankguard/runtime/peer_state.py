@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..deadline import check_seconds
-from ..errors import UsageError
+from ..errors import UsageError, first_line
 from .deadline_scope import deadline
 from .state import current
 
@@ -132,21 +132,35 @@ def _global(rank: int, group: Any) -> int:
 
 
 def _serialize(state: Any) -> Any:
-    """``state`` as bytes, by ``torch.save``.
+    """``state`` as bytes, by ``torch.save``, checked to be what the receiver's
+    ``torch.load(weights_only=True)`` accepts (loaded here onto the meta device: no tensor's
+    data is copied), so that nothing is sent that a peer cannot load.
 
     Raises:
-        UsageError: it holds what ``torch.save`` cannot save (a lambda, an open file).
+        UsageError: it holds what ``torch.save`` cannot save (a lambda, a lock, an open file),
+            or what a weights-only load refuses (any other object than tensors, numbers,
+            strings, and lists, tuples and dicts of them).
     """
     import torch
 
     buffer = io.BytesIO()
     try:
         torch.save(state, buffer)
+        torch.load(io.BytesIO(buffer.getbuffer()), weights_only=True, map_location="meta")
     except Exception as error:  # noqa: BLE001 (pickle raises many kinds)
-        raise UsageError("get_state()", f"the state cannot be saved to send it to a peer "
-                         f"({type(error).__name__}: {error})", "return tensors, numbers, "
-                         "strings, and lists and dicts of them") from error
+        raise UsageError("get_state()", f"the state cannot be sent to a peer "
+                         f"({type(error).__name__}: {_reason(error)})", "return tensors, "
+                         "numbers, strings, and lists and dicts of them") from error
     return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+
+def _reason(error: Exception) -> str:
+    """The line of ``error`` that names what is wrong (torch's weights-only refusal is a
+    paragraph of advice around one line: ``WeightsUnpickler error: Unsupported global...``)."""
+    text, marker = str(error), "WeightsUnpickler error: "
+    if marker not in text:
+        return first_line(error)
+    return text.split(marker, 1)[1].split(". ", 1)[0]
 
 
 def _deserialize(payload: Any) -> Any:

@@ -32,10 +32,13 @@ from typing import Any, Callable
 from ..records import ledger as _ledger
 from ..records import recovery_file
 from ..deadline import check_seconds
-from ..errors import CollectiveError, GroupRetired, UsageError, first_line, in_chain
+from ..errors import (CollectiveError, CollectiveTimeout, GroupRetired, UsageError, first_line,
+                      in_chain)
 from . import ddp_layout, failures, generations, peer_state, vacancies
 from .state import current
 
+
+_running: "StepLoop | None" = None  # the loop whose run() this process is in
 
 
 @dataclass(frozen=True)
@@ -199,8 +202,9 @@ class StepLoop:
         """Call ``step_fn(step)`` for each step from the current one up to ``steps``.
 
         Raises:
-            UsageError: ``steps`` is not a whole number >= 0, no process group exists, or
-                ``run()`` was called before on this loop.
+            UsageError: ``steps`` is not a whole number >= 0, no process group exists,
+                ``run()`` was called before on this loop, or another loop's ``run()`` is in
+                progress (a loop inside a step).
             rankguard.CollectiveError: recovery failed (no replacement joined in time, a fault
                 during the transfer, more than ``max_recoveries`` faults).
             Exception: whatever ``step_fn`` raised that was not a peer's fault.
@@ -216,13 +220,20 @@ class StepLoop:
             raise UsageError("StepLoop.run()", "is called once per loop (a replacement "
                              "resumes inside the run its peers are in)",
                              "pass the total number of steps to one run()")
+        global _running
+        if _running is not None:
+            raise UsageError("StepLoop.run()", "another StepLoop is running in this process "
+                             "(a loop inside a loop's step cannot recover: its peers' fault "
+                             "ends the outer step)", "run one StepLoop at a time")
         self._ran = True
+        _running = self
         ledger = current().ledger
         if ledger is not None:
             ledger.set_flag(_ledger.FLAG_STEP_LOOP)
         try:
             self._run(step_fn, steps)
         finally:
+            _running = None
             if ledger is not None:
                 ledger.clear_flag(_ledger.FLAG_STEP_LOOP)
 
@@ -284,7 +295,8 @@ class StepLoop:
     def _recover(self, fault: BaseException) -> None:
         """Form a generation with replacements for the failed ranks and resume in it; again
         after a fault during that (a replacement that died while joining, a second fault),
-        until ``max_recoveries``.
+        until ``max_recoveries``. Without a launcher that starts replacements, a regroup that
+        timed out for want of members ends the loop at once (no later one could form).
 
         Raises:
             RankguardError: the last fault, once the recoveries are spent (or gloo's
@@ -297,6 +309,9 @@ class StepLoop:
                 generation = generations.regroup(timeout=self._regroup_timeout, keep_size=True)
             except CollectiveError as again:
                 fault = self._failed(started, fault, again)
+                if isinstance(again, CollectiveTimeout) and again.missing \
+                        and not vacancies.replacements_started():
+                    raise  # nobody replaces the members that did not come: no retry can form
                 continue
             again = None
             try:

@@ -98,6 +98,13 @@ def replacing() -> bool:
     return os.environ.get(REPLACING_ENV, "") not in ("", "0")
 
 
+def replacements_started() -> bool:
+    """Whether a launcher starts replacements for this job's failed ranks (``rankguard run
+    --recovery in-place`` sets ``RANKGUARD_REPLACE_TIMEOUT``): without one, a member that did
+    not join a generation is not replaced, and waiting for it again cannot succeed."""
+    return bool(os.environ.get(JOIN_TIMEOUT_ENV))
+
+
 def join_timeout() -> float:
     """Seconds a replacement may take to join (``RANKGUARD_REPLACE_TIMEOUT``, else
     ``JOIN_TIMEOUT_S``).
