@@ -16,6 +16,7 @@ from typing import Mapping
 
 from ..deadline import MAX_SECONDS, check_seconds
 from ..errors import UsageError, shown
+from . import nccl_env
 
 
 class Parser(argparse.ArgumentParser):
@@ -80,6 +81,19 @@ def check_flight_recorder(env: Mapping[str, str] | None = None) -> None:
         raise UsageError(f"{name}=0", f"turns off torch's Flight Recorder, through which "
                          f"{GLOO_ENV}=recorder watches gloo groups: nothing would be watched",
                          f"unset {name}, or {GLOO_ENV}")
+
+
+def check_ranks_env(env: Mapping[str, str] | None = None) -> None:
+    """Check the environment the ranks will get (default: this process's) for values torch
+    refuses as they start or form their groups: its NCCL variables (``nccl_env.check``) and
+    its Flight Recorder's size (:func:`check_flight_recorder`).
+
+    Raises:
+        UsageError: naming the variable and what torch takes.
+    """
+    env = os.environ if env is None else env
+    nccl_env.check(env)
+    check_flight_recorder(env)
 
 
 MAX_LOCAL_RANKS = 1024  # rank processes one machine's supervisor starts at most: past it, a typo

@@ -16,7 +16,7 @@ import socket
 import sys
 import uuid
 
-from ..inputs import nccl_env, options
+from ..inputs import options
 from ..records import private_files
 from ..records.ledger import MAX_INJECTIONS
 from ..store import sealed
@@ -281,8 +281,7 @@ def parse(argv: list[str]) -> _config.RunConfig:
     ns = p.parse_args(argv)
     sealed.check_env()
     options.gloo_mode()
-    options.check_flight_recorder()
-    nccl_env.check(os.environ)
+    options.check_ranks_env()
     min_nodes, max_nodes = _nnodes(ns.nnodes)
     node_rank = int(number("--node-rank", ns.node_rank, int, 0, "e.g. --node-rank 0"))
     port = int(number("--master-port", ns.master_port, int, 0, "use a port from 1 to 65535"))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import socket
 import sys
@@ -17,8 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import UsageError
-from ..inputs import nccl_env
-from ..inputs.options import (MAX_LOCAL_RANKS, Parser, check_flight_recorder, number,
+from ..inputs.options import (MAX_LOCAL_RANKS, Parser, check_ranks_env, number,
                               writable_dir, writable_file)
 from ..records import private_files
 from .placement import CLI_NAMES, parse_devices
@@ -94,8 +92,7 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         args = build_parser().parse_args(argv)
-        nccl_env.check(os.environ)  # the ranks' environment
-        check_flight_recorder()
+        check_ranks_env()
         port = int(number("--port", args.port, int, 0, "use a port from 0 to 65535, e.g. "
                           "--port 8000", maximum=65535))
         grace = number("--grace", args.grace, float, 0.1, "e.g. --grace 10")

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UsageError, shown
-from ..inputs import nccl_env
-from ..inputs.options import (MAX_LOCAL_RANKS, check_flight_recorder, seconds,
+from ..inputs.options import (MAX_LOCAL_RANKS, check_ranks_env, seconds,
                               whole_number, writable_dir)
 from ..records import private_files
 from .budgets import MIN_CALL_FRACTION, SUSPECT_FRACTION
@@ -118,8 +117,7 @@ class PoolOptions:
             private_files.check_own(log_dir, "Pool(log_dir)")
         extra_env = checked_env(env)
         ranks_env = {**os.environ, **extra_env}
-        nccl_env.check(ranks_env)
-        check_flight_recorder(ranks_env)
+        check_ranks_env(ranks_env)
         warm = (0 if placement[0].cuda is None else 1) if warm_spares is None else \
             whole_number("Pool(warm_spares)", warm_spares, 0)
         if warm > MAX_LOCAL_RANKS:

@@ -14,7 +14,6 @@ Every wait here has a deadline: start-up (``START_S``), each test (the test's ow
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from typing import Any
@@ -22,8 +21,7 @@ from typing import Any
 from .. import margins
 from ..deadline import Deadline
 from ..errors import PoolUnavailable, UnavailableState, UsageError
-from ..inputs import nccl_env
-from ..inputs.options import check_flight_recorder
+from ..inputs.options import check_ranks_env
 from ..serving.budgets import REGROUP_MARGIN_S, STACKS_S
 from ..serving.placement import ReplicaPlacement
 from ..serving.replica import Replica, StartState
@@ -49,8 +47,7 @@ class WarmRanks:
 
     def __init__(self, placement: ReplicaPlacement, tag: str) -> None:
         try:
-            nccl_env.check(os.environ)
-            check_flight_recorder()
+            check_ranks_env()
         except UsageError as error:
             raise PoolUnavailable(UnavailableState.FAILED, 0.0,
                                   f"the warm ranks cannot start: {error}") from None
