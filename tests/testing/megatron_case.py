@@ -128,9 +128,12 @@ def check_bounded_and_both_reported(run: SuiteRun, deadline: float) -> None:
     text = run.output
     assert "AssertionError: rank 1 fails before its all_reduce" in text, text[-6000:]
     # rank 0 is released from its all_reduce by rank 1's notice (or, if the notice came first,
-    # refused as it starts it), naming rank 1's failed test
+    # refused as it starts it, or, when rank 1 was already in the next test, skips this one),
+    # naming rank 1's failed test
     assert re.search(r"(PeerFailed: rank 0: all_reduce #\d+ on group 'world' was abandoned: "
-                     r"|GroupRetired: process group 'world' is retired \()rank 1 failed "
+                     r"|GroupRetired: process group 'world' is retired \("
+                     r"|the other ranks were past this test when the process group was "
+                     r"re-formed after )rank 1 failed "
                      r"test_suite\.py::test_rank1_fails_while_rank0_waits_in_its_all_reduce",
                      text), text[-6000:]
     # the plugin formed the group anew before the next test, on both ranks

@@ -73,6 +73,7 @@ class EveryRank:
         self._deadline_of = deadline_of
         self._order: dict[str, int] = {}
         self._resume_at: str | None = None
+        self._failure = "a failure"  # why the group was last re-formed (its retirement reason)
         self._gave_up: str | None = None
         self._ended: list[int] = []  # peers found in session teardown when re-forming
 
@@ -85,9 +86,7 @@ class EveryRank:
             pytest.skip(self._ended_reason())
         if self._resume_at is not None:
             if item.nodeid != self._resume_at:
-                pytest.skip(f"rankguard: the other ranks had passed this test when the process "
-                            f"group was re-formed after a failure; all resume at "
-                            f"{self._resume_at}")
+                pytest.skip(self._passed_reason())
             self._resume_at = None
             self._regroup(item)
         elif self._gave_up is None and internal.world_retired() is not None:
@@ -104,6 +103,7 @@ class EveryRank:
     def _reform(self, item: pytest.Item) -> None:
         """Agree with every rank on the test to resume at; skip to it or regroup here."""
         position = self._order.get(item.nodeid, -1)
+        self._failure = internal.world_retired() or "a failure"
         meeting = internal.meet(_reform_name(), self._until(item), str(position))  # sealed
         ended = sorted(rank for rank, at in meeting.arrived.items() if at == _SESSION_END)
         if meeting.missing:
@@ -119,9 +119,14 @@ class EveryRank:
             self._give_up("the ranks did not collect the same tests")
         if furthest > self._order[item.nodeid]:
             self._resume_at = names[furthest]
-            pytest.skip(f"rankguard: the other ranks had passed this test when the process "
-                        f"group was re-formed after a failure; all resume at {names[furthest]}")
+            pytest.skip(self._passed_reason())
         self._regroup(item)
+
+    def _passed_reason(self) -> str:
+        """Why a test this rank reaches after the others went past it is skipped (naming the
+        failure that retired the group: a peer's failed test is reported by that peer)."""
+        return (f"rankguard: the other ranks were past this test when the process group was "
+                f"re-formed after {self._failure}; all resume at {self._resume_at}")
 
     def _ended_reason(self) -> str:
         one = len(self._ended) == 1
