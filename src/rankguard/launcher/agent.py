@@ -233,6 +233,8 @@ class Agent:
         finally:
             teardown.stop_ranks(ranks, self._journal, 0.0, "launcher_exit")  # no-op when done
             ranks.close(Deadline.after(1.0))
+            if self._in_place is not None:
+                self._in_place.end_attempt()
         assert self._tracking is not None
         teardown.sweep(self._tracking, self._journal, attempt,
                        tuple(self._spares.pids()) if self._spares is not None else ())

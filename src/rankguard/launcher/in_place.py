@@ -166,6 +166,11 @@ class InPlace:
                              f"did not join within {pending.deadline.seconds:g} s")
         return None
 
+    def end_attempt(self) -> None:
+        """Forget the replacements still joining: they belonged to the attempt that ended (its
+        teardown stopped them), and their faults must not end the next attempt."""
+        self._pending.clear()
+
     @property
     def pending(self) -> bool:
         """Whether a replacement does not hold the state yet."""
