@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -83,7 +84,10 @@ class InPlace:
                 snaps: dict[int, _ledger.RankProgress], restarts_left: int,
                 world: int) -> str | None:
         """Why ``fault`` cannot be repaired in place (None: it can): ``replace_rules.refusal``
-        over what the agent knows of ``ranks`` now (``snaps``: their ledgers)."""
+        over what the agent knows of ``ranks`` now (``snaps``: their ledgers; a replacement
+        that holds the state by now is journalled ``replaced`` first, and counts as a giver)."""
+        for rank in list(self._pending):
+            self._take_joined(rank, time.monotonic())
         members = {m.rank: _member(m, snaps.get(m.rank), m.rank in self._pending)
                    for m in ranks}
         return replace_rules.refusal(fault.kind, frozenset(culprits), members, restarts_left,
@@ -133,10 +137,12 @@ class InPlace:
                             old_ending="was on the lost node", stacks=None)
 
     def check(self, now: float, ranks: RankProcesses) -> Fault | None:
-        """Journal the replacements that now hold the state; a fault for one that passed its
-        deadline without; and, once a rank that was to give the state has exited (0 or not:
-        the generation the replacement waits for can no longer form), the fault that
-        replacement repairs, at once (its hang verdict, if one), so that it is the cause."""
+        """Journal the replacements that now hold the state; then, once a rank that was to give
+        the state has exited (0 or not: the generation the replacement waits for can no
+        longer form), the fault that replacement repairs, at once (its hang verdict, if one),
+        so that it is the cause; else a fault for one that passed its deadline without."""
+        for rank in list(self._pending):
+            self._take_joined(rank, now)
         gone = next((m for m in ranks if m.rank not in self._pending and not m.alive), None)
         if gone is not None and self._pending:
             rank, pending = min(self._pending.items())
@@ -147,24 +153,31 @@ class InPlace:
                 FaultKind.REPLACE_FAILED, now, rank, f"was replaced, but rank {gone.rank} "
                 f"{gone.ending()} before the replacement joined")
         for rank, pending in list(self._pending.items()):
-            joined = recovery_file.read(pending.recovery_path)
-            if joined is not None:
-                del self._pending[rank]
-                self._journal.write(
-                    "replaced", attempt=pending.attempt, rank=rank, pid=pending.member.pid,
-                    generation=joined.generation,
-                    step=joined.step, source=joined.source, nbytes=joined.nbytes,
-                    share_s=joined.share_s, held_at=joined.held_at,
-                    since_fault_s=round(now - pending.fault_at, 3))
-                self._say(f"rankguard: rank {rank} replaced: generation {joined.generation} "
-                          f"resumes at step {joined.step} with the state of rank "
-                          f"{joined.source} ({joined.nbytes} bytes), {now - pending.fault_at:.2f} "
-                          "s after the fault")
-            elif pending.deadline.passed() and pending.member.alive:
+            if pending.deadline.passed() and pending.member.alive:
                 del self._pending[rank]
                 return Fault(FaultKind.REPLACE_FAILED, now, rank, "was replaced, but the replacement "
                              f"did not join within {pending.deadline.seconds:g} s")
         return None
+
+    def _take_joined(self, rank: int, now: float) -> bool:
+        """If rank's replacement holds the state (its recovery file says so): journal
+        ``replaced``, stop waiting for it, and return True."""
+        pending = self._pending[rank]
+        joined = recovery_file.read(pending.recovery_path)
+        if joined is None:
+            return False
+        del self._pending[rank]
+        self._journal.write(
+            "replaced", attempt=pending.attempt, rank=rank, pid=pending.member.pid,
+            generation=joined.generation,
+            step=joined.step, source=joined.source, nbytes=joined.nbytes,
+            share_s=joined.share_s, held_at=joined.held_at,
+            since_fault_s=round(now - pending.fault_at, 3))
+        self._say(f"rankguard: rank {rank} replaced: generation {joined.generation} "
+                  f"resumes at step {joined.step} with the state of rank "
+                  f"{joined.source} ({joined.nbytes} bytes), {now - pending.fault_at:.2f} "
+                  "s after the fault")
+        return True
 
     def end_attempt(self) -> None:
         """Forget the replacements still joining: they belonged to the attempt that ended (its
