@@ -13,7 +13,7 @@ import pytest
 from rankguard import CollectiveTimeout, UsageError
 from rankguard.store import sealed
 from rankguard.deadline import Deadline
-from rankguard.runtime import barrier, vacancies
+from rankguard.runtime import barrier, generation_keys, vacancies
 from rankguard.runtime.vacancies import LINEAGE_KEY, Vacancies
 
 from .ranks import free_port
@@ -60,7 +60,7 @@ def test_a_replacement_without_a_usable_generation_gives_up_at_its_deadline(
         # again before the survivors published the next generation
         vacancies.publish(store, _record(1), Deadline.after(5))
         for place in range(4):
-            barrier.arrive(store, vacancies.join_barrier(1), place, 4, Deadline.after(5))
+            barrier.arrive(store, generation_keys.join_barrier(1), place, 4, Deadline.after(5))
     started = time.monotonic()
     with pytest.raises(CollectiveTimeout, match="could not fill place 2") as error:
         vacancies.join(store, 2, Deadline.after(0.5))
@@ -80,3 +80,23 @@ def test_a_replacement_without_the_runs_secret_is_told_how_to_give_it(
                                   '"vacant": [1], "until": 0}', "not json"])
 def test_a_malformed_record_is_no_record(text: str) -> None:
     assert Vacancies.parse(text) is None
+
+
+@pytest.mark.parametrize("decided", ["failed", "undecided"])
+def test_a_replacement_acts_on_the_members_decision_not_on_its_own_view_of_the_barrier(
+        store: Any, decided: str) -> None:
+    """The replacement arrives last, so it sees every member at the join barrier; but when a
+    member gave up just before (and decided that the generation failed for want of place 2),
+    the replacement must not create a group its peers abandoned."""
+    vacancies.publish(store, _record(1), Deadline.after(5))
+    for place in (0, 1, 3):
+        barrier.arrive(store, generation_keys.join_barrier(1), place, 4, Deadline.after(5))
+    if decided == "failed":
+        assert generation_keys.decide(store, 1, [2], Deadline.after(5)) == [2]
+        with pytest.raises(CollectiveTimeout, match="could not fill place 2") as error:
+            vacancies.join(store, 2, Deadline.after(1))
+        assert error.value.missing == [2]
+        return
+    assert vacancies.join(store, 2, Deadline.after(5)).generation == 1
+    assert generation_keys.failed_for(store, 1) is None  # decided: formed
+    assert generation_keys.decide(store, 1, [0], Deadline.after(5)) is None  # decided once

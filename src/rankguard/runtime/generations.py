@@ -38,11 +38,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Iterable, TypeVar
 
-from ..store import sealed
 from ..deadline import Deadline, check_seconds
 from ..errors import CollectiveTimeout, GroupRetired, PeerFailed, UsageError, first_line
 from ..margins import NCCL_ABORT_S, REGROUP_S, SECOND_ASK_WINDOW_S
-from . import async_deadline, barrier, groups, nccl_abort, vacancies
+from . import async_deadline, barrier, generation_keys, groups, nccl_abort, vacancies
 from .bounded import NO_ANSWER
 from .probe import clone_client
 from .state import WORLD, current
@@ -309,39 +308,23 @@ def _agree_and_join(client: Any, number: int, proposal: list[int | None], rank: 
     its outcome was decided goes on to the next number. The outcome is decided once, by
     compare-and-set: the first member to find every arrival, or to give up waiting, writes it,
     and every member acts on the one written."""
-    while _outcome(client, number) is not None:
+    while generation_keys.failed_for(client, number) is not None:
         number += 1
-    prefix = vacancies.prefix(number)
-    members = _agree(client, f"{prefix}members", proposal, limit)
+    members = _agree(client, f"{generation_keys.prefix(number)}members", proposal, limit)
     if members is None or rank not in members:
         return number, members, None
     vacant = tuple(place for place, member in enumerate(members) if member is None)
     if vacant:
         vacancies.publish(client, vacancies.Vacancies(
             number, len(members), vacant, time.time() + limit.remaining()), limit)
-    joined = barrier.meet(client, vacancies.join_barrier(number), members.index(rank),
+    joined = barrier.meet(client, generation_keys.join_barrier(number), members.index(rank),
                           len(members), limit)
-    ours = json.dumps(None if joined.complete else joined.missing)
-    decided = _first_authentic(client, _outcome_key(number), ours, limit.later(_STORE_ALLOWANCE_S))
-    missing = joined.missing if decided is None else json.loads(decided)
+    missing = generation_keys.decide(client, number, None if joined.complete else joined.missing,
+                                     limit.later(_STORE_ALLOWANCE_S))
     if missing is None:  # formed: this rank's late reads aside, every member arrived
         return number, members, barrier.Meeting(joined.size, {r: "" for r in range(joined.size)})
     return number, members, barrier.Meeting(
         joined.size, {r: "" for r in range(joined.size) if r not in missing})
-
-
-def _outcome_key(number: int) -> str:
-    return f"{vacancies.prefix(number)}outcome"
-
-
-def _outcome(client: Any, number: int) -> list[int] | None:
-    """The members (new numbering) that generation ``number`` failed for want of, if a member
-    decided that it failed; None if it formed, or is undecided (a forged outcome is ignored)."""
-    key = _outcome_key(number)
-    if not client.check([key]):
-        return None
-    text = sealed.unseal(key, client.get(key))
-    return None if text is None else json.loads(text)
 
 
 def _previous(members: list[int | None], place: int) -> int:
@@ -355,22 +338,7 @@ def _agree(client: Any, key: str, proposal: list[int | None], limit: Deadline
     """The membership in ``key``: the first authentic proposal written there (``proposal`` if
     it is this one); None if none could be agreed by ``limit``. A forged value found there is
     replaced by compare-and-set; each try is one round trip to the store."""
-    text = _first_authentic(client, key, json.dumps(proposal), limit)
+    text = generation_keys.first_authentic(client, key, json.dumps(proposal), limit)
     if text is None:
         return None
     return [None if member is None else int(member) for member in json.loads(text)]
-
-
-def _first_authentic(client: Any, key: str, value: str, limit: Deadline) -> str | None:
-    """The first authentic value written in ``key`` (``value`` if it is this rank's); None if
-    none could be agreed by ``limit``. A forged value found there is replaced by
-    compare-and-set; each try is one round trip to the store."""
-    ours = sealed.seal(key, value)
-    current_value = client.compare_set(key, "", ours)
-    while True:
-        text = sealed.unseal(key, current_value)
-        if text is not None:
-            return text
-        if limit.passed():
-            return None
-        current_value = client.compare_set(key, current_value, ours)  # the forged value only

@@ -28,7 +28,7 @@ from typing import Any
 from ..store import sealed
 from ..deadline import Deadline, check_seconds
 from ..errors import CollectiveTimeout, UsageError
-from . import barrier
+from . import barrier, generation_keys
 from .state import WORLD
 
 LINEAGE_KEY = "rankguard/lineage"
@@ -76,21 +76,11 @@ class Vacancies:
             return None
 
 
-def prefix(number: int) -> str:
-    """The store prefix of generation ``number``'s keys (under the lineage's root store)."""
-    return f"rankguard/gen{number}/"
-
-
-def join_barrier(number: int) -> str:
-    """The barrier at which generation ``number``'s members, replacements included, meet."""
-    return f"{prefix(number)}joined"
-
-
 def group_store(number: int, root: Any) -> Any:
     """The store generation ``number``'s default group is created on."""
     from torch.distributed import PrefixStore
 
-    return PrefixStore(f"{prefix(number)}pg/", root)
+    return PrefixStore(f"{generation_keys.prefix(number)}pg/", root)
 
 
 def replacing() -> bool:
@@ -135,13 +125,6 @@ def current_record(client: Any) -> Vacancies | None:
     return Vacancies.parse(sealed.unseal(LINEAGE_KEY, client.get(LINEAGE_KEY)))
 
 
-def formed(client: Any, generation: int) -> bool:
-    """Whether ``generation`` has formed already (every place filled): a replacement that comes
-    after it (its place failed again before the survivors published the next generation) must
-    wait for the next one, or it would meet survivors that are no longer there."""
-    return bool(client.check([barrier.released_key(join_barrier(generation))]))
-
-
 def join(client: Any, place: int, limit: Deadline) -> Vacancies:
     """Fill ``place`` in the newest generation where it is vacant; returns that generation once
     every member has arrived (the caller then creates the group on its keys).
@@ -165,17 +148,21 @@ def join(client: Any, place: int, limit: Deadline) -> Vacancies:
         usable = (record is not None and record.generation > tried
                   and (place in record.vacant or (tried >= 0 and place < record.size))
                   and record.until - time.time() > _ARRIVE_MARGIN_S
-                  and not formed(client, record.generation))
+                  and not generation_keys.formed(client, record.generation))
         if not usable:
             time.sleep(limit.wait_time(_POLL_S))
             continue
         assert record is not None
         tried = record.generation
-        meeting = barrier.meet(client, join_barrier(record.generation), place,
+        meeting = barrier.meet(client, generation_keys.join_barrier(record.generation), place,
                                record.size, limit.within(record.until - time.time()))
-        if meeting.complete:
+        # the members' decision, not this process's view: a member that gave up just as this
+        # one arrived may have decided that the generation failed
+        failed_for = generation_keys.decide(client, record.generation,
+                                            None if meeting.complete else meeting.missing, limit)
+        if failed_for is None:
             return record
-        missing = meeting.missing
+        missing = failed_for
     raise CollectiveTimeout(f"could not fill place {place}: no generation with it vacant "
                             "formed in time", op="join", seq=tried, group=WORLD, rank=place,
                             missing=missing, waited=time.monotonic() - started)
