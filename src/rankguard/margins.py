@@ -75,6 +75,12 @@ REGROUP_S = 10.0
 ``rankguard.regroup(timeout)`` (a store barrier, a probe of silent peers and a new gloo group:
 about 10 ms idle)."""
 
+CONNECT_FLOOR_S = 5.0
+"""The least time ``regroup()`` gives the new generation's backend to connect its members
+(gloo's full mesh), even when agreeing took its whole timeout: every member arrived, so it
+takes milliseconds idle; a member that died in between fails the regroup after this, not
+after the group's timeout (30 min for gloo)."""
+
 # -- the launcher (rankguard run) -----------------------------------------------------------------
 
 TICK_S = 0.2

@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from rankguard import margins
 from rankguard.processes import proctree
 from rankguard.runtime import stacks as rank_stacks
 
@@ -236,3 +237,16 @@ def test_stacks_on_demand_while_the_main_thread_is_inside_a_collective(tmp_path:
     assert "in all_reduce" in text and "in sigterm_in_collective" in text, text
     assert text.count("Thread 0x") + text.count("Current thread 0x") >= 3, text
     assert alive  # answering costs the rank nothing: it is still waiting in its collective
+
+
+def test_regroup_fails_within_its_connect_bound_when_a_member_dies_after_joining(
+        tmp_path: Path) -> None:
+    """Every member arrived, so the new group connects; rank 1 died in between: rank 0's
+    regroup raises PeerFailed within what was left of its timeout plus the connect floor (5 s),
+    not after gloo's 30 min group timeout."""
+    with Ranks("regroup_peer_dies_before_connecting", 2, tmp_path) as ranks:
+        result = ranks.result(0, timeout=60)
+    assert result["type"] == "PeerFailed", result
+    assert "did not form: its members did not connect within" in result["message"], result
+    assert result["elapsed"] < 2 + margins.CONNECT_FLOOR_S + 10, result  # + this machine's load
+    assert not result["initialized"], result

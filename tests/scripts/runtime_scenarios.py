@@ -289,6 +289,27 @@ def outsider_writes() -> None:
     rankguard.shutdown(timeout=5)
 
 
+def regroup_peer_dies_before_connecting() -> None:
+    """Rank 1 joins generation 1 with the product's own calls (its arrival at the join
+    barrier), then dies before it connects; rank 0 regroups (timeout 2 s) and must fail within
+    its connect bound, not gloo's 30 min group timeout."""
+    from rankguard.deadline import Deadline
+    from rankguard.runtime import generations
+
+    torch, dist = group()
+    if RANK == 1:
+        limit = Deadline.after(20)
+        generations.with_store_client(limit, "joining", lambda client: generations
+                                      ._agree_and_join(client, 1, [0, 1], 1, limit))
+        os._exit(0)
+    started = time.monotonic()
+    try:
+        rankguard.regroup(timeout=2, exclude=())
+        report(type=None, elapsed=time.monotonic() - started)
+    except rankguard.RankguardError as error:
+        report(**error_fields(error, started), initialized=dist.is_initialized())
+
+
 def outsider_regroup() -> None:
     """The group forms; the test writes a membership into the store; then both ranks regroup."""
     torch, dist = group()
@@ -456,6 +477,7 @@ SCENARIOS = {
     "regroup_after_a_solo_failure": regroup_after_a_solo_failure,
     "ddp_peer_dies": ddp_peer_dies,
     "outsider_writes": outsider_writes,
+    "regroup_peer_dies_before_connecting": regroup_peer_dies_before_connecting,
     "outsider_regroup": outsider_regroup,
     "outsider_shutdown": outsider_shutdown,
     "share_state": lambda: share_state(""),

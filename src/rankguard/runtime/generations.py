@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterable, TypeVar
 
 from ..deadline import Deadline, check_seconds
 from ..errors import CollectiveTimeout, GroupRetired, PeerFailed, UsageError, first_line
-from ..margins import NCCL_ABORT_S, REGROUP_S, SECOND_ASK_WINDOW_S
+from ..margins import CONNECT_FLOOR_S, NCCL_ABORT_S, REGROUP_S, SECOND_ASK_WINDOW_S
 from . import async_deadline, barrier, generation_keys, groups, nccl_abort, vacancies
 from .bounded import NO_ANSWER
 from .probe import clone_client
@@ -130,7 +130,8 @@ def regroup(*, timeout: float = REGROUP_S, exclude: Iterable[int] | None = None,
     Every surviving rank calls it (typically after catching a ``rankguard.CollectiveError``).
     The new group has the old one's backend (gloo, or NCCL: its communicator aborted by the
     error is destroyed). Returns within ``timeout`` (plus half a second for the last reads of
-    who joined) plus the time the backend takes to connect the members.
+    who joined); the backend's connect of the members takes what is left of it, at least
+    ``margins.CONNECT_FLOOR_S`` (5 s).
 
     Args:
         timeout: seconds to wait for every member to join.
@@ -149,7 +150,9 @@ def regroup(*, timeout: float = REGROUP_S, exclude: Iterable[int] | None = None,
             authentic membership could be agreed in the store within it (another process kept
             writing a forged one), or the store's server did not answer (stopped or frozen:
             under ``mp.spawn`` it lives in rank 0).
-        PeerFailed: the store's server is gone (under ``mp.spawn``, rank 0 exited).
+        PeerFailed: the store's server is gone (under ``mp.spawn``, rank 0 exited), or a
+            member that joined did not connect (it died or froze just after it joined); the
+            rank then has no default group.
     """
     limit = Deadline.after(check_seconds("rankguard.regroup(timeout)", timeout, text=False))
     return form_next(limit, exclude, keep_size)
@@ -157,7 +160,8 @@ def regroup(*, timeout: float = REGROUP_S, exclude: Iterable[int] | None = None,
 
 def form_next(limit: Deadline, exclude: Iterable[int] | None = None,
               keep_size: bool = False) -> Generation:
-    """:func:`regroup`, by ``limit`` (plus the time gloo takes to connect the members)."""
+    """:func:`regroup`, by ``limit`` (the backend's connect by ``limit`` or within
+    ``margins.CONNECT_FLOOR_S``, whichever is later)."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
@@ -223,11 +227,37 @@ def form_next(limit: Deadline, exclude: Iterable[int] | None = None,
         state.ledger.clear_notice()  # it was about the generation that ended
     new_rank = members.index(rank)
     state.generation = number
-    dist.init_process_group(backend, store=vacancies.group_store(number, state.lineage_root),
-                            rank=new_rank, world_size=len(members), timeout=pg_timeout)
+    _connect(backend, vacancies.group_store(number, state.lineage_root), new_rank, members,
+             pg_timeout, limit, started)
     state.last_failure = None
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(new_rank), str(len(members))
     return Generation(number, new_rank, len(members), rank, members, time.monotonic() - started)
+
+
+def _connect(backend: str, store: Any, new_rank: int, members: list[int | None],
+             pg_timeout: timedelta, limit: Deadline, started: float) -> None:
+    """Create the new default group: the backend connects its members within what is left of
+    ``limit`` (at least ``margins.CONNECT_FLOOR_S``), not within the group's timeout (gloo's
+    is 30 min: a member that died after its arrival would hold every other one that long);
+    then the group takes ``pg_timeout`` for its collectives.
+
+    Raises:
+        PeerFailed: the members did not connect (one died or froze after it arrived).
+    """
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    connect = min(pg_timeout.total_seconds(), max(limit.remaining(), CONNECT_FLOOR_S))
+    try:
+        dist.init_process_group(backend, store=store, rank=new_rank, world_size=len(members),
+                                timeout=timedelta(seconds=connect))
+    except RuntimeError as error:  # torch's (DistStoreError is one): a peer never connected
+        groups.retire_all(f"generation {current().generation} did not connect")
+        raise PeerFailed(f"did not form: its members did not connect within {connect:.3g} s "
+                         f"({first_line(error)})", op="regroup", seq=current().generation,
+                         group=WORLD, rank=new_rank, missing=[],
+                         waited=time.monotonic() - started) from error
+    c10d._set_pg_timeout(pg_timeout)
 
 
 def fill_vacancy(base_store: Any, place: int, limit: Deadline) -> tuple[Any, int]:
