@@ -112,6 +112,9 @@ class Ranks:
                 raise AssertionError(f"{failure} within {timeout} s:\n{self.output()}")
             if self.launcher is not None and self.launcher.poll() is not None:
                 raise AssertionError(f"the launcher exited early:\n{self.output()}")
+            if self.procs and all(proc.poll() is not None for proc in self.procs) \
+                    and not path.exists():  # a scenario renames its file before it exits
+                raise AssertionError(f"{failure}: every rank has exited:\n{self.output()}")
             time.sleep(0.02)
         return path.read_text()
 
