@@ -93,3 +93,22 @@ def test_a_step_loop_with_no_launcher_ends_after_one_regroup_when_a_peer_never_j
     assert "regroup" in result["message"] and result["recoveries"] == 1, result
     # the step's collective (3 s), one regroup (3 s, plus 0.5 s of reads), this machine's load
     assert result["elapsed"] < 3.0 + 3.5 + 4.0, result
+
+
+@pytest.mark.slow  # three ranks, a replacement started cold (about 20 s)
+@pytest.mark.deadline(150)
+def test_a_replacement_whose_peer_dies_before_connecting_fails_within_the_members_wait(
+        tmp_path: Path) -> None:
+    """Rank 2 joins the generation (so every member arrived), then dies before it connects:
+    the replacement's init_process_group and rank 0's regroup each fail within what was left
+    of the members' 20 s wait (at least 5 s to connect), not gloo's 30 min group timeout."""
+    with Ranks("replacement_peer_dies_before_connecting", 3, tmp_path, env=SECRET) as ranks:
+        assert ranks.wait(1, timeout=60) == 3
+        ranks.replace(1)
+        replacement, survivor = ranks.result(1, timeout=90), ranks.result(0, timeout=90)
+    assert replacement["type"] == "PeerFailed" and "did not connect" in replacement["message"], \
+        replacement
+    assert replacement["elapsed"] < 20 + 5 + 20, replacement  # + a cold start on this machine
+    assert survivor["type"] == "PeerFailed", survivor
+    assert "did not connect" in survivor["message"], survivor
+    assert survivor["elapsed"] < 20 + 5 + 10, survivor

@@ -310,6 +310,39 @@ def regroup_peer_dies_before_connecting() -> None:
         report(**error_fields(error, started), initialized=dist.is_initialized())
 
 
+def replacement_peer_dies_before_connecting() -> None:
+    """Three ranks; rank 1 dies and the test starts its replacement; rank 0 regroups keeping
+    the size (timeout 20 s); rank 2 joins that generation with the product's own calls, then
+    dies before it connects. The replacement's init_process_group and rank 0's regroup must
+    each fail within what was left of the members' wait, not gloo's 30 min group timeout."""
+    from rankguard.deadline import Deadline
+    from rankguard.runtime import generations
+
+    started = time.monotonic()
+    if RANK == 1 and os.environ.get("RANKGUARD_REPLACING") == "1":
+        try:
+            group()
+            report(type=None, elapsed=time.monotonic() - started)
+        except rankguard.RankguardError as error:
+            report(**error_fields(error, started))
+        return
+    torch, dist = group()
+    if RANK == 1:
+        os._exit(3)
+    if RANK == 2:
+        limit = Deadline.after(60)
+        generations.with_store_client(limit, "joining", lambda client: generations
+                                      ._agree_and_join(client, 1, [0, None, 2], 2, limit))
+        os._exit(0)
+    started = time.monotonic()
+    try:
+        rankguard.regroup(timeout=20, exclude=[1], keep_size=True)
+        report(type=None, elapsed=time.monotonic() - started)
+    except rankguard.RankguardError as error:
+        report(**error_fields(error, started))
+    wait_for_file("result_1.json", timeout=60)  # the store (this process's) outlives the others
+
+
 def outsider_regroup() -> None:
     """The group forms; the test writes a membership into the store; then both ranks regroup."""
     torch, dist = group()
@@ -478,6 +511,7 @@ SCENARIOS = {
     "ddp_peer_dies": ddp_peer_dies,
     "outsider_writes": outsider_writes,
     "regroup_peer_dies_before_connecting": regroup_peer_dies_before_connecting,
+    "replacement_peer_dies_before_connecting": replacement_peer_dies_before_connecting,
     "outsider_regroup": outsider_regroup,
     "outsider_shutdown": outsider_shutdown,
     "share_state": lambda: share_state(""),

@@ -247,25 +247,38 @@ def _connect(backend: str, store: Any, new_rank: int, members: list[int | None],
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    connect = min(pg_timeout.total_seconds(), max(limit.remaining(), CONNECT_FLOOR_S))
+    connect = connect_bound(limit, pg_timeout)
     try:
         dist.init_process_group(backend, store=store, rank=new_rank, world_size=len(members),
                                 timeout=timedelta(seconds=connect))
     except RuntimeError as error:  # torch's (DistStoreError is one): a peer never connected
         groups.retire_all(f"generation {current().generation} did not connect")
-        raise PeerFailed(f"did not form: its members did not connect within {connect:.3g} s "
-                         f"({first_line(error)})", op="regroup", seq=current().generation,
-                         group=WORLD, rank=new_rank, missing=[],
-                         waited=time.monotonic() - started) from error
+        raise not_connected(error, connect, "regroup", new_rank, started) from error
     c10d._set_pg_timeout(pg_timeout)
 
 
-def fill_vacancy(base_store: Any, place: int, limit: Deadline) -> tuple[Any, int]:
+def not_connected(error: RuntimeError, connect_s: float, op: str, rank: int,
+                  started: float) -> PeerFailed:
+    """The error of a rank whose new generation did not connect within ``connect_s`` (torch's
+    ``error``): a member died or froze after it joined."""
+    return PeerFailed(f"did not form: its members did not connect within {connect_s:.3g} s "
+                      f"({first_line(error)})", op=op, seq=current().generation, group=WORLD,
+                      rank=rank, missing=[], waited=time.monotonic() - started)
+
+
+def connect_bound(limit: Deadline, pg_timeout: timedelta) -> float:
+    """Seconds a new generation's backend may take to connect its members: what is left of
+    ``limit``, at least ``margins.CONNECT_FLOOR_S``, at most the group's timeout."""
+    return min(pg_timeout.total_seconds(), max(limit.remaining(), CONNECT_FLOOR_S))
+
+
+def fill_vacancy(base_store: Any, place: int, limit: Deadline) -> tuple[Any, int, Deadline]:
     """For a replacement's ``init_process_group`` (``vacancies.replacing()``): join the newest
     generation with ``place`` vacant in the store ``base_store`` (the one the survivors' first
     default group was created on, as ``init_process_group`` made or took it); returns the
-    store to create the default group on and the group's size. This process then belongs to
-    that generation.
+    store to create the default group on, the group's size, and when its members stop waiting
+    (the bound of the connect, see :func:`connect_bound`). This process then belongs to that
+    generation.
 
     Raises:
         UsageError: this process has no secret to prove its arrival with.
@@ -290,7 +303,8 @@ def fill_vacancy(base_store: Any, place: int, limit: Deadline) -> tuple[Any, int
                                 op="join", seq=0, group=WORLD, rank=place, missing=[],
                                 waited=time.monotonic() - started) from error
     state.generation = record.generation
-    return vacancies.group_store(record.generation, state.lineage_root), record.size
+    return (vacancies.group_store(record.generation, state.lineage_root), record.size,
+            Deadline.after(record.until - time.time()))
 
 
 def _known_failed(keep_size: bool) -> set[int]:

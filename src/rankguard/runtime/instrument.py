@@ -32,6 +32,7 @@ import functools
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Iterator
@@ -381,7 +382,8 @@ def _fill_vacancy(init_method: Any, kwargs: dict[str, Any]) -> tuple[None, dict[
     """The arguments that make a replacement's ``init_process_group`` join the survivors'
     newest generation where its rank's place is vacant (see ``vacancies``), within
     ``vacancies.REPLACEMENT_WAITS`` times ``RANKGUARD_REPLACE_TIMEOUT`` (default
-    ``vacancies.JOIN_TIMEOUT_S``)."""
+    ``vacancies.JOIN_TIMEOUT_S``). Their timeout bounds the backend's connect (as regroup's
+    does, ``generations.connect_bound``); the caller gives the group its own timeout after."""
     from torch.distributed import distributed_c10d as c10d
 
     timeout = kwargs.get("timeout") or c10d.default_pg_timeout
@@ -394,9 +396,11 @@ def _fill_vacancy(init_method: Any, kwargs: dict[str, Any]) -> tuple[None, dict[
         store = c10d.PrefixStore("default_pg", store)
     if place < 0:
         place = int(os.environ.get("RANK", "-1"))
-    group_store, size = generations.fill_vacancy(store, place, Deadline.after(
+    group_store, size, members_wait = generations.fill_vacancy(store, place, Deadline.after(
         vacancies.REPLACEMENT_WAITS * vacancies.join_timeout()))
-    kwargs.update(store=group_store, rank=place, world_size=size, timeout=timeout)
+    connect = generations.connect_bound(members_wait, timeout)
+    kwargs.update(store=group_store, rank=place, world_size=size,
+                  timeout=timedelta(seconds=connect))
     return None, kwargs
 
 
@@ -478,20 +482,30 @@ def install() -> None:
             kwargs.setdefault("world_size", int(os.environ["WORLD_SIZE"]))
             kwargs["timeout"] = timeout
             init_method = None
+        group_timeout = kwargs.get("timeout")
         if vacancies.replacing() and state.generation == 0:
+            group_timeout = group_timeout or c10d.default_pg_timeout
             init_method, kwargs = _fill_vacancy(init_method, kwargs)
             state.awaiting_state = True
         backend = _translate(backend)
-        state.pg_timeout = kwargs.get("timeout")
+        state.pg_timeout = group_timeout
         with _forming.default_group() as forming:
             if world is not None and backend != BACKEND:
                 world.enter(_ledger.OP_CODES["init_process_group"])  # not ours: the nearest point
                 forming.entered = True
+            began = time.monotonic()
             try:
                 made = original_init(backend, init_method, *args, **kwargs)
+            except RuntimeError as error:
+                if state.awaiting_state:  # a replacement: its connect was bounded
+                    raise generations.not_connected(error, kwargs["timeout"].total_seconds(),
+                                                    "join", kwargs["rank"], began) from error
+                raise
             finally:
                 if world is not None and forming.entered:
                     world.done()
+        if group_timeout is not None and kwargs.get("timeout") != group_timeout:
+            c10d._set_pg_timeout(group_timeout)  # a replacement connected within a bound
         _watch_async_groups()
         return made
 
