@@ -106,6 +106,9 @@ def meet(client: Any, name: str, rank: int, size: int, limit: Deadline,
         client.delete_key(released)  # not ours: the genuine release will wake us
         arrived = _authentic(client, keys)  # it may have come just before the delete
         if len(arrived) == size:
+            # and the delete may have removed it, after the forged value was read: release
+            # again, or the ranks still waiting would wait until ``limit``
+            _release(client, released)
             return Meeting(size, arrived)
     return Meeting(size, _authentic(client, keys))
 
@@ -132,10 +135,13 @@ def _arrive(client: Any, name: str, keys: list[str], rank: int, payload: str
     if client.add(f"{name}/count", 1) >= len(keys):
         arrived = _authentic(client, keys)
         if len(arrived) == len(keys):
-            released = released_key(name)
-            client.set(released, sealed.seal(released, "released"))
+            _release(client, released_key(name))
             return arrived
     return None
+
+
+def _release(client: Any, released: str) -> None:
+    client.set(released, sealed.seal(released, "released"))
 
 
 def _wait(client: Any, key: str, limit: Deadline) -> bool:
