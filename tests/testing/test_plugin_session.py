@@ -194,3 +194,61 @@ def test_a_rank_in_session_teardown_is_named_so_and_costs_one_test_deadline_not_
     # the setup of the test after the failure did not wait for rank 1 (it waited a deadline)
     setup = re.search(r"^([\d.]+)s setup +\S*test_suite\.py::test_last$", logs[0], re.M)
     assert setup and float(setup.group(1)) < deadline / 2, logs[0][-3000:]
+
+
+LEAVES_OUTSIDE_THE_CALL = '''
+import pytest
+import torch
+import torch.distributed as dist
+
+def total(value):
+    t = torch.full((1,), value)
+    dist.all_reduce(t)
+    return t.item()
+
+@pytest.fixture
+def fails_on_rank1():
+    if dist.get_rank() == 1:
+        raise RuntimeError("the fixture fails on rank 1")
+    yield
+
+def test_setup_fails_on_rank1(fails_on_rank1):
+    assert total(1.0) == 2.0  # paired with rank 1's next all_reduce, it would read 11
+
+def test_after_the_setup():
+    assert total(10.0) == 20.0
+
+def test_rank1_skips():
+    if dist.get_rank() == 1:
+        pytest.skip("rank 1 has no use for it")
+    assert total(1.0) == 2.0
+
+@pytest.mark.skip(reason="skipped by its mark on every rank")
+def test_marked_to_skip():
+    pass
+
+def test_last():
+    assert total(100.0) == 200.0
+'''
+
+
+@pytest.mark.slow  # two ranks under the launcher (5 s)
+def test_a_rank_that_leaves_a_test_in_a_fixture_or_by_a_skip_releases_its_peers_naming_how(
+        run_rankguard, tmp_path: Path) -> None:
+    run = every_rank_runs(run_rankguard, tmp_path, LEAVES_OUTSIDE_THE_CALL, [],
+                          ["-rA", "--rankguard-deadline", "60",
+                           "-o", "rankguard_shutdown_timeout=5"])
+    logs = {rank: (run.log_dir / "attempt0" / f"rank{rank}.log").read_text() for rank in (0, 1)}
+    # rank 0 waits in no collective of rank 1's next test, and is told why rank 1 left
+    assert re.search(r"(PeerFailed: rank 0: all_reduce #\d+ on group 'world' was abandoned: "
+                     r"|GroupRetired: process group 'world' is retired \()rank 1 failed the "
+                     r"setup of test_suite\.py::test_setup_fails_on_rank1", logs[0]), logs[0][-4000:]
+    assert re.search(r"(was abandoned: |is retired \()rank 1 skipped "
+                     r"test_suite\.py::test_rank1_skips", logs[0]), logs[0][-4000:]
+    for rank in (0, 1):
+        for test in ("test_after_the_setup", "test_last"):
+            assert outcome(logs[rank], test) == "PASSED", logs[rank][-4000:]
+        # a skip by its mark is every rank's: nobody re-forms the group for it
+        assert "re-formed after rank 0 skipped the setup" not in logs[rank]
+        assert "re-formed after rank 1 skipped the setup" not in logs[rank]
+    assert run.wall_s < 40  # released at once, not at the 60 s test deadline

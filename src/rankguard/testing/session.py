@@ -2,9 +2,10 @@
 
 Under a launcher (``RANK``, ``WORLD_SIZE`` > 1, ``MASTER_ADDR`` and ``MASTER_PORT`` set), the
 plugin turns on the rank runtime at configure time (``rankguard.init``: SIGTERM teardown,
-stacks on demand, bounded collectives for the groups the suite creates). A rank that fails a
-test by itself retires the group and tells its peers, so that none waits for it, or pairs that
-test's collectives with the next one's.
+stacks on demand, bounded collectives for the groups the suite creates). A rank that leaves a
+test by itself (it fails, skips or xfails it, or a fixture of it fails at setup or teardown; a
+skip by the test's marks is every rank's) retires the group and tells its peers how, so that
+none waits for it, or pairs that test's collectives with the next one's.
 
 **The group is re-formed between tests**, so one failure does not fail the rest of the suite:
 at the setup of its next test, each rank whose world group was retired posts where it is in the
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import pytest
 
@@ -95,9 +96,11 @@ class EveryRank:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: Any) -> Any:
         report = yield
-        if (call.when == "call" and call.excinfo is not None
-                and not isinstance(call.excinfo.value, (CollectiveError, GroupRetired))):
-            abandon(item.nodeid)
+        if (call.excinfo is not None
+                and not isinstance(call.excinfo.value, (CollectiveError, GroupRetired))
+                and not (call.when == "setup" and report.skipped and _skip_marked(item))):
+            abandon(left_test(item.nodeid, call.when, report.outcome,
+                              hasattr(report, "wasxfail")))
         return report
 
     def _reform(self, item: pytest.Item) -> None:
@@ -194,11 +197,27 @@ def _announce_end() -> None:
         pass
 
 
-def abandon(nodeid: str) -> None:
-    """This rank failed ``nodeid`` by itself: its peers must not keep waiting for it in that
+def _skip_marked(item: pytest.Item) -> bool:
+    """Whether a skip in the item's setup is its marks' (skip, skipif, xfail(run=False)): the
+    same on every rank, so none needs telling."""
+    return any(item.iter_markers(name) for name in ("skip", "skipif", "xfail"))
+
+
+def left_test(nodeid: str, when: Literal["setup", "call", "teardown"],
+              outcome: Literal["failed", "skipped"], xfail: bool) -> str:
+    """How this rank left test ``nodeid`` before its end, in the words of its notice to the
+    peers: ``when`` is the phase that raised (setup, call, teardown), ``outcome`` its report's
+    (failed, skipped), ``xfail`` whether that was an expected failure."""
+    did = "xfailed" if xfail else "skipped" if outcome == "skipped" else "failed"
+    return f"{did} {nodeid}" if when == "call" else f"{did} the {when} of {nodeid}"
+
+
+def abandon(left: str) -> None:
+    """This rank ``left`` a test (see ``left_test``) by itself, in any phase (a fixture's setup
+    or teardown, the test, a skip or xfail): its peers must not keep waiting for it in that
     test's collectives, nor pair them with the next test's."""
     if "torch.distributed" in sys.modules:
-        internal.abandon_world(f"rank {os.environ.get('RANK')} failed {nodeid}")
+        internal.abandon_world(f"rank {os.environ.get('RANK')} {left}")
 
 
 def finish(limit: Deadline) -> str | None:
