@@ -29,6 +29,8 @@ sessions fail (exit status 1), so no rank waits forever and none reports success
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import sys
 from typing import Any, Callable, Literal
@@ -73,6 +75,7 @@ class EveryRank:
         self.shutdown_timeout = shutdown_timeout
         self._deadline_of = deadline_of
         self._order: dict[str, int] = {}
+        self._tests = collection_digest([])  # which tests this rank runs, in their order
         self._resume_at: str | None = None
         self._failure = "a failure"  # why the group was last re-formed (its retirement reason)
         self._gave_up: str | None = None
@@ -80,6 +83,7 @@ class EveryRank:
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self._order = {item.nodeid: index for index, item in enumerate(session.items)}
+        self._tests = collection_digest([item.nodeid for item in session.items])
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -105,9 +109,9 @@ class EveryRank:
 
     def _reform(self, item: pytest.Item) -> None:
         """Agree with every rank on the test to resume at; skip to it or regroup here."""
-        position = self._order.get(item.nodeid, -1)
+        position = json.dumps({"at": self._order.get(item.nodeid, -1), "tests": self._tests})
         self._failure = internal.world_retired() or "a failure"
-        meeting = internal.meet(_reform_name(), self._until(item), str(position))  # sealed
+        meeting = internal.meet(_reform_name(), self._until(item), position)  # sealed
         ended = sorted(rank for rank, at in meeting.arrived.items() if at == _SESSION_END)
         if meeting.missing:
             also = f" ({_ranks(ended)} in session teardown)" if ended else ""
@@ -116,10 +120,15 @@ class EveryRank:
         if ended:
             self._ended = ended
             pytest.skip(self._ended_reason())
-        furthest = max(int(at) for at in meeting.arrived.values())
+        positions = {rank: json.loads(at) for rank, at in meeting.arrived.items()}
+        other = sorted(rank for rank, at in positions.items() if at["tests"] != self._tests)
+        if other:
+            self._give_up(f"{_ranks(other)} collected other tests than rank "
+                          f"{os.environ.get('RANK')} (or in another order), so no test is "
+                          f"where all meet: run the same tests on every rank (the same "
+                          f"files, -k, -m and --lf, and no per-rank deselection)")
+        furthest = max(at["at"] for at in positions.values())
         names = {index: nodeid for nodeid, index in self._order.items()}
-        if furthest not in names:
-            self._give_up("the ranks did not collect the same tests")
         if furthest > self._order[item.nodeid]:
             self._resume_at = names[furthest]
             pytest.skip(self._passed_reason())
@@ -173,6 +182,12 @@ class EveryRank:
 
 
 _SESSION_END = "end"  # the position a rank in session teardown brings to a re-forming
+
+
+def collection_digest(nodeids: list[str]) -> str:
+    """A short fingerprint of the tests a rank collected, in their order: ranks that agree on
+    it can meet at a test by its position."""
+    return hashlib.sha256("\n".join(nodeids).encode()).hexdigest()[:16]
 
 
 def _reform_name() -> str:
