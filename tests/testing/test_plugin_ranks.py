@@ -119,6 +119,20 @@ def test_rank1_fails_between_sub_group_collectives():
     assert session.wall_s < 40  # told at once, not at the 60 s deadline
 
 
+@pytest.mark.slow  # a second pool starts (5 s)
+def test_a_test_that_destroys_the_process_group_passes_and_the_next_test_finds_one(
+        tmp_path: Path) -> None:
+    body = HEADER + '''
+@pytest.mark.ranks(2)
+def test_destroys_the_group():
+    dist.destroy_process_group()
+''' + GOOD
+    session = run_suite(tmp_path, {"test_dist.py": body}, [], timeout=120)
+    assert session.result("test_destroys_the_group") == "passed", session.output
+    assert session.result("test_good_after") == "passed", session.output  # on a new pool
+    assert session.code == 0
+
+
 @pytest.mark.slow
 def test_a_rank_frozen_inside_allreduce_is_named_with_its_stack_within_the_deadline(
         tmp_path: Path) -> None:
