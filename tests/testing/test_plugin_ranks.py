@@ -97,6 +97,43 @@ def test_rank1_disagrees():
 
 
 @pytest.mark.slow
+def test_a_rank_that_raises_releases_its_peer_waiting_in_a_sub_group_at_once(
+        tmp_path: Path) -> None:
+    body = HEADER + '''
+@pytest.mark.ranks(2)
+@pytest.mark.deadline(60)
+def test_rank1_fails_between_sub_group_collectives():
+    group = dist.new_group([0, 1])
+    dist.all_reduce(torch.ones(1), group=group)
+    if dist.get_rank() == 1:
+        assert False, "rank 1 fails"
+    dist.all_reduce(torch.ones(1), group=group)  # rank 0 waits here for rank 1
+''' + GOOD
+    session = run_suite(tmp_path, {"test_dist.py": body}, [], timeout=120)
+    text = session.text("test_rank1_fails_between_sub_group_collectives")
+    assert text.startswith("rank 1 failed first (AssertionError); rank 0 failed as a "
+                           "consequence (PeerFailed)"), text
+    assert re.search(r"PeerFailed: rank 0: all_reduce #2 on group '(?!world)[^']+' was "
+                     r"abandoned: rank 1 raised AssertionError", text), text
+    assert session.result("test_good_after") == "passed"
+    assert session.wall_s < 40  # told at once, not at the 60 s deadline
+
+
+@pytest.mark.slow  # a second pool starts (5 s)
+def test_a_test_that_destroys_the_process_group_passes_and_the_next_test_finds_one(
+        tmp_path: Path) -> None:
+    body = HEADER + '''
+@pytest.mark.ranks(2)
+def test_destroys_the_group():
+    dist.destroy_process_group()
+''' + GOOD
+    session = run_suite(tmp_path, {"test_dist.py": body}, [], timeout=120)
+    assert session.result("test_destroys_the_group") == "passed", session.output
+    assert session.result("test_good_after") == "passed", session.output  # on a new pool
+    assert session.code == 0
+
+
+@pytest.mark.slow
 def test_a_rank_frozen_inside_allreduce_is_named_with_its_stack_within_the_deadline(
         tmp_path: Path) -> None:
     body = HEADER + '''

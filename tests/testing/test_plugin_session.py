@@ -41,11 +41,12 @@ def test_rank1_freezes_before_the_end_of_the_session():
 
 
 def every_rank_runs(run_rankguard, tmp_path: Path, tests: str, launcher_args: list[str],
-                    pytest_args: list[str]):
-    """``rankguard run --nproc-per-node 2 -m pytest`` on a suite whose conftest makes the group."""
+                    pytest_args: list[str], conftest: str = ""):
+    """``rankguard run --nproc-per-node 2 -m pytest`` on a suite whose conftest makes the group
+    (and has ``conftest`` added)."""
     suite = tmp_path / "suite"
     suite.mkdir()
-    (suite / "conftest.py").write_text(textwrap.dedent(CONFTEST))
+    (suite / "conftest.py").write_text(textwrap.dedent(CONFTEST) + textwrap.dedent(conftest))
     (suite / "test_suite.py").write_text(textwrap.dedent(tests))
     return run_rankguard(["--nproc-per-node", "2", *launcher_args, "-m", "pytest", "-q",
                           "-p", "no:cacheprovider", "-p", "no:timeout", "--rootdir", str(suite),
@@ -112,6 +113,16 @@ def test_last():
 '''
 
 
+def released_run(run_rankguard, tmp_path: Path, tests: str, conftest: str = ""):
+    """``every_rank_runs`` with a 60 s test deadline that no failure should wait for; the run
+    and each rank's log."""
+    run = every_rank_runs(run_rankguard, tmp_path, tests, [],
+                          ["-rA", "--rankguard-deadline", "60",
+                           "-o", "rankguard_shutdown_timeout=5"], conftest)
+    return run, {rank: (run.log_dir / "attempt0" / f"rank{rank}.log").read_text()
+                 for rank in (0, 1)}
+
+
 def outcome(log: str, test: str) -> str | None:
     """A test's outcome in the short summary (``-rA``) of one rank's log."""
     found = re.search(rf"^(PASSED|FAILED|ERROR) \S*test_suite\.py::{test}\b", log, re.M)
@@ -120,10 +131,7 @@ def outcome(log: str, test: str) -> str | None:
 
 def test_under_a_launcher_a_rank_that_fails_first_releases_its_peers_and_the_group_is_reformed(
         run_rankguard, tmp_path: Path) -> None:
-    run = every_rank_runs(run_rankguard, tmp_path, DISAGREES, [],
-                          ["-rA", "--rankguard-deadline", "60",
-                           "-o", "rankguard_shutdown_timeout=5"])
-    logs = {rank: (run.log_dir / "attempt0" / f"rank{rank}.log").read_text() for rank in (0, 1)}
+    run, logs = released_run(run_rankguard, tmp_path, DISAGREES)
     assert "AssertionError: rank 1 disagrees" in logs[1]
     # rank 0 learns of it inside its all_reduce (PeerFailed) or, when rank 1's notice came
     # first (a loaded machine), as it starts it (GroupRetired): released either way
@@ -194,3 +202,99 @@ def test_a_rank_in_session_teardown_is_named_so_and_costs_one_test_deadline_not_
     # the setup of the test after the failure did not wait for rank 1 (it waited a deadline)
     setup = re.search(r"^([\d.]+)s setup +\S*test_suite\.py::test_last$", logs[0], re.M)
     assert setup and float(setup.group(1)) < deadline / 2, logs[0][-3000:]
+
+
+LEAVES_OUTSIDE_THE_CALL = '''
+import pytest
+import torch
+import torch.distributed as dist
+
+def total(value):
+    t = torch.full((1,), value)
+    dist.all_reduce(t)
+    return t.item()
+
+@pytest.fixture
+def fails_on_rank1():
+    if dist.get_rank() == 1:
+        raise RuntimeError("the fixture fails on rank 1")
+    yield
+
+def test_setup_fails_on_rank1(fails_on_rank1):
+    assert total(1.0) == 2.0  # paired with rank 1's next all_reduce, it would read 11
+
+def test_after_the_setup():
+    assert total(10.0) == 20.0
+
+def test_rank1_skips():
+    if dist.get_rank() == 1:
+        pytest.skip("rank 1 has no use for it")
+    assert total(1.0) == 2.0
+
+@pytest.mark.skip(reason="skipped by its mark on every rank")
+def test_marked_to_skip():
+    pass
+
+def test_last():
+    assert total(100.0) == 200.0
+'''
+
+
+@pytest.mark.slow  # two ranks under the launcher (5 s)
+def test_a_rank_that_leaves_a_test_in_a_fixture_or_by_a_skip_releases_its_peers_naming_how(
+        run_rankguard, tmp_path: Path) -> None:
+    run, logs = released_run(run_rankguard, tmp_path, LEAVES_OUTSIDE_THE_CALL)
+    # rank 0 waits in no collective of rank 1's next test, and is told why rank 1 left
+    assert re.search(r"(PeerFailed: rank 0: all_reduce #\d+ on group 'world' was abandoned: "
+                     r"|GroupRetired: process group 'world' is retired \()rank 1 failed the "
+                     r"setup of test_suite\.py::test_setup_fails_on_rank1", logs[0]), logs[0][-4000:]
+    assert re.search(r"(was abandoned: |is retired \()rank 1 skipped "
+                     r"test_suite\.py::test_rank1_skips", logs[0]), logs[0][-4000:]
+    for rank in (0, 1):
+        for test in ("test_after_the_setup", "test_last"):
+            assert outcome(logs[rank], test) == "PASSED", logs[rank][-4000:]
+        # a skip by its mark is every rank's: nobody re-forms the group for it
+        assert "re-formed after rank 0 skipped the setup" not in logs[rank]
+        assert "re-formed after rank 1 skipped the setup" not in logs[rank]
+    assert run.wall_s < 40  # released at once, not at the 60 s test deadline
+
+
+OTHER_TESTS_ON_RANK1 = '''
+import os
+
+def pytest_collection_modifyitems(config, items):  # as a -k given to rank 1 alone
+    if os.environ["RANK"] == "1":
+        items[:] = [item for item in items if item.name != "test_rank0_only"]
+'''
+
+FAILS_THEN_DIFFERS = '''
+import torch
+import torch.distributed as dist
+
+def total(value):
+    t = torch.full((1,), value)
+    dist.all_reduce(t)
+    return t.item()
+
+def test_rank1_fails():
+    assert dist.get_rank() == 0, "rank 1 fails"
+
+def test_rank0_only():
+    assert total(10.0) == 20.0
+
+def test_both():
+    assert total(100.0) == 200.0
+'''
+
+
+@pytest.mark.slow  # two ranks under the launcher (5 s)
+def test_ranks_that_collected_other_tests_give_up_re_forming_saying_so_not_meet_at_other_tests(
+        run_rankguard, tmp_path: Path) -> None:
+    run, logs = released_run(run_rankguard, tmp_path, FAILS_THEN_DIFFERS,
+                             OTHER_TESTS_ON_RANK1)
+    for rank, other in ((0, 1), (1, 0)):
+        assert (f"could not re-form the process group after a failure: rank {other} collected "
+                f"other tests than rank {rank}") in logs[rank], logs[rank][-4000:]
+    # not met at the second test of each (rank 0's test_rank0_only, rank 1's test_both): 110
+    assert "assert 110.0" not in logs[0] + logs[1]
+    assert run.code != 0 and run.wall_s < 40

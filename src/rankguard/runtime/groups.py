@@ -47,13 +47,21 @@ on_notice_taken: list[Callable[[], None]] = []  # called after a peer's notice r
 on_unwrapped_notice: list[Callable[[str, dict[str, Any]], None]] = []
 
 
+EVERY_GROUP = "every_group"  # a notice's key: its sender gave up on every group it is in
+
+
 def on_notice(name: str, notice: dict[str, Any]) -> None:
-    """A peer reports that the group called ``name`` failed: retire it here too, and release
-    at once what waits on it outside Python (``bounded``'s releasable futures; for a group
+    """A peer reports that the group called ``name`` failed (with ``EVERY_GROUP``: that it
+    gave up on every group it is in): retire it here too (and each of those), and release at
+    once what waits on it outside Python (``bounded``'s releasable futures; for a group
     rankguard does not wrap, its communicator's abort)."""
     record = current().groups.by_name(name)
     if record is not None:
         retire(record, notice_text(notice), notice)
+        if notice.get(EVERY_GROUP):
+            for other in current().groups.live():
+                if notice.get("by") in other.ranks:
+                    retire(other, notice_text(notice), notice)
         for release in on_notice_taken:
             release()
         return
@@ -114,15 +122,17 @@ _abandoned_unwrapped: set[int] = set()  # generations whose unwrapped world this
 
 
 def abandon_world(reason: str) -> None:
-    """This rank gives up on the current world group: retire it here and tell every peer, so
-    that none keeps waiting for this rank in a collective (their wait raises PeerFailed; on
-    NCCL, their communicator is aborted). Once per group."""
+    """This rank gives up on the current world group, and so on every group it is in: retire
+    them here and tell every peer (one notice, on the world group), so that none keeps waiting
+    for this rank in a collective, of the world or of a sub-group (their wait raises
+    PeerFailed; on NCCL, their world communicator is aborted). Once per world group."""
     state = current()
     record = state.groups.world()
     if record is not None:
         if record.retired is None:
-            retire(record, reason)
-            tell_peers(record, {"by": record.rank, "reason": reason}, window=ABANDON_WINDOW_S)
+            retire_all(reason)
+            tell_peers(record, {"by": record.rank, "reason": reason, EVERY_GROUP: True},
+                       window=ABANDON_WINDOW_S)
         return
     sampler = async_groups.sampler()  # a default group rankguard does not wrap (NCCL's)?
     if (state.asker is None or sampler is None or sampler.describe(WORLD) is None

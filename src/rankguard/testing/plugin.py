@@ -345,7 +345,9 @@ class _Guard:
             missing = sorted(set(range(world)) - set(answers))
             text = compose(world, answers, pool.stacks(missing) if missing else {},
                            {r: pool.log_since(r, offsets[r]) for r in range(world)})
-            healthy = not missing and pool.alive() and (text is None or pool.regroup())
+            kept = all(answer.get("group", True) for answer in answers.values())
+            healthy = (not missing and kept and pool.alive()
+                       and (text is None or pool.regroup()))
         finally:
             if not healthy:
                 self.pools.pop(placement, None)

@@ -13,11 +13,16 @@ from ..inputs.pyfiles import import_file
 _modules: dict[str, Any] = {}
 
 
-def run_test(state: Any, path: str, qualname: str, args: bytes) -> None:
+def run_test(state: Any, path: str, qualname: str, args: bytes) -> bool:
     """Call test ``qualname`` (``test_x`` or ``TestClass.test_x``) of the file ``path`` with
-    the pickled fixture values ``args``; what it raises is the rank's answer."""
+    the pickled fixture values ``args``; what it raises is the rank's answer. Returns whether
+    the rank still has its process group (a test may destroy it: the next test must not find
+    the ranks without one)."""
     function = _resolve(_load(path), qualname)
     function(**pickle.loads(args))
+    import torch.distributed as dist  # imported by the rank before any test
+
+    return dist.is_initialized()
 
 
 def _load(path: str) -> Any:

@@ -2,9 +2,10 @@
 
 Under a launcher (``RANK``, ``WORLD_SIZE`` > 1, ``MASTER_ADDR`` and ``MASTER_PORT`` set), the
 plugin turns on the rank runtime at configure time (``rankguard.init``: SIGTERM teardown,
-stacks on demand, bounded collectives for the groups the suite creates). A rank that fails a
-test by itself retires the group and tells its peers, so that none waits for it, or pairs that
-test's collectives with the next one's.
+stacks on demand, bounded collectives for the groups the suite creates). A rank that leaves a
+test by itself (it fails, skips or xfails it, or a fixture of it fails at setup or teardown; a
+skip by the test's marks is every rank's) retires the group and tells its peers how, so that
+none waits for it, or pairs that test's collectives with the next one's.
 
 **The group is re-formed between tests**, so one failure does not fail the rest of the suite:
 at the setup of its next test, each rank whose world group was retired posts where it is in the
@@ -28,9 +29,11 @@ sessions fail (exit status 1), so no rank waits forever and none reports success
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import pytest
 
@@ -72,6 +75,7 @@ class EveryRank:
         self.shutdown_timeout = shutdown_timeout
         self._deadline_of = deadline_of
         self._order: dict[str, int] = {}
+        self._tests = collection_digest([])  # which tests this rank runs, in their order
         self._resume_at: str | None = None
         self._failure = "a failure"  # why the group was last re-formed (its retirement reason)
         self._gave_up: str | None = None
@@ -79,6 +83,7 @@ class EveryRank:
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self._order = {item.nodeid: index for index, item in enumerate(session.items)}
+        self._tests = collection_digest([item.nodeid for item in session.items])
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -95,16 +100,18 @@ class EveryRank:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: Any) -> Any:
         report = yield
-        if (call.when == "call" and call.excinfo is not None
-                and not isinstance(call.excinfo.value, (CollectiveError, GroupRetired))):
-            abandon(item.nodeid)
+        if (call.excinfo is not None
+                and not isinstance(call.excinfo.value, (CollectiveError, GroupRetired))
+                and not (call.when == "setup" and report.skipped and _skip_marked(item))):
+            abandon(left_test(item.nodeid, call.when, report.outcome,
+                              hasattr(report, "wasxfail")))
         return report
 
     def _reform(self, item: pytest.Item) -> None:
         """Agree with every rank on the test to resume at; skip to it or regroup here."""
-        position = self._order.get(item.nodeid, -1)
+        position = json.dumps({"at": self._order.get(item.nodeid, -1), "tests": self._tests})
         self._failure = internal.world_retired() or "a failure"
-        meeting = internal.meet(_reform_name(), self._until(item), str(position))  # sealed
+        meeting = internal.meet(_reform_name(), self._until(item), position)  # sealed
         ended = sorted(rank for rank, at in meeting.arrived.items() if at == _SESSION_END)
         if meeting.missing:
             also = f" ({_ranks(ended)} in session teardown)" if ended else ""
@@ -113,10 +120,15 @@ class EveryRank:
         if ended:
             self._ended = ended
             pytest.skip(self._ended_reason())
-        furthest = max(int(at) for at in meeting.arrived.values())
+        positions = {rank: json.loads(at) for rank, at in meeting.arrived.items()}
+        other = sorted(rank for rank, at in positions.items() if at["tests"] != self._tests)
+        if other:
+            self._give_up(f"{_ranks(other)} collected other tests than rank "
+                          f"{os.environ.get('RANK')} (or in another order), so no test is "
+                          f"where all meet: run the same tests on every rank (the same "
+                          f"files, -k, -m and --lf, and no per-rank deselection)")
+        furthest = max(at["at"] for at in positions.values())
         names = {index: nodeid for nodeid, index in self._order.items()}
-        if furthest not in names:
-            self._give_up("the ranks did not collect the same tests")
         if furthest > self._order[item.nodeid]:
             self._resume_at = names[furthest]
             pytest.skip(self._passed_reason())
@@ -172,6 +184,12 @@ class EveryRank:
 _SESSION_END = "end"  # the position a rank in session teardown brings to a re-forming
 
 
+def collection_digest(nodeids: list[str]) -> str:
+    """A short fingerprint of the tests a rank collected, in their order: ranks that agree on
+    it can meet at a test by its position."""
+    return hashlib.sha256("\n".join(nodeids).encode()).hexdigest()[:16]
+
+
 def _reform_name() -> str:
     """The store barrier of the next re-forming (every rank counts the same generations)."""
     return f"rankguard/pytest/reform{internal.next_generation()}/at"
@@ -194,11 +212,27 @@ def _announce_end() -> None:
         pass
 
 
-def abandon(nodeid: str) -> None:
-    """This rank failed ``nodeid`` by itself: its peers must not keep waiting for it in that
+def _skip_marked(item: pytest.Item) -> bool:
+    """Whether a skip in the item's setup is its marks' (skip, skipif, xfail(run=False)): the
+    same on every rank, so none needs telling."""
+    return any(item.iter_markers(name) for name in ("skip", "skipif", "xfail"))
+
+
+def left_test(nodeid: str, when: Literal["setup", "call", "teardown"],
+              outcome: Literal["failed", "skipped"], xfail: bool) -> str:
+    """How this rank left test ``nodeid`` before its end, in the words of its notice to the
+    peers: ``when`` is the phase that raised (setup, call, teardown), ``outcome`` its report's
+    (failed, skipped), ``xfail`` whether that was an expected failure."""
+    did = "xfailed" if xfail else "skipped" if outcome == "skipped" else "failed"
+    return f"{did} {nodeid}" if when == "call" else f"{did} the {when} of {nodeid}"
+
+
+def abandon(left: str) -> None:
+    """This rank ``left`` a test (see ``left_test``) by itself, in any phase (a fixture's setup
+    or teardown, the test, a skip or xfail): its peers must not keep waiting for it in that
     test's collectives, nor pair them with the next test's."""
     if "torch.distributed" in sys.modules:
-        internal.abandon_world(f"rank {os.environ.get('RANK')} failed {nodeid}")
+        internal.abandon_world(f"rank {os.environ.get('RANK')} {left}")
 
 
 def finish(limit: Deadline) -> str | None:

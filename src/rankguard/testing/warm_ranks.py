@@ -87,7 +87,8 @@ class WarmRanks:
         "failed", "error", "collective", "missing", "traceback", "at", ...}``, or
         ``{"outcome": "ended", "detail"}`` for a rank whose process ended during the test
         (``exited with code 0``, ``was killed by SIGKILL``); a rank that did not answer in
-        time is absent.
+        time is absent. A rank that passed and no longer has its process group (the test
+        destroyed it) answers ``{"outcome": "passed", "group": False}``.
 
         Every rank's answer is awaited, until ``margins.answers_by(test)``; once only
         ranks that a peer's collective error named as missing are left, they get at most
@@ -100,7 +101,7 @@ class WarmRanks:
         collectives = margins.collectives_by(test)
         replica = self._replica
         outcome = replica.submit({"fn": run_test, "args": (path, name, args), "kwargs": {},
-                                  "all": False}, collectives, answers_by)
+                                  "all": True}, collectives, answers_by)
 
         def all_accounted(o: Outcome) -> bool:
             return o.all_accounted(self.world)
@@ -113,7 +114,9 @@ class WarmRanks:
         seen = replica.wait(outcome, answers_by, lambda o: all_accounted(o) or only_named_left(o))
         if not all_accounted(seen):
             seen = replica.wait(outcome, answers_by.within(MISSING_GRACE_S), all_accounted)
-        answers: dict[int, dict[str, Any]] = {r: {"outcome": "passed"} for r in seen.results}
+        answers: dict[int, dict[str, Any]] = {
+            r: {"outcome": "passed", **({} if kept is not False else {"group": False})}
+            for r, kept in seen.results.items()}
         answers.update({r: {"outcome": "failed", **a} for r, a in seen.failures.items()})
         answers.update({r: {"outcome": "ended", "detail": replica.ending(r) or how.detail}
                         for r, how in seen.dead.items()})
