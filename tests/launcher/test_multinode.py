@@ -782,3 +782,36 @@ def test_a_standby_node_takes_a_lost_nodes_place_in_place_and_no_step_is_lost(tm
     assert replaced == [base, base + 1], _error(runs)
     assert all(e["old_pid"] is None for e in standby.events if e["event"] == "replace")
     assert _checksum(runs) == _one_node_checksum(tmp_path / "fault_free", steps[1])
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(300)
+def test_a_node_lost_as_its_round_forms_costs_that_round_not_join_timeout_nor_the_job(tmp_path):
+    """A third node joins torch's rendezvous with the two agents, completing the round, and
+    dies at once (a real torch c10d participant, ``rdzv_participant.py``): it never agrees on
+    the round's ranks. Before, the agents waited for it up to join_timeout (60 s here, 600 by
+    default), then ended the job, restarts left or not; now the round is lost within the hang
+    timeout and the next one forms with the two agents."""
+    hang_s = 3
+    procs = _start_agents(tmp_path, ["--hang-timeout", str(hang_s), "--max-restarts", "1"],
+                          nnodes="2:3", steps=20, conf=",last_call_timeout=15")
+    endpoint = next(a for a in procs[0][0].args if a.startswith("127.0.0.1:"))
+    run_id = procs[0][0].args[procs[0][0].args.index("--rdzv-id") + 1]
+    node = subprocess.Popen([sys.executable, script("rdzv_participant.py"), endpoint, run_id,
+                             "2", "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=str(ROOT), start_new_session=True)
+    try:
+        runs = _finish_all(procs, 240)
+        out, _ = node.communicate(timeout=30)
+    finally:
+        if node.poll() is None:
+            node.kill()
+            node.wait(timeout=10)
+    assert "JOINED node" in out and "of 3" in out, out
+    assert [run.code for run in runs] == [0, 0], _error(runs)
+    for run in runs:
+        cause = run.event("restart")["root_cause"]
+        assert "never gave their ranks" in cause or "a node was lost as torch's" in cause, cause
+        assert [e["group_world_size"] for e in run.events if e["event"] == "rendezvous"] == [2]
+        # the lost round cost the hang timeout and a poll, not join_timeout (60 s)
+        assert run.wall_s < JOIN_S + 15 + 10, run.wall_s

@@ -49,7 +49,7 @@ from .node_link import LinkContext
 from .outcome import Fault, FaultKind, run_status
 from .watch_rules import LATER, Later
 from .ranks import Layout, recovery_path
-from .rendezvous import JobStore, Rendezvous, RendezvousClosed, Round, connect
+from .rendezvous import JobStore, NodesMissing, Rendezvous, RendezvousClosed, Round, connect
 from .store_keys import agents_key, agents_namespace, left_key, round_namespace, rounds_key
 from .remote_progress import RemoteProgress
 from .round_end import RoundChannel, RoundEnd, end_key
@@ -124,7 +124,7 @@ class MultiNode:
         self._job = job
         self._store = job.store  # the job's store: the launcher hosts no other
         self._hosting = job.hosting  # hosts the store the others read last (c10d: the job's)
-        self._rdzv = Rendezvous(config.rendezvous, config.run_id, job)
+        self._rdzv = Rendezvous(config.rendezvous, config.run_id, job, config.hang_timeout)
         self._round_store = job.store  # the round's traffic: the job's store, or node 0's
         self._round_addr = (config.rendezvous.host, config.rendezvous.port)
         self._round_host_lost = False  # the round's store host (etcd-v2: node 0) is lost
@@ -167,6 +167,8 @@ class MultiNode:
                 return self._stood_by(now)
             if isinstance(exc, _Interrupted):
                 return Fault(FaultKind.LAUNCHER_SIGNAL, now, None, str(exc))
+            if isinstance(exc, NodesMissing):  # lost as the round formed: the next one may form
+                return Fault(FaultKind.NODE_LOST, now, None, str(exc))
             return Fault(FaultKind.RENDEZVOUS, now, None, str(exc))
 
     def _warm_up(self) -> None:

@@ -201,7 +201,12 @@ def _await_listener(cfg: RendezvousConfig, until: Deadline) -> None:
 
 _NPROC_KEY = "rankguard/nproc/{}"  # in the round's own prefix: a node's ranks
 _PLAN_KEY = "rankguard/plan"
-_REFUSED = "refused"  # node 0's plan when it cannot make one (unsealed: every node reads it)  # the round's number and every node's ranks, from node 0
+_REFUSED = "refused"  # node 0's plan when it cannot make one (unsealed: every node reads it)
+_MISSING = "missing"  # node 0's plan when a node of the round never gave its ranks (unsealed)
+# A node of a round torch formed sees it formed within one poll of torch's join (1 s) of the
+# first node that saw it, and gives its ranks at once: one that has not, a poll after
+# --hang-timeout, is gone or frozen, as a node whose beat does not change
+_RDZV_POLL_S = 1.0
 T = TypeVar("T")
 
 
@@ -250,6 +255,16 @@ def _uneven(counts: list[int]) -> str:
             "same --nproc-per-node")
 
 
+class NodesMissing(RendezvousError):
+    """Nodes of a round that torch's rendezvous formed never gave their ranks: they died or
+    froze as it formed. The round is lost, not the job: the next one forms without them."""
+
+
+# how node 0's unsealed plan ends a round: (its first word, the error, what the others say)
+_PLAN_ENDS = ((_REFUSED, RendezvousError, "node 0 of the round refused it: "),
+              (_MISSING, NodesMissing, ""))
+
+
 class RendezvousClosed(RendezvousError):
     """The rendezvous was closed: the job ended (or another node ended it) while this agent
     waited for a round."""
@@ -263,7 +278,9 @@ KEEP_ALIVE_DEFAULTS = {"keep_alive_interval": "1", "keep_alive_max_attempt": "3"
 class Rendezvous:
     """This node's side of the job's rendezvous (one per agent, for every round)."""
 
-    def __init__(self, cfg: RendezvousConfig, run_id: str, job: JobStore) -> None:
+    def __init__(self, cfg: RendezvousConfig, run_id: str, job: JobStore,
+                 quiet_s: float) -> None:
+        """``quiet_s``: how long a node of a formed round may be silent (``--hang-timeout``)."""
         from torch.distributed.elastic.rendezvous import RendezvousParameters
         from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
@@ -271,6 +288,7 @@ class Rendezvous:
         self._run_id = run_id
         self._job = job
         self._store = job.store
+        self._quiet_s = quiet_s
         self._hosted: list[Any] = []  # the round stores this node hosts: the last two
         self._handler: Any = None  # torch's; None: static (the nodes are given their ranks)
         self._static_rounds = 0  # static: the rounds this node took part in
@@ -288,10 +306,12 @@ class Rendezvous:
 
     def next_round(self, nproc: int) -> Round:
         """Join the next round with ``nproc`` local ranks; returns it once every node of it
-        has agreed on the ranks. Bounded by ``join_timeout`` for torch's join, and as long
-        again for the agreement.
+        has agreed on the ranks. Bounded by ``join_timeout`` for torch's join, then by twice
+        ``quiet_s`` (and a poll of torch's) for the agreement: every node of a formed round is
+        there already, unless it died or froze as the round formed.
 
         Raises:
+            NodesMissing: a node of the round torch formed never gave its ranks.
             RendezvousError: the round did not form in time, the rendezvous was closed, or
                 the job's store failed; naming the endpoint and the timeout.
         """
@@ -320,7 +340,8 @@ class Rendezvous:
             raise RendezvousError(cfg.endpoint, f"no rendezvous round of {cfg.nodes_wanted} "
                                   f"nodes formed at {cfg.endpoint} within join_timeout "
                                   f"{cfg.join_timeout} s ({why})", cfg.join_timeout) from None
-        return self._agreed(info.store, info.rank, info.world_size, nproc)
+        quiet = timedelta(seconds=min(self._quiet_s + _RDZV_POLL_S, cfg.join_timeout))
+        return self._agreed(info.store, info.rank, info.world_size, nproc, quiet)
 
     def _next_static_round(self, nproc: int) -> Round:
         """A static round: every node of the job, each with its given rank, meets under the
@@ -342,36 +363,60 @@ class Rendezvous:
             raise RendezvousError(cfg.endpoint, f"another agent of this job has --node-rank "
                                   f"{cfg.node_rank}: give each node its own rank, from 0 to "
                                   f"{cfg.max_nodes - 1}")
-        return self._agreed(store, cfg.node_rank, cfg.max_nodes, nproc)
+        return self._agreed(store, cfg.node_rank, cfg.max_nodes, nproc, None)
 
-    def _agreed(self, store: Any, group_rank: int, group_world: int, nproc: int) -> Round:
-        """:meth:`_agree`, its store's failures as a RendezvousError."""
+    def _agreed(self, store: Any, group_rank: int, group_world: int, nproc: int,
+                quiet: timedelta | None) -> Round:
+        """:meth:`_agree`, its store's failures as a RendezvousError (``NodesMissing`` when
+        nodes of a formed round, ``quiet`` given, never gave their ranks)."""
         cfg = self._cfg
         try:
-            return self._agree(store, group_rank, group_world, nproc)
+            return self._agree(store, group_rank, group_world, nproc, quiet)
         except RuntimeError as exc:  # torch's DistStoreError / DistNetworkError
             absent = _absent(store, group_world)
+            if absent and quiet is not None:
+                raise self._missing(absent, group_world, quiet) from None
             why = (f"node(s) {', '.join(map(str, absent))} never came" if absent else
                    f"the store said: {first_line(exc)}")
             raise RendezvousError(cfg.endpoint, f"the {group_world} nodes of the round did not "
                                   f"agree on their ranks at {cfg.endpoint} within join_timeout "
                                   f"{cfg.join_timeout} s: {why}", cfg.join_timeout) from None
 
-    def _agree(self, store: Any, group_rank: int, group_world: int, nproc: int) -> Round:
+    def _missing(self, absent: list[int], group_world: int, quiet: timedelta) -> NodesMissing:
+        nodes = ", ".join(map(str, absent))
+        return NodesMissing(self._cfg.endpoint, f"node(s) {nodes} of the round of {group_world} "
+                            f"nodes never gave their ranks, {quiet.total_seconds():g} s after "
+                            "torch's rendezvous formed it: gone or frozen as it formed",
+                            quiet.total_seconds())
+
+    def _agree(self, store: Any, group_rank: int, group_world: int, nproc: int,
+               quiet: timedelta | None) -> Round:
         """Through the round's own prefix of the store (``store``, torch's): every node's
         ``nproc`` in, node 0 writes the plan (round number, bases, and with etcd-v2 the round's
         store, which it hosts), every node reads it. Each value is sealed with the job's secret
-        when the nodes share one (see ``sealed``).
+        when the nodes share one (see ``sealed``). ``quiet``: how long node 0 waits for the
+        others' ranks (the others wait twice as long for its plan); None: ``join_timeout``
+        (static nodes, which come at their own pace).
 
         Raises:
+            NodesMissing: (node 0) a node never gave its ranks within ``quiet``; the others
+                read that in its plan.
             RendezvousError: a value is not one of this job's (no seal, or not readable).
         """
-        limit = timedelta(seconds=self._cfg.join_timeout)
+        limit = quiet or timedelta(seconds=self._cfg.join_timeout)
         mine = _NPROC_KEY.format(group_rank)
         store.set(mine, sealed.seal(mine, str(nproc)))
         if group_rank == 0:
             keys = [_NPROC_KEY.format(node) for node in range(group_world)]
-            store.wait(keys, limit)
+            try:
+                store.wait(keys, limit)
+            except RuntimeError:
+                absent = _absent(store, group_world)
+                if not absent or quiet is None:
+                    raise
+                missing = self._missing(absent, group_world, quiet)
+                store.set(_PLAN_KEY, f"{_MISSING}: {missing}")  # the others stop at it too
+                raise missing from None
             try:
                 counts = [self._open(key, value, int) for key, value in
                           zip(keys, store.multi_get(keys))]
@@ -384,10 +429,14 @@ class Rendezvous:
                 raise
             number = self._store.add(store_keys.rounds_key(self._run_id), 1) - 1
             store.set(_PLAN_KEY, sealed.seal(_PLAN_KEY, _Plan(number, counts, where).encode()))
-        store.wait([_PLAN_KEY], limit)
+        store.wait([_PLAN_KEY], 2 * limit if quiet else limit)
         plan = self._open(_PLAN_KEY, store.get(_PLAN_KEY), _Plan.decode)
         if len(plan.counts) != group_world:
-            raise self._foreign(_PLAN_KEY, f"{len(plan.counts)} nodes, not {group_world}")
+            # torch drops a node that died as the round formed from the round's participants,
+            # and the nodes that read them after that count one fewer (its own plan is sealed)
+            raise NodesMissing(self._cfg.endpoint, f"node 0 counted {len(plan.counts)} nodes in "
+                               f"the round, this node {group_world}: a node was lost as torch's "
+                               "rendezvous formed it")
         if (plan.store is None) == self._job.round_stores:
             raise self._foreign(_PLAN_KEY, "another backend's plan")
         base, world = assign(plan.counts)[group_rank]
@@ -407,11 +456,13 @@ class Rendezvous:
         return host, port
 
     def _open(self, key: str, value: bytes, parse: Callable[[str], T]) -> T:
-        if value.startswith(_REFUSED.encode()):
-            # unsealed (a secret mismatch may be why): shown as text, never acted on further
-            why = value[len(_REFUSED) + 2:].decode(errors="replace")[:300]
-            why = "".join(c if c.isprintable() else "?" for c in why)
-            raise RendezvousError(self._cfg.endpoint, f"node 0 of the round refused it: {why}")
+        for word, error, said in _PLAN_ENDS:
+            if value.startswith(word.encode()):
+                # unsealed (a secret mismatch may be why): shown as text, acted on no further
+                # than ending this round (a forged "missing" costs a round, as a lost node)
+                why = value[len(word) + 2:].decode(errors="replace")[:300]
+                why = "".join(c if c.isprintable() else "?" for c in why)
+                raise error(self._cfg.endpoint, f"{said}{why}")
         payload = sealed.unseal(key, value)
         if payload is None:
             raise self._foreign(key, "without this job's seal")
