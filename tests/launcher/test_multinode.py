@@ -815,3 +815,45 @@ def test_a_node_lost_as_its_round_forms_costs_that_round_not_join_timeout_nor_th
         assert [e["group_world_size"] for e in run.events if e["event"] == "rendezvous"] == [2]
         # the lost round cost the hang timeout and a poll, not join_timeout (60 s)
         assert run.wall_s < JOIN_S + 15 + 10, run.wall_s
+
+
+def _agents_came(procs, count: int, until: float) -> None:
+    """Wait until ``count`` agents have counted themselves into the job (its store's key)."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from rankguard.launcher.store_keys import agents_key
+
+    args = procs[0][0].args
+    host, port = next(a for a in args if a.startswith("127.0.0.1:")).rsplit(":", 1)
+    store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=30))
+    key = agents_key(args[args.index("--rdzv-id") + 1])
+    while store.add(key, 0) < count:
+        assert time.monotonic() < until, f"fewer than {count} agents came in time"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(240)
+def test_a_standby_preempted_while_it_stood_by_does_not_hold_the_store_host_at_the_end(
+        tmp_path):
+    """SIGTERM to a standby (scancel of a spare node, a pod evicted) as it waits in torch's
+    rendezvous: it exits 143 and says it left. Before, it left uncounted and the store's host
+    waited close_timeout (10 s here, 30 by default) for it when the job ended."""
+    procs = _start_agents(tmp_path, [], steps=400)
+    try:
+        _await_output(procs, "]:STEPPED", time.monotonic() + 120)
+        args = list(procs[0][0].args)
+        standby = launch(args[args.index("run") + 5:], tmp_path / "standby")  # same job's flags
+        _agents_came(procs, 3, time.monotonic() + 60)
+        time.sleep(1)  # into torch's rendezvous (the count comes just before it)
+        standby.send_signal(signal.SIGTERM)
+        (stopped,) = _finish_all([(standby, tmp_path / "standby")], 30)
+        runs = _finish_all(procs, 150)
+    finally:
+        _kill_all(procs)
+    assert stopped.code == 143, _error([stopped])
+    assert [run.code for run in runs] == [0, 0], _error(runs)
+    host = runs[_store_host(procs)]
+    assert "not every node left the job" not in host.stdout + host.stderr, _error([host])

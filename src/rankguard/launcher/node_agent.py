@@ -599,36 +599,44 @@ class MultiNode:
         cfg = self._rdzv_cfg
         if self._store_lost:  # its requests could block for good: nobody is left to tell
             return
+        # torch's close and the host's wait for the others each take up to close_timeout
+        limit = Deadline.after(2 * cfg.close_timeout + cfg.read_timeout)
         if self._in_rendezvous.is_set():
-            # a signal ended the wait for the round, whose store call still holds the store's
-            # client (up to join_timeout): nothing to tell the others, who never met this node
-            # in a round; a store this node hosts ends with it
+            # a signal ended the wait for the round (a standby preempted, say), whose store
+            # calls still use the store's client: this node only says it left, on a client of
+            # its own, or the store's host would wait close_timeout for it at the job's end. A
+            # store this node hosts ends with it: nobody to tell
+            if self._counted and not self._job.hosting:
+                try:
+                    within(limit, "leaving the job", lambda: self._count_out(
+                        fault, False, self._store if self._job.round_stores else
+                        self._job_client()))
+                except (StoreStalled, RuntimeError):
+                    pass  # the others wait for it up to close_timeout, as for a lost node
             return
         # the job ends here, or goes on without this node; but not without the job's store
         ending = (fault is None or fault.kind not in (FaultKind.LAUNCHER_SIGNAL, FaultKind.STANDBY_END)
                   or (self._job.hosting and not self._job.round_stores))
-        # torch's close and the host's wait for the others each take up to close_timeout
-        limit = Deadline.after(2 * cfg.close_timeout + cfg.read_timeout)
         try:
-            within(limit, "leaving the job", lambda: self._count_out(fault, ending))
+            within(limit, "leaving the job", lambda: self._count_out(fault, ending, self._store))
         except StoreStalled:
             self._say(f"rankguard: the job's store at {cfg.endpoint} did not answer while this "
                       "node left the job (its host is frozen?); leaving anyway")
 
-    def _count_out(self, fault: Fault | None, ending: bool) -> None:
-        """``leave``'s store requests: the job's end (when ``ending`` here, with ``fault``),
-        then this agent's count."""
+    def _count_out(self, fault: Fault | None, ending: bool, store: Any) -> None:
+        """``leave``'s store requests, on ``store`` (a client of the job's store): the job's
+        end (when ``ending`` here, with ``fault``), then this agent's count."""
         cfg = self._rdzv_cfg
         if ending:
             self._rdzv.record_end(*self.run_status(fault, self._signal_received()))
             self._rdzv.shutdown()
         key = left_key(self._config.run_id)
         try:
-            self._store.set(f"{key}.{self._store.add(key, 1)}", "1")
+            store.set(f"{key}.{store.add(key, 1)}", "1")
             if self._hosting:
-                came = self._store.add(self._agents_key, 0)
-                self._store.wait([f"{key}.{max(came - self._lost_nodes, 1)}"],
-                                 timedelta(seconds=cfg.close_timeout))
+                came = store.add(self._agents_key, 0)
+                store.wait([f"{key}.{max(came - self._lost_nodes, 1)}"],
+                           timedelta(seconds=cfg.close_timeout))
         except RuntimeError:
             if self._hosting:
                 self._say(f"rankguard: not every node left the job within close_timeout "
@@ -687,6 +695,15 @@ class MultiNode:
         host, port = self._round_addr
         return TCPStore(host, port, is_master=False,
                         timeout=timedelta(seconds=self._rdzv_cfg.read_timeout))
+
+    def _job_client(self) -> Any:
+        """Another client of the job's c10d store (the rendezvous thread may hold this
+        agent's). Bounded by ``read_timeout``; raises RuntimeError as torch's client does."""
+        from torch.distributed import TCPStore
+
+        cfg = self._rdzv_cfg
+        return TCPStore(cfg.host, cfg.port, is_master=False,
+                        timeout=timedelta(seconds=cfg.read_timeout))
 
     def interrupt(self) -> None:
         if self._channel is not None:
