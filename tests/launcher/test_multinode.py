@@ -857,3 +857,19 @@ def test_a_standby_preempted_while_it_stood_by_does_not_hold_the_store_host_at_t
     assert [run.code for run in runs] == [0, 0], _error(runs)
     host = runs[_store_host(procs)]
     assert "not every node left the job" not in host.stdout + host.stderr, _error([host])
+
+
+@pytest.mark.slow  # two nodes, one rank each (about 15 s)
+def test_a_rank_that_left_with_code_0_before_a_collective_is_named_across_nodes(tmp_path):
+    """Rank 1 (node 1, its only rank) ends its script before all_reduce #11; rank 0 (node 0)
+    goes on to it and fails inside it. Node 0 learns from node 1's beats that rank 1 left, and
+    when: every node names rank 1's early exit, on its node, as on one node (not rank 0's
+    error, a victim's)."""
+    runs, _ = _agents(tmp_path, ["--hang-timeout", "3", "--nproc-per-node", "1",
+                                 script("leave_early.py"), "exit0"], timeout=120)
+    assert [run.code for run in runs] == [1, 1], _error(runs)
+    cause = "rank 1 exited with code 0 before all_reduce #11 (rank 0 went on to it)"
+    # node 0 found it (its own words); node 1 read it from the round's end, which names
+    # the rank's node
+    assert [run.event("run_end")["root_cause"] for run in runs] == [cause, f"{cause} (node 1)"]
+    assert [run.outcomes() for run in runs] == [{0: "victim"}, {1: "exited"}]

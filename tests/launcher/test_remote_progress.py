@@ -7,10 +7,13 @@ from __future__ import annotations
 import pytest
 
 from rankguard.records import ledger as L
-from rankguard.records.beats import beat_async, beat_entry, decode_async, decode_ranks, encode
+from rankguard.records.beats import (beat_async, beat_entry, beat_left, decode, decode_async,
+                                     decode_ranks, encode)
+from rankguard.records.ledger_ring import wall_offset
+from rankguard.launcher.outcome import remote_departure
 from rankguard.launcher.monitor import Activity, HangRules
 from rankguard.launcher.remote_progress import RemoteProgress
-from tests.launcher.snapshots import ledger, world
+from tests.launcher.snapshots import leaving, ledger, raised_in, world
 
 ALL_REDUCE = L.OP_CODES["all_reduce"]
 HANG = 3.0
@@ -151,3 +154,40 @@ def test_a_remote_nccl_rank_in_its_first_collective_is_shown_waiting_in_it():
                        4.0)})
     [world] = remote.snapshots(0.0, local_waiting=True)[1].groups
     assert (world.entered, world.done, world.waiting) == (1, 0, True)  # not init_process_group
+
+
+def test_a_rank_that_left_with_code_0_travels_in_the_beat_with_when_it_left():
+    offset = wall_offset()
+    assert beat_left(1, leaving(11, 5.0, 0), offset) == [1, round((5.0 + offset) * 1000)]
+    assert beat_left(1, leaving(11, 5.0, 3), offset) is None  # a non-zero exit: its own fault
+    assert beat_left(1, ledger(world(11)), offset) is None  # still running
+    value = encode(1, "h1", [beat_entry(1, leaving(11, 5.0, 0))], None,
+                   [beat_left(1, leaving(11, 5.0, 0), offset)]).encode()
+    assert decode(value).left == {1: round((5.0 + offset) * 1000) / 1000}
+    assert decode(b'{"left": [[1, "x"], [2], 7, [3, 4.5]]}').left == {}  # not ours: left out
+    remote = RemoteProgress(world_size=3, local={0})
+    remote.update({1: (value, 6.0)})
+    (progress, left_at), = remote.departures().values()
+    assert progress.groups[0].entered == 11 and abs(left_at - 5.0) < 0.01
+    assert remote.node_of(1) == 1 and remote.node_of(2) is None
+
+
+DEPARTURES = {
+    "a rank of another node left before the collective this node's rank failed in": (
+        {1: (ledger(world(11)), 1.0)}, {0: raised_in(12, 1.2)}, 1.3,
+        "rank 1 exited with code 0 before all_reduce #11 (rank 0 went on to it)"),
+    "a rank that left after the same number of collectives explains nothing": (
+        {1: (ledger(world(12)), 1.0)}, {0: raised_in(12, 1.2)}, 1.3, None),
+    "the earliest of two departures is named": (
+        {1: (ledger(world(11)), 1.1), 2: (ledger(world(11)), 1.0)}, {0: raised_in(12, 1.2)},
+        1.3, "rank 2 exited with code 0 before all_reduce #11 (rank 0 went on to it)"),
+    "no departure: this node's error stands": ({}, {0: raised_in(12, 1.2)}, 1.3, None),
+}
+
+
+@pytest.mark.parametrize(("departed", "local", "now", "named"), DEPARTURES.values(),
+                         ids=DEPARTURES.keys())
+def test_another_nodes_rank_that_left_early_is_the_cause_of_this_nodes_error(
+        departed, local, now, named):
+    fault = remote_departure(departed, local, now, hang_timeout=3.0)
+    assert (fault.describe() if fault is not None else None) == named

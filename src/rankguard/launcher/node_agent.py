@@ -46,7 +46,7 @@ from .monitor import Verdict
 from . import early_signals, node_takeover
 from .node_beats import NodeBeats, Silence
 from .node_link import LinkContext
-from .outcome import Fault, FaultKind, run_status
+from .outcome import Fault, FaultKind, remote_departure, run_status
 from .watch_rules import LATER, Later
 from .ranks import Layout, recovery_path
 from .rendezvous import JobStore, NodesMissing, Rendezvous, RendezvousClosed, Round, connect
@@ -54,7 +54,8 @@ from .store_keys import agents_key, agents_namespace, left_key, round_namespace,
 from .remote_progress import RemoteProgress
 from .round_end import RoundChannel, RoundEnd, end_key
 from .. import margins
-from ..records.beats import beat_async, beat_entry
+from ..records.beats import beat_async, beat_entry, beat_left
+from ..records.ledger_ring import wall_offset
 
 
 def left_to_another_node(verdict: Verdict, local: set[int], nodes: int,
@@ -135,6 +136,8 @@ class MultiNode:
         self._counted = False  # in the job's count of agents
         self._progress: list[list[int]] = []  # the ranks' progress, for this node's beats
         self._asynchronous: list[list[int]] = []  # and their asynchronous groups
+        self._left: list[list[int]] = []  # and the ones that left with code 0
+        self._snaps: dict[int, RankProgress] = {}  # the ranks' ledgers, last read
         self._remote: RemoteProgress | None = None  # the other nodes' ranks, from their beats
         self._job_end: tuple[str, int] | None = None  # a standby's view of the job's end
         self._group_rank = -1
@@ -262,7 +265,8 @@ class MultiNode:
                                 joined.group_rank, joined.group_world,
                                 self._beat_period,
                                 cfg.local_addr or socket.gethostname(),
-                                lambda: self._progress, lambda: self._asynchronous)
+                                lambda: self._progress, lambda: self._asynchronous,
+                                lambda: self._left)
         return Layout(joined.store_host, joined.store_port,
                       round_namespace(self._config.run_id, joined.number),
                       joined.world, joined.base, joined.group_rank, joined.group_world,
@@ -464,6 +468,10 @@ class MultiNode:
                           if snap.groups]
         self._asynchronous = [group for rank, snap in sorted(snaps.items())
                               for group in beat_async(rank, snap)]
+        offset = wall_offset()
+        self._left = [left for rank, snap in sorted(snaps.items())
+                      if (left := beat_left(rank, snap, offset)) is not None]
+        self._snaps = snaps
 
     def remote_ranks(self, snaps: dict[int, RankProgress],
                       now: float) -> dict[int, RankProgress]:
@@ -477,13 +485,15 @@ class MultiNode:
 
     def cause_of(self, fault: Fault, now: float) -> Fault | Later:
         """An error inside a collective while a node has gone quiet (its agent and ranks were
-        killed: their connections broke at once) is that node's loss. Decided once every other
-        node has beaten since (the error is this node's own), one of them has not beaten twice,
-        or ``--hang-timeout`` has passed (a silent node is then named by ``_silent_fault``)."""
+        killed: their connections broke at once) is that node's loss; one in an operation that
+        another node's rank left before (code 0) is that rank's early exit. Decided once every
+        other node has beaten since (the error is this node's own), one of them has not beaten
+        twice, or ``--hang-timeout`` has passed (a silent node is then named by
+        ``_silent_fault``)."""
         if not self._judges(fault):
             return fault
         judged, quiet = self._cascade_judged(fault)
-        return self._named(fault, quiet) if judged else LATER
+        return self._named(fault, quiet, now) if judged else LATER
 
     def cause_once_ended(self, fault: Fault) -> Fault:
         if not self._judges(fault):
@@ -494,7 +504,7 @@ class MultiNode:
         while not judged:
             self._channel.wait(until.within(margins.TICK_S))
             judged, quiet = self._cascade_judged(fault)
-        return self._named(fault, quiet)
+        return self._named(fault, quiet, time.monotonic())
 
     def _judges(self, fault: Fault) -> bool:
         """Whether ``fault`` may be another node's effect: an error inside a collective, in a
@@ -514,11 +524,23 @@ class MultiNode:
                   or self._signal_received() is not None)
         return judged, quiet
 
-    def _named(self, fault: Fault, quiet: Silence | None) -> Fault:
-        """``fault``, or the loss of the node found quiet since."""
-        if quiet is None or quiet.node is None:
+    def _named(self, fault: Fault, quiet: Silence | None, now: float) -> Fault:
+        """``fault``, or the loss of the node found quiet since, or the early exit of another
+        node's rank that this node's ranks went on without (``outcome.remote_departure``)."""
+        if quiet is not None and quiet.node is not None:
+            return self._lost(quiet, time.monotonic())
+        if self._remote is None or self._beats is None:
             return fault
-        return self._lost(quiet, time.monotonic())
+        self._remote.update(self._beats.heard())
+        return remote_departure(self._remote.departures(), self._snaps, now,
+                                self._config.hang_timeout) or fault
+
+    def _node_of(self, fault: Fault) -> int:
+        """The node of the rank at ``fault``: this one, unless another node's beats carry it."""
+        if fault.rank is None or fault.rank in self._local_ranks or self._remote is None:
+            return self._group_rank
+        node = self._remote.node_of(fault.rank)
+        return self._group_rank if node is None else node
 
     def leaves_to_others(self, verdict: Verdict) -> bool:
         return left_to_another_node(verdict, self._local_ranks, self._group_world,
@@ -547,7 +569,7 @@ class MultiNode:
         node = self._group_rank
         if fault is not None:
             if fault is not self._outside:  # this node's own: end the round with it
-                self._end_round(channel.publish(RoundEnd.of(fault, node)))
+                self._end_round(channel.publish(RoundEnd.of(fault, self._node_of(fault))))
             return fault, hang
         channel.done()
         self._last_look = None  # the attempt's teardown is no gap of this agent's

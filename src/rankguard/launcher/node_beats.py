@@ -118,12 +118,15 @@ class NodeBeats:
         progress: this node's ranks' progress in the world group, ``[rank, entered, done,
             kind]`` each (kind: the ledger's code of the last operation entered), carried in
             its beat (read by the exchange's thread: it must not block).
+        asynchronous, left: its ranks' asynchronous groups (``beats.beat_async``) and
+            departures (``beats.beat_left``), carried the same way.
     """
 
     def __init__(self, connect: Callable[[], Any], prefix: str, node: int, nodes: int,
                  period: float, host: str,
                  progress: Callable[[], list[list[int]]] = list,
-                 asynchronous: Callable[[], list[list[int]]] = list) -> None:
+                 asynchronous: Callable[[], list[list[int]]] = list,
+                 left: Callable[[], list[list[int]]] = list) -> None:
         self._connect = connect
         self._keys = [beats.key(prefix, n) for n in range(nodes)]
         self._node = node
@@ -131,6 +134,7 @@ class NodeBeats:
         self._host = host
         self._progress = progress
         self._asynchronous = asynchronous
+        self._left = left
         started = time.monotonic()
         self._heard = {n: Heard(None, started) for n in range(nodes) if n != node}
         self._last_exchange = started
@@ -200,7 +204,7 @@ class NodeBeats:
             self._pending_since = began = time.monotonic()
         mine = self._keys[self._node]
         client.set(mine, sealed.seal(mine, beats.encode(sequence, self._host, self._progress(),
-                                                        self._asynchronous())))
+                                                        self._asynchronous(), self._left())))
         others = [n for n in self._heard]
         if client.check([self._keys[n] for n in others]):
             values = dict(zip(others, client.multi_get([self._keys[n] for n in others])))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import enum
 import signal
 from dataclasses import dataclass
+from typing import Mapping
 
 from .. import blame
 from ..records import ledger as _ledger
@@ -243,6 +244,22 @@ def early_exit(state: RankSnapshot, states: list[RankSnapshot], now: float,
                              group_label(group))
             return Fault(FaultKind.EXITED, at, state.rank,
                          f"exited with code 0 before {where} (rank {peer.rank} went on to it)")
+    return None
+
+
+def remote_departure(departed: Mapping[int, tuple[_ledger.RankProgress, float]],
+                     local: Mapping[int, _ledger.RankProgress], now: float,
+                     hang_timeout: float) -> Fault | None:
+    """:func:`early_exit` across nodes: the fault of another node's rank that left with code 0
+    (``departed``: its progress as it left, and when, on this clock) before an operation a
+    rank of this node (``local``: their ledgers) went on to; the earliest departure first.
+    None when no departure explains this node's ranks. Pure."""
+    peers = [RankSnapshot(rank, progress) for rank, progress in sorted(local.items())]
+    for rank, (progress, left_at) in sorted(departed.items(), key=lambda item: item[1][1]):
+        leaver = RankSnapshot(rank, progress, returncode=0, exited_at=left_at)
+        fault = early_exit(leaver, peers, now, hang_timeout)
+        if fault is not None:
+            return fault
     return None
 
 

@@ -21,6 +21,7 @@ from typing import Mapping
 
 from ..records.beats import GROUP_FIELDS, WORLD_FIELDS, decode
 from ..records.ledger import FAULT_NONE, GroupProgress, RankProgress, group_key, op_name
+from ..records.ledger_ring import wall_offset
 
 _WORLD_KEY = group_key("world")
 # The world group's first entry is init_process_group. A remote rank waiting in it is not shown
@@ -51,6 +52,8 @@ class RemoteProgress:
         self._snaps: dict[int, RankProgress] = {}  # made again only for ranks that changed
         self._stale: set[int] = set()  # ranks whose record must be made again
         self._members = (1 << world_size) - 1 if world_size <= 64 else 0
+        self._left: dict[int, float] = {}  # rank -> when it left with code 0 (wall clock)
+        self._node_of: dict[int, int] = {}  # rank -> the node whose beat carries it
 
     def update(self, beats: Mapping[int, tuple[bytes, float]]) -> None:
         """Take in the beats heard (node -> its value and when an exchange first saw it);
@@ -66,10 +69,14 @@ class RemoteProgress:
                         self._async.get((rank, position)) != started:
                     self._async[(rank, position)] = started
                     stale.add(rank)
+            for rank, wall in decoded.left.items():
+                if rank not in local and 0 <= rank < world:
+                    self._left[rank] = wall
             for entry in decoded.ranks:
                 rank, entered, done = entry[0], entry[1], entry[2]
                 if rank in local or not 0 <= rank < world:
                     continue
+                self._node_of[rank] = node
                 known = ranks.get(rank)
                 if known is None or known[0] != entered or known[1] != done:
                     ranks[rank] = (entered, done, entry[3], seen)
@@ -101,6 +108,17 @@ class RemoteProgress:
             self._snaps[rank] = self._snapshot(rank)
         self._stale.clear()
         return self._snaps
+
+    def departures(self) -> dict[int, tuple[RankProgress, float]]:
+        """The remote ranks that left with code 0: each one's progress as it left and when
+        (this machine's monotonic clock, through the wall clock the nodes share)."""
+        offset = wall_offset()
+        return {rank: (self._snapshot(rank), wall - offset) for rank, wall in self._left.items()
+                if rank in self._ranks}
+
+    def node_of(self, rank: int) -> int | None:
+        """The node whose beats carry ``rank`` (None: not heard of, or this node's)."""
+        return self._node_of.get(rank)
 
     def _waits_since(self, cutoff: float) -> bool:
         """Whether a remote rank waits in a group since before ``cutoff``."""

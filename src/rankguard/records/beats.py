@@ -7,7 +7,10 @@ A beat is ``{"seq": N, "host": H, "ranks": [ENTRY, ...]}`` (JSON), sealed with t
 (:func:`beat_entry`). When some of its ranks' groups are asynchronous (NCCL: counted as torch
 counts them, see ``ledger.GroupProgress``) the beat also has ``"async": [[RANK, POSITION,
 STARTED], ...]``: the group at POSITION in the rank's entry (0: the world group, 1: its first
-sub-group) is asynchronous, its device started up to STARTED (-1: not known). Pure functions.
+sub-group) is asynchronous, its device started up to STARTED (-1: not known). When some of its
+ranks left with code 0 (their scripts ended: ``ledger.FAULT_EXITING``) it has ``"left": [[RANK,
+WALL_MS], ...]``, when each left in wall-clock milliseconds: another node's ranks may have gone
+on to an operation they left before (``outcome.remote_departure``). Pure functions.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import NamedTuple
 
-from .ledger import OP_CODES, RankProgress
+from .ledger import FAULT_EXITING, OP_CODES, RankProgress
 
 WORLD_FIELDS = 4  # rank, entered, done, kind
 GROUP_FIELDS = 5  # key, members, entered, done, kind
@@ -37,12 +40,21 @@ def beat_async(rank: int, snap: RankProgress) -> list[list[int]]:
             if group.asynchronous]
 
 
+def beat_left(rank: int, snap: RankProgress, wall_offset: float) -> list[int] | None:
+    """Rank ``rank``'s departure for a beat's ``left`` list, if it left with code 0 (its
+    ledger's time plus ``wall_offset``, in ms). Pure."""
+    if snap.fault != FAULT_EXITING or snap.exit_code != 0:
+        return None
+    return [rank, round((snap.t_fault + wall_offset) * 1000)]
+
+
 class Decoded(NamedTuple):
-    """A beat's progress: each rank's entry (:func:`decode_ranks`) and its asynchronous groups
-    (:func:`decode_async`)."""
+    """A beat's progress: each rank's entry (:func:`decode_ranks`), its asynchronous groups
+    (:func:`decode_async`) and the ranks that left with code 0 (rank -> wall-clock seconds)."""
 
     ranks: list[list[int]]
     asynchronous: dict[tuple[int, int], int]
+    left: dict[int, float]
 
 
 def decode(value: bytes) -> Decoded:
@@ -51,10 +63,11 @@ def decode(value: bytes) -> Decoded:
     try:
         beat = json.loads(value)
     except ValueError:
-        return Decoded([], {})
+        return Decoded([], {}, {})
     if not isinstance(beat, dict):
-        return Decoded([], {})
-    return Decoded(_ranks(beat.get("ranks")), _async(beat.get("async", [])))
+        return Decoded([], {}, {})
+    return Decoded(_ranks(beat.get("ranks")), _async(beat.get("async", [])),
+                   _left(beat.get("left", [])))
 
 
 def decode_async(value: bytes) -> dict[tuple[int, int], int]:
@@ -78,6 +91,13 @@ def _async(found: object) -> dict[tuple[int, int], int]:
             if type(item) is list and len(item) == 3 and all(type(x) is int for x in item)}
 
 
+def _left(found: object) -> dict[int, float]:
+    if not isinstance(found, list):
+        return {}
+    return {item[0]: item[1] / 1000 for item in found
+            if type(item) is list and len(item) == 2 and all(type(x) is int for x in item)}
+
+
 def _ranks(entries: object) -> list[list[int]]:
     if not isinstance(entries, list):
         return []
@@ -89,13 +109,16 @@ def _ranks(entries: object) -> list[list[int]]:
 
 
 def encode(sequence: int, host: str, progress: list[list[int]],
-           asynchronous: list[list[int]] | None = None) -> str:
+           asynchronous: list[list[int]] | None = None,
+           left: list[list[int]] | None = None) -> str:
     """A beat: its sequence number (it changes every beat), the node's host and its ranks'
-    progress (``[rank, entered, done, kind]`` in the world group, each), and their
-    asynchronous groups (:func:`beat_async`), if any."""
+    progress (``[rank, entered, done, kind]`` in the world group, each), their asynchronous
+    groups (:func:`beat_async`) and their departures (:func:`beat_left`), if any."""
     beat: dict[str, object] = {"seq": sequence, "host": host, "ranks": progress}
     if asynchronous:
         beat["async"] = asynchronous
+    if left:
+        beat["left"] = left
     return json.dumps(beat, separators=(",", ":"))
 
 
