@@ -167,6 +167,17 @@ def test_deadline_on_allreduce_with_frozen_peer_raises_collective_timeout_naming
     assert result["after"] == "GroupRetired"  # the group is retired, by design
 
 
+def test_a_barrier_in_a_deadline_with_a_frozen_peer_ends_at_the_deadline_naming_it(
+        tmp_path: Path) -> None:
+    # dist.barrier() hands its options to the group by keyword: the deadline was not passed
+    # to gloo, and the barrier waited for gloo's 30 min
+    with Ranks("deadline_barrier_peer_frozen", 2, tmp_path) as ranks:
+        result = ranks.result(0, timeout=15)
+    assert result["type"] == "CollectiveTimeout", result
+    assert (result["op"], result["seq"], result["missing"]) == ("barrier", 2, [1]), result
+    assert 0.9 <= result["waited"] < 2.0 and result["elapsed"] < 3.0, result
+
+
 def test_a_send_slower_than_a_wait_slice_arrives_and_a_frozen_senders_recv_ends_at_its_deadline(
         tmp_path: Path) -> None:
     # gloo closes the connection when a send's or recv's wait times out: a bounded recv must

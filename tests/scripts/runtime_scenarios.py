@@ -99,14 +99,18 @@ def shutdown_all() -> None:
            initialized=dist.is_initialized())
 
 
-def deadline_peer_frozen() -> None:
+def deadline_peer_frozen(op: str) -> None:
+    """Rank 1 freezes; rank 0 runs ``op`` (``all_reduce`` or ``barrier``) in a 1 s deadline."""
     torch, dist = group()
     if RANK == 1:
         freeze()
     started = time.monotonic()
     try:
         with rankguard.deadline(1.0):
-            dist.all_reduce(torch.ones(4))
+            if op == "barrier":
+                dist.barrier()  # torch passes its options by keyword
+            else:
+                dist.all_reduce(torch.ones(4))
     except rankguard.CollectiveError as error:
         fields = error_fields(error, started)
         try:
@@ -503,7 +507,8 @@ SCENARIOS = {
     "shutdown_peer_frozen": lambda: shutdown_peer("frozen"),
     "shutdown_peer_dead": lambda: shutdown_peer("dead"),
     "shutdown_all": shutdown_all,
-    "deadline_peer_frozen": deadline_peer_frozen,
+    "deadline_peer_frozen": lambda: deadline_peer_frozen("all_reduce"),
+    "deadline_barrier_peer_frozen": lambda: deadline_peer_frozen("barrier"),
     "send_recv_slow": send_recv_slow,
     "regroup_after_kill": regroup_after_kill,
     "step_loop_peer_hangs": step_loop_peer_hangs,

@@ -32,9 +32,10 @@ NO_ANSWER = "did not answer (stopped, dead, or holding the GIL)"  # a peer's sta
 _MIN_TIMEOUT_S = 0.001  # gloo's least timeout for an operation whose deadline has passed
 
 
-def limit_options(args: tuple[Any, ...], limit: Deadline) -> None:
-    """Give the operation's options (its last positional argument) the deadline as timeout."""
-    options = args[-1] if args else None
+def limit_options(args: tuple[Any, ...], kwargs: dict[str, Any], limit: Deadline) -> None:
+    """Give the operation's options the deadline as timeout: its ``opts`` keyword argument
+    (``dist.barrier`` passes them so), else its last positional argument."""
+    options = kwargs.get("opts", args[-1] if args else None)
     if options is not None and hasattr(options, "timeout"):
         options.timeout = timedelta(seconds=limit.wait_time(at_least=_MIN_TIMEOUT_S))
 

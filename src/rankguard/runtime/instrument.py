@@ -157,7 +157,7 @@ def _make_op(name: str, backend_method: str, op_name: str) -> Callable[..., Any]
         slot = group.slot
         limit = deadline_scope.current()
         if limit is not None:
-            _bounded.limit_options(args, limit)
+            _bounded.limit_options(args, kwargs, limit)
         start = getattr(group.backend, backend_method)
         if slot is None:
             entry, work = 0, start(*args, **kwargs)
