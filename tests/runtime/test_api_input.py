@@ -171,3 +171,40 @@ def test_a_step_loop_run_inside_another_loops_step_is_refused(tmp_path: Path) ->
     lines = proc.stdout.splitlines()
     assert len(lines) == 1 and lines[0].startswith("usage StepLoop.run(): another StepLoop is "
                                                    "running"), proc.stdout
+
+
+REGROUP_ARGUMENTS = """
+import sys
+import torch.distributed as dist
+import rankguard
+
+rankguard.init()
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+for bad in (dict(exclude=3), dict(exclude="1"), dict(exclude=[None]), dict(exclude=[True]),
+            dict(exclude=[1]), dict(exclude=[-1]), dict(keep_size="yes")):
+    try:
+        rankguard.regroup(timeout=2, **bad)
+        print("accepted", bad)
+    except rankguard.UsageError as error:
+        print("usage", error)
+print("still", rankguard.regroup(timeout=5, exclude=[]).world_size)
+"""
+
+
+def test_regroup_refuses_an_exclude_that_is_not_ranks_of_the_group_in_one_line(
+        tmp_path: Path) -> None:
+    # exclude=3 raised TypeError from inside regroup; "1", [None], [True], [1] were ignored
+    # or taken as rank 1, silently forming a group with the rank the caller meant to leave out
+    proc = subprocess.run([sys.executable, "-c", REGROUP_ARGUMENTS, str(tmp_path / "store")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 8, proc.stdout
+    assert all(line.startswith("usage rankguard.regroup(exclude): ") for line in lines[:6]), \
+        proc.stdout
+    assert "expected a list of ranks, got 3" in lines[0] and "got '1'" in lines[1]
+    assert "got None in [None]" in lines[2] and "got True in [True]" in lines[3]
+    assert "rank 1 is not in the current group (ranks 0 to 0)" in lines[4]
+    assert "rank -1 is not in the current group" in lines[5]
+    assert lines[6].startswith("usage rankguard.regroup(keep_size): expected True or False")
+    assert lines[7] == "still 1"  # the refusals left the group as it was

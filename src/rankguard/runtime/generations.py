@@ -34,12 +34,13 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, TypeVar
 
 from ..deadline import Deadline, check_seconds
-from ..errors import CollectiveTimeout, GroupRetired, PeerFailed, UsageError, first_line
+from ..errors import CollectiveTimeout, GroupRetired, PeerFailed, UsageError, first_line, shown
 from ..margins import CONNECT_FLOOR_S, NCCL_ABORT_S, REGROUP_S, SECOND_ASK_WINDOW_S
 from . import async_deadline, barrier, generation_keys, groups, nccl_abort, vacancies
 from .bounded import NO_ANSWER
@@ -144,7 +145,9 @@ def regroup(*, timeout: float = REGROUP_S, exclude: Iterable[int] | None = None,
             must join within ``timeout`` too.
 
     Raises:
-        UsageError: no process group exists, or ``timeout`` is not a positive number.
+        UsageError: no process group exists, ``timeout`` is not a positive number,
+            ``exclude`` is not a list of ranks of the current group, or ``keep_size`` is not
+            a bool.
         GroupRetired: this rank was left out of the new generation by its peers.
         CollectiveTimeout: a member (or a replacement) did not join within ``timeout``, no
             authentic membership could be agreed in the store within it (another process kept
@@ -155,7 +158,36 @@ def regroup(*, timeout: float = REGROUP_S, exclude: Iterable[int] | None = None,
             rank then has no default group.
     """
     limit = Deadline.after(check_seconds("rankguard.regroup(timeout)", timeout, text=False))
-    return form_next(limit, exclude, keep_size)
+    if not isinstance(keep_size, bool):
+        raise UsageError("rankguard.regroup(keep_size)", f"expected True or False, got "
+                         f"{shown(keep_size)}")
+    return form_next(limit, None if exclude is None else _ranks_to_exclude(exclude), keep_size)
+
+
+def _ranks_to_exclude(exclude: object) -> set[int]:
+    """``regroup(exclude=...)`` as a set of ranks of the current group.
+
+    Raises:
+        UsageError: not an iterable of ints, or a rank outside the current group.
+    """
+    import torch.distributed as dist
+
+    what = "rankguard.regroup(exclude)"
+    if isinstance(exclude, (str, bytes)) or not isinstance(exclude, Iterable):
+        raise UsageError(what, f"expected a list of ranks, got {shown(exclude)}",
+                         "give ranks of the current group, e.g. exclude=[3]")
+    ranks = list(exclude)
+    size = dist.get_world_size() if dist.is_initialized() else None
+    for rank in ranks:
+        if isinstance(rank, bool) or not isinstance(rank, int):
+            raise UsageError(what, f"expected ranks (ints), got {shown(rank)} in "
+                             f"{shown(exclude)}", "give ranks of the current group, e.g. "
+                             "exclude=[3]")
+        if size is not None and not 0 <= rank < size:
+            raise UsageError(what, f"rank {rank} is not in the current group (ranks 0 to "
+                             f"{size - 1})", "give the ranks as the current generation "
+                             "numbers them (regroup() renumbers the survivors)")
+    return set(ranks)
 
 
 def form_next(limit: Deadline, exclude: Iterable[int] | None = None,
