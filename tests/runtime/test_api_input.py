@@ -70,7 +70,8 @@ report = rankguard.shutdown(timeout=1)
 print("shutdown", report.clean, report.missing)
 for call in (lambda: rankguard.shutdown(timeout=0), lambda: rankguard.regroup(),
              lambda: rankguard.init(grace=-2), lambda: rankguard.init(collective_timeout="x"),
-             lambda: rankguard.shutdown(timeout="3"), lambda: rankguard.init(grace="2")):
+             lambda: rankguard.shutdown(timeout="3"), lambda: rankguard.init(grace="2"),
+             lambda: rankguard.init(stacks_file=1)):
     try:
         call()
     except rankguard.UsageError as error:
@@ -90,6 +91,9 @@ def test_shutdown_without_a_group_is_clean_and_bad_calls_name_their_argument() -
     # seconds given in Python are numbers: text is refused (as Pool and the plugin refuse it)
     assert lines[5].startswith("usage rankguard.shutdown(timeout):") and "'3'" in lines[5]
     assert lines[6].startswith("usage grace:") and "'2'" in lines[6]
+    # an int was taken as a file descriptor: stdout here, closed by the next init(stacks_file=)
+    assert lines[7] == ("usage stacks_file: expected a path, got 1 (give the file's path as a "
+                        "str, or leave it out)"), proc.stdout
 
 
 def _no_state() -> dict:

@@ -55,8 +55,9 @@ def init(*, grace: float | None = None, collective_timeout: float | None = None,
             dumped).
 
     Raises:
-        UsageError: a bad argument or environment value, a stacks file that cannot be opened
-            (or a user folder under the temp folder that is not private to the user), a call
+        UsageError: a bad argument or environment value, a stacks file that is not a path or
+            cannot be opened (or a user folder under the temp folder that is not private to the
+            user), a call
             from another thread than the main thread, or a default process group that already exists and was not created
             through rankguard (create it after ``init()``).
     """

@@ -22,7 +22,7 @@ from typing import IO
 
 from ..records import private_files
 from ..processes import stack_requests
-from ..errors import UsageError
+from ..errors import UsageError, shown
 
 STACK_SIGNAL = stack_requests.RANK_SIGNAL
 PATH_ENV = "RANKGUARD_STACKS"
@@ -43,7 +43,7 @@ def path_for(pid: int, environ: dict[str, str]) -> str:
     return environ.get(PATH_ENV) or _default(pid)
 
 
-def install(path: str | None = None) -> str:
+def install(path: str | os.PathLike[str] | None = None) -> str:
     """Answer ``SIGUSR1`` with a dump of every thread's stack, appended to ``path``.
 
     ``path`` defaults to ``$RANKGUARD_STACKS`` (set by the launcher or the pytest plugin), else
@@ -51,10 +51,17 @@ def install(path: str | None = None) -> str:
     place is refused. Calling it again moves the dumps to the new path. Returns the path.
 
     Raises:
-        UsageError: the file cannot be opened, or the user's folder is not private.
+        UsageError: ``path`` is not a path (an int would be taken as a file descriptor), the
+            file cannot be opened, or the user's folder is not private.
     """
     global _file, _own_default
-    chosen = path or os.environ.get(PATH_ENV)
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        # an int would be taken as a file descriptor: the dumps would go to (and a later
+        # install would close) whatever it is, stdout or a store's socket
+        raise UsageError("stacks_file", f"expected a path, got {shown(path)}",
+                         "give the file's path as a str, or leave it out")
+    chosen = os.fspath(path) if path is not None else None
+    chosen = chosen or os.environ.get(PATH_ENV)
     if not chosen:
         _sweep(private_files.user_dir("stacks_file"))
     path = chosen or _default(os.getpid())
