@@ -167,6 +167,20 @@ def test_deadline_on_allreduce_with_frozen_peer_raises_collective_timeout_naming
     assert result["after"] == "GroupRetired"  # the group is retired, by design
 
 
+@pytest.mark.parametrize("scenario", ["store_host_leaves_first",
+                                      "store_host_leaves_first_after_shutdown"])
+def test_a_job_whose_store_host_exits_first_ends_without_a_cpp_stack_dump(
+        tmp_path: Path, scenario: str) -> None:
+    # rank 1's responder was blocked on rank 0's store: when rank 0 exited (as it does under
+    # mp.spawn once its work is done, shutdown() or not), torch printed a C++ warning and
+    # its stack dump from rank 1, in a job that ended well
+    with Ranks(scenario, 2, tmp_path) as ranks:
+        codes = [ranks.wait(rank, 30) for rank in range(2)]
+        errs = [ranks.stderr(rank) for rank in range(2)]
+    assert codes == [0, 0], errs
+    assert "TCPStore" not in errs[1] and "Exception raised" not in errs[1], errs[1]
+
+
 def test_a_barrier_in_a_deadline_with_a_frozen_peer_ends_at_the_deadline_naming_it(
         tmp_path: Path) -> None:
     # dist.barrier() hands its options to the group by keyword: the deadline was not passed

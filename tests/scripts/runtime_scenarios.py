@@ -99,6 +99,24 @@ def shutdown_all() -> None:
            initialized=dist.is_initialized())
 
 
+def store_host_leaves_first(shutdown: bool) -> None:
+    """A job that ends well: rank 0 (the store's host, as under ``mp.spawn``) exits first,
+    after ``rankguard.shutdown()`` or without it; rank 1 exits once rank 0 is gone."""
+    group()
+    if shutdown:
+        rankguard.shutdown(timeout=10)
+    report(pid=os.getpid())
+    if RANK == 1:
+        import psutil
+
+        wait_for_file("result_0.json")
+        try:
+            psutil.Process(json.loads((OUT / "result_0.json").read_text())["pid"]).wait(30)
+        except psutil.NoSuchProcess:
+            pass
+        time.sleep(0.5)  # the store's server closed: a client blocked on it fails now
+
+
 def deadline_peer_frozen(op: str) -> None:
     """Rank 1 freezes; rank 0 runs ``op`` (``all_reduce`` or ``barrier``) in a 1 s deadline."""
     torch, dist = group()
@@ -509,6 +527,8 @@ SCENARIOS = {
     "shutdown_all": shutdown_all,
     "deadline_peer_frozen": lambda: deadline_peer_frozen("all_reduce"),
     "deadline_barrier_peer_frozen": lambda: deadline_peer_frozen("barrier"),
+    "store_host_leaves_first": lambda: store_host_leaves_first(False),
+    "store_host_leaves_first_after_shutdown": lambda: store_host_leaves_first(True),
     "send_recv_slow": send_recv_slow,
     "regroup_after_kill": regroup_after_kill,
     "step_loop_peer_hangs": step_loop_peer_hangs,

@@ -98,5 +98,6 @@ def _instrument_torch() -> None:
                          "not created through rankguard, so its collectives cannot be bounded",
                          "call rankguard.init() before torch.distributed.init_process_group()")
     if current().responder is None:
-        instrument.start_probing(c10d._get_default_store(), dist.get_rank())
+        instrument.start_probing(c10d._get_default_store(), dist.get_rank(),
+                                 dist.get_world_size())
 

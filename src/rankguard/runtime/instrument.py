@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterator
 
 from ..records import ledger as _ledger
 from ..inputs import options
-from ..store import sealed
+from ..store import sealed, store_host
 from ..deadline import Deadline
 from ..errors import GroupRetired, UsageError
 from . import async_deadline, async_groups, fr_progress, nccl_abort
@@ -259,7 +259,7 @@ def _create_group(options: Any, backend_options: Any) -> Any:
         state.aborted = None  # a new default group: an earlier shutdown's abort is over
     if is_world and state.bounded:  # a replacement probes where generation 0's ranks do
         start_probing(state.probe_store if state.probe_store is not None else options.store,
-                      record.rank)
+                      record.rank, options.group_size)
     return group
 
 
@@ -273,13 +273,14 @@ def _agreement_timeout(options: Any) -> float:
     return limit.within(timeout).wait_time(at_least=_MIN_AGREEMENT_S)
 
 
-def start_probing(store: Any, rank: int) -> None:
-    """Answer peers' probes in this generation (the state's ``generation``), and be able to ask
+def start_probing(store: Any, rank: int, size: int) -> None:
+    """Answer peers' probes in this generation (the state's ``generation``, of ``size`` ranks),
+    and be able to ask
     them. The responder and asker of the first generation are kept for the later ones: their
     store connections were made once (see ``probe.Responder``)."""
     state = current()
     if state.responder is not None and state.responder.serving and state.asker is not None:
-        state.responder.follow(rank, state.generation)
+        state.responder.follow(rank, state.generation, size)
         state.asker.generation = state.generation
         return
     if state.responder is not None:
@@ -289,14 +290,19 @@ def start_probing(store: Any, rank: int) -> None:
     state.responder = _probe.Responder(store, rank, groups.describe, groups.on_notice,
                                        state.generation)
     state.asker = _probe.Asker(store)
-    state.responder.follow(rank, state.generation)
+    state.responder.follow(rank, state.generation, size)
     state.asker.generation = state.generation
 
 
 def _stop_probing() -> None:
+    """At exit: stop this rank's responder, and its peers' too where the store's server is
+    in this process (it ends with the process)."""
     responder = current().responder
-    if responder is not None:
-        responder.close()
+    if responder is None:
+        return
+    if store_host.hosts_server(responder.store):
+        responder.release_peers()
+    responder.close()
 
 
 @functools.cache
@@ -340,7 +346,7 @@ def _watch_async_groups() -> None:
     default = c10d._get_default_group() if c10d.is_initialized() else None
     if (recorders and state.bounded and default is not None
             and state.groups.of(default) is None):  # a default group we do not wrap
-        start_probing(c10d._get_default_store(), c10d.get_rank())
+        start_probing(c10d._get_default_store(), c10d.get_rank(), c10d.get_world_size())
 
 
 def _cuda_available() -> bool:

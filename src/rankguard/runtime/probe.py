@@ -78,6 +78,8 @@ class Responder:
     def __init__(self, store: Any, rank: int, describe: Describe, on_notice: OnNotice,
                  generation: int = 0) -> None:
         self._rank = rank
+        self._size = 0  # the generation's, once known (follow)
+        self.store = store
         self._generation = generation  # a replacement's first is a later one
         self._waiting_on = _queue(rank, generation)  # the thread's queue, for follow/close
         self._describe = describe
@@ -95,9 +97,9 @@ class Responder:
     def serving(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and not self._closed
 
-    def follow(self, rank: int, generation: int) -> None:
-        """Answer as ``rank`` of ``generation`` from now on."""
-        self._rank, self._generation = rank, generation
+    def follow(self, rank: int, generation: int, size: int) -> None:
+        """Answer as ``rank`` of ``generation`` (of ``size`` ranks) from now on."""
+        self._rank, self._generation, self._size = rank, generation, size
         self._tell_thread({"wake": True})  # it waits on the old queue
 
     def _tell_thread(self, message: dict[str, Any]) -> None:
@@ -148,14 +150,32 @@ class Responder:
         Called at interpreter exit too: a daemon thread still inside a torch call when the
         interpreter finalizes is ended by a forced unwind that aborts the process. Does not
         wait when a store call was already abandoned (``store_calls``): the stop
-        cannot reach a thread blocked on a stalled store, and it stays blocked there.
+        cannot reach a thread blocked on a stalled store, and it stays blocked there. A thread
+        that already ended (stopped by the store's host, see :meth:`release_peers`) is not
+        told: its store may be gone, and a write to it logs a C++ warning.
         """
         if self._closed:
             return
         self._closed = True
-        if self._thread is not None:
+        if self._thread is not None and self._thread.is_alive():
             self._tell_thread({"stop": True})
             self._thread.join(0 if store_calls.abandoned() else timeout)
+
+    def release_peers(self) -> None:
+        """Stop the responders of the other ranks of this generation.
+
+        For the process that hosts the store's server, as it exits: its peers' responders
+        are blocked on that server, and each would otherwise print torch's C++ warning and
+        stack dump when it goes, however cleanly the job ended. Bounded by the store
+        client's timeout per push (a server in this process answers at once).
+        """
+        for peer in range(self._size):
+            if peer != self._rank:
+                queue = _queue(peer, self._generation)
+                try:
+                    self._closer.queue_push(queue, sealed.seal(queue, json.dumps({"stop": True})))
+                except Exception:  # noqa: BLE001 (the server is gone already: nothing waits)
+                    return
 
 
 class Asker:
