@@ -27,8 +27,10 @@ def _wait_for_ranks(log_dir, n, timeout=30.0):
 
 @pytest.mark.parametrize("args, sig, code", [
     ([], signal.SIGTERM, 143), ([], signal.SIGINT, 130),
-    ([], signal.SIGHUP, 129),  # torchrun's default --signals-to-handle has SIGHUP and SIGQUIT
-    (["--signals-to-handle", "SIGTERM,SIGUSR1"], signal.SIGUSR1, 138),  # SLURM's warning
+    # torchrun's default --signals-to-handle has SIGHUP and SIGQUIT
+    pytest.param([], signal.SIGHUP, 129, marks=pytest.mark.slow),
+    pytest.param(["--signals-to-handle", "SIGTERM,SIGUSR1"], signal.SIGUSR1, 138,  # SLURM's
+                 marks=pytest.mark.slow),
 ])
 def test_signal_to_launcher_stops_every_rank_within_grace(tmp_path, args, sig, code):
     log_dir = tmp_path / "logs"

@@ -18,6 +18,7 @@ import pytest
 from tests.launcher.test_recorded_groups import HANG, RECORDER, job
 
 
+@pytest.mark.slow  # 8 s; DDP stays quick in the bucket all_reduce case
 def test_a_clean_ddp_job_trains_and_ends_well(run_rankguard):
     run = run_rankguard(job("ddp"), env=RECORDER)
     assert run.code == 0, run.stderr
@@ -42,6 +43,7 @@ def test_a_rank_that_never_reaches_ddps_bucket_all_reduce_is_blamed_for_it(run_r
     assert HANG <= hang["waited_s"] < HANG + 3, hang
 
 
+@pytest.mark.slow  # 7 s; a device mesh stays quick in its sub-group case
 def test_a_clean_job_on_a_device_mesh_ends_well(run_rankguard):
     run = run_rankguard(job("mesh", nproc=4), env=RECORDER)
     assert run.code == 0, run.stderr
@@ -51,7 +53,8 @@ def test_a_clean_job_on_a_device_mesh_ends_well(run_rankguard):
 
 # mesh_alone: init_device_mesh makes the default group itself, through device_mesh's own
 # import of init_process_group (its groups wrapped: the recorded ones are the "mesh" case's)
-@pytest.mark.parametrize("scenario, env", [("mesh", RECORDER), ("mesh_alone", {})])
+@pytest.mark.parametrize("scenario, env", [
+    ("mesh", RECORDER), pytest.param("mesh_alone", {}, marks=pytest.mark.slow)])
 def test_a_rank_that_never_enqueues_in_its_device_mesh_sub_group_is_named_with_it(
         run_rankguard, scenario, env):
     run = run_rankguard(job(scenario, "2", nproc=4), env=env)

@@ -15,7 +15,7 @@ GRACE = 2.0
 
 @pytest.mark.parametrize("mode, lingerer, where", [
     ("thread", 1, "hold_forever ("),
-    ("atexit", 0, "sleep_at_exit ("),
+    pytest.param("atexit", 0, "sleep_at_exit (", marks=pytest.mark.slow),
 ])
 def test_a_rank_whose_script_returned_but_whose_process_lingers_is_ended_with_its_stacks(
         run_rankguard, mode, lingerer, where):

@@ -35,8 +35,8 @@ def test_a_clean_job_of_recorded_groups_ends_well_and_steps(run_rankguard):
 
 @pytest.mark.parametrize("scenario, at, verdict", [
     ("sleep", "7", "rank 1 never enqueued all_reduce #7 (made no progress); rank 0 waited"),
-    ("subgroup", "4", "rank 1 never enqueued all_reduce #4 on group ranks 0,1 (made no progress); "
-                      "rank 0 waited"),
+    pytest.param("subgroup", "4", "rank 1 never enqueued all_reduce #4 on group ranks 0,1 (made "
+                 "no progress); rank 0 waited", marks=pytest.mark.slow),  # 3 ranks, 7 s
 ])
 def test_a_rank_that_never_enqueues_the_operation_is_blamed_by_name(run_rankguard, scenario,
                                                                     at, verdict):
@@ -50,6 +50,7 @@ def test_a_rank_that_never_enqueues_the_operation_is_blamed_by_name(run_rankguar
     assert HANG <= hang["waited_s"] < HANG + 3, hang
 
 
+@pytest.mark.slow  # 5 s
 def test_a_rank_that_stops_between_steps_of_operations_in_flight_at_once_is_blamed_alone(
         run_rankguard):
     """gloo runs a step's operations on two threads at once, and torch's completed count is
@@ -64,6 +65,7 @@ def test_a_rank_that_stops_between_steps_of_operations_in_flight_at_once_is_blam
             "progress); rank 0 waited") in run.stderr, run.stderr
 
 
+@pytest.mark.slow  # 9 s; stragglers stay quick in test_stragglers
 def test_a_busy_rank_is_a_straggler_and_the_job_ends_well(run_rankguard):
     run = run_rankguard(job("busy", "4", str(3 * HANG)), env=RECORDER)
     assert run.code == 0, run.stderr
@@ -168,6 +170,7 @@ def test_a_fault_injected_at_an_operation_fires_on_a_group_rankguard_does_not_wr
         run.stderr
 
 
+@pytest.mark.slow  # 5 s
 def test_after_a_hang_the_report_lists_each_ranks_last_operations_of_the_stuck_group(
         run_rankguard):
     """The sampler keeps the recent-operations ring of a group it watches through the recorder

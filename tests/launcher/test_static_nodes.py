@@ -62,6 +62,7 @@ def test_a_static_node_killed_ends_the_job_on_the_other_without_a_restart(tmp_pa
     assert other.wall_s < JOIN_S, other.wall_s
 
 
+@pytest.mark.slow  # its join_timeout
 def test_a_static_node_0_whose_peer_never_comes_names_it_after_join_timeout(tmp_path):
     port = _free_port()
     join = 3

@@ -49,7 +49,7 @@ def late_server() -> Iterator[str]:
 
 
 @pytest.mark.parametrize("kind, doing", [
-    ("sleep_child", "waits for child"),
+    pytest.param("sleep_child", "waits for child", marks=pytest.mark.slow),
     ("url", "socket to 127.0.0.1:"),
     pytest.param("busy_child", "busy: ", marks=pytest.mark.slow),
     pytest.param("captured_child", "pipe from child", marks=pytest.mark.slow),
@@ -69,6 +69,7 @@ def test_a_rank_waiting_outside_the_job_is_a_straggler_not_hung(run_rankguard, l
     assert doing in run.stderr, run.stderr
 
 
+@pytest.mark.slow  # 7 s; the stacks of a hung rank stay quick in test_faults
 def test_asking_a_hung_rank_for_its_stacks_again_and_again_does_not_hide_the_hang(tmp_path):
     hang = 3.0
     log_dir = tmp_path / "run"

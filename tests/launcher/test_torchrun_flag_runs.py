@@ -66,6 +66,7 @@ def test_local_ranks_filter_shows_only_those_ranks_and_the_logs_keep_all(run_ran
     _assert_logs_complete(run)
 
 
+@pytest.mark.slow  # 3 s; local ranks filter stays quick
 def test_redirects_keep_streams_off_the_terminal_unless_teed(run_rankguard):
     # every stream to the log only, but local rank 0's stdout teed: torchrun's precedence
     run = run_rankguard(["--nproc-per-node", "2", "--redirects", "3", "--tee", "0:1",
@@ -77,6 +78,7 @@ def test_redirects_keep_streams_off_the_terminal_unless_teed(run_rankguard):
     _assert_logs_complete(run)
 
 
+@pytest.mark.slow  # 3 s; local ranks filter stays quick
 def test_redirecting_stderr_keeps_stdout_on_the_terminal(run_rankguard):
     run = run_rankguard(["--nproc-per-node", "2", "-r", "2", TWO_STREAMS])
     assert run.code == 0, run.stderr

@@ -167,8 +167,9 @@ def test_deadline_on_allreduce_with_frozen_peer_raises_collective_timeout_naming
     assert result["after"] == "GroupRetired"  # the group is retired, by design
 
 
-@pytest.mark.parametrize("scenario", ["store_host_leaves_first",
-                                      "store_host_leaves_first_after_shutdown"])
+@pytest.mark.parametrize("scenario", [
+    "store_host_leaves_first",
+    pytest.param("store_host_leaves_first_after_shutdown", marks=pytest.mark.slow)])
 def test_a_job_whose_store_host_exits_first_ends_without_a_cpp_stack_dump(
         tmp_path: Path, scenario: str) -> None:
     # rank 1's responder was blocked on rank 0's store: when rank 0 exited (as it does under
@@ -264,6 +265,7 @@ def test_stacks_on_demand_while_the_main_thread_is_inside_a_collective(tmp_path:
     assert alive  # answering costs the rank nothing: it is still waiting in its collective
 
 
+@pytest.mark.slow  # 6 s (the 5 s connect floor)
 def test_regroup_fails_within_its_connect_bound_when_a_member_dies_after_joining(
         tmp_path: Path) -> None:
     """Every member arrived, so the new group connects; rank 1 died in between: rank 0's
