@@ -6,6 +6,8 @@ Times are on a made-up monotonic clock that starts at 0.
 
 from __future__ import annotations
 
+import dataclasses
+
 from rankguard.records import ledger as L
 
 WORLD = L.group_key("world")
@@ -61,3 +63,11 @@ def raised_in(entered: int, t_fault: float) -> L.RankProgress:
 def leaving(entered: int, t_fault: float, code: int) -> L.RankProgress:
     """A rank whose script ended at ``t_fault`` and that is leaving with exit code ``code``."""
     return ledger(world(entered), fault=L.FAULT_EXITING, t_fault=t_fault, exit_code=code)
+
+
+def usage_error(entered: int, t_fault: float, text: str,
+                in_collective: bool = False) -> L.RankProgress:
+    """A rank whose ``rankguard.UsageError`` (saying ``text``) reached the top at ``t_fault``."""
+    return dataclasses.replace(ledger(world(entered), fault=L.FAULT_RAISED,
+                                      in_collective=in_collective, t_fault=t_fault),
+                               error=L.ErrorKind.USAGE, error_text=text)

@@ -16,10 +16,11 @@ import pytest
 
 from rankguard.records import ledger as L
 from rankguard.launcher.monitor import Verdict
-from rankguard.launcher.outcome import (OUTCOMES, Fault, RankOutcome, RankSnapshot, classify,
-                                        deadline_verdict, first_fault, lingering, run_status)
+from rankguard.launcher.outcome import (OUTCOMES, Fault, FaultKind, RankOutcome, RankSnapshot,
+                                        classify, deadline_verdict, first_fault, lingering,
+                                        restarts_after, run_status)
 from rankguard.launcher.summary import AttemptReport, render
-from tests.launcher.snapshots import group, leaving, ledger, raised_in, world
+from tests.launcher.snapshots import group, leaving, ledger, raised_in, usage_error, world
 
 WINDOW, HANG = 0.3, 3.0
 
@@ -35,6 +36,9 @@ class FaultCase:
     root: tuple[int | None, str, float] | None  # (rank, describe(), at) or None
     hint: str = ""
 
+
+BAD_ARG = "rankguard.regroup(keep_size): expected True or False, got 'yes'"
+USAGE_ROOT = f"rank 1 stopped on a usage error: {BAD_ARG}; not restarted (fix the script)"
 
 FIRST_FAULT = {
     # sys.exit(3) in rank 1, whose interpreter is still tearing down; rank 0 failed in #11
@@ -95,6 +99,20 @@ FIRST_FAULT = {
     "an exception outside a collective is the root at once": FaultCase(
         [RankSnapshot(0, ledger(world(5), fault=L.FAULT_RAISED, t_fault=1.0)),
          RankSnapshot(1, ledger(world(6, 5)))], 1.0, (0, "rank 0 raised an exception", 1.0)),
+    "a rankguard.UsageError is the root at once, named with its message": FaultCase(
+        [RankSnapshot(0, ledger(world(6, 5))), RankSnapshot(1, usage_error(5, 1.0, BAD_ARG))],
+        1.0, (1, USAGE_ROOT, 1.0)),
+    # the script's own mistake, even where the rank was inside a collective: no window
+    "a usage error inside a collective is no cascade: it beats a peer's earlier failure":
+        FaultCase([RankSnapshot(0, raised_in(12, 0.9)),
+                   RankSnapshot(1, usage_error(12, 1.0, BAD_ARG, in_collective=True))],
+                  1.0, (1, USAGE_ROOT, 1.0)),
+    "argparse's refusal of the arguments (exit code 2) is a usage error at once": FaultCase(
+        [RankSnapshot(0, ledger(world(1))),
+         RankSnapshot(1, dataclasses.replace(leaving(1, 1.0, 2), error=L.ErrorKind.USAGE,
+                                             error_text="train.py: error: bad --steps"))],
+        1.0, (1, "rank 1 stopped on a usage error: train.py: error: bad --steps; not "
+              "restarted (fix the script)", 1.0)),
     "a SIGTERM teardown counts when its exit is seen": FaultCase(
         [RankSnapshot(0, ledger(world(5), fault=L.FAULT_TERMINATED, t_fault=1.0)),
          RankSnapshot(1, ledger(world(6, 5)))], 2.0, None),
@@ -175,6 +193,10 @@ CLASSIFY = {
                                   1.3)],
         Fault("raised", 1.0, 1, "raised an exception"), None, TEARDOWN,
         {0: VICTIM0, 1: ("raised", 1, None, "exited with code 1")}),
+    "usage_error: a rankguard.UsageError escaped the script": OutcomeCase(
+        [_torn_down(0), RankSnapshot(1, usage_error(5, 1.0, BAD_ARG), 1, 1.3)],
+        Fault("usage_error", 1.0, 1, USAGE_ROOT), None, TEARDOWN,
+        {0: VICTIM0, 1: ("usage_error", 1, None, "exited with code 1")}),
     "signalled: killed by a signal it did not expect": OutcomeCase(
         [_torn_down(0), RankSnapshot(1, ledger(world(5)), -9, 1.0)],
         Fault("signalled", 1.0, 1, "was killed by SIGKILL"), None, TEARDOWN,
@@ -285,6 +307,7 @@ def test_outcome_carries_the_pid_for_the_journal() -> None:
     (Fault("raised", 1.0, 1), None, "failed", 1),
     (Fault("exited", 1.0, 1), None, "failed", 1),
     (Fault("signalled", 1.0, 1), None, "failed", 1),
+    (Fault("usage_error", 1.0, 1), None, "failed", 1),
     (Fault("hung", 1.0), None, "failed", 3),
     (Fault("launcher_signal", 1.0), signal.SIGINT, "was interrupted", 130),
     (Fault("launcher_signal", 1.0), signal.SIGTERM, "was interrupted", 143),
@@ -293,6 +316,23 @@ def test_outcome_carries_the_pid_for_the_journal() -> None:
 def test_run_status_and_exit_code_follow_the_readme_table(fault, launcher_signal, status,
                                                            code) -> None:
     assert run_status(fault, launcher_signal) == (status, code)
+
+
+RESTARTS_AFTER = {
+    "a rank that raised is restarted (it may have met a passing fault)": (FaultKind.RAISED, True),
+    "a rank that exited or was killed is restarted": (FaultKind.SIGNALLED, True),
+    "a hang is restarted": (FaultKind.HUNG, True),
+    "a usage error is not restarted: every process running the script makes it again":
+        (FaultKind.USAGE_ERROR, False),
+    "a launcher told to stop restarts nothing": (FaultKind.LAUNCHER_SIGNAL, False),
+    "a lost job store ends the job": (FaultKind.STORE_LOST, False),
+}
+
+
+@pytest.mark.parametrize("row", RESTARTS_AFTER)
+def test_restarts_after(row: str) -> None:
+    kind, expected = RESTARTS_AFTER[row]
+    assert restarts_after(Fault(kind, 1.0, 1, "...")) is expected
 
 
 def _deadline_raised(blamed: tuple[int, ...], *slots: L.GroupProgress,

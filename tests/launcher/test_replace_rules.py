@@ -41,6 +41,8 @@ ROWS: dict[str, tuple[FaultKind, set[int], dict[int, Member], int, int, str | No
     "two culprits but one restart left: says that one is left (the attempt still restarts)":
         (FaultKind.HUNG, {1, 2}, {0: UP, 1: UP, 2: UP}, 1, 3,
          "2 ranks to replace but 1 restart left"),
+    "a usage error: a replacement would make the script's mistake again":
+        (FaultKind.USAGE_ERROR, {1}, {0: UP, 1: GONE}, 5, 2, "a usage error is the script's own"),
     "a replacement that did not join in time":
         (FaultKind.REPLACE_FAILED, {1}, {0: UP, 1: JOINING}, 5, 2, "not replaced again"),
     "a culprit on another node":

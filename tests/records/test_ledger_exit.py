@@ -39,3 +39,22 @@ def test_a_forked_child_leaving_does_not_speak_for_the_rank(tmp_path):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert reader.read().fault == ledger.FAULT_NONE
+
+
+def test_an_exception_of_no_known_kind_records_no_text(tmp_path):
+    writer, reader = _writer(tmp_path)
+    writer.record_fault(ledger.FAULT_RAISED, in_collective=False)
+    snap = reader.read()
+    assert (snap.error, snap.error_text) == (ledger.ErrorKind.OTHER, "")
+
+
+def test_a_usage_error_records_its_kind_and_its_message_cut_at_a_character(tmp_path):
+    writer, reader = _writer(tmp_path)
+    text = "rankguard.regroup(keep_size): expected True or False, got 'é'" + "é" * 300
+    writer.record_error(ledger.ErrorKind.USAGE, text)
+    writer.record_fault(ledger.FAULT_RAISED, in_collective=False)
+    snap = reader.read()
+    assert snap.error == ledger.ErrorKind.USAGE and snap.fault == ledger.FAULT_RAISED
+    assert text.startswith(snap.error_text)
+    assert len(snap.error_text.encode()) <= ledger.ERROR_TEXT_MAX
+    assert len(snap.error_text.encode()) > ledger.ERROR_TEXT_MAX - 2  # cut, not emptied

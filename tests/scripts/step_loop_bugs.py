@@ -2,7 +2,8 @@
 ``tests/launcher/test_in_place.py``: ``step_loop_bugs.py get_state`` has a get_state that raises
 (the error a healthy rank meets as it would send the state to a replacement);
 ``step_loop_bugs.py step`` has rank 1 raise at step 10 in every process (each replacement meets
-the same bug); ``step_loop_bugs.py group_at_top`` makes a sub-group at the top of the script (a
+the same bug); ``step_loop_bugs.py usage`` has rank 1 call ``rankguard.regroup`` with a bad
+argument at step 10 (a ``rankguard.UsageError``, the same in every process); ``step_loop_bugs.py group_at_top`` makes a sub-group at the top of the script (a
 replacement would wait in it for peers that never make it), ``group_in_on_regroup`` makes it
 where the README says, and each step all-reduces over it."""
 
@@ -43,6 +44,8 @@ def main() -> None:
     def step(n: int) -> None:
         if bug == "step" and n == 10 and dist.get_rank() == 1:
             raise ValueError("the script's step 10 broke")
+        if bug == "usage" and n == 10 and dist.get_rank() == 1:
+            rankguard.regroup(keep_size="yes")
         optimizer.zero_grad()
         ddp(torch.ones(4, 8) * n).sum().backward()
         if groups:

@@ -44,8 +44,8 @@ from .in_place import InPlace
 from .injections import Seen, never_fired
 from .spares import Spares
 from .node_link import LinkContext, NodeLink
-from .outcome import (EXIT_INTERNAL, EXIT_USAGE, FINAL_KINDS, Fault, FaultKind, RankOutcome,
-                      RankSnapshot, classify, lingering, notice_kind)
+from .outcome import (EXIT_INTERNAL, EXIT_USAGE, Fault, FaultKind, RankOutcome, RankSnapshot,
+                      classify, lingering, notice_kind, restarts_after)
 from . import watch_rules
 from .watch_rules import Act, Decision, Look, Say, Tick
 from .summary import AttemptReport, render
@@ -472,9 +472,9 @@ class Agent:
                                 member.rank if member.rank in culprits else first)
 
     def _final(self, fault: Fault) -> bool:
-        """Whether no restart is tried after ``fault`` (see ``outcome.FINAL_KINDS``; with
+        """Whether no restart is tried after ``fault`` (see ``outcome.restarts_after``; with
         several nodes, also how they meet)."""
-        return self._link.final(fault) or fault.kind in FINAL_KINDS
+        return self._link.final(fault) or not restarts_after(fault)
 
     def _prepare_spares(self, attempt: int) -> None:
         """Once an attempt has started well, get spares ready for its restart, if any remains."""

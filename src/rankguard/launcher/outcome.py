@@ -1,6 +1,8 @@
 """How each rank ended, and which fault was the root cause.
 
-Outcomes: ``ok`` (exit 0), ``raised`` (a Python exception escaped the script), ``exited``
+Outcomes: ``ok`` (exit 0), ``raised`` (a Python exception escaped the script), ``usage_error``
+(a ``rankguard.UsageError`` escaped it, or argparse refused its arguments: a mistake of the
+script's, never repaired), ``exited``
 (non-zero exit code, or code 0 while its peers still needed it), ``signalled`` (killed by a
 signal it did not expect, or a SIGTERM that it answered with its own clean teardown, see
 ``runtime.eviction``), ``hung`` (blamed for a hang), ``victim`` (stopped, or failed inside a
@@ -32,7 +34,8 @@ from ..processes.proctree import exit_detail, signal_name
 from ..supervisor import RankProcess
 from .monitor import P2P, Verdict, group_label
 
-OUTCOMES = ("ok", "raised", "exited", "signalled", "hung", "victim", "teardown_timeout")
+OUTCOMES = ("ok", "raised", "usage_error", "exited", "signalled", "hung", "victim",
+            "teardown_timeout")
 
 
 class FaultKind(enum.StrEnum):
@@ -40,6 +43,9 @@ class FaultKind(enum.StrEnum):
     round's end record carry its value."""
 
     RAISED = "raised"  # a rank's script raised
+    # a rank's script raised a rankguard.UsageError (or argparse refused its arguments):
+    # every process running it would again, so it is neither replaced nor restarted
+    USAGE_ERROR = "usage_error"
     EXITED = "exited"  # a rank exited with an error code, or with 0 before its peers
     SIGNALLED = "signalled"  # a rank was killed by a signal
     HUNG = "hung"  # the hang rules blamed a rank
@@ -60,10 +66,11 @@ EXIT_USAGE = 2
 EXIT_HUNG = 3
 EXIT_INTERNAL = 4
 _SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
-# Faults after which no restart is tried: the launcher was told to stop; with several nodes,
-# the job's store is gone, a round could not be formed, or (a standby) the job is over.
-FINAL_KINDS = frozenset({FaultKind.LAUNCHER_SIGNAL, FaultKind.STORE_LOST, FaultKind.RENDEZVOUS,
-                         FaultKind.STANDBY_END, FaultKind.NODE_STOPPED})
+# Faults after which no restart is tried: the launcher was told to stop; a rank's script made
+# a mistake of its own (a usage error: a restart makes it again); with several nodes, the job's
+# store is gone, a round could not be formed, or (a standby) the job is over.
+FINAL_KINDS = frozenset({FaultKind.LAUNCHER_SIGNAL, FaultKind.USAGE_ERROR, FaultKind.STORE_LOST,
+                         FaultKind.RENDEZVOUS, FaultKind.STANDBY_END, FaultKind.NODE_STOPPED})
 
 
 # faults of another node as a whole, or of the store (several nodes)
@@ -132,11 +139,29 @@ class RankSnapshot:
                    member.killed)
 
 
+def restarts_after(fault: Fault) -> bool:
+    """Whether a restart may follow ``fault`` (while restarts remain): not after one of
+    ``FINAL_KINDS``. Pure."""
+    return fault.kind not in FINAL_KINDS
+
+
 def raised_fault(rank: int, progress: _ledger.RankProgress) -> Fault:
-    """The fault of a rank whose ledger says an exception reached the top of its script."""
+    """The fault of a rank whose ledger says an exception reached the top of its script: a
+    ``usage_error`` for a ``rankguard.UsageError`` (never a cascade: the script's own), else
+    ``raised``."""
+    if progress.error == _ledger.ErrorKind.USAGE:
+        return usage_fault(rank, progress)
     where = " inside a collective" if progress.fault_in_collective else ""
     return Fault(FaultKind.RAISED, progress.t_fault, rank, f"raised an exception{where}",
                  bool(progress.fault_in_collective))
+
+
+def usage_fault(rank: int, progress: _ledger.RankProgress) -> Fault:
+    """The fault of a rank whose ledger says a usage error ended it (a ``rankguard.UsageError``,
+    or argparse's refusal of its arguments): final, never a cascade."""
+    return Fault(FaultKind.USAGE_ERROR, progress.t_fault, rank,
+                 f"stopped on a usage error: {progress.error_text}; not restarted (fix the "
+                 "script)")
 
 
 def deadline_verdict(rank: int, progress: _ledger.RankProgress,
@@ -170,6 +195,8 @@ def own_fault(state: RankSnapshot) -> Fault | None:
         assert progress is not None
         if progress.exit_code == 0:
             return None
+        if progress.error == _ledger.ErrorKind.USAGE:
+            return usage_fault(state.rank, progress)
         return Fault(FaultKind.EXITED, progress.t_fault, state.rank, exit_detail(progress.exit_code))
     if code is None:
         return None

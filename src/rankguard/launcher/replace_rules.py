@@ -42,6 +42,8 @@ def refusal(kind: FaultKind, culprits: frozenset[int], members: Mapping[int, Mem
     attempt at once (a restart) instead of waiting for a generation that cannot form."""
     if kind == FaultKind.REPLACE_FAILED:
         return "a replacement that does not join in time is not replaced again"
+    if kind == FaultKind.USAGE_ERROR:
+        return "a usage error is the script's own: a replacement would make it again"
     if kind not in REPLACEABLE or not culprits:
         return "the fault names no rank to replace"
     if not culprits <= members.keys():

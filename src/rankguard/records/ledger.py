@@ -38,6 +38,10 @@ Layout (little-endian):
   (``inject.perform``): the last ``rankguard.StepLoop`` step the rank began (plus one, 0: none),
   then one byte per spec of ``RANKGUARD_INJECT`` (``MAX_INJECTIONS``), set once that fault
   fired. Each byte has its own writer and is written once: no lock.
+- the error record, written once by the rank as an exception reaches the top of its script
+  (before its fault, ``LedgerWriter.record_error``): the exception's :class:`ErrorKind` and,
+  for a kind the launcher acts on (``USAGE``), the first ``ERROR_TEXT_MAX`` bytes of its
+  message (UTF-8). Its one writer writes the text first, then the kind.
 
 Sequence numbers: in the world group, entry 1 is ``init_process_group`` and entry ``k + 1`` is
 the ``k``-th collective, so ``seq`` as shown to people (``all_reduce #k``) is ``entered - 1``.
@@ -46,6 +50,7 @@ the ``k``-th collective, so ``seq`` as shown to people (``all_reduce #k``) is ``
 from __future__ import annotations
 
 import dataclasses
+import enum
 import fcntl
 import mmap
 import os
@@ -64,7 +69,7 @@ from ..errors import LedgerError
 MAGIC = 0x52474C31  # "RGL1"
 # The layout's version, written in each header: raise it with every change of the layout below
 # (what changed goes in the commit message).
-VERSION = 6
+VERSION = 7
 MAX_GROUPS = 64  # the world group and 63 sub-groups
 # magic version pid flags fault in_coll exit_code t_fault t_start blamed
 HEADER = struct.Struct("<IIqIIIiddQ8x")
@@ -85,7 +90,10 @@ MAX_INJECTIONS = 64  # the ``--inject`` specs a run may give: one byte of the tr
 _STEP_BEGUN = struct.Struct("<Q")  # the trailer: the last StepLoop step begun, plus one
 _OFF_TRAILER = RING_OFFSET + _ring.size(MAX_GROUPS)
 _OFF_FIRED = _OFF_TRAILER + _STEP_BEGUN.size
-SIZE = _OFF_FIRED + MAX_INJECTIONS
+_ERROR = struct.Struct("<BxH")  # the error record: its kind, the length of its text
+_OFF_ERROR = _OFF_FIRED + MAX_INJECTIONS
+ERROR_TEXT_MAX = 252  # bytes of the message kept: a UsageError says what and how in one line
+SIZE = _OFF_ERROR + _ERROR.size + ERROR_TEXT_MAX
 _RECORD = _ring.RECORD_SIZE
 WORLD_SLOT = 0
 
@@ -125,6 +133,17 @@ FAULT_TERMINATED = 2  # SIGTERM reached the rank; it is tearing itself down (run
 # The script ended (returned, or raised SystemExit) and the rank is leaving with the recorded
 # exit code; its interpreter's teardown may take a while yet. The time is when it began to leave.
 FAULT_EXITING = 3
+
+
+class ErrorKind(enum.IntEnum):
+    """What kind of exception reached the top of a rank's script (with ``FAULT_RAISED``, or
+    with ``FAULT_EXITING`` for argparse's refusal of the script's arguments)."""
+
+    OTHER = 0  # any exception (or none recorded)
+    # a rankguard.UsageError, or argparse's refusal of the command line (SystemExit(2)): a
+    # mistake of the script's, which every process running it makes again, so that neither a
+    # replacement nor a restart can help
+    USAGE = 1
 
 # The kinds of operations, by the name the ledger shows to people.
 OP_NAMES = (
@@ -455,14 +474,29 @@ class LedgerWriter:
         struct.pack_into("<d", self._buf, _OFF_T_FAULT, time.monotonic())
         struct.pack_into("<II", self._buf, _OFF_FAULT, kind, int(in_collective))
 
-    def record_exit(self, code: int, in_collective: bool) -> None:
+    def record_exit(self, code: int, in_collective: bool, error: ErrorKind = ErrorKind.OTHER,
+                    text: str = "") -> None:
         """Record that the rank's script ended and it is leaving with exit code ``code``, and
-        when; only the process that mapped the ledger (not a forked child), and only when no
-        fault was recorded before (that one tells how the rank really ended)."""
+        when (and, for an ``error`` other than ``OTHER``, why: ``text``); only the process
+        that mapped the ledger (not a forked child), and only when no fault was recorded
+        before (that one tells how the rank really ended)."""
         if os.getpid() != self._pid or self.recorded_fault() != FAULT_NONE:
             return
+        if error != ErrorKind.OTHER:
+            self.record_error(error, text)
         struct.pack_into("<i", self._buf, _OFF_EXIT_CODE, code)
         self.record_fault(FAULT_EXITING, in_collective)
+
+    def record_error(self, kind: ErrorKind, text: str) -> None:
+        """Record what kind of exception is ending the rank and its message (cut to
+        ``ERROR_TEXT_MAX`` bytes, at a character's end); called before :meth:`record_fault`,
+        so a reader that sees the fault sees its kind."""
+        data = text.encode("utf-8", errors="replace")[:ERROR_TEXT_MAX]
+        data = data.decode("utf-8", errors="ignore").encode("utf-8")
+        start = _OFF_ERROR + _ERROR.size
+        self._buf[start:start + len(data)] = data
+        struct.pack_into("<H", self._buf, _OFF_ERROR + 2, len(data))
+        struct.pack_into("<B", self._buf, _OFF_ERROR, int(kind))
 
     def recorded_fault(self) -> int:
         """The fault kind recorded so far (``FAULT_NONE`` if none)."""
@@ -601,6 +635,8 @@ class RankProgress:
     groups: tuple[GroupProgress, ...]
     blamed: tuple[int, ...] = ()  # ranks that the rank's own fault names as not arrived
     exit_code: int = 0  # the code it is leaving with, when ``fault`` is FAULT_EXITING
+    error: ErrorKind = ErrorKind.OTHER  # the kind of exception that reached the top, if any
+    error_text: str = ""  # its message, for a kind other than OTHER
 
     @property
     def stacks_ready(self) -> bool:
@@ -692,10 +728,25 @@ class LedgerReader:
                                         max(t_done, t_swept), started if asynchronous else -1,
                                         asynchronous,
                                         asynchronous and bool(slot_flags & SLOT_HOST)))
+        error, text = self._error()
         return RankProgress(pid, flags, fault, bool(fault_in_coll), t_fault, t_start,
                             tuple(groups),
                             tuple(r for r in range(blamed.bit_length()) if blamed >> r & 1),
-                            exit_code)
+                            exit_code, error, text)
+
+    def _error(self) -> tuple[ErrorKind, str]:
+        """The error record: its kind (``OTHER`` for a value this rankguard does not know) and
+        its text (read only for another kind: the launcher reads every ledger on every tick)."""
+        code, length = _ERROR.unpack_from(self._buf, _OFF_ERROR)
+        try:
+            kind = ErrorKind(code)
+        except ValueError:
+            return ErrorKind.OTHER, ""
+        if kind == ErrorKind.OTHER:
+            return kind, ""
+        start = _OFF_ERROR + _ERROR.size
+        data = self._buf[start:start + min(length, ERROR_TEXT_MAX)]
+        return kind, data.decode("utf-8", errors="replace")
 
     def injections(self) -> InjectionProgress:
         """The rank's injected faults that fired, and how far it got: read when its attempt

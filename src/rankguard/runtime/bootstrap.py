@@ -26,7 +26,10 @@ time (so the launcher can tell the first fault from its victims), and ends the r
 A script that ends (returns, or ``sys.exit(code)``) is recorded as leaving, with its code and
 the time, before the interpreter's teardown (slow with torch): the launcher then knows when the
 rank left, not only when its process finally died, and a rank that left before a collective
-its peers went on to is the root cause of their failure.
+its peers went on to is the root cause of their failure. A usage error (a
+``rankguard.UsageError`` that escaped, or argparse's ``SystemExit(2)`` refusing the script's
+arguments) is recorded as such, with its message: the launcher neither replaces nor restarts a
+rank that every process running the script would fail the same way.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from typing import Any
 from ..records import ledger as _ledger
 from ..inputs import options
 from ..processes import proctree
-from ..errors import CollectiveError, UsageError, in_chain
+from ..errors import CHAIN_DEPTH, CollectiveError, UsageError, in_chain
 from ..inject import perform as _perform
 from ..inject import spec as _spec
 from . import deadline_scope
@@ -169,6 +172,19 @@ def _collective_error(error: BaseException | None) -> CollectiveError | None:
     return found if isinstance(found, CollectiveError) else None
 
 
+def _usage_error(error: BaseException) -> UsageError | None:
+    """The ``rankguard.UsageError`` that ``error`` is, or was raised from (``raise ... from``,
+    at most ``CHAIN_DEPTH`` deep): a mistake of the script's, which every process running it
+    makes again. An error raised while one was being handled (its ``__context__``) is not
+    counted: the handler's own failure may have any cause."""
+    found: BaseException | None = error
+    for _ in range(CHAIN_DEPTH):
+        if found is None or isinstance(found, UsageError):
+            return found
+        found = found.__cause__
+    return None
+
+
 def _from_backend(error: BaseException) -> bool:
     """Whether ``error`` is a communication backend's failure (a collective that failed because
     a peer did), even though its operation is recorded as completed by then."""
@@ -188,11 +204,30 @@ def _exit_code(code: object) -> int:
     return 1  # a message: Python prints it and exits 1
 
 
-def _record_exit(code: int) -> None:
+def _arguments_refused(leaving: SystemExit) -> str | None:
+    """argparse's message when ``leaving`` is its refusal of the script's command line
+    (``ArgumentParser.error``: exit code 2, raised in ``ArgumentParser.exit``, whose
+    ``message`` it printed), else None."""
+    frames = leaving.__traceback__
+    if frames is None or _exit_code(leaving.code) != 2:
+        return None
+    while frames.tb_next is not None:
+        frames = frames.tb_next
+    frame = frames.tb_frame
+    if frame.f_globals.get("__name__") != "argparse" or frame.f_code.co_name != "exit":
+        return None
+    message = frame.f_locals.get("message")
+    return str(message).strip() if message else "argparse refused the script's arguments"
+
+
+def _record_exit(code: int, refused: str | None = None) -> None:
+    """Record that the script ended with ``code`` (``refused``: argparse's message, when it
+    refused the script's arguments: a usage error)."""
     state = current()
     if state.ledger is not None:
         state.completions.flush()
-        state.ledger.record_exit(code, state.ledger.in_collective())
+        state.ledger.record_exit(code, state.ledger.in_collective(), _ledger.ErrorKind.OTHER
+                                 if refused is None else _ledger.ErrorKind.USAGE, refused or "")
 
 
 def _become(argv: list[str]) -> None:
@@ -226,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         _run_user_code(argv)
     except SystemExit as leaving:
-        _record_exit(_exit_code(leaving.code))
+        _record_exit(_exit_code(leaving.code), _arguments_refused(leaving))
         raise
     except BaseException as error:
         ledger = current().ledger
@@ -235,6 +270,9 @@ def main(argv: list[str] | None = None) -> None:
             failure = _collective_error(error)
             if failure is not None:
                 ledger.record_blame(failure.missing)  # the launcher blames them, not this rank
+            usage = _usage_error(error)
+            if usage is not None:  # the launcher neither replaces nor restarts the rank
+                ledger.record_error(_ledger.ErrorKind.USAGE, str(usage))
             ledger.record_fault(_ledger.FAULT_RAISED, failure is not None
                                 or ledger.in_collective() or _from_backend(error))
         traceback.print_exc()
