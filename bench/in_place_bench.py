@@ -146,6 +146,7 @@ def run(way: str, nproc: int, steps: int, warm: float, cap: float, fault: bool,
     procs, lighthouse = start(way, nproc, steps, out, mode, tag, spares)
     deadline = time.monotonic() + cap
     t_fault = killed = None
+    capped = False
     try:
         if fault:
             while time.monotonic() < deadline:
@@ -160,6 +161,7 @@ def run(way: str, nproc: int, steps: int, warm: float, cap: float, fault: bool,
         for proc in procs:
             proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
+        capped = True
         for proc in procs:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -173,7 +175,8 @@ def run(way: str, nproc: int, steps: int, warm: float, cap: float, fault: bool,
     checksum = open(os.path.join(out, "checksum")).read() if os.path.exists(
         os.path.join(out, "checksum")) else None
     codes = [proc.returncode for proc in procs]
-    result: dict = {"code": next((c for c in codes if c), codes[0]), "checksum": checksum}
+    result: dict = {"code": next((c for c in codes if c), codes[0]), "checksum": checksum,
+                    "capped": cap if capped else None}
     if t_fault is not None:
         # the first step after the fault that the new rank 1 took part in
         before = [e for e in log if e["t"] <= t_fault]
@@ -250,7 +253,8 @@ def main() -> None:
           f"{'same params':>13}{'step time':>11}{'vs torchrun':>13}")
     for way in ways:
         f, c = faulty[way], clean[way]
-        next_s = f"{f['next_step_s']:.2f} s" if "next_step_s" in f else f"none (exit {f['code']})"
+        next_s = f"{f['next_step_s']:.2f} s" if "next_step_s" in f else \
+            f"over --cap {f['capped']:.0f} s" if f["capped"] else f"none (exit {f['code']})"
         paused = f"{f['paused_s']:.2f} s" if f.get("paused_s") is not None else "-"
         lost = str(f["lost"]) if "lost" in f else "-"
         if f.get("without"):
