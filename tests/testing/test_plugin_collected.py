@@ -48,9 +48,9 @@ def test_both():
 '''
 
 DIFFERENCE = ("rankguard: the ranks collected different tests, so their collectives would pair "
-              "across tests; every rank stops: rank 1 collected 2 tests, rank 0 3: first difference at index 1: rank 0 has "
-              "test_suite.py::test_rank0_only, rank 1 test_suite.py::test_both; run every rank "
-              "with the same selection")
+              "across tests; every rank stops: rank 1 collected 2 tests, rank 0 3: first "
+              "difference at index 1: rank 0 has test_suite.py::test_rank0_only, rank 1 "
+              "test_suite.py::test_both; run every rank with the same selection")
 TESTS = ("test_first", "test_rank0_only", "test_both")
 RUN_S = 90.0
 

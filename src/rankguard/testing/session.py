@@ -118,8 +118,8 @@ class EveryRank:
             if problem is not None:
                 _stop(item.session, problem)
 
-    def _compare(self, meet: Callable[[str, Deadline, str], internal.Meeting | None], limit: Deadline,
-                 errors: int) -> str | None:
+    def _compare(self, meet: Callable[[str, Deadline, str], internal.Meeting | None],
+                 limit: Deadline, errors: int) -> str | None:
         """Meet every rank (``meet``: in the job's store, or the default group's) by ``limit``
         with this rank's ``Collected``; the reason to stop every rank, or None (they agree, or
         there is no store to meet in yet: ``meet`` returned None)."""
