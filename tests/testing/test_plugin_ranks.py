@@ -133,6 +133,34 @@ def test_destroys_the_group():
     assert session.code == 0
 
 
+@pytest.mark.slow  # a second pool starts (5 s)
+def test_a_rank_that_destroys_the_group_while_its_peer_waits_in_it_is_named_as_the_cause(
+        tmp_path: Path) -> None:
+    body = HEADER + '''
+@pytest.mark.ranks(2)
+def test_rank1_destroys_the_group():
+    if dist.get_rank() == 1:
+        time.sleep(0.5)  # rank 0 is inside the all_reduce by then
+        dist.destroy_process_group()
+        return
+    dist.all_reduce(torch.ones(1))
+''' + GOOD
+    session = run_suite(tmp_path, {"test_dist.py": body}, [], timeout=120)
+    text = session.text("test_rank1_destroys_the_group")
+    assert session.result("test_rank1_destroys_the_group") == "failed", session.output
+    assert text.startswith("rank 1 destroyed the process group (dist.destroy_process_group()) "
+                           "during the test while rank 0 still used it; rank 0 failed as a "
+                           "consequence"), text
+    assert "rank 1 passed" not in text
+    # rank 0 was told by rank 1, inside its all_reduce (or, were it late, as it began it)
+    assert re.search(r"(PeerFailed: rank 0: all_reduce #1 on group 'world' was abandoned: "
+                     r"|GroupRetired: process group 'world' is retired \()rank 1 destroyed the "
+                     r"process group \(dist\.destroy_process_group\(\)\) during the test",
+                     text), text
+    assert session.result("test_good_after") == "passed", session.output  # on a new pool
+    assert session.wall_s < 60  # released at once, not at the test's deadline (600 s)
+
+
 @pytest.mark.slow
 def test_a_rank_frozen_inside_allreduce_is_named_with_its_stack_within_the_deadline(
         tmp_path: Path) -> None:

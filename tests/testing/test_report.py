@@ -14,6 +14,7 @@ def failed(error: str, at: float, collective: bool = False) -> dict:
 
 ENDED = {"outcome": "ended", "detail": "exited with code 0"}
 PASSED = {"outcome": "passed"}
+DESTROYED_IT = {"outcome": "passed", "group": False}  # the test destroyed the group
 
 
 @pytest.mark.parametrize("world, answers, head", [
@@ -30,10 +31,22 @@ PASSED = {"outcome": "passed"}
     (2, {0: failed("CollectiveTimeout", 3.0, True)},
      "rank 1 never finished the test (stuck); rank 0 failed as a consequence "
      "(CollectiveTimeout)"),
+    (2, {0: failed("PeerFailed", 2.0, True), 1: DESTROYED_IT},
+     "rank 1 destroyed the process group (dist.destroy_process_group()) during the test while "
+     "rank 0 still used it; rank 0 failed as a consequence (PeerFailed)"),
+    (3, {0: failed("PeerFailed", 2.0, True), 1: DESTROYED_IT},
+     "rank 1 destroyed the process group (dist.destroy_process_group()) during the test while "
+     "ranks 0,2 still used it; rank 2 never finished the test (stuck); rank 0 failed as a "
+     "consequence (PeerFailed)"),
+    (2, {0: DESTROYED_IT, 1: DESTROYED_IT}, None),
+    (3, {0: failed("PeerFailed", 3.0, True), 1: DESTROYED_IT, 2: failed("ValueError", 2.0)},
+     "rank 1 destroyed the process group (dist.destroy_process_group()) during the test while "
+     "rank 0 still used it; rank 2 failed on its own too (ValueError); rank 0 failed as a "
+     "consequence (PeerFailed)"),
 ])
-def test_the_headline_puts_ended_processes_and_first_failures_before_their_cascade(
+def test_the_headline_puts_ended_processes_destroyers_and_first_failures_before_their_cascade(
         world, answers, head):
-    text = compose(world, answers, {1: "stacks"}, {})
+    text = compose(world, answers, {1: "stacks", 2: "stacks"}, {})
     assert (text.split("\n", 1)[0] if text else None) == head
 
 

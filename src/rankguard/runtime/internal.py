@@ -15,15 +15,17 @@ from typing import Iterable
 
 from ..records import ledger as _ledger
 from ..deadline import Deadline
-from . import barrier, generations, groups, nccl_abort
+from . import barrier, generations, groups, job_store, nccl_abort
 from . import shutdown as _shutdown
 from .deadline_scope import until
+from .barrier import Meeting
 from .generations import Generation
 from .shutdown import ShutdownReport
 from .state import GroupRecord, current
 
-__all__ = ["Generation", "ShutdownReport", "abandon_world", "arrive", "blame", "meet", "next_generation",
-           "regroup", "retire_all", "shutdown", "until", "world", "world_retired"]
+__all__ = ["Generation", "Meeting", "ShutdownReport", "abandon_world", "arrive", "blame", "meet",
+           "meet_in_job_store", "next_generation", "regroup", "retire_all", "shutdown", "until",
+           "world", "world_retired"]
 
 
 def world() -> GroupRecord | None:
@@ -93,7 +95,7 @@ def shutdown(limit: Deadline, *, strict: bool = False) -> ShutdownReport:
     return _shutdown.shut_down(limit, strict=strict)
 
 
-def meet(name: str, limit: Deadline, payload: str = "arrived") -> barrier.Meeting:
+def meet(name: str, limit: Deadline, payload: str = "arrived") -> Meeting:
     """Every rank of the default group meets at the store barrier ``name`` (unique to this
     meeting), bringing ``payload``; see ``runtime.barrier``. The default group must exist; it
     may be retired (the barrier lives in the store, not in the group).
@@ -126,3 +128,16 @@ def arrive(name: str, limit: Deadline, payload: str) -> None:
     generations.with_store_client(
         limit, f"the barrier {name}",
         lambda client: barrier.arrive(client, name, rank, size, limit, payload))
+
+
+def meet_in_job_store(name: str, limit: Deadline, payload: str) -> Meeting | None:
+    """Every rank of the job meets at the store barrier ``name`` before any process group
+    exists, in the store its launcher hosts (``torchrun``, ``rankguard run``), bringing
+    ``payload``; None where no launcher hosts one. See ``runtime.job_store``. Returns by
+    ``limit`` plus half a second.
+
+    Raises:
+        RuntimeError: torch's, when the store cannot be reached or fails; ``StoreStalled``
+            when it does not answer in time.
+    """
+    return job_store.meet(name, limit, payload)

@@ -73,8 +73,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                   default=str(DEFAULT_DEADLINE_S))
     parser.addini("rankguard_leaks", "fail | warn | ignore: processes left running by a test",
                   default="fail")
-    parser.addini("rankguard_shutdown_timeout", "under a launcher: seconds the end-of-session "
-                  "barrier waits for the other ranks",
+    parser.addini("rankguard_shutdown_timeout", "under a launcher: seconds the session's "
+                  "barriers (its start: the collected tests compared; its end) wait for the "
+                  "other ranks",
                   default=str(rank_session.DEFAULT_SHUTDOWN_TIMEOUT_S))
 
 

@@ -20,6 +20,15 @@ If a rank does not reach a test boundary within that test's deadline, re-forming
 for the session: that setup fails naming the rank, and later collectives raise
 ``GroupRetired`` at once.
 
+**The ranks check that they collected the same tests**, in the same order, before the first
+test: each brings a fingerprint of its test ids (``collected``) to a store barrier in the store
+the launcher hosts (``torchrun``, ``rankguard run``), bounded by ``shutdown_timeout``; ranks
+that differ exchange their lists, and every rank stops its session before any test (pytest's
+"Interrupted", exit status 2) naming the first test that differs and which ranks have which.
+Where no launcher hosts the store (rank 0 hosts it in its ``init_process_group``), the check
+is made as the first test's call begins, once the default group exists (its fixtures' setup
+has run by then).
+
 The plugin ends the session
 with ``rankguard.shutdown``: a bounded barrier, then ``destroy_process_group``; a rank that
 never arrives is named on every rank that did, the group is aborted instead, and those ranks'
@@ -29,11 +38,11 @@ sessions fail (exit status 1), so no rank waits forever and none reports success
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
-from typing import Any, Callable, Literal
+from contextlib import nullcontext
+from typing import Any, Callable, Literal, NoReturn
 
 import pytest
 
@@ -41,6 +50,7 @@ from .. import margins
 from ..deadline import Deadline
 from ..errors import CollectiveError, GroupRetired
 from ..runtime import internal
+from .collected import FIX, Collected, agree, difference, digest, ranks_text
 
 DEFAULT_SHUTDOWN_TIMEOUT_S = 60.0
 
@@ -75,15 +85,73 @@ class EveryRank:
         self.shutdown_timeout = shutdown_timeout
         self._deadline_of = deadline_of
         self._order: dict[str, int] = {}
-        self._tests = collection_digest([])  # which tests this rank runs, in their order
+        self._nodeids: list[str] = []
+        self._tests = digest([])  # which tests this rank runs, in their order
+        self._compared = False  # whether the ranks compared their collections
         self._resume_at: str | None = None
         self._failure = "a failure"  # why the group was last re-formed (its retirement reason)
         self._gave_up: str | None = None
         self._ended: list[int] = []  # peers found in session teardown when re-forming
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        self._order = {item.nodeid: index for index, item in enumerate(session.items)}
-        self._tests = collection_digest([item.nodeid for item in session.items])
+        self._nodeids = [item.nodeid for item in session.items]
+        self._order = {nodeid: index for index, nodeid in enumerate(self._nodeids)}
+        self._tests = digest(self._nodeids)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> None:
+        """Before the first test: stop every rank if they collected different tests."""
+        if session.config.option.collectonly:
+            return
+        # a rank with collection errors stops (pytest's rule): its peers must stop with it
+        errors = 0 if session.config.option.continue_on_collection_errors else session.testsfailed
+        problem = self._compare(internal.meet_in_job_store, Deadline.after(self.shutdown_timeout),
+                                errors)
+        if problem is not None:
+            _stop(session, problem)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> None:
+        """Where no launcher hosts the store: compare once the default group exists."""
+        if not self._compared and internal.world() is not None:
+            problem = self._compare(internal.meet, self._until(item), 0)
+            if problem is not None:
+                _stop(item.session, problem)
+
+    def _compare(self, meet: Callable[[str, Deadline, str], internal.Meeting | None],
+                 limit: Deadline, errors: int) -> str | None:
+        """Meet every rank (``meet``: in the job's store, or the default group's) by ``limit``
+        with this rank's ``Collected``; the reason to stop every rank, or None (they agree, or
+        there is no store to meet in yet: ``meet`` returned None)."""
+        name = _collected_name()
+        try:
+            meeting = meet(name, limit, Collected.of(self._nodeids, errors).dumps())
+            if meeting is None:
+                return None
+            self._compared = True
+            if meeting.missing:
+                return (f"rankguard: {ranks_text(meeting.missing)} did not finish collecting "
+                        f"the tests within {self.shutdown_timeout:g} s "
+                        f"(rankguard_shutdown_timeout), so the ranks cannot check that they "
+                        f"run the same tests; every rank stops")
+            if agree({rank: Collected.loads(at) for rank, at in meeting.arrived.items()}):
+                return None
+            lists = meet(f"{name}/tests", Deadline.after(self.shutdown_timeout),
+                         json.dumps([self._nodeids, errors]))
+            if lists is None or lists.missing:
+                late = ranks_text(lists.missing) if lists is not None else "a rank"
+                return (f"rankguard: the ranks collected different tests (or had other "
+                        f"collection errors), and {late} did not send the list in time; every "
+                        f"rank stops; {FIX}")
+            brought = {rank: json.loads(at) for rank, at in lists.arrived.items()}
+        except (RuntimeError, ValueError) as error:  # StoreStalled is a RuntimeError
+            self._compared = True
+            return (f"rankguard: could not compare the collected tests with the other ranks "
+                    f"through the job's store ({error}); every rank stops")
+        return (f"rankguard: the ranks collected different tests, so their collectives would "
+                f"pair across tests; every rank stops: "
+                + difference({rank: tests for rank, (tests, _) in brought.items()},
+                             {rank: count for rank, (_, count) in brought.items()}))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -114,8 +182,8 @@ class EveryRank:
         meeting = internal.meet(_reform_name(), self._until(item), position)  # sealed
         ended = sorted(rank for rank, at in meeting.arrived.items() if at == _SESSION_END)
         if meeting.missing:
-            also = f" ({_ranks(ended)} in session teardown)" if ended else ""
-            self._give_up(f"{_ranks(meeting.missing)} did not reach a test boundary in "
+            also = f" ({ranks_text(ended)} in session teardown)" if ended else ""
+            self._give_up(f"{ranks_text(meeting.missing)} did not reach a test boundary in "
                           f"time{also}")
         if ended:
             self._ended = ended
@@ -123,7 +191,7 @@ class EveryRank:
         positions = {rank: json.loads(at) for rank, at in meeting.arrived.items()}
         other = sorted(rank for rank, at in positions.items() if at["tests"] != self._tests)
         if other:
-            self._give_up(f"{_ranks(other)} collected other tests than rank "
+            self._give_up(f"{ranks_text(other)} collected other tests than rank "
                           f"{os.environ.get('RANK')} (or in another order), so no test is "
                           f"where all meet: run the same tests on every rank (the same "
                           f"files, -k, -m and --lf, and no per-rank deselection)")
@@ -142,7 +210,7 @@ class EveryRank:
 
     def _ended_reason(self) -> str:
         one = len(self._ended) == 1
-        return (f"rankguard: {_ranks(self._ended)} had finished {'its' if one else 'their'} "
+        return (f"rankguard: {ranks_text(self._ended)} had finished {'its' if one else 'their'} "
                 f"tests ({'it is' if one else 'they are'} in session teardown) when the process "
                 f"group was to be re-formed after a failure; the rest of this rank's tests are "
                 f"skipped")
@@ -184,19 +252,27 @@ class EveryRank:
 _SESSION_END = "end"  # the position a rank in session teardown brings to a re-forming
 
 
-def collection_digest(nodeids: list[str]) -> str:
-    """A short fingerprint of the tests a rank collected, in their order: ranks that agree on
-    it can meet at a test by its position."""
-    return hashlib.sha256("\n".join(nodeids).encode()).hexdigest()[:16]
+def _stop(session: pytest.Session, problem: str) -> NoReturn:
+    """End the session at once (pytest's "Interrupted", exit status 2), saying ``problem``
+    first: every rank learns it at the same barrier, and a launcher stops the ranks that are
+    still running as soon as one exits."""
+    plugins = session.config.pluginmanager
+    reporter, capture = plugins.get_plugin("terminalreporter"), plugins.get_plugin("capturemanager")
+    if reporter is not None:  # from a test's call too, whose output pytest captures
+        with capture.global_and_fixture_disabled() if capture is not None else nullcontext():
+            reporter.write("\n")  # end the progress line
+            reporter.write_line(problem, red=True)
+    raise session.Interrupted("rankguard: every rank stops (see above)")
+
+
+def _collected_name() -> str:
+    """The store barrier where the ranks of this attempt compare their collections."""
+    return f"rankguard/pytest/collected{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 
 
 def _reform_name() -> str:
     """The store barrier of the next re-forming (every rank counts the same generations)."""
     return f"rankguard/pytest/reform{internal.next_generation()}/at"
-
-
-def _ranks(ranks: list[int]) -> str:
-    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
 def _announce_end() -> None:
