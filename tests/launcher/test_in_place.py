@@ -119,6 +119,36 @@ def test_when_replacements_run_out_the_run_fails_with_the_fault(run_rankguard: A
     assert "rank 2 was killed by SIGKILL" in run.stderr
 
 
+GRACE_S = 30.0  # what the survivors would wait without the launcher's word
+SOON_S = 15.0  # fault to end: well below the grace, generous for a loaded machine
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(240)
+@pytest.mark.parametrize("bug, restarts, reason", [
+    ("usage", "3", "a usage error is the script's own"),
+    ("step", "1", "no restarts left"),  # rank 1's replacement raises again, at the same step
+])
+def test_a_refused_repair_ends_the_survivors_at_once_not_after_the_grace(
+        run_rankguard: Any, bug: str, restarts: str, reason: str) -> None:
+    """The launcher's refusal reaches the survivors with its notice: their StepLoop raises
+    PeerFailed naming it instead of waiting for a replacement, and they exit by themselves,
+    long before ``--grace`` would have them stopped."""
+    run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "3", "--max-restarts",
+                         restarts, "--grace", f"{GRACE_S:g}", "--recovery", "in-place",
+                         script("step_loop_bugs.py"), bug], timeout=180)
+    assert run.code == 1, run.stderr[-4000:]
+    (refused,) = _events(run, "replace_refused")
+    assert reason in refused["reason"], refused
+    assert f"rank 1 will not be replaced: {refused['reason']}" in run.stdout + run.stderr
+    end = run.event("attempt_end")
+    assert end["ts"] - end["at"] < SOON_S, (end, run.stderr[-3000:])
+    stopped = [e for e in _events(run, "escalate") if e["step"] in ("term", "kill")
+               and 0 in e["ranks"]]
+    assert not stopped, stopped  # rank 0 ended by itself
+    assert run.outcomes(0)[0] == "victim"
+
+
 @pytest.mark.slow
 @pytest.mark.deadline(240)
 def test_a_replacement_killed_while_it_joins_is_replaced_in_turn(tmp_path: Any,

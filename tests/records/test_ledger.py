@@ -39,6 +39,20 @@ def test_fault_and_flags_are_recorded(tmp_path):
     assert snap.t_fault >= snap.t_start > 0
 
 
+def test_a_notice_carries_the_supervisors_refusal_cut_at_a_characters_end(tmp_path):
+    path = str(tmp_path / "r0.ledger")
+    ledger.create(path, world_size=2)
+    writer = ledger.LedgerWriter(path)
+    ledger.post_notice(path, ledger.NOTICE_DIED, 1)
+    assert writer.notice() == ("died", 1) and writer.refusal() is None  # a replacement comes
+    why = "é" * ledger.REFUSAL_TEXT_MAX  # two bytes a character: cut at the 127th
+    ledger.post_notice(path, ledger.NOTICE_HUNG, 1, why)
+    assert writer.notice() == ("hung", 1)
+    assert writer.refusal() == "é" * (ledger.REFUSAL_TEXT_MAX // 2)
+    writer.clear_notice()  # a regroup that formed meanwhile: the attempt ends all the same
+    assert writer.refusal() == "é" * (ledger.REFUSAL_TEXT_MAX // 2)
+
+
 def test_foreign_file_is_refused(tmp_path):
     path = tmp_path / "junk"
     path.write_bytes(b"x" * ledger.SIZE)

@@ -187,3 +187,27 @@ def test_a_rank_that_only_arrives_completes_the_meeting_with_its_payload_and_ret
         assert arrival.meeting is not None and arrival.meeting.complete, (rank, arrival)
         assert arrival.meeting.arrived[2] == "at the end"
         assert arrival.returned_at < ranks.limit.at - LONG_S / 2  # released, not timed out
+
+
+def test_a_rank_told_that_the_missing_will_not_come_stops_waiting_at_once_naming_them(
+        clients: Callable[[], Any]) -> None:
+    """``stop`` (the launcher's refusal to start a replacement) ends the wait within a slice of
+    its becoming true, long before the deadline; the meeting names who did not come."""
+    told = threading.Event()
+    outcome: dict[str, Any] = {}
+    client = clients()
+
+    def wait() -> None:
+        outcome["meeting"] = barrier.meet(client, NAME, 0, 2, Deadline.after(LONG_S),
+                                          stop=told.is_set)
+        outcome["at"] = time.monotonic()
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    clients().wait([barrier.arrival_key(NAME, 0)], timedelta(seconds=LONG_S))
+    told_at = time.monotonic()
+    told.set()
+    thread.join(LONG_S)
+    assert not thread.is_alive()
+    assert outcome["meeting"].missing == [1] and not outcome["meeting"].complete
+    assert outcome["at"] - told_at < barrier.STOP_SLICE_S + AFTER_DEADLINE_S

@@ -63,6 +63,7 @@ class _Attempt:
     outcomes: list[RankOutcome] = field(default_factory=list)
     report: AttemptReport | None = None
     first_step_at: float | None = None
+    refusal: str | None = None  # why its fault was not repaired in place (``--recovery in-place``)
 
 
 class Agent:
@@ -217,7 +218,8 @@ class Agent:
                     {result.fault.rank} if result.fault.rank is not None else set())
                 if result.fault.kind != FaultKind.LAUNCHER_SIGNAL:
                     teardown.notify_survivors(ranks, monitor, self._journal, culprits,
-                                              notice_kind(result.fault), cfg.grace)
+                                              notice_kind(result.fault), cfg.grace,
+                                              result.refusal)
                 report.stacks.update(teardown.capture_stacks(ranks, monitor, stopped=True))
                 if result.hang is not None:
                     self._journal_hang(attempt, result.hang, report.stacks)
@@ -296,6 +298,7 @@ class Agent:
             self._journal.write("replace_refused", attempt=ranks.number, reason=refusal,
                                 cause=fault.describe())
             self._say(f"rankguard: no replacement in place: {refusal}")
+            result.refusal = refusal
             return False
         if hang is not None:  # its stacks: the replace event's
             self._journal_hang(ranks.number, hang, {})

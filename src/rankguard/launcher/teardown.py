@@ -2,7 +2,9 @@
 
 0. **notice** (ranks in bounded mode only; between the two halves of step 1): the survivors'
    ledgers get a notice that a peer died or hung; a rank waiting in a bounded collective raises
-   ``rankguard.PeerFailed`` within one wait slice, and its program may end on its own. Bounded
+   ``rankguard.PeerFailed`` within one wait slice, and its program may end on its own. Under
+   ``--recovery in-place`` the notice carries the refusal (why the fault is not repaired in
+   place): a ``rankguard.StepLoop`` then ends at once instead of waiting for a replacement. Bounded
    by the run's ``--grace``: a rank asked to stop by a notice gets as long to end as one asked
    by SIGTERM, so a budget that holds for the one holds for the other, on a loaded machine too.
 1. **stacks**: every live rank whose stack handler is installed dumps all its threads' Python
@@ -53,19 +55,22 @@ def capture_stacks(ranks: RankProcesses, monitor: HangMonitor, stopped: bool) ->
 
 
 def notify_survivors(ranks: RankProcesses, monitor: HangMonitor, journal: Journal,
-                     culprits: set[int], kind: int, grace: float) -> None:
-    """Tell the live ranks in bounded mode, except ``culprits``, that a peer failed; wait up to
-    ``grace`` (the run's ``--grace``) for them to exit on their own. Returns as soon as they
-    all have."""
+                     culprits: set[int], kind: int, grace: float,
+                     refusal: str | None = None) -> None:
+    """Tell the live ranks in bounded mode, except ``culprits``, that a peer failed (and, with
+    ``refusal``, why it will not be replaced); wait up to ``grace`` (the run's ``--grace``) for
+    them to exit on their own. Returns as soon as they all have."""
     snaps = monitor.snapshot()
     told = {m.rank for m in ranks.live() if m.rank not in culprits and m.rank in snaps
             and snaps[m.rank].flags & _ledger.FLAG_BOUNDED}
     if not told:
         return
     failed = min(culprits) if culprits else -1
+    said = None if refusal is None else \
+        f"{f'rank {failed}' if failed >= 0 else 'the failed rank'} will not be replaced: {refusal}"
     for member in ranks.live():
         if member.rank in told:
-            _ledger.post_notice(member.ledger_path, kind, failed)
+            _ledger.post_notice(member.ledger_path, kind, failed, said)
     journal.write("escalate", step="notice", ranks=sorted(told),
                   reason=_ledger.NOTICE_NAMES[kind], attempt=ranks.number)
     ranks.wait_exits(Deadline.after(grace), told, grace=True)

@@ -42,6 +42,11 @@ Layout (little-endian):
   (before its fault, ``LedgerWriter.record_error``): the exception's :class:`ErrorKind` and,
   for a kind the launcher acts on (``USAGE``), the first ``ERROR_TEXT_MAX`` bytes of its
   message (UTF-8). Its one writer writes the text first, then the kind.
+- the refusal, written by the supervisor only, before the notice it comes with: that the failed
+  peer will not be replaced, and why (``rank 1 will not be replaced: no restarts left ...``:
+  ``rankguard run --recovery in-place`` refused to repair the fault, the attempt ends),
+  ``REFUSAL_TEXT_MAX`` bytes at most (UTF-8) after its length (0: no refusal). A rank's ``rankguard.StepLoop`` then ends instead of waiting for a
+  replacement.
 
 Sequence numbers: in the world group, entry 1 is ``init_process_group`` and entry ``k + 1`` is
 the ``k``-th collective, so ``seq`` as shown to people (``all_reduce #k``) is ``entered - 1``.
@@ -69,7 +74,7 @@ from ..errors import LedgerError
 MAGIC = 0x52474C31  # "RGL1"
 # The layout's version, written in each header: raise it with every change of the layout below
 # (what changed goes in the commit message).
-VERSION = 7
+VERSION = 8
 MAX_GROUPS = 64  # the world group and 63 sub-groups
 # magic version pid flags fault in_coll exit_code t_fault t_start blamed
 HEADER = struct.Struct("<IIqIIIiddQ8x")
@@ -93,7 +98,10 @@ _OFF_FIRED = _OFF_TRAILER + _STEP_BEGUN.size
 _ERROR = struct.Struct("<BxH")  # the error record: its kind, the length of its text
 _OFF_ERROR = _OFF_FIRED + MAX_INJECTIONS
 ERROR_TEXT_MAX = 252  # bytes of the message kept: a UsageError says what and how in one line
-SIZE = _OFF_ERROR + _ERROR.size + ERROR_TEXT_MAX
+_REFUSAL = struct.Struct("<H")  # the refusal: the length of its text
+_OFF_REFUSAL = _OFF_ERROR + _ERROR.size + ERROR_TEXT_MAX
+REFUSAL_TEXT_MAX = 254  # bytes of the reason kept: replace_rules says it in one line
+SIZE = _OFF_REFUSAL + _REFUSAL.size + REFUSAL_TEXT_MAX
 _RECORD = _ring.RECORD_SIZE
 WORLD_SLOT = 0
 
@@ -491,8 +499,7 @@ class LedgerWriter:
         """Record what kind of exception is ending the rank and its message (cut to
         ``ERROR_TEXT_MAX`` bytes, at a character's end); called before :meth:`record_fault`,
         so a reader that sees the fault sees its kind."""
-        data = text.encode("utf-8", errors="replace")[:ERROR_TEXT_MAX]
-        data = data.decode("utf-8", errors="ignore").encode("utf-8")
+        data = _cut(text, ERROR_TEXT_MAX)
         start = _OFF_ERROR + _ERROR.size
         self._buf[start:start + len(data)] = data
         struct.pack_into("<H", self._buf, _OFF_ERROR + 2, len(data))
@@ -528,6 +535,17 @@ class LedgerWriter:
         """The supervisor's notice that a peer failed: (``died`` or ``hung``, its rank)."""
         kind, rank = _NOTICE.unpack_from(self._buf, _OFF_NOTICE)
         return (NOTICE_NAMES.get(kind, "failed"), rank) if kind else None
+
+    def refusal(self) -> str | None:
+        """The supervisor's word that the failed peer will not be replaced, and why (the
+        attempt ends), as it posted it with the notice; None when it posted none (a replacement may come). Kept
+        once posted: the attempt ends whatever the rank does meanwhile (``clear_notice``)."""
+        length = _REFUSAL.unpack_from(self._buf, _OFF_REFUSAL)[0]
+        if not length:
+            return None
+        start = _OFF_REFUSAL + _REFUSAL.size
+        return bytes(self._buf[start:start + min(length, REFUSAL_TEXT_MAX)]).decode(
+            "utf-8", errors="replace")
 
     def world(self) -> _SlotWriter:
         return self.slot(WORLD_SLOT)
@@ -694,14 +712,27 @@ def behind(members: Iterable[int], entries: Mapping[int, GroupProgress],
     return [r for r in members if r not in entries or entries[r].entered < target], target
 
 
-def post_notice(path: str, kind: int, failed_rank: int) -> None:
+def post_notice(path: str, kind: int, failed_rank: int, refusal: str | None = None) -> None:
     """The supervisor tells the rank of ledger ``path`` that ``failed_rank`` (-1: unknown)
-    died or hung; a rank waiting in a bounded collective then raises ``PeerFailed``."""
+    died or hung; a rank waiting in a bounded collective then raises ``PeerFailed``. With
+    ``refusal``: that no replacement comes, and why, in one sentence (cut to ``REFUSAL_TEXT_MAX`` bytes),
+    written before the notice, so that a rank that sees the notice sees it too."""
     buf = _map(path, writable=True)
     try:
+        if refusal:
+            data = _cut(refusal, REFUSAL_TEXT_MAX)
+            start = _OFF_REFUSAL + _REFUSAL.size
+            buf[start:start + len(data)] = data
+            _REFUSAL.pack_into(buf, _OFF_REFUSAL, len(data))
         _NOTICE.pack_into(buf, _OFF_NOTICE, kind, failed_rank)
     finally:
         buf.close()
+
+
+def _cut(text: str, limit: int) -> bytes:
+    """``text`` in UTF-8, cut to ``limit`` bytes at a character's end."""
+    data = text.encode("utf-8", errors="replace")[:limit]
+    return data.decode("utf-8", errors="ignore").encode("utf-8")
 
 
 class LedgerReader:

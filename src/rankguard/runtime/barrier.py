@@ -12,7 +12,10 @@ One call of :func:`meet` on every rank, under a name unique to that meeting:
 3. **wait**: the others block in the store's own ``wait`` on ``NAME/released`` until the
    deadline: they wake when it is set, without polling;
 4. **name the missing**: at the deadline, the arrivals present (``check``) and authentic
-   (``multi_get``) say who came; the others are missing.
+   (``multi_get``) say who came; the others are missing. A caller that may learn, outside the
+   store, that a rank will never come (``regroup`` waiting for a replacement the launcher
+   refused to start) gives ``stop``: the wait then goes in slices of ``STOP_SLICE_S`` and ends
+   at the first slice after which ``stop()`` is true, as at the deadline.
 
 Every value a rank acts on is sealed with the run's secret (``rankguard.sealed``). The counter is
 only a hint of who may be last: a rank releases only once it read every rank's authentic arrival,
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable
 
 from ..store import sealed
 from ..deadline import MAX_SECONDS, Deadline
@@ -40,6 +43,7 @@ _WAIT_MIN_S = 0.001
 # a wait that ends sooner than this before its deadline did not time out: the store failed
 _EARLY_S = 0.05
 _ARRIVED = "arrived"
+STOP_SLICE_S = 0.1  # how soon a meeting given ``stop`` sees it become true
 
 
 @dataclass(frozen=True)
@@ -76,9 +80,10 @@ def released_key(name: str) -> str:
 
 
 def meet(client: Any, name: str, rank: int, size: int, limit: Deadline,
-         payload: str = _ARRIVED) -> Meeting:
+         payload: str = _ARRIVED, stop: Callable[[], bool] | None = None) -> Meeting:
     """Arrive at the barrier ``name`` as ``rank`` of ``size`` and wait until every rank did, or
-    until ``limit``.
+    until ``limit``, or (given ``stop``) until ``stop()`` is true (checked once arrived, then
+    every ``STOP_SLICE_S``).
 
     Args:
         client: a store client of this rank's own (its timeout is set here).
@@ -87,9 +92,11 @@ def meet(client: Any, name: str, rank: int, size: int, limit: Deadline,
         size: how many ranks meet.
         limit: when to stop waiting.
         payload: what this rank brings (every rank reads every payload).
+        stop: says that the ranks still missing will never come.
 
     Returns:
-        Who came, with what. Incomplete only if ``limit`` passed first.
+        Who came, with what. Incomplete only if ``limit`` passed, or ``stop()`` was true,
+        first.
 
     Raises:
         RuntimeError: torch's, when the store fails (its server died, froze, or refused).
@@ -100,7 +107,7 @@ def meet(client: Any, name: str, rank: int, size: int, limit: Deadline,
     arrived = _arrive(client, name, keys, rank, payload)
     if arrived is not None:
         return Meeting(size, arrived)
-    while _wait(client, released, limit):
+    while _wait(client, released, limit, stop):
         if sealed.unseal(released, client.get(released)) is not None:
             break  # the releaser read every arrival
         client.delete_key(released)  # not ours: the genuine release will wake us
@@ -144,14 +151,19 @@ def _release(client: Any, released: str) -> None:
     client.set(released, sealed.seal(released, "released"))
 
 
-def _wait(client: Any, key: str, limit: Deadline) -> bool:
-    """Whether ``key`` is set before ``limit`` (False once it passed)."""
+def _wait(client: Any, key: str, limit: Deadline, stop: Callable[[], bool] | None = None
+          ) -> bool:
+    """Whether ``key`` is set before ``limit`` (False once it passed, or once ``stop()`` is
+    true, checked before each slice of ``STOP_SLICE_S``)."""
     while not limit.passed():  # a store rounds its timeout down to whole milliseconds
+        if stop is not None and stop():
+            return False
+        piece = limit if stop is None else limit.within(STOP_SLICE_S)
         try:
-            client.wait([key], _time_left(limit, _WAIT_MIN_S))
+            client.wait([key], _time_left(piece, _WAIT_MIN_S))
             return True
         except RuntimeError:
-            if limit.remaining() > _EARLY_S:  # not a timeout: the store failed
+            if piece.remaining() > _EARLY_S:  # not a timeout: the store failed
                 raise
     return False
 

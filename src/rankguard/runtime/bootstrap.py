@@ -30,6 +30,12 @@ its peers went on to is the root cause of their failure. A usage error (a
 ``rankguard.UsageError`` that escaped, or argparse's ``SystemExit(2)`` refusing the script's
 arguments) is recorded as such, with its message: the launcher neither replaces nor restarts a
 rank that every process running the script would fail the same way.
+
+A rank whose launcher said that the attempt ends (it refused to replace a failed peer, see
+``vacancies.refusal``) and whose script then raised leaves at once after the traceback (its
+exit handlers run, the interpreter's finalization does not): that finalization takes seconds
+with torch, and the old group's gloo work, stuck on a peer that is leaving too, would fail in
+the middle of it and abort the process.
 """
 
 from __future__ import annotations
@@ -50,7 +56,8 @@ from ..errors import CHAIN_DEPTH, CollectiveError, UsageError, in_chain
 from ..inject import perform as _perform
 from ..inject import spec as _spec
 from . import deadline_scope
-from . import completions, eviction, failures, init, instrument, stacks, store_reachable
+from . import (completions, eviction, failures, init, instrument, stacks, store_reachable,
+               vacancies)
 from .state import current
 
 
@@ -277,8 +284,24 @@ def main(argv: list[str] | None = None) -> None:
                                 or ledger.in_collective() or _from_backend(error))
         traceback.print_exc()
         sys.stderr.flush()
+        if vacancies.refusal() is not None:
+            _leave_now(1)
         sys.exit(1)
     _record_exit(0)
+
+
+def _leave_now(code: int) -> None:
+    """End the process with ``code`` after its exit handlers, without the interpreter's
+    finalization (see the module docstring)."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":

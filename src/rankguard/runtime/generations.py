@@ -153,9 +153,11 @@ def regroup(*, timeout: float = REGROUP_S, exclude: Iterable[int] | None = None,
             authentic membership could be agreed in the store within it (another process kept
             writing a forged one), or the store's server did not answer (stopped or frozen:
             under ``mp.spawn`` it lives in rank 0).
-        PeerFailed: the store's server is gone (under ``mp.spawn``, rank 0 exited), or a
-            member that joined did not connect (it died or froze just after it joined); the
-            rank then has no default group.
+        PeerFailed: the store's server is gone (under ``mp.spawn``, rank 0 exited), keeping
+            the size the launcher said that a vacant place will not be filled (``rankguard run
+            --recovery in-place`` refused to replace the failed rank: the message says why),
+            or a member that joined did not connect (it died or froze just after it joined;
+            the rank then has no default group).
     """
     limit = Deadline.after(check_seconds("rankguard.regroup(timeout)", timeout, text=False))
     if not isinstance(keep_size, bool):
@@ -241,10 +243,12 @@ def form_next(limit: Deadline, exclude: Iterable[int] | None = None,
         # the peers of the group this rank leaves must not wait for it in a collective
         groups.abandon_world(f"rank {rank} gave up forming generation {number}")
         groups.retire_all(f"generation {number} did not form")
-        raise CollectiveTimeout("did not form: members failed to join", op="regroup",
-                                seq=number, group=WORLD, rank=rank,
-                                missing=[_previous(members, i) for i in joined.missing],
-                                waited=time.monotonic() - started)
+        refused = vacancies.refusal() if None in members else None
+        kind, why = (PeerFailed, refused) if refused is not None else \
+            (CollectiveTimeout, "members failed to join")
+        raise kind(f"did not form: {why}", op="regroup", seq=number, group=WORLD, rank=rank,
+                   missing=[_previous(members, i) for i in joined.missing],
+                   waited=time.monotonic() - started)
     backend = str(dist.get_backend())  # the new generation's is the old one's (gloo, nccl)
     async_deadline.wait_for_abort(limit.wait_time())  # an NCCL deadline's abort: not under it
     # an NCCL communicator of the old generation that no fault aborted (this rank raised, its
@@ -393,8 +397,10 @@ def _agree_and_join(client: Any, number: int, proposal: list[int | None], rank: 
     if vacant:
         vacancies.publish(client, vacancies.Vacancies(
             number, len(members), vacant, time.time() + limit.remaining()), limit)
+    # a launcher that refused to fill a vacant place says so in the ledger: no use waiting
     joined = barrier.meet(client, generation_keys.join_barrier(number), members.index(rank),
-                          len(members), limit)
+                          len(members), limit,
+                          stop=(lambda: vacancies.refusal() is not None) if vacant else None)
     missing = generation_keys.decide(client, number, None if joined.complete else joined.missing,
                                      limit.later(_STORE_ALLOWANCE_S))
     if missing is None:  # formed: this rank's late reads aside, every member arrived

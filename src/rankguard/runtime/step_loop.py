@@ -205,8 +205,10 @@ class StepLoop:
             UsageError: ``steps`` is not a whole number >= 0, no process group exists,
                 ``run()`` was called before on this loop, or another loop's ``run()`` is in
                 progress (a loop inside a step).
-            rankguard.CollectiveError: recovery failed (no replacement joined in time, a fault
-                during the transfer, more than ``max_recoveries`` faults).
+            rankguard.CollectiveError: recovery failed (no replacement joined in time, the
+                launcher refused to replace the failed rank: ``PeerFailed`` ``rank 1 will not
+                be replaced: <why>``, a fault during the transfer, more than
+                ``max_recoveries`` faults).
             Exception: whatever ``step_fn`` raised that was not a peer's fault.
         """
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
@@ -296,7 +298,9 @@ class StepLoop:
         """Form a generation with replacements for the failed ranks and resume in it; again
         after a fault during that (a replacement that died while joining, a second fault),
         until ``max_recoveries``. Without a launcher that starts replacements, a regroup that
-        timed out for want of members ends the loop at once (no later one could form).
+        timed out for want of members ends the loop at once (no later one could form); so does
+        the launcher's word that it will not replace a failed rank (``vacancies.refusal``:
+        the regroup raises ``PeerFailed`` naming it as soon as the word comes).
 
         Raises:
             RankguardError: the last fault, once the recoveries are spent (or gloo's
@@ -312,6 +316,8 @@ class StepLoop:
                 if isinstance(again, CollectiveTimeout) and again.missing \
                         and not vacancies.replacements_started():
                     raise  # nobody replaces the members that did not come: no retry can form
+                if vacancies.refusal() is not None:
+                    raise  # the launcher said it replaces nobody: the attempt ends
                 continue
             again = None
             try:

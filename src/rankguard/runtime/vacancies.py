@@ -15,6 +15,11 @@ survivors, and the default group is created on that generation's keys. A generat
 stopped waiting (a replacement that came too late, a member that died meanwhile) is passed over
 for the next one the survivors form, until the replacement's own deadline; having arrived once,
 the replacement is one of that next generation's members.
+
+A launcher that will **not** fill a place (``rankguard run --recovery in-place`` refused to
+repair the fault: a usage error, no restarts left, see ``launcher.replace_rules``) says so in
+each survivor's ledger with its notice (:func:`refusal`): a survivor waiting for that place stops
+at once, and its generation fails naming the refusal, instead of waiting out its timeout.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from ..store import sealed
 from ..deadline import Deadline, check_seconds
 from ..errors import CollectiveTimeout, UsageError
 from . import barrier, generation_keys
-from .state import WORLD
+from .state import WORLD, current
 
 LINEAGE_KEY = "rankguard/lineage"
 REPLACING_ENV = "RANKGUARD_REPLACING"
@@ -93,6 +98,14 @@ def replacements_started() -> bool:
     --recovery in-place`` sets ``RANKGUARD_REPLACE_TIMEOUT``): without one, a member that did
     not join a generation is not replaced, and waiting for it again cannot succeed."""
     return bool(os.environ.get(JOIN_TIMEOUT_ENV))
+
+
+def refusal() -> str | None:
+    """The launcher's word, posted in this rank's ledger with its notice, that the failed ranks'
+    places will not be filled, and why (``rank 1 will not be replaced: <why>``: the attempt
+    ends); None while it has said none (or this rank has no ledger: no launcher of ours)."""
+    ledger = current().ledger
+    return ledger.refusal() if ledger is not None else None
 
 
 def join_timeout() -> float:
