@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rankguard.processes import proctree
+from rankguard.processes import proctree, stack_requests
 
 from ..conftest import ROOT
 
@@ -58,3 +58,25 @@ def test_a_rank_asked_for_its_stacks_without_pause_lives_answers_and_ends_with_i
         # each dump ends with the main thread (the current one), the next begins with a Thread
         mains = [dump.split("\nThread 0x")[0] for dump in text.split("Current thread 0x")[1:]]
         assert any(f'File "{SCRIPT}"' in main for main in mains), text[-2000:]
+
+
+@pytest.mark.deadline(60)
+def test_a_rank_holding_the_gil_in_c_answers_through_faulthandler_after_the_fallback_wait(
+        tmp_path: Path) -> None:
+    stacks = tmp_path / "stacks.txt"
+    script = str(ROOT / "tests" / "scripts" / "holds_the_gil.py")
+    env = dict(os.environ, RANKGUARD_STACKS=str(stacks))
+    proc = subprocess.Popen([sys.executable, "-m", "rankguard.runtime.bootstrap", script],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        time.sleep(0.2)  # into its sum()
+        started = time.monotonic()
+        dumps = stack_requests.ask({0: (proc.pid, [str(stacks)])}, 10.0)
+        took = time.monotonic() - started
+    finally:
+        proc.kill()
+        proc.communicate(timeout=20)
+    # the watcher cannot take the GIL: faulthandler answered the second signal
+    assert f'File "{script}", line 5 in <module>' in dumps.get(0, ""), dumps
+    assert stack_requests.FALLBACK_AFTER_S <= took < 10.0, took

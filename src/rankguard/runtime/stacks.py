@@ -9,6 +9,12 @@ C call that holds the GIL returns. It is never written from the signal handler: 
 did that, and on Python 3.11 and 3.12 a request that landed while the main thread entered a
 Python function from C (which importing torch does all the time) killed the rank with SIGSEGV.
 
+A rank whose GIL stays held (a C loop that never releases it: the watcher cannot run) is asked
+again, after :data:`stack_requests.FALLBACK_AFTER_S` without an answer, with
+:data:`FALLBACK_SIGNAL`, to which ``faulthandler`` answers from the signal handler: safe there,
+since a thread that holds the GIL in one C call is not entering a Python function. A stopped
+rank is asked with that signal at once, so that it dumps where it stopped.
+
 From the interpreter's exit on (``atexit``), requests are ignored: a rank that is ending answers no
 more, and is not killed by a request that lands after Python restored the signal's default
 action (which ends the process).
@@ -23,6 +29,7 @@ are removed by the next process of the same user that installs it.
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import os
 import re
 import signal
@@ -37,6 +44,7 @@ from ..errors import UsageError, shown
 from . import signal_watch
 
 STACK_SIGNAL = stack_requests.RANK_SIGNAL
+FALLBACK_SIGNAL = stack_requests.RANK_FALLBACK_SIGNAL
 PATH_ENV = "RANKGUARD_STACKS"
 _DEFAULT_NAME = re.compile(r"stacks-(\d+)\.txt")
 MAX_DEPTH = 100  # frames shown per thread, as faulthandler
@@ -91,6 +99,9 @@ def install(path: str | os.PathLike[str] | None = None) -> str:
         raise UsageError("stacks_file", f"cannot open {path!r} for stack dumps: {exc.strerror}",
                          "give a file in a folder of your own (a symlink is refused)") from None
     with _lock:
+        # faulthandler keeps the file's descriptor: it is pointed at the new file before the
+        # old one is closed
+        faulthandler.register(FALLBACK_SIGNAL, file=new, all_threads=True, chain=False)
         if _file is not None:
             _file.close()
         _file = new
@@ -125,6 +136,8 @@ def _answer() -> None:
 def _stop_answering() -> None:
     if signal.getsignal(STACK_SIGNAL) is _on_request:
         signal.signal(STACK_SIGNAL, signal.SIG_IGN)
+    if faulthandler.unregister(FALLBACK_SIGNAL):  # restores the default action: ending
+        signal.signal(FALLBACK_SIGNAL, signal.SIG_IGN)
 
 
 def dump_text() -> str:
