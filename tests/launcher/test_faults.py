@@ -115,6 +115,8 @@ def test_rank_holding_the_gil_is_blamed_only_after_the_straggler_timeout(run_ran
     assert hang["blamed"] == [1] and hang["reason"] == "straggler_timeout"
     assert straggler_s <= hang["waited_s"] < hang_waited_s(straggler_s)
     assert run.event("straggler")["ts"] < hang["ts"]
+    # its watcher thread cannot take the GIL: faulthandler answered the second request
+    assert "_busy_holding_gil" in (run.log_dir / "attempt0" / "stacks_rank1.txt").read_text()
 
 
 def test_rank_ignoring_sigterm_is_killed_after_grace_with_its_grandchild(run_rankguard):

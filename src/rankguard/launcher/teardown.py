@@ -37,7 +37,7 @@ from .monitor import HangMonitor
 def capture_stacks(ranks: RankProcesses, monitor: HangMonitor, stopped: bool) -> dict[int, str]:
     """Ask every live, ready rank that is ``stopped`` (or, with False, running) for its stacks,
     and wait for the dumps up to ``margins.STACKS_S``; returns rank -> file that holds them."""
-    asked: dict[RankProcess, int] = {}  # rank -> size of its stacks file before the request
+    asked: dict[RankProcess, tuple[int, list[str]]] = {}
     snaps = monitor.snapshot()
     for member in ranks.live():
         if proctree.is_stopped(member.pid) != stopped:
@@ -45,12 +45,8 @@ def capture_stacks(ranks: RankProcesses, monitor: HangMonitor, stopped: bool) ->
         snap = snaps.get(member.rank)
         if snap is None or not snap.stacks_ready or snap.fault:
             continue  # not ready for the signal yet, or already on its way out
-        size = stack_requests.file_size(member.stacks_path)
-        if stack_requests.request(member.pid):
-            asked[member] = size
-    stack_requests.await_dumps(
-        {m: [m.stacks_path] for m in asked}, {m.stacks_path: s for m, s in asked.items()},
-        Deadline.after(margins.STACKS_S), gone=lambda m: m.proc.poll() is not None)
+        asked[member] = (member.pid, [member.stacks_path])
+    stack_requests.ask(asked, margins.STACKS_S, gone=lambda m: m.proc.poll() is not None)
     return {m.rank: m.stacks_path for m in asked if stack_requests.file_size(m.stacks_path) > 0}
 
 
@@ -84,11 +80,10 @@ def end_lingering(ranks: RankProcesses, member: RankProcess, ready: bool, grace:
     threads was (``stack_summary.every_thread``; empty: no dump) and whether it needed the
     SIGKILL."""
     where: list[str] = []
-    size = stack_requests.file_size(member.stacks_path)
-    if ready and stack_requests.request(member.pid):
-        stack_requests.await_dumps({member: [member.stacks_path]}, {member.stacks_path: size},
-                                   Deadline.after(margins.STACKS_S),
-                                   gone=lambda m: m.proc.poll() is not None)
+    if ready:
+        size = stack_requests.file_size(member.stacks_path)
+        stack_requests.ask({member: (member.pid, [member.stacks_path])}, margins.STACKS_S,
+                           gone=lambda m: m.proc.poll() is not None)
         where = stack_summary.every_thread(stack_summary.last_dump(member.stacks_path, size))
     ranks.signal(signal.SIGTERM, [member])
     if ranks.wait_exits(Deadline.after(grace), {member.rank}, grace=True):

@@ -1,9 +1,16 @@
-"""Asking processes for their Python stacks: a signal to a process whose faulthandler is
-registered on it (SIGUSR1 for rankguard's rank runtime, ``testing.processes.STACK_SIGNAL`` for
-the pytest process and the children it forks), then waiting for the dump to land in its file.
+"""Asking processes for their Python stacks: a signal to a process that answers it with a dump
+(SIGUSR1 for rankguard's rank runtime, answered by its watcher thread; ``testing.processes.
+STACK_SIGNAL`` for the pytest process and the children it forks, answered by faulthandler), then
+waiting for the dump to land in its file.
+
+A rank's watcher thread needs the GIL: a rank that has not answered after
+:data:`FALLBACK_AFTER_S` (a C call holding the GIL) is asked again with
+:data:`RANK_FALLBACK_SIGNAL`, which its faulthandler answers from the signal handler. A stopped
+rank is asked with that one at once: continued, it dumps where it stopped before it runs on
+(the watcher would answer a few milliseconds later, from wherever it got to by then).
 
 Used by the launcher's escalation ladder and by the plugin's watchdog. Bounded: a process that
-does not answer within the budget (busy in C without releasing the GIL, or gone) is given up on.
+does not answer within the budget (gone, or stopped and never continued) is given up on.
 """
 
 from __future__ import annotations
@@ -28,6 +35,10 @@ def file_size(path: str) -> int:
 
 
 RANK_SIGNAL = signal.SIGUSR1  # the rank runtime's (``runtime.stacks``): the launcher's contract
+# its faulthandler's, for a rank whose watcher cannot take the GIL (real-time: SIGUSR2 is the
+# programs' own, and threading libraries take the lowest real-time ones)
+RANK_FALLBACK_SIGNAL = signal.SIGRTMAX - 3
+FALLBACK_AFTER_S = 0.5  # without an answer to RANK_SIGNAL (it comes in ms when the GIL is free)
 
 
 def request(pid: int, sig: int = RANK_SIGNAL) -> bool:
@@ -66,11 +77,21 @@ def ask(targets: Mapping[Hashable, tuple[int, Sequence[str]]], budget: float,
         gone: Callable[[Hashable], bool] = lambda key: False,
         sig: int = RANK_SIGNAL) -> dict[Hashable, str]:
     """Ask each target (key -> its pid and the files it dumps into) for its stacks with
-    ``sig``, at once, and wait for the dumps as :func:`await_dumps` does; key -> the text its
-    files gained, for the targets that answered within ``budget`` seconds."""
+    ``sig``, at once (ranks still silent after :data:`FALLBACK_AFTER_S`, again with
+    :data:`RANK_FALLBACK_SIGNAL`), and wait for the dumps as :func:`await_dumps` does; key ->
+    the text its files gained, for the targets that answered within ``budget`` seconds."""
     before = {path: file_size(path) for _, paths in targets.values() for path in paths}
-    asked = {key: paths for key, (pid, paths) in targets.items() if request(pid, sig)}
-    await_dumps(asked, before, Deadline.after(budget), gone)
+    asked = {key: paths for key, (pid, paths) in targets.items()
+             if request(pid, _first_signal(pid, sig))}
+    deadline = Deadline.after(budget)
+    if sig == RANK_SIGNAL:
+        await_dumps(asked, before, Deadline.after(min(FALLBACK_AFTER_S, budget / 2)), gone)
+        for key, paths in asked.items():
+            pid = targets[key][0]
+            if not _grew(paths, before) and not gone(key) \
+                    and proctree.catches(pid, RANK_FALLBACK_SIGNAL):
+                request(pid, RANK_FALLBACK_SIGNAL)
+    await_dumps(asked, before, deadline, gone)
     dumps = {}
     for key, paths in asked.items():
         texts = []
@@ -82,3 +103,14 @@ def ask(targets: Mapping[Hashable, tuple[int, Sequence[str]]], budget: float,
         if texts:
             dumps[key] = "".join(texts)
     return dumps
+
+
+def _first_signal(pid: int, sig: int) -> int:
+    if sig == RANK_SIGNAL and proctree.is_stopped(pid) \
+            and proctree.catches(pid, RANK_FALLBACK_SIGNAL):
+        return RANK_FALLBACK_SIGNAL
+    return sig
+
+
+def _grew(paths: Iterable[str], before: Mapping[str, int]) -> bool:
+    return any(file_size(path) > before.get(path, 0) for path in paths)

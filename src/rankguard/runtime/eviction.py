@@ -2,9 +2,9 @@
 
 A Python ``signal.signal`` handler runs only when the main thread returns to the interpreter,
 which a rank blocked in a gloo collective with a frozen peer does not do for the backend's
-timeout. So the handler is only half of it: :func:`install` also points Python's signal wakeup
-fd at a pipe read by a **watcher thread**. The C-level handler writes the signal number there at
-once, whatever the main thread is doing, and the watcher starts the teardown:
+timeout. So the handler is only half of it: the runtime's **watcher thread** (``signal_watch``)
+reads Python's signal wakeup fd, where the C-level handler writes the signal number at once,
+whatever the main thread is doing, and starts the teardown:
 
 1. retire every instrumented process group: a main thread waiting in a bounded collective wakes
    within one slice, and no new collective starts;
@@ -41,9 +41,8 @@ import threading
 import time
 
 from ..records import ledger as _ledger
-from ..errors import UsageError
 from ..margins import NCCL_ABORT_S, NCCL_SYNC_S
-from . import async_groups, groups, nccl_abort, stacks
+from . import async_groups, groups, nccl_abort, signal_watch, stacks
 from .state import current
 
 DEFAULT_GRACE_S = 5.0
@@ -68,30 +67,16 @@ def install(grace: float = DEFAULT_GRACE_S) -> None:
     _grace = grace
     if _installed:
         return
-    if threading.current_thread() is not threading.main_thread():
-        raise UsageError("rankguard.init()", "must be called from the main thread",
-                         "signal handlers can only be installed there")
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(write_fd, False)
+    signal_watch.require_main_thread()
     signal.signal(signal.SIGTERM, _on_sigterm)
-    forward_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-    threading.Thread(target=_watch, args=(read_fd, forward_fd), name="rankguard-sigterm",
-                     daemon=True).start()
+    signal_watch.on(signal.SIGTERM, _on_watched_sigterm)
     _installed = True
 
 
-def _watch(read_fd: int, forward_fd: int) -> None:
-    while True:
-        data = os.read(read_fd, 64)
-        if not data:
-            return
-        if forward_fd >= 0:  # a wakeup fd set before ours (an event loop) still gets its bytes
-            try:
-                os.write(forward_fd, data)
-            except OSError:
-                pass
-        if signal.SIGTERM in data and signal.getsignal(signal.SIGTERM) is _on_sigterm:
-            begin("SIGTERM")
+def _on_watched_sigterm() -> None:
+    """The watcher's part: start the teardown at once, unless the program owns SIGTERM now."""
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        begin("SIGTERM")
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
