@@ -332,6 +332,70 @@ def regroup_peer_dies_before_connecting() -> None:
         report(**error_fields(error, started), initialized=dist.is_initialized())
 
 
+def regroup_peer_dies_after_publishing_its_address() -> None:
+    """Three ranks; rank 2 joins generation 1 with the product's own calls, starts its backend's
+    connect and dies (SIGKILL) the moment gloo published its address in the store, before it
+    dials any peer. Ranks 0 and 1 regroup (timeout 5 s). Gloo picks, of each pair, the rank
+    with the lower port to wait for the other to dial in; that wait has no timer but the pair's
+    own, five times the group's timeout: a survivor below rank 2's port waited 25 s in gloo."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from rankguard.deadline import Deadline
+    from rankguard.runtime import generations, groups, vacancies
+
+    class DiesOnceItPublished(dist.Store):
+        """The group's store, but the process dies at its first read after its first write
+        (gloo writes this rank's address, then reads its peers')."""
+
+        def __init__(self, store: dist.Store) -> None:
+            super().__init__()
+            self.store, self.wrote = store, False
+
+        def set(self, key: str, value: bytes) -> None:
+            self.store.set(key, value)
+            self.wrote = True
+
+        def _read(self) -> None:
+            if self.wrote:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        def get(self, key: str) -> bytes:
+            self._read()
+            return self.store.get(key)
+
+        def wait(self, keys: list, *timeout: object) -> None:
+            self._read()
+            self.store.wait(keys, *timeout)
+
+        def check(self, keys: list) -> bool:
+            self._read()
+            return self.store.check(keys)
+
+        def add(self, key: str, amount: int) -> int:
+            return self.store.add(key, amount)
+
+    group()
+    if RANK == 2:
+        limit = Deadline.after(20)
+        generations.with_store_client(limit, "joining", lambda client: generations
+                                      ._agree_and_join(client, 1, [0, 1, 2], 2, limit))
+        store = vacancies.group_store(1, generations.root_store())
+        groups.discard_all()
+        dist.init_process_group("gloo", store=DiesOnceItPublished(store), rank=2, world_size=3,
+                                timeout=timedelta(seconds=20))
+        os._exit(3)  # not reached: the store's first read killed it
+    started = time.monotonic()
+    try:
+        generation = rankguard.regroup(timeout=5, exclude=())
+        report(type=None, members=generation.members, elapsed=time.monotonic() - started)
+    except rankguard.RankguardError as error:
+        report(**error_fields(error, started), initialized=dist.is_initialized())
+    if RANK == 0:  # the store's host: stays until rank 1 reported
+        wait_for_file("result_1.json", timeout=60)
+
+
 def replacement_peer_dies_before_connecting() -> None:
     """Three ranks; rank 1 dies and the test starts its replacement; rank 0 regroups keeping
     the size (timeout 20 s); rank 2 joins that generation with the product's own calls, then
@@ -537,6 +601,8 @@ SCENARIOS = {
     "outsider_writes": outsider_writes,
     "regroup_peer_dies_before_connecting": regroup_peer_dies_before_connecting,
     "replacement_peer_dies_before_connecting": replacement_peer_dies_before_connecting,
+    "regroup_peer_dies_after_publishing_its_address":
+        regroup_peer_dies_after_publishing_its_address,
     "outsider_regroup": outsider_regroup,
     "outsider_shutdown": outsider_shutdown,
     "share_state": lambda: share_state(""),
