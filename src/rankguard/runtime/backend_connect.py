@@ -15,7 +15,8 @@ still arrive). A connect not done by then is **abandoned**: :class:`ConnectOverr
 gloo, which fails it within four more timeouts (a daemon: it never holds the process's exit).
 Should that connect succeed after all (every member was alive, one only slow), the group it
 made is given up at once (``groups.abandon_world``: retired, its peers told), never used: the
-rank already raised that it has none.
+rank already raised that it has none. NCCL's ``init_process_group`` connects nothing (its
+communicator forms at the first collective): it runs on the caller's thread, as it did.
 """
 
 from __future__ import annotations
@@ -52,13 +53,21 @@ class _Attempt(Generic[T]):
         self.error: BaseException | None = None
 
 
-def within(limit: Deadline, what: str, connect: Callable[[], T]) -> T:
+def connects_at_init(backend: str) -> bool:
+    """Whether ``init_process_group`` with ``backend`` (torch's name, or ours) connects the
+    members: gloo's full mesh does, in it. NCCL's communicator forms at the first collective,
+    on the caller's thread and device, under that collective's own deadline: not bounded here."""
+    return "gloo" in backend.lower()
+
+
+def within(limit: Deadline, what: str, backend: str, connect: Callable[[], T]) -> T:
     """``connect()``'s result, or the exception it raised, if it ends by ``limit`` (plus
-    ``OWN_ERROR_S``).
+    ``OWN_ERROR_S``). A ``backend`` that does not connect at init is called as it is.
 
     Args:
         limit: when the members must have connected.
         what: the connect in words, for the errors ("generation 3's connect").
+        backend: the new group's (see :func:`connects_at_init`).
         connect: torch's ``init_process_group`` (the whole of it: the group creator finds the
             default group it forms by thread, see ``instrument._Forming``).
 
@@ -66,6 +75,8 @@ def within(limit: Deadline, what: str, connect: Callable[[], T]) -> T:
         ConnectOverran: ``connect`` had not ended by then; it goes on on its own thread, and a
             group it makes later is given up.
     """
+    if not connects_at_init(backend):
+        return connect()
     attempt: _Attempt[T] = _Attempt()
     began = time.monotonic()
 

@@ -286,7 +286,7 @@ def _connect(backend: str, store: Any, new_rank: int, members: list[int | None],
     began = time.monotonic()
     try:
         backend_connect.within(
-            Deadline.after(connect), f"generation {current().generation}'s connect",
+            Deadline.after(connect), f"generation {current().generation}'s connect", backend,
             lambda: dist.init_process_group(backend, store=store, rank=new_rank,
                                             world_size=len(members),
                                             timeout=timedelta(seconds=connect)))

@@ -512,7 +512,8 @@ def install() -> None:
             began = time.monotonic()
             try:
                 made = backend_connect.within(Deadline.after(connect),
-                                              f"place {kwargs['rank']}'s connect", form)
+                                              f"place {kwargs['rank']}'s connect", str(backend),
+                                              form)
             except RuntimeError as error:
                 raise generations.not_connected(error, connect, began, "join", kwargs["rank"],
                                                 began) from error
