@@ -79,7 +79,8 @@ CONNECT_FLOOR_S = 5.0
 """The least time ``regroup()`` gives the new generation's backend to connect its members
 (gloo's full mesh), even when agreeing took its whole timeout: every member arrived, so it
 takes milliseconds idle; a member that died in between fails the regroup after this, not
-after the group's timeout (30 min for gloo)."""
+after the group's timeout (30 min for gloo), nor after gloo's five times this for a member
+that never dials in (``runtime.backend_connect``)."""
 
 # -- the launcher (rankguard run) -----------------------------------------------------------------
 

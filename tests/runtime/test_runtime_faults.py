@@ -6,6 +6,7 @@ issue names also under stock torchrun and under ``rankguard run``.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -277,3 +278,56 @@ def test_regroup_fails_within_its_connect_bound_when_a_member_dies_after_joining
     assert "did not form: its members did not connect within" in result["message"], result
     assert result["elapsed"] < 2 + margins.CONNECT_FLOOR_S + 10, result  # + this machine's load
     assert not result["initialized"], result
+
+
+@pytest.mark.slow  # 3 attempts of about 8 s each (before the fix: up to 30 s each)
+def test_regroup_keeps_its_bound_when_a_member_dies_after_publishing_its_address(
+        tmp_path: Path) -> None:
+    """Rank 2 publishes its gloo address and dies before it dials a peer. Gloo lets the peer
+    with the lower port wait for it to dial in for five times the group's timeout (25 s for a
+    5 s bound); which survivor that is depends on the ports gloo got, hence a few attempts. In
+    each, both survivors' regroup(timeout=5) ends within the timeout plus the connect floor (a
+    member may join late), plus this machine's load: with PeerFailed, or formed (a survivor
+    that dialed rank 2 first was accepted by its kernel; its first collective fails then); and
+    each rank exits at once, though a thread of it may still be inside gloo."""
+    bound = 5 + margins.CONNECT_FLOOR_S + 3.5
+    for attempt in range(3):
+        with Ranks("regroup_peer_dies_after_publishing_its_address", 3,
+                   tmp_path / f"attempt{attempt}") as ranks:
+            results = [ranks.result(rank, timeout=60) for rank in (0, 1)]
+            codes = [ranks.wait(rank, 15) for rank in (1, 0)]
+        for result in results:
+            assert result["elapsed"] < bound, (attempt, result)
+            if result["type"] is None:  # it dialed rank 2 before the kill: the kernel accepted
+                assert result["members"] == [0, 1, 2], (attempt, result)
+                continue
+            assert result["type"] == "PeerFailed", (attempt, result)
+            assert "did not form: its members did not connect within" in result["message"], \
+                (attempt, result)
+            assert not result["initialized"], (attempt, result)
+        assert codes == [0, 0], (attempt, codes)
+
+
+@pytest.mark.slow  # about 12 s (up to 8 tries of 4 s where rank 0 dialed first)
+def test_a_connect_that_ends_after_regroup_gave_up_on_it_leaves_a_retired_group_never_used(
+        tmp_path: Path) -> None:
+    """Rank 1 publishes its gloo address and is stopped before it dials rank 0; rank 0's
+    regroup gives up on the connect at its bound (PeerFailed), though gloo still waits. Resumed,
+    rank 1 dials in and gloo's connect succeeds late: the default group it installs is retired
+    at once, so an all_reduce on it raises GroupRetired instead of running. Only when rank 0
+    waits for rank 1 to dial (rank 0's port is the lower one); else rank 0 dialed the stopped
+    rank, whose kernel accepted, and formed at once: another try."""
+    for attempt in range(8):
+        folder = tmp_path / f"attempt{attempt}"
+        with Ranks("regroup_peer_freezes_after_publishing_its_address", 2, folder) as ranks:
+            first = ranks.result(0, timeout=60)
+            if first["type"] is None:
+                continue
+            os.kill(ranks.pid(1, "published"), signal.SIGCONT)
+            (folder / "resumed").write_text("")
+            late = json.loads(ranks.text("late.json"))
+        assert first["type"] == "PeerFailed" and "never dialed in" in first["message"], first
+        assert first["elapsed"] < margins.CONNECT_FLOOR_S + 3.5, first  # + this machine's load
+        assert late == {"initialized": True, "raised": "GroupRetired"}, late
+        return
+    pytest.fail("rank 0 dialed rank 1 first in all 8 tries (each has even odds)")

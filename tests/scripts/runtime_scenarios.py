@@ -332,6 +332,114 @@ def regroup_peer_dies_before_connecting() -> None:
         report(**error_fields(error, started), initialized=dist.is_initialized())
 
 
+def connect_then(fault: int, members: list) -> None:
+    """As the last rank of ``members``: join generation 1 with the product's own calls, start
+    its backend's connect and send this process ``fault`` (SIGKILL, SIGSTOP) the moment gloo
+    published its address in the store (its first read after its first write), before it dials
+    any peer. Returns once the connect ended (after a SIGSTOP, a SIGCONT)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from rankguard.deadline import Deadline
+    from rankguard.runtime import generations, groups, vacancies
+    from rankguard.runtime.state import current
+
+    class FaultOnceItPublished(dist.Store):
+        def __init__(self, store: dist.Store) -> None:
+            super().__init__()
+            self.store, self.wrote, self.sent = store, False, False
+
+        def set(self, key: str, value: bytes) -> None:
+            self.store.set(key, value)
+            self.wrote = True
+
+        def _read(self) -> None:
+            if self.wrote and not self.sent:
+                self.sent = True
+                mark("published")
+                os.kill(os.getpid(), fault)
+
+        def get(self, key: str) -> bytes:
+            self._read()
+            return self.store.get(key)
+
+        def wait(self, keys: list, *timeout: object) -> None:
+            self._read()
+            self.store.wait(keys, *timeout)
+
+        def check(self, keys: list) -> bool:
+            self._read()
+            return self.store.check(keys)
+
+        def add(self, key: str, amount: int) -> int:
+            return self.store.add(key, amount)
+
+    limit = Deadline.after(20)
+    generations.with_store_client(limit, "joining", lambda client: generations._agree_and_join(
+        client, 1, members, RANK, limit))
+    store = vacancies.group_store(1, generations.root_store())
+    groups.discard_all()
+    current().generation = 1  # as a member that regroups: no secret to agree on
+    dist.init_process_group("gloo", store=FaultOnceItPublished(store), rank=RANK,
+                            world_size=len(members), timeout=timedelta(seconds=20))
+
+
+def regroup_peer_dies_after_publishing_its_address() -> None:
+    """Three ranks; rank 2 publishes its gloo address for generation 1 and dies (SIGKILL) before
+    it dials any peer; ranks 0 and 1 regroup (timeout 5 s). Gloo picks, of each pair, the rank
+    with the lower port to wait for the other to dial in; that wait has no timer but the pair's
+    own, five times the group's timeout: a survivor below rank 2's port waited 25 s in gloo."""
+    import torch.distributed as dist
+
+    group()
+    if RANK == 2:
+        connect_then(signal.SIGKILL, [0, 1, 2])
+        os._exit(3)  # not reached
+    started = time.monotonic()
+    try:
+        generation = rankguard.regroup(timeout=5, exclude=())
+        report(type=None, members=generation.members, elapsed=time.monotonic() - started)
+    except rankguard.RankguardError as error:
+        report(**error_fields(error, started), initialized=dist.is_initialized())
+    if RANK == 0:  # the store's host: stays until rank 1 reported
+        wait_for_file("result_1.json", timeout=60)
+
+
+def regroup_peer_freezes_after_publishing_its_address() -> None:
+    """Two ranks; rank 1 publishes its gloo address for generation 1 and is stopped (SIGSTOP)
+    before it dials rank 0, which regroups (timeout 3 s). Once rank 0 reported, the test resumes
+    rank 1 (SIGCONT, writing ``resumed``): if rank 0 gave up on a connect that gloo still ran,
+    that connect now succeeds, and the group it makes must be given up, never used. Rank 0
+    reports ``late.json``: whether a default group appeared, and what an all_reduce on it
+    raised."""
+    torch, dist = group()
+    if RANK == 1:
+        connect_then(signal.SIGSTOP, [0, 1])
+        wait_for_file("late.json", timeout=60)
+        return
+    started = time.monotonic()
+    try:
+        generation = rankguard.regroup(timeout=3, exclude=())
+        report(type=None, members=generation.members, elapsed=time.monotonic() - started)
+        return
+    except rankguard.RankguardError as error:
+        report(**error_fields(error, started), initialized=dist.is_initialized())
+    wait_for_file("resumed")
+    end = time.monotonic() + 20
+    while not dist.is_initialized() and time.monotonic() < end:
+        time.sleep(0.05)
+    late = {"initialized": dist.is_initialized(), "raised": None}
+    if dist.is_initialized():
+        try:
+            dist.all_reduce(torch.ones(4))
+        except (rankguard.RankguardError, RuntimeError) as error:
+            late["raised"] = type(error).__name__
+    tmp = OUT / ".late.json"
+    tmp.write_text(json.dumps(late))
+    tmp.rename(OUT / "late.json")
+
+
 def replacement_peer_dies_before_connecting() -> None:
     """Three ranks; rank 1 dies and the test starts its replacement; rank 0 regroups keeping
     the size (timeout 20 s); rank 2 joins that generation with the product's own calls, then
@@ -537,6 +645,10 @@ SCENARIOS = {
     "outsider_writes": outsider_writes,
     "regroup_peer_dies_before_connecting": regroup_peer_dies_before_connecting,
     "replacement_peer_dies_before_connecting": replacement_peer_dies_before_connecting,
+    "regroup_peer_dies_after_publishing_its_address":
+        regroup_peer_dies_after_publishing_its_address,
+    "regroup_peer_freezes_after_publishing_its_address":
+        regroup_peer_freezes_after_publishing_its_address,
     "outsider_regroup": outsider_regroup,
     "outsider_shutdown": outsider_shutdown,
     "share_state": lambda: share_state(""),

@@ -42,7 +42,8 @@ from typing import Any, Callable, TypeVar
 from ..deadline import Deadline, check_seconds
 from ..errors import CollectiveTimeout, GroupRetired, PeerFailed, UsageError, first_line, shown
 from ..margins import CONNECT_FLOOR_S, NCCL_ABORT_S, REGROUP_S, SECOND_ASK_WINDOW_S
-from . import async_deadline, barrier, generation_keys, groups, nccl_abort, vacancies
+from . import async_deadline, backend_connect, barrier, generation_keys, groups, nccl_abort
+from . import vacancies
 from .bounded import NO_ANSWER
 from .probe import clone_client
 from .state import WORLD, current
@@ -132,7 +133,8 @@ def regroup(*, timeout: float = REGROUP_S, exclude: Iterable[int] | None = None,
     The new group has the old one's backend (gloo, or NCCL: its communicator aborted by the
     error is destroyed). Returns within ``timeout`` (plus half a second for the last reads of
     who joined); the backend's connect of the members takes what is left of it, at least
-    ``margins.CONNECT_FLOOR_S`` (5 s).
+    ``margins.CONNECT_FLOOR_S`` (5 s), plus half a second for gloo's own error (a connect
+    still going then is abandoned on a thread of its own, see ``backend_connect``).
 
     Args:
         timeout: seconds to wait for every member to join.
@@ -157,7 +159,7 @@ def regroup(*, timeout: float = REGROUP_S, exclude: Iterable[int] | None = None,
             the size the launcher said that a vacant place will not be filled (``rankguard run
             --recovery in-place`` refused to replace the failed rank: the message says why),
             or a member that joined did not connect (it died or froze just after it joined;
-            the rank then has no default group).
+            the rank then has no default group, and one that gloo connects later is given up).
     """
     limit = Deadline.after(check_seconds("rankguard.regroup(timeout)", timeout, text=False))
     if not isinstance(keep_size, bool):
@@ -274,8 +276,9 @@ def _connect(backend: str, store: Any, new_rank: int, members: list[int | None],
              pg_timeout: timedelta, limit: Deadline, started: float) -> None:
     """Create the new default group: the backend connects its members within what is left of
     ``limit`` (at least ``margins.CONNECT_FLOOR_S``), not within the group's timeout (gloo's
-    is 30 min: a member that died after its arrival would hold every other one that long);
-    then the group takes ``pg_timeout`` for its collectives.
+    is 30 min: a member that died after its arrival would hold every other one that long),
+    and not within gloo's own multiple of it either (see ``backend_connect``); then the group
+    takes ``pg_timeout`` for its collectives.
 
     Raises:
         PeerFailed: the members did not connect (one died or froze after it arrived).
@@ -284,22 +287,29 @@ def _connect(backend: str, store: Any, new_rank: int, members: list[int | None],
     from torch.distributed import distributed_c10d as c10d
 
     connect = connect_bound(limit, pg_timeout)
+    began = time.monotonic()
     try:
-        dist.init_process_group(backend, store=store, rank=new_rank, world_size=len(members),
-                                timeout=timedelta(seconds=connect))
+        backend_connect.within(
+            Deadline.after(connect), f"generation {current().generation}'s connect", backend,
+            lambda: dist.init_process_group(backend, store=store, rank=new_rank,
+                                            world_size=len(members),
+                                            timeout=timedelta(seconds=connect)))
     except RuntimeError as error:  # torch's (DistStoreError is one): a peer never connected
         groups.retire_all(f"generation {current().generation} did not connect")
-        raise not_connected(error, connect, "regroup", new_rank, started) from error
+        raise not_connected(error, connect, began, "regroup", new_rank, started) from error
     c10d._set_pg_timeout(pg_timeout)
 
 
-def not_connected(error: RuntimeError, connect_s: float, op: str, rank: int,
+def not_connected(error: RuntimeError, connect_s: float, began: float, op: str, rank: int,
                   started: float) -> PeerFailed:
     """The error of a rank whose new generation did not connect within ``connect_s`` (torch's
-    ``error``): a member died or froze after it joined."""
+    ``error``, or ``backend_connect``'s): a member died or froze after it joined. Says how long
+    the connect, begun at ``began`` (monotonic), really took."""
+    took = time.monotonic() - began
     return PeerFailed(f"did not form: its members did not connect within {connect_s:.3g} s "
-                      f"({first_line(error)})", op=op, seq=current().generation, group=WORLD,
-                      rank=rank, missing=[], waited=time.monotonic() - started)
+                      f"(gave up after {took:.3g} s: {first_line(error)})", op=op,
+                      seq=current().generation, group=WORLD, rank=rank, missing=[],
+                      waited=time.monotonic() - started)
 
 
 def connect_bound(limit: Deadline, pg_timeout: timedelta) -> float:

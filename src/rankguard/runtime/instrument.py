@@ -42,7 +42,7 @@ from ..inputs import options
 from ..store import sealed, store_host
 from ..deadline import Deadline
 from ..errors import GroupRetired, UsageError
-from . import async_deadline, async_groups, fr_progress, nccl_abort
+from . import async_deadline, async_groups, backend_connect, fr_progress, nccl_abort
 from . import bounded as _bounded
 from . import deadline_scope
 from . import generations, groups, vacancies
@@ -495,21 +495,30 @@ def install() -> None:
             state.awaiting_state = True
         backend = _translate(backend)
         state.pg_timeout = group_timeout
-        with _forming.default_group() as forming:
-            if world is not None and backend != BACKEND:
-                world.enter(_ledger.OP_CODES["init_process_group"])  # not ours: the nearest point
-                forming.entered = True
+
+        def form() -> Any:
+            with _forming.default_group() as forming:
+                if world is not None and backend != BACKEND:
+                    world.enter(_ledger.OP_CODES["init_process_group"])  # not ours: the nearest
+                    forming.entered = True
+                try:
+                    return original_init(backend, init_method, *args, **kwargs)
+                finally:
+                    if world is not None and forming.entered:
+                        world.done()
+
+        if state.awaiting_state:  # a replacement: its connect is bounded, as a regroup's
+            connect = kwargs["timeout"].total_seconds()
             began = time.monotonic()
             try:
-                made = original_init(backend, init_method, *args, **kwargs)
+                made = backend_connect.within(Deadline.after(connect),
+                                              f"place {kwargs['rank']}'s connect", str(backend),
+                                              form)
             except RuntimeError as error:
-                if state.awaiting_state:  # a replacement: its connect was bounded
-                    raise generations.not_connected(error, kwargs["timeout"].total_seconds(),
-                                                    "join", kwargs["rank"], began) from error
-                raise
-            finally:
-                if world is not None and forming.entered:
-                    world.done()
+                raise generations.not_connected(error, connect, began, "join", kwargs["rank"],
+                                                began) from error
+        else:
+            made = form()
         if group_timeout is not None and kwargs.get("timeout") != group_timeout:
             c10d._set_pg_timeout(group_timeout)  # a replacement connected within a bound
         _watch_async_groups()
