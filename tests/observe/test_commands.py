@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from rankguard.processes import proctree
 from rankguard.records import private_files
 
 from ..conftest import ROOT, finish, launch
@@ -82,6 +83,32 @@ def test_stacks_and_status_of_a_hung_run_show_the_outlier_and_leave_it_running(
     ended = json.loads(command("status", "--json", str(log_dir)).stdout)
     assert ended["ended"] and {r["state"] for r in ended["ranks"]} == {"exited"}
     assert ended["last_fault"] == "the launcher received SIGTERM", ended
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(120)
+def test_stacks_of_a_rank_stopped_by_someone_else_show_where_it_stopped_and_leave_it_stopped(
+        tmp_path: Path) -> None:
+    # the request continued a stopped rank (SIGCONT, so that it could dump) and left it
+    # running: looking at a frozen rank thawed it, and its hang verdict never came
+    log_dir = tmp_path / "run"
+    started = time.monotonic()
+    proc = launch(["--nproc-per-node", "1", "tests/scripts/sleeper.py", "120"], log_dir)
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while "now, 1 of 1 live rank(s) answered" not in (shown := stacks(str(log_dir))).stdout:
+            assert proc.poll() is None and time.monotonic() < deadline, shown.stdout
+            time.sleep(0.2)
+        pid = json.loads(command("status", "--json", str(log_dir)).stdout)["ranks"][0]["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        shown = stacks(str(log_dir))
+        assert "now, 1 of 1 live rank(s) answered" in shown.stdout, shown.stdout
+        assert "sleeper.py:" in shown.stdout, shown.stdout
+        assert proctree.is_stopped(pid), "rankguard stacks continued the stopped rank"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        run = finish(proc, log_dir, 60, started)
+    assert run.code == 143, run.stderr[-2000:]
 
 
 @pytest.mark.parametrize("name, option", [("stacks", "--timeout"), ("status", "--interval")])
