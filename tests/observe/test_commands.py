@@ -4,16 +4,19 @@ untouched; then, once it ended, the last stacks; and bad input."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from rankguard.processes import proctree
 from rankguard.records import private_files
 
 from ..conftest import ROOT, finish, launch
@@ -35,16 +38,27 @@ def stacks(*args: str) -> subprocess.CompletedProcess[str]:
     return command("stacks", *args)
 
 
+@contextlib.contextmanager
+def job(args: list[str], log_dir: Path) -> Iterator[subprocess.Popen[str]]:
+    """``rankguard run ARGS`` while the block runs; then SIGTERM, and it must end with 143."""
+    started = time.monotonic()
+    proc = launch(args, log_dir)
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        run = finish(proc, log_dir, 60, started)
+    assert run.code == 143, run.stderr[-2000:]
+
+
 @pytest.mark.slow
 @pytest.mark.deadline(180)
 def test_stacks_and_status_of_a_hung_run_show_the_outlier_and_leave_it_running(
         tmp_path: Path) -> None:
     log_dir = tmp_path / "run"
-    started = time.monotonic()
-    proc = launch(["--nproc-per-node", "3", "--hang-timeout", "60", "--straggler-timeout", "90",
-                   "--inject", "hang:rank=1,at=op20", "examples/train.py", "--steps", "50"],
-                  log_dir)
-    try:
+    with job(["--nproc-per-node", "3", "--hang-timeout", "60", "--straggler-timeout", "90",
+              "--inject", "hang:rank=1,at=op20", "examples/train.py", "--steps", "50"],
+             log_dir) as proc:
         deadline = time.monotonic() + WAIT_S
         while True:  # until rank 1 hangs in the injection, its peers waiting for it (both:
             # a peer may still finish its step as rank 1 enters the injection)
@@ -72,16 +86,32 @@ def test_stacks_and_status_of_a_hung_run_show_the_outlier_and_leave_it_running(
         # completion recorded by another thread) still counts as in it
         seqs = [r["seq"] for r in view["ranks"]]
         assert seqs[0] == seqs[2] == seqs[1] + 1 and not view["ended"], view
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        run = finish(proc, log_dir, 60, started)
-    assert run.code == 143, run.stderr[-2000:]
     after = stacks(str(log_dir))
     assert "the run has ended; the last stacks its ranks wrote" in after.stdout, after.stdout
     assert "rank 1: perform" in after.stdout
     ended = json.loads(command("status", "--json", str(log_dir)).stdout)
     assert ended["ended"] and {r["state"] for r in ended["ranks"]} == {"exited"}
     assert ended["last_fault"] == "the launcher received SIGTERM", ended
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(120)
+def test_stacks_of_a_rank_stopped_by_someone_else_show_where_it_stopped_and_leave_it_stopped(
+        tmp_path: Path) -> None:
+    # the request continued a stopped rank (SIGCONT, so that it could dump) and left it
+    # running: looking at a frozen rank thawed it, and its hang verdict never came
+    log_dir = tmp_path / "run"
+    with job(["--nproc-per-node", "1", "tests/scripts/sleeper.py", "120"], log_dir) as proc:
+        deadline = time.monotonic() + WAIT_S
+        while "now, 1 of 1 live rank(s) answered" not in (shown := stacks(str(log_dir))).stdout:
+            assert proc.poll() is None and time.monotonic() < deadline, shown.stdout
+            time.sleep(0.2)
+        pid = json.loads(command("status", "--json", str(log_dir)).stdout)["ranks"][0]["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        shown = stacks(str(log_dir))
+        assert "now, 1 of 1 live rank(s) answered" in shown.stdout, shown.stdout
+        assert "sleeper.py:" in shown.stdout, shown.stdout
+        assert proctree.is_stopped(pid), "rankguard stacks continued the stopped rank"
 
 
 @pytest.mark.parametrize("name, option", [("stacks", "--timeout"), ("status", "--interval")])

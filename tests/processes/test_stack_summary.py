@@ -43,6 +43,22 @@ def test_the_last_dump_of_a_file_counts_and_its_current_thread() -> None:
     assert ss.main_thread("") == () and ss.main_thread("garbage\n  File oops") == ()
 
 
+def test_a_dump_taken_on_rankguards_watcher_thread_counts_the_main_thread_not_the_watcher(
+        ) -> None:
+    # a main thread that blocks the requests' signals leaves them to another thread: the
+    # current one is then rankguard's watcher, and every such rank was grouped by the
+    # watcher's frame; faulthandler lists the main thread, the oldest, last
+    watcher = os.path.join(os.path.dirname(os.path.dirname(ss.__file__)), "runtime",
+                           "signal_watch.py")
+    text = "\n".join([
+        "Current thread 0x00007f0000000003 (most recent call first):",
+        f'  File "{watcher}", line 69 in _watch',
+        '  File "/usr/lib/python3.11/threading.py", line 982 in run', "",
+        "Thread 0x00007f0000000001 (most recent call first):",
+        f'  File "{USER}", line 35 in <module>']) + "\n"
+    assert ss.main_thread(text) == (ss.Frame(USER, 35, "<module>"),)
+
+
 def test_rank_lists_show_runs_as_ranges() -> None:
     assert ss.rank_list([9, 0, 1, 2, 3]) == "0-3,9"
     assert ss.rank_list([1, 3]) == "1,3" and ss.rank_list([4, 5]) == "4,5"

@@ -222,6 +222,17 @@ def test_regroup_of_three_survivors_after_a_rank_is_killed_then_allreduce_is_cor
     assert any(r["missing"] == [3] for r in results)
 
 
+def test_regroup_probing_a_frozen_peer_keeps_a_timeout_shorter_than_the_probe_windows(
+        tmp_path: Path) -> None:
+    # the probes of the survivors took their whole windows (0.5 s, then 2 s) whatever the
+    # timeout: regroup(timeout=1) returned after 2.5 s, blaming the job's store
+    with Ranks("regroup_short_timeout_peer_frozen", 2, tmp_path) as ranks:
+        result = ranks.result(0, timeout=30)
+    assert result["type"] is None, result  # the silent rank is left out, within the timeout
+    assert result["members"] == [0], result
+    assert result["elapsed"] < 1.0 + 0.5, result  # regroup(timeout=1): its documented bound
+
+
 @pytest.mark.slow
 def test_a_generation_one_rank_gave_up_on_is_not_formed_later_with_that_rank(
         tmp_path: Path) -> None:

@@ -80,3 +80,26 @@ def test_a_rank_holding_the_gil_in_c_answers_through_faulthandler_after_the_fall
     # the watcher cannot take the GIL: faulthandler answered the second signal
     assert f'File "{script}", line 5 in <module>' in dumps.get(0, ""), dumps
     assert stack_requests.FALLBACK_AFTER_S <= took < 10.0, took
+
+
+@pytest.mark.deadline(60)
+@pytest.mark.parametrize("doing", ["sleep", "gil"])
+def test_a_rank_whose_main_thread_blocks_the_requests_signals_answers_through_another_thread(
+        tmp_path: Path, doing: str) -> None:
+    # sent to the main thread only (tgkill), the requests stayed pending there for good: the
+    # rank never answered, though its watcher thread (and faulthandler there) could
+    stacks = tmp_path / "stacks.txt"
+    script = str(ROOT / "tests" / "scripts" / "blocks_requests.py")
+    env = dict(os.environ, RANKGUARD_STACKS=str(stacks))
+    proc = subprocess.Popen([sys.executable, "-m", "rankguard.runtime.bootstrap", script, doing],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        time.sleep(0.2)  # into its sleep or its sum()
+        dumps = stack_requests.ask({0: (proc.pid, [str(stacks)])}, 5.0)
+        alive = proc.poll() is None
+    finally:
+        proc.kill()
+        proc.communicate(timeout=20)
+    assert alive, "the rank died of a request"
+    assert "blocks_requests.py" in dumps.get(0, ""), dumps

@@ -183,6 +183,22 @@ def regroup_after_kill() -> None:
         rankguard.shutdown(timeout=5)
 
 
+def regroup_short_timeout_peer_frozen() -> None:
+    """Two ranks; rank 1 is stopped (SIGSTOP) after the first all_reduce; rank 0 (the store's
+    host) then calls ``regroup(timeout=1)``, whose probes find rank 1 silent."""
+    torch, dist = group()
+    if RANK == 1:
+        freeze()
+        return
+    time.sleep(0.2)  # rank 1 stops itself
+    started = time.monotonic()
+    try:
+        generation = rankguard.regroup(timeout=1)
+        report(type=None, members=generation.members, elapsed=time.monotonic() - started)
+    except rankguard.RankguardError as error:
+        report(**error_fields(error, started))
+
+
 def regroup_after_a_solo_failure() -> None:
     """Both ranks form generation 1; rank 0 alone tries generation 2, gives up and exits; then
     rank 1 regroups: generation 2's arrival of rank 0 must not make it connect to rank 0."""
@@ -641,6 +657,7 @@ SCENARIOS = {
     "regroup_after_kill": regroup_after_kill,
     "step_loop_peer_hangs": step_loop_peer_hangs,
     "regroup_after_a_solo_failure": regroup_after_a_solo_failure,
+    "regroup_short_timeout_peer_frozen": regroup_short_timeout_peer_frozen,
     "ddp_peer_dies": ddp_peer_dies,
     "outsider_writes": outsider_writes,
     "regroup_peer_dies_before_connecting": regroup_peer_dies_before_connecting,

@@ -35,7 +35,8 @@ def main(argv: list[str]) -> int:
     if live:
         # only ranks whose runtime catches the request: a rank still starting would die of it
         ready = [r for r in live if proctree.catches(r.pid, stack_requests.RANK_SIGNAL)]
-        dumps = stack_requests.ask({r.rank: (r.pid, [r.stacks]) for r in ready}, budget)
+        dumps = stack_requests.ask({r.rank: (r.pid, [r.stacks]) for r in ready}, budget,
+                                   keep_stopped=True)  # a rank someone stopped stays stopped
         where = f"now, {len(dumps)} of {len(live)} live rank(s) answered"
         if len(ready) < len(live):
             where += (f" ({len(live) - len(ready)} still starting, not asked: "

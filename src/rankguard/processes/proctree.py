@@ -85,12 +85,24 @@ def stat_fields(pid: int, tid: int | str | None = None) -> list[str] | None:
 def catches(pid: int, sig: int) -> bool:
     """Whether process ``pid`` has a handler for ``sig`` (``SigCgt`` in /proc): sending it a
     signal it does not catch would, for most signals, end it."""
+    return _in_mask(f"/proc/{pid}/status", "SigCgt:", sig)
+
+
+def _in_mask(status: str, field: str, sig: int) -> bool:
+    """Whether the signal mask ``field`` of the /proc ``status`` file holds ``sig`` (False if
+    it cannot be read)."""
     try:
-        with open(f"/proc/{pid}/status") as f:
-            mask = next(line for line in f if line.startswith("SigCgt:")).split()[1]
+        with open(status) as f:
+            mask = next(line for line in f if line.startswith(field)).split()[1]
     except (OSError, StopIteration, IndexError):
         return False
     return bool(int(mask, 16) >> (sig - 1) & 1)
+
+
+def _blocks(pid: int, sig: int) -> bool:
+    """Whether the main thread of ``pid`` blocks ``sig`` (``SigBlk`` in /proc; False if it
+    cannot be read)."""
+    return _in_mask(f"/proc/{pid}/task/{pid}/status", "SigBlk:", sig)
 
 
 def alive(pid: int) -> bool:
@@ -149,12 +161,13 @@ def signal_main_thread(pid: int, sig: int) -> None:
 
     A process-directed signal may be handled by any thread; a stack dump requested that way
     from a stopped process can run after its main thread has moved on. Falls back to ``kill``
-    where the syscall number is unknown.
+    where the syscall number is unknown, and where the main thread blocks ``sig``
+    (``pthread_sigmask``): it would stay pending there for good, where another thread takes it.
 
     Raises:
         ProcessLookupError: ``pid`` does not exist.
     """
-    if _TGKILL is None:
+    if _TGKILL is None or _blocks(pid, sig):
         os.kill(pid, sig)
         return
     if _libc.syscall(_TGKILL, pid, pid, sig) != 0:

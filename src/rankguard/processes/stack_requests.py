@@ -75,11 +75,28 @@ def await_dumps(files: Mapping[Hashable, Iterable[str]], before: Mapping[str, in
 
 def ask(targets: Mapping[Hashable, tuple[int, Sequence[str]]], budget: float,
         gone: Callable[[Hashable], bool] = lambda key: False,
-        sig: int = RANK_SIGNAL) -> dict[Hashable, str]:
+        sig: int = RANK_SIGNAL, keep_stopped: bool = False) -> dict[Hashable, str]:
     """Ask each target (key -> its pid and the files it dumps into) for its stacks with
     ``sig``, at once (ranks still silent after :data:`FALLBACK_AFTER_S`, again with
     :data:`RANK_FALLBACK_SIGNAL`), and wait for the dumps as :func:`await_dumps` does; key ->
-    the text its files gained, for the targets that answered within ``budget`` seconds."""
+    the text its files gained, for the targets that answered within ``budget`` seconds.
+
+    A stopped target is continued so that it can dump; ``keep_stopped`` (a look at a job that
+    must not change it) stops it again once the wait is over, so that it runs only for its
+    dump and the few milliseconds after."""
+    stopped = [pid for pid, _ in targets.values() if keep_stopped and proctree.is_stopped(pid)]
+    try:
+        return _ask(targets, budget, gone, sig)
+    finally:
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except OSError:
+                pass  # gone meanwhile
+
+
+def _ask(targets: Mapping[Hashable, tuple[int, Sequence[str]]], budget: float,
+         gone: Callable[[Hashable], bool], sig: int) -> dict[Hashable, str]:
     before = {path: file_size(path) for _, paths in targets.values() for path in paths}
     asked = {key: paths for key, (pid, paths) in targets.items()
              if request(pid, _first_signal(pid, sig))}

@@ -113,10 +113,14 @@ def _threads(dump: str) -> list[tuple[bool, list[Frame]]]:
 
 def main_thread(dump: str) -> tuple[Frame, ...]:
     """The frames of the last dump's signalled (main) thread in ``dump``, innermost first;
-    the last thread of the text when no thread is marked current."""
+    the last thread of the text (faulthandler lists the main thread, the oldest, last) when no
+    thread is marked current, or when the current one is rankguard's own (a watcher thread
+    took the request because the main thread blocks its signal)."""
     threads = _threads(dump)
     current = [frames for is_current, frames in threads if is_current]
-    chosen = current[-1] if current else (threads[-1][1] if threads else [])
+    chosen = current[-1] if current else []
+    if (not chosen or chosen[0].ours) and threads:
+        chosen = threads[-1][1]
     return tuple(chosen)
 
 

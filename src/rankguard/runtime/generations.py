@@ -41,7 +41,8 @@ from typing import Any, Callable, TypeVar
 
 from ..deadline import Deadline, check_seconds
 from ..errors import CollectiveTimeout, GroupRetired, PeerFailed, UsageError, first_line, shown
-from ..margins import CONNECT_FLOOR_S, NCCL_ABORT_S, REGROUP_S, SECOND_ASK_WINDOW_S
+from ..margins import (ANSWER_WINDOW_S, CONNECT_FLOOR_S, NCCL_ABORT_S, REGROUP_S,
+                       SECOND_ASK_WINDOW_S)
 from . import async_deadline, backend_connect, barrier, generation_keys, groups, nccl_abort
 from . import vacancies
 from .bounded import NO_ANSWER
@@ -217,7 +218,7 @@ def form_next(limit: Deadline, exclude: Iterable[int] | None = None,
         # and a live but slow one is not taken for failed (keeping the size, it would be a
         # place nobody fills; else a rank that cannot come back)
         known = _known_failed(keep_size)
-        failed = known | _silent(rank, size, known)
+        failed = known | _silent(rank, size, known, limit)
     proposal: list[int | None] = [None if r in failed else r for r in range(size)] \
         if keep_size else sorted(set(range(size)) - failed)
     try:
@@ -367,21 +368,22 @@ def _known_failed(keep_size: bool) -> set[int]:
     return {rank for rank in failure.missing if failure.peers.get(rank) == NO_ANSWER}
 
 
-def _silent(rank: int, size: int, known: set[int]) -> set[int]:
+def _silent(rank: int, size: int, known: set[int], limit: Deadline) -> set[int]:
     """The peers, other than the ``known`` failed ones, that do not answer a probe (dead,
     frozen, or holding the GIL): they cannot join. Needed because a rank that learnt of the
     fault from a peer's notice (GroupRetired) knows nothing of who failed, and its proposal may
     be the one adopted. Returns at once when every peer asked answers; waits the probe's
-    answer window, and ``SECOND_ASK_WINDOW_S`` more for those that missed it, otherwise."""
+    answer window, and ``SECOND_ASK_WINDOW_S`` more for those that missed it, otherwise, each
+    cut to what is left of ``limit`` (a peer that cannot answer by then cannot join either)."""
     asker = current().asker
     asked = [r for r in range(size) if r != rank and r not in known]
     if asker is None or not asked:
         return set()
-    answers = asker.ask(WORLD, asked)
+    answers = asker.ask(WORLD, asked, window=limit.wait_time(ANSWER_WINDOW_S))
     late = [peer for peer, answer in answers.items() if answer is None]
-    if not late:
-        return set()
-    answers = asker.ask(WORLD, late, window=SECOND_ASK_WINDOW_S)
+    if not late or limit.passed():
+        return set(late)
+    answers = asker.ask(WORLD, late, window=limit.wait_time(SECOND_ASK_WINDOW_S))
     return {peer for peer, answer in answers.items() if answer is None}
 
 
