@@ -28,6 +28,14 @@ def pytest_collection_modifyitems(config, items):  # as a -k given to rank 1 alo
         items[:] = [item for item in items if item.name != "test_rank0_only"]
 '''
 
+LATE_DESELECTION_ON_RANK1 = '''
+import os
+
+def pytest_collection_finish(session):  # a plugin that trims the final list itself, on rank 1
+    if os.environ["RANK"] == "1":
+        session.items[:] = [item for item in session.items if item.name != "test_rank0_only"]
+'''
+
 SUITE = '''
 import torch
 import torch.distributed as dist
@@ -55,9 +63,12 @@ TESTS = ("test_first", "test_rank0_only", "test_both")
 RUN_S = 90.0
 
 
+@pytest.mark.parametrize("selection", [OTHER_TESTS_ON_RANK1, LATE_DESELECTION_ON_RANK1],
+                         ids=["modifyitems", "collection_finish"])
 def test_under_rankguard_run_ranks_that_collected_other_tests_stop_before_any_test_naming_them(
-        run_rankguard, tmp_path: Path) -> None:
-    run, logs = released_run(run_rankguard, tmp_path, SUITE, OTHER_TESTS_ON_RANK1)
+        run_rankguard, tmp_path: Path, selection: str) -> None:
+    # the ranks compare the list they will run, whichever hook made it
+    run, logs = released_run(run_rankguard, tmp_path, SUITE, selection)
     for rank in (0, 1):
         assert "Interrupted: rankguard: every rank stops (see above)" in logs[rank], \
             logs[rank][-3000:]

@@ -93,14 +93,15 @@ class EveryRank:
         self._gave_up: str | None = None
         self._ended: list[int] = []  # peers found in session teardown when re-forming
 
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> None:
+        """Before the first test: stop every rank if they collected different tests.
+
+        The list is the one the loop runs, read here: a hook after ``modifyitems`` (another
+        plugin's ``pytest_collection_finish``) may still have changed it."""
         self._nodeids = [item.nodeid for item in session.items]
         self._order = {nodeid: index for index, nodeid in enumerate(self._nodeids)}
         self._tests = digest(self._nodeids)
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtestloop(self, session: pytest.Session) -> None:
-        """Before the first test: stop every rank if they collected different tests."""
         if session.config.option.collectonly:
             return
         # a rank with collection errors stops (pytest's rule): its peers must stop with it
