@@ -65,6 +65,25 @@ def under_launcher() -> bool:
             and "MASTER_PORT" in os.environ)
 
 
+def refuse_xdist(config: pytest.Config) -> None:
+    """Under a launcher, refuse pytest-xdist's workers: a rank is one session whose tests pair
+    with its peers' by their order, and a worker would take the rank's place in its checks.
+
+    Raises:
+        pytest.UsageError: ``-n`` or ``--dist`` asked for workers.
+    """
+    workers = getattr(config.option, "numprocesses", None)
+    dist = getattr(config.option, "dist", "no")
+    if not workers and dist == "no":
+        return
+    asked = f"-n {workers}" if workers else f"--dist {dist}"
+    raise pytest.UsageError(
+        f"rankguard: pytest-xdist ({asked}) cannot split a suite every rank runs (this is rank "
+        f"{os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')}): each rank's tests pair "
+        f"with its peers' by their order; run each rank without -n (or with -n 0), and let the "
+        f"launcher's ranks be the parallelism")
+
+
 def start() -> None:
     """``rankguard.init()`` in this rank (imported here: the plugin loads in every pytest)."""
     from ..runtime.init import init
