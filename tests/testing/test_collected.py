@@ -22,6 +22,10 @@ AGREE_CASES = {
         {0: Collected.of([A], 2), 1: Collected.of([A], 2)}, True),
     "ranks that collected nothing agree": (
         {0: Collected.of([], 0), 1: Collected.of([], 0)}, True),
+    # ids keep a newline where pytest's escaping is turned off
+    # (disable_test_id_escaping_and_forfeit_all_rights_to_community_support)
+    "one test whose id holds two ids joined by a newline is not those two tests": (
+        {0: Collected.of([f"{A}\n{B}"], 0), 1: Collected.of([A, B], 0)}, False),
 }
 
 

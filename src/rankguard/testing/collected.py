@@ -27,8 +27,9 @@ def ranks_text(ranks: Sequence[int]) -> str:
 
 def digest(nodeids: Sequence[str]) -> str:
     """A short fingerprint of test ids in their order: ranks that agree on it can meet at a
-    test by its position."""
-    return hashlib.sha256("\n".join(nodeids).encode()).hexdigest()[:16]
+    test by its position. The ids are written as a JSON list: an id may hold a newline
+    (pytest's id escaping can be turned off), so no separator joins them unambiguously."""
+    return hashlib.sha256(json.dumps(list(nodeids)).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
