@@ -150,10 +150,13 @@ class EveryRank:
                 return None
             self._compared = True
             if meeting.missing:
-                return (f"rankguard: {ranks_text(meeting.missing)} did not finish collecting "
-                        f"the tests within {self.shutdown_timeout:g} s "
-                        f"(rankguard_shutdown_timeout), so the ranks cannot check that they "
-                        f"run the same tests; every rank stops")
+                one = len(meeting.missing) == 1
+                return (f"rankguard: {ranks_text(meeting.missing)} did not come to compare "
+                        f"{'its' if one else 'their'} collected tests within "
+                        f"{self.shutdown_timeout:g} s (rankguard_shutdown_timeout): still "
+                        f"collecting, stuck, or not comparing "
+                        f"({'its session has' if one else 'their sessions have'} "
+                        f"--collect-only or -p no:rankguard); every rank stops")
             if agree({rank: Collected.loads(at) for rank, at in meeting.arrived.items()}):
                 return None
             lists = meet(f"{name}/tests", Deadline.after(self.shutdown_timeout),
