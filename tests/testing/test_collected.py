@@ -22,6 +22,10 @@ AGREE_CASES = {
         {0: Collected.of([A], 2), 1: Collected.of([A], 2)}, True),
     "ranks that collected nothing agree": (
         {0: Collected.of([], 0), 1: Collected.of([], 0)}, True),
+    # ids keep a newline where pytest's escaping is turned off
+    # (disable_test_id_escaping_and_forfeit_all_rights_to_community_support)
+    "one test whose id holds two ids joined by a newline is not those two tests": (
+        {0: Collected.of([f"{A}\n{B}"], 0), 1: Collected.of([A, B], 0)}, False),
 }
 
 
@@ -66,6 +70,11 @@ DIFFERENCE_CASES = {
     "the same tests with other collection errors name the errors": (
         {0: [A], 1: [A]}, {1: 2},
         "rank 1 had 2 errors during collection, rank 0 no errors"),
+    "a rank whose error cost it tests is named with both (the error is the cause)": (
+        {0: [A, B], 1: [A]}, {1: 1},
+        f"rank 1 collected 1 test, rank 0 2: first difference at index 1: rank 0 has {B}, "
+        f"rank 1 no test there (its list ends); rank 1 had 1 error during collection, rank 0 "
+        f"no errors"),
 }
 
 

@@ -28,6 +28,22 @@ def pytest_collection_modifyitems(config, items):  # as a -k given to rank 1 alo
         items[:] = [item for item in items if item.name != "test_rank0_only"]
 '''
 
+LATE_DESELECTION_ON_RANK1 = '''
+import os
+
+def pytest_collection_finish(session):  # a plugin that trims the final list itself, on rank 1
+    if os.environ["RANK"] == "1":
+        session.items[:] = [item for item in session.items if item.name != "test_rank0_only"]
+'''
+
+COLLECT_ONLY_ON_RANK0 = '''
+import os
+
+def pytest_configure(config):  # as --collect-only given to rank 0 alone
+    if os.environ["RANK"] == "0":
+        config.option.collectonly = True
+'''
+
 SUITE = '''
 import torch
 import torch.distributed as dist
@@ -55,9 +71,12 @@ TESTS = ("test_first", "test_rank0_only", "test_both")
 RUN_S = 90.0
 
 
+@pytest.mark.parametrize("selection", [OTHER_TESTS_ON_RANK1, LATE_DESELECTION_ON_RANK1],
+                         ids=["modifyitems", "collection_finish"])
 def test_under_rankguard_run_ranks_that_collected_other_tests_stop_before_any_test_naming_them(
-        run_rankguard, tmp_path: Path) -> None:
-    run, logs = released_run(run_rankguard, tmp_path, SUITE, OTHER_TESTS_ON_RANK1)
+        run_rankguard, tmp_path: Path, selection: str) -> None:
+    # the ranks compare the list they will run, whichever hook made it
+    run, logs = released_run(run_rankguard, tmp_path, SUITE, selection)
     for rank in (0, 1):
         assert "Interrupted: rankguard: every rank stops (see above)" in logs[rank], \
             logs[rank][-3000:]
@@ -66,6 +85,16 @@ def test_under_rankguard_run_ranks_that_collected_other_tests_stop_before_any_te
     assert "assert 110.0" not in logs[0] + logs[1]
     assert run.code != 0 and run.wall_s < 40
 
+
+def test_under_rankguard_run_a_rank_that_never_comes_to_compare_is_named_with_the_likely_whys(
+        run_rankguard, tmp_path: Path) -> None:
+    # rank 0 only lists the tests (and ends): rank 1 waits for it until the shutdown timeout
+    run, logs = released_run(run_rankguard, tmp_path, SUITE, COLLECT_ONLY_ON_RANK0)
+    assert ("rankguard: rank 0 did not come to compare its collected tests within 5 s "
+            "(rankguard_shutdown_timeout): still collecting, stuck, or not comparing (its session "
+            "has --collect-only or -p no:rankguard); every rank stops") in logs[1], logs[1][-3000:]
+    assert all(outcome(logs[1], test) is None for test in TESTS), logs[1][-3000:]
+    assert run.code != 0 and run.wall_s < 40
 
 def write_suite(folder: Path) -> Path:
     folder.mkdir()

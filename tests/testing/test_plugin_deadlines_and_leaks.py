@@ -135,6 +135,29 @@ def test_a_test_deadlocked_in_c_ends_the_session_with_its_report_on_the_terminal
     assert session.wall_s < DEADLINE + LAST_RESORT_S + LAST_WORDS_S + 15
 
 
+IGNORES_THE_INTERRUPTION = '''
+import signal
+import time
+
+def test_ignores_the_deadline_interruption():
+    signal.signal(signal.SIGRTMAX - 1, signal.SIG_IGN)  # rankguard's
+    time.sleep(1000)
+'''
+
+
+@pytest.mark.slow  # the last resort's 10 s
+def test_a_test_that_took_the_deadline_signal_ends_the_session_saying_so_not_blaming_c_code(
+        tmp_path: Path) -> None:
+    session = run(tmp_path, IGNORES_THE_INTERRUPTION)
+    assert session.code == 2, session.output
+    assert ("did not return within 10 s of its interruption (the test replaced rankguard's "
+            "handler of SIGRTMAX-1, the deadline's interruption, with SIG_IGN: leave SIGRTMAX-1 "
+            "and SIGRTMAX-2 to rankguard); ending the session (exit 2)") in session.output, \
+        session.output[-3000:]
+    assert "stuck inside C code" not in session.output
+    assert session.result("test_ignores_the_deadline_interruption") == "failed"
+    assert session.wall_s < DEADLINE + LAST_RESORT_S + LAST_WORDS_S + 15
+
 @pytest.mark.slow
 def test_a_test_deadlocked_in_c_holding_the_gil_still_ends_the_session_with_its_stack(
         tmp_path: Path) -> None:

@@ -83,6 +83,21 @@ def test_with_xdist_each_worker_guards_its_own_tests_and_the_controller_never_ha
     assert session.code == 1 and session.wall_s < 60
 
 
+def test_xdist_inside_a_rank_of_a_suite_every_rank_runs_is_a_usage_error_before_any_worker(
+        tmp_path: Path) -> None:
+    # one rank of a job is one session whose tests pair with its peers' by their order: -n
+    # would split them over workers that each think they are the rank (once: a worker that
+    # hung in the collection check, reported as "crashed", with nothing saying why)
+    pytest.importorskip("xdist")
+    session = run_suite(tmp_path, {"test_one.py": "def test_one():\n    pass\n"}, ["-n", "2"],
+                        timeout=60, env={"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2",
+                                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"})
+    assert session.code == pytest.ExitCode.USAGE_ERROR, session.output[-3000:]
+    assert "pytest-xdist (-n 2) cannot split a suite every rank runs" in session.output, \
+        session.output[-3000:]
+    assert "bringing up nodes" not in session.output
+
+
 DISAGREES = '''
 import time
 import torch

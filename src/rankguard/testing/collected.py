@@ -27,8 +27,9 @@ def ranks_text(ranks: Sequence[int]) -> str:
 
 def digest(nodeids: Sequence[str]) -> str:
     """A short fingerprint of test ids in their order: ranks that agree on it can meet at a
-    test by its position."""
-    return hashlib.sha256("\n".join(nodeids).encode()).hexdigest()[:16]
+    test by its position. The ids are written as a JSON list: an id may hold a newline
+    (pytest's id escaping can be turned off), so no separator joins them unambiguously."""
+    return hashlib.sha256(json.dumps(list(nodeids)).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,8 @@ def agree(brought: Mapping[int, Collected]) -> bool:
 def difference(tests: Mapping[int, Sequence[str]], errors: Mapping[int, int]) -> str:
     """How the ranks' collections differ, in the words every rank stops with: each set of ranks
     that collected alike against the one of the lowest rank (its count, and the first index
-    where their lists differ, with what each has there; or the collection errors)."""
+    where their lists differ, with what each has there; and the collection errors, where
+    they differ)."""
     kinds: dict[tuple[tuple[str, ...], int], list[int]] = {}
     for rank in sorted(tests):
         kinds.setdefault((tuple(tests[rank]), errors.get(rank, 0)), []).append(rank)
@@ -76,16 +78,16 @@ def difference(tests: Mapping[int, Sequence[str]], errors: Mapping[int, int]) ->
     for (other, other_errors), ranks in kinds.items():
         if ranks is first:
             continue
-        if other == reference:
+        if other != reference:
+            index = next((i for i, (a, b) in enumerate(zip(reference, other)) if a != b),
+                         min(len(reference), len(other)))
+            parts.append(f"{ranks_text(ranks)} collected {_tests(len(other))}, "
+                         f"{ranks_text(first)} {len(reference)}: first difference at index "
+                         f"{index}: {ranks_text(first)} {'has' if len(first) == 1 else 'have'} "
+                         f"{_at(reference, index)}, {ranks_text(ranks)} {_at(other, index)}")
+        if other_errors != reference_errors:
             parts.append(f"{ranks_text(ranks)} had {_errors(other_errors)} during collection, "
                          f"{ranks_text(first)} {_errors(reference_errors)}")
-            continue
-        index = next((i for i, (a, b) in enumerate(zip(reference, other)) if a != b),
-                     min(len(reference), len(other)))
-        parts.append(f"{ranks_text(ranks)} collected {_tests(len(other))}, {ranks_text(first)} "
-                     f"{len(reference)}: first difference at index {index}: {ranks_text(first)} "
-                     f"{'has' if len(first) == 1 else 'have'} {_at(reference, index)}, "
-                     f"{ranks_text(ranks)} {_at(other, index)}")
     return "; ".join(parts) + f"; {FIX}"
 
 

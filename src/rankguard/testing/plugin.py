@@ -184,6 +184,7 @@ class _Guard:
             shutdown_timeout = _setting("rankguard_shutdown_timeout (ini)",
                                         config.getini("rankguard_shutdown_timeout"),
                                         "give a positive number of seconds, e.g. 60", off=False)
+            rank_session.refuse_xdist(config)
             rank_session.start()
             config.pluginmanager.register(rank_session.EveryRank(shutdown_timeout, item_deadline),
                                           "rankguard-every-rank")

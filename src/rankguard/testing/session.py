@@ -65,6 +65,25 @@ def under_launcher() -> bool:
             and "MASTER_PORT" in os.environ)
 
 
+def refuse_xdist(config: pytest.Config) -> None:
+    """Under a launcher, refuse pytest-xdist's workers: a rank is one session whose tests pair
+    with its peers' by their order, and a worker would take the rank's place in its checks.
+
+    Raises:
+        pytest.UsageError: ``-n`` or ``--dist`` asked for workers.
+    """
+    workers = getattr(config.option, "numprocesses", None)
+    dist = getattr(config.option, "dist", "no")
+    if not workers and dist == "no":
+        return
+    asked = f"-n {workers}" if workers else f"--dist {dist}"
+    raise pytest.UsageError(
+        f"rankguard: pytest-xdist ({asked}) cannot split a suite every rank runs (this is rank "
+        f"{os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')}): each rank's tests pair "
+        f"with its peers' by their order; run each rank without -n (or with -n 0), and let the "
+        f"launcher's ranks be the parallelism")
+
+
 def start() -> None:
     """``rankguard.init()`` in this rank (imported here: the plugin loads in every pytest)."""
     from ..runtime.init import init
@@ -93,14 +112,15 @@ class EveryRank:
         self._gave_up: str | None = None
         self._ended: list[int] = []  # peers found in session teardown when re-forming
 
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> None:
+        """Before the first test: stop every rank if they collected different tests.
+
+        The list is the one the loop runs, read here: a hook after ``modifyitems`` (another
+        plugin's ``pytest_collection_finish``) may still have changed it."""
         self._nodeids = [item.nodeid for item in session.items]
         self._order = {nodeid: index for index, nodeid in enumerate(self._nodeids)}
         self._tests = digest(self._nodeids)
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtestloop(self, session: pytest.Session) -> None:
-        """Before the first test: stop every rank if they collected different tests."""
         if session.config.option.collectonly:
             return
         # a rank with collection errors stops (pytest's rule): its peers must stop with it
@@ -130,10 +150,13 @@ class EveryRank:
                 return None
             self._compared = True
             if meeting.missing:
-                return (f"rankguard: {ranks_text(meeting.missing)} did not finish collecting "
-                        f"the tests within {self.shutdown_timeout:g} s "
-                        f"(rankguard_shutdown_timeout), so the ranks cannot check that they "
-                        f"run the same tests; every rank stops")
+                one = len(meeting.missing) == 1
+                return (f"rankguard: {ranks_text(meeting.missing)} did not come to compare "
+                        f"{'its' if one else 'their'} collected tests within "
+                        f"{self.shutdown_timeout:g} s (rankguard_shutdown_timeout): still "
+                        f"collecting, stuck, or not comparing "
+                        f"({'its session has' if one else 'their sessions have'} "
+                        f"--collect-only or -p no:rankguard); every rank stops")
             if agree({rank: Collected.loads(at) for rank, at in meeting.arrived.items()}):
                 return None
             lists = meet(f"{name}/tests", Deadline.after(self.shutdown_timeout),

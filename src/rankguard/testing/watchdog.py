@@ -254,9 +254,22 @@ class Watchdog:
                 + (f", SIGKILL to {len(alive)} that outlived {RELEASE_GRACE_S:g} s" if alive
                    else ""))
 
+    def _why_not_interrupted(self) -> str:
+        """Why the main thread did not take the interruption: stuck inside C code, unless the
+        test replaced the handler of ``INTERRUPT_SIGNAL`` (it then never raised)."""
+        handler = signal.getsignal(INTERRUPT_SIGNAL)
+        if handler == self._interrupt:
+            return "stuck inside C code"
+        named = {signal.SIG_IGN: "SIG_IGN", signal.SIG_DFL: "SIG_DFL", None: "a C handler"}
+        what = (named[handler] if not callable(handler)
+                else f"its own ({getattr(handler, '__qualname__', handler)!s})")
+        return (f"the test replaced rankguard's handler of SIGRTMAX-1, the deadline's "
+                f"interruption, with {what}: leave SIGRTMAX-1 and SIGRTMAX-2 to rankguard")
+
     def _abort(self, phase: Phase, report: str) -> None:
         why = (f"rankguard: the main thread did not return within {LAST_RESORT_S:g} s of its "
-               f"interruption (stuck inside C code); ending the session (exit {EXIT_ABORTED})")
+               f"interruption ({self._why_not_interrupted()}); ending the session "
+               f"(exit {EXIT_ABORTED})")
         told = threading.Event()
 
         def tell() -> None:
