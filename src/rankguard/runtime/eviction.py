@@ -53,6 +53,7 @@ _grace = DEFAULT_GRACE_S
 _begun = False
 _finished = threading.Event()
 _installed = False
+_handling = False  # the main thread is in _on_sigterm (the only thread that runs it)
 
 
 def install(grace: float = DEFAULT_GRACE_S) -> None:
@@ -81,7 +82,16 @@ def _on_watched_sigterm() -> None:
 
 def _on_sigterm(signum: int, frame: object) -> None:
     """The main thread's part: start the teardown if the watcher has not, then stay out of its
-    way (no more user code runs) until it ends the process."""
+    way (no more user code runs) until it ends the process.
+
+    A second SIGTERM (the launcher signals the rank's process group, then its process) runs this
+    handler again inside the first, wherever the main thread got to: that one returns at once.
+    Were it to go on, it would wait on what the first holds (``_lock``: the watcher waits on it
+    too, and the rank hangs until SIGKILL) or for a teardown the first has not started yet."""
+    global _handling
+    if _handling:
+        return
+    _handling = True
     begin("SIGTERM")
     _finished.wait(_grace + 1.0)
     os._exit(EXIT_TEARDOWN_TIMEOUT)
