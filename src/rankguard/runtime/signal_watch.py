@@ -77,4 +77,16 @@ def _watch(read_fd: int, forward_fd: int) -> None:
         for signum in dict.fromkeys(data):  # each signal once, in the order they came
             callback = _callbacks.get(signum)
             if callback is not None:
-                callback()
+                _call(signum, callback)
+
+
+def _call(signum: int, callback: Callable[[], None]) -> None:
+    """Run one callback; what it raises (a full disk under a stack dump) is said on stderr and
+    the watcher goes on, so that the next signal (a SIGTERM) is still answered."""
+    try:
+        callback()
+    except Exception as exc:  # noqa: BLE001 (the watcher must outlive any callback)
+        try:
+            os.write(2, f"rankguard: answering signal {signum} failed: {exc!r}\n".encode())
+        except OSError:
+            pass
