@@ -86,6 +86,7 @@ def test_under_rankguard_run_ranks_that_collected_other_tests_stop_before_any_te
     assert run.code != 0 and run.wall_s < 40
 
 
+@pytest.mark.slow  # waits out a shutdown timeout (8 s)
 def test_under_rankguard_run_a_rank_that_never_comes_to_compare_is_named_with_the_likely_whys(
         run_rankguard, tmp_path: Path) -> None:
     # rank 0 only lists the tests (and ends): rank 1 waits for it until the shutdown timeout
