@@ -76,7 +76,8 @@ RUN_S = 90.0
 def test_under_rankguard_run_ranks_that_collected_other_tests_stop_before_any_test_naming_them(
         run_rankguard, tmp_path: Path, selection: str) -> None:
     # the ranks compare the list they will run, whichever hook made it
-    run, logs = released_run(run_rankguard, tmp_path, SUITE, selection)
+    run, logs = released_run(run_rankguard, tmp_path, SUITE, selection,
+                             launcher_args=("--max-restarts", "1"))
     for rank in (0, 1):
         assert "Interrupted: rankguard: every rank stops (see above)" in logs[rank], \
             logs[rank][-3000:]
@@ -84,6 +85,11 @@ def test_under_rankguard_run_ranks_that_collected_other_tests_stop_before_any_te
         assert all(outcome(logs[rank], test) is None for test in TESTS), logs[rank][-3000:]
     assert "assert 110.0" not in logs[0] + logs[1]
     assert run.code != 0 and run.wall_s < 40
+    # the selection's mistake, which a restart would make again: not restarted (--max-restarts 1)
+    assert not [e for e in run.events if e["event"] == "restart"], run.stderr
+    assert "usage_error" in run.outcomes().values(), run.outcomes()
+    assert "stopped on a usage error: rankguard: the ranks collected different tests" \
+        in run.stderr, run.stderr
 
 
 @pytest.mark.slow  # waits out a shutdown timeout (8 s)

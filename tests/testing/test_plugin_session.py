@@ -129,10 +129,11 @@ def test_last():
 '''
 
 
-def released_run(run_rankguard, tmp_path: Path, tests: str, conftest: str = ""):
+def released_run(run_rankguard, tmp_path: Path, tests: str, conftest: str = "",
+                 launcher_args: tuple[str, ...] = ()):
     """``every_rank_runs`` with a 60 s test deadline that no failure should wait for; the run
     and each rank's log."""
-    run = every_rank_runs(run_rankguard, tmp_path, tests, [],
+    run = every_rank_runs(run_rankguard, tmp_path, tests, list(launcher_args),
                           ["-rA", "--rankguard-deadline", "60",
                            "-o", "rankguard_shutdown_timeout=5"], conftest)
     return run, {rank: (run.log_dir / "attempt0" / f"rank{rank}.log").read_text()

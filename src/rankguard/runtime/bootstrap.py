@@ -229,8 +229,11 @@ def _arguments_refused(leaving: SystemExit) -> str | None:
 
 def _record_exit(code: int, refused: str | None = None) -> None:
     """Record that the script ended with ``code`` (``refused``: argparse's message, when it
-    refused the script's arguments: a usage error)."""
+    refused the script's arguments: a usage error; so is a non-zero exit after
+    ``internal.exits_on_usage_error``)."""
     state = current()
+    if code != 0 and refused is None:
+        refused = state.usage_exit  # the plugin's ranks that collected different tests
     if state.ledger is not None:
         state.completions.flush()
         state.ledger.record_exit(code, state.ledger.in_collective(), _ledger.ErrorKind.OTHER

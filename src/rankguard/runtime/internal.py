@@ -23,8 +23,8 @@ from .generations import Generation
 from .shutdown import ShutdownReport
 from .state import GroupRecord, current
 
-__all__ = ["Generation", "Meeting", "ShutdownReport", "abandon_world", "arrive", "blame", "meet",
-           "meet_in_job_store", "next_generation", "regroup", "retire_all", "shutdown", "until",
+__all__ = ["Generation", "Meeting", "ShutdownReport", "abandon_world", "arrive", "blame",
+           "exits_on_usage_error", "meet", "meet_in_job_store", "next_generation", "regroup", "retire_all", "shutdown", "until",
            "world", "world_retired"]
 
 
@@ -62,6 +62,13 @@ def abandon_world(reason: str) -> None:
     tell every peer, so that none waits for this rank in a collective. Bounded by
     ``groups.ABANDON_WINDOW_S`` per peer answer; does nothing without a usable group."""
     groups.abandon_world(reason)
+
+
+def exits_on_usage_error(why: str) -> None:
+    """This process is about to end on a mistake of the user's that every attempt would make
+    again: its non-zero exit is recorded as a usage error (``why``), which the launcher neither
+    restarts nor replaces."""
+    current().usage_exit = why
 
 
 def blame(missing: Iterable[int]) -> None:

@@ -165,6 +165,9 @@ class RankState:
         awaiting_state: a replacement that joined its generation and has not yet received the
             state from a peer (``peer_state.share``): the survivors wait for it in that
             exchange, so a process group it makes now would wait for peers that never come.
+        usage_exit: why the process is about to end on a mistake of the user's that every
+            attempt would make again (the pytest plugin's ranks that collected different
+            tests): its non-zero exit is recorded as a usage error, not restarted.
     """
 
     ledger: _ledger.LedgerWriter | None = None
@@ -187,6 +190,7 @@ class RankState:
     aborted: ShutdownReport | None = None
     record_only: bool = True
     awaiting_state: bool = False
+    usage_exit: str | None = None
 
     def enable_bounded(self) -> None:
         """Every operation from now on returns a bounded work; the supervisor may send

@@ -171,10 +171,12 @@ class EveryRank:
             self._compared = True
             return (f"rankguard: could not compare the collected tests with the other ranks "
                     f"through the job's store ({error}); every rank stops")
-        return (f"rankguard: the ranks collected different tests, so their collectives would "
-                f"pair across tests; every rank stops: "
-                + difference({rank: tests for rank, (tests, _) in brought.items()},
-                             {rank: count for rank, (_, count) in brought.items()}))
+        problem = (f"rankguard: the ranks collected different tests, so their collectives "
+                   f"would pair across tests; every rank stops: "
+                   + difference({rank: tests for rank, (tests, _) in brought.items()},
+                                {rank: count for rank, (_, count) in brought.items()}))
+        internal.exits_on_usage_error(problem)  # every attempt would collect the same again
+        return problem
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
