@@ -81,10 +81,9 @@ def end_lingering(ranks: RankProcesses, member: RankProcess, ready: bool, grace:
     SIGKILL."""
     where: list[str] = []
     if ready:
-        size = stack_requests.file_size(member.stacks_path)
-        stack_requests.ask({member: (member.pid, [member.stacks_path])}, margins.STACKS_S,
-                           gone=lambda m: m.proc.poll() is not None)
-        where = stack_summary.every_thread(stack_summary.last_dump(member.stacks_path, size))
+        dumps = stack_requests.ask({member: (member.pid, [member.stacks_path])},
+                                   margins.STACKS_S, gone=lambda m: m.proc.poll() is not None)
+        where = stack_summary.every_thread(dumps.get(member, ""))
     ranks.signal(signal.SIGTERM, [member])
     if ranks.wait_exits(Deadline.after(grace), {member.rank}, grace=True):
         return where, False

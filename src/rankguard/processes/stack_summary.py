@@ -152,13 +152,11 @@ def describe(same: list[SameStack], indent: str = "") -> list[str]:
     return [f"{indent}{s.label()}: {s.summary()}" for s in same]
 
 
-def last_dump(path: str, since: int = 0) -> str:
-    """The text of a stacks file (all its dumps; :func:`main_thread` takes the last) from byte
-    ``since`` on (a size it had before a request: the dump that answered it), or "" when it
-    cannot be read."""
+def last_dump(path: str) -> str:
+    """The text of a stacks file (all its dumps; :func:`main_thread` takes the last), or ""
+    when it cannot be read."""
     try:
         with open(path, "rb") as f:
-            f.seek(since)
             return f.read().decode(errors="replace")
     except OSError:
         return ""
