@@ -45,8 +45,8 @@ Layout (little-endian):
 - the refusal, written by the supervisor only, before the notice it comes with: that the failed
   peer will not be replaced, and why (``rank 1 will not be replaced: no restarts left ...``:
   ``rankguard run --recovery in-place`` refused to repair the fault, the attempt ends),
-  ``REFUSAL_TEXT_MAX`` bytes at most (UTF-8) after its length (0: no refusal). A rank's ``rankguard.StepLoop`` then ends instead of waiting for a
-  replacement.
+  ``REFUSAL_TEXT_MAX`` bytes at most (UTF-8) after its length (0: no refusal). A rank's
+  ``rankguard.StepLoop`` then ends instead of waiting for a replacement.
 
 Sequence numbers: in the world group, entry 1 is ``init_process_group`` and entry ``k + 1`` is
 the ``k``-th collective, so ``seq`` as shown to people (``all_reduce #k``) is ``entered - 1``.
@@ -499,10 +499,8 @@ class LedgerWriter:
         """Record what kind of exception is ending the rank and its message (cut to
         ``ERROR_TEXT_MAX`` bytes, at a character's end); called before :meth:`record_fault`,
         so a reader that sees the fault sees its kind."""
-        data = _cut(text, ERROR_TEXT_MAX)
-        start = _OFF_ERROR + _ERROR.size
-        self._buf[start:start + len(data)] = data
-        struct.pack_into("<H", self._buf, _OFF_ERROR + 2, len(data))
+        length = _put_text(self._buf, _OFF_ERROR + _ERROR.size, text, ERROR_TEXT_MAX)
+        struct.pack_into("<H", self._buf, _OFF_ERROR + 2, length)
         struct.pack_into("<B", self._buf, _OFF_ERROR, int(kind))
 
     def recorded_fault(self) -> int:
@@ -538,14 +536,13 @@ class LedgerWriter:
 
     def refusal(self) -> str | None:
         """The supervisor's word that the failed peer will not be replaced, and why (the
-        attempt ends), as it posted it with the notice; None when it posted none (a replacement may come). Kept
-        once posted: the attempt ends whatever the rank does meanwhile (``clear_notice``)."""
+        attempt ends), as it posted it with the notice; None when it posted none (a replacement
+        may come). Kept once posted: the attempt ends whatever the rank does meanwhile
+        (``clear_notice``)."""
         length = _REFUSAL.unpack_from(self._buf, _OFF_REFUSAL)[0]
         if not length:
             return None
-        start = _OFF_REFUSAL + _REFUSAL.size
-        return bytes(self._buf[start:start + min(length, REFUSAL_TEXT_MAX)]).decode(
-            "utf-8", errors="replace")
+        return _text_at(self._buf, _OFF_REFUSAL + _REFUSAL.size, length, REFUSAL_TEXT_MAX)
 
     def world(self) -> _SlotWriter:
         return self.slot(WORLD_SLOT)
@@ -715,24 +712,31 @@ def behind(members: Iterable[int], entries: Mapping[int, GroupProgress],
 def post_notice(path: str, kind: int, failed_rank: int, refusal: str | None = None) -> None:
     """The supervisor tells the rank of ledger ``path`` that ``failed_rank`` (-1: unknown)
     died or hung; a rank waiting in a bounded collective then raises ``PeerFailed``. With
-    ``refusal``: that no replacement comes, and why, in one sentence (cut to ``REFUSAL_TEXT_MAX`` bytes),
-    written before the notice, so that a rank that sees the notice sees it too."""
+    ``refusal``: that no replacement comes, and why, in one sentence (cut to
+    ``REFUSAL_TEXT_MAX`` bytes), written before the notice, so that a rank that sees the notice
+    sees it too."""
     buf = _map(path, writable=True)
     try:
         if refusal:
-            data = _cut(refusal, REFUSAL_TEXT_MAX)
-            start = _OFF_REFUSAL + _REFUSAL.size
-            buf[start:start + len(data)] = data
-            _REFUSAL.pack_into(buf, _OFF_REFUSAL, len(data))
+            length = _put_text(buf, _OFF_REFUSAL + _REFUSAL.size, refusal, REFUSAL_TEXT_MAX)
+            _REFUSAL.pack_into(buf, _OFF_REFUSAL, length)
         _NOTICE.pack_into(buf, _OFF_NOTICE, kind, failed_rank)
     finally:
         buf.close()
 
 
-def _cut(text: str, limit: int) -> bytes:
-    """``text`` in UTF-8, cut to ``limit`` bytes at a character's end."""
+def _put_text(buf: mmap.mmap, start: int, text: str, limit: int) -> int:
+    """Write ``text`` in UTF-8 at ``start``, cut to ``limit`` bytes at a character's end;
+    returns how many bytes (the length its record keeps, written after the text)."""
     data = text.encode("utf-8", errors="replace")[:limit]
-    return data.decode("utf-8", errors="ignore").encode("utf-8")
+    data = data.decode("utf-8", errors="ignore").encode("utf-8")
+    buf[start:start + len(data)] = data
+    return len(data)
+
+
+def _text_at(buf: mmap.mmap, start: int, length: int, limit: int) -> str:
+    """The text :func:`_put_text` wrote at ``start`` (``length`` bytes, at most ``limit``)."""
+    return bytes(buf[start:start + min(length, limit)]).decode("utf-8", errors="replace")
 
 
 class LedgerReader:
@@ -775,9 +779,7 @@ class LedgerReader:
             return ErrorKind.OTHER, ""
         if kind == ErrorKind.OTHER:
             return kind, ""
-        start = _OFF_ERROR + _ERROR.size
-        data = self._buf[start:start + min(length, ERROR_TEXT_MAX)]
-        return kind, data.decode("utf-8", errors="replace")
+        return kind, _text_at(self._buf, _OFF_ERROR + _ERROR.size, length, ERROR_TEXT_MAX)
 
     def injections(self) -> InjectionProgress:
         """The rank's injected faults that fired, and how far it got: read when its attempt

@@ -24,8 +24,8 @@ from .shutdown import ShutdownReport
 from .state import GroupRecord, current
 
 __all__ = ["Generation", "Meeting", "ShutdownReport", "abandon_world", "arrive", "blame",
-           "exits_on_usage_error", "meet", "meet_in_job_store", "next_generation", "regroup", "retire_all", "shutdown", "until",
-           "world", "world_retired"]
+           "exits_on_usage_error", "meet", "meet_in_job_store", "next_generation", "regroup",
+           "retire_all", "shutdown", "until", "world", "world_retired"]
 
 
 def world() -> GroupRecord | None:
