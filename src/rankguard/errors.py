@@ -243,16 +243,17 @@ class PoolClosed(PoolError):
 CHAIN_DEPTH = 16  # how deep an exception's causes are searched
 
 
-def in_chain(error: BaseException | None, wanted: Callable[[BaseException], bool]
-             ) -> BaseException | None:
-    """The first exception in ``error``'s chain of causes (``__cause__``, else ``__context__``;
-    at most ``CHAIN_DEPTH`` deep) for which ``wanted`` is true, or None."""
+def in_chain(error: BaseException | None, wanted: Callable[[BaseException], bool],
+             context: bool = True) -> BaseException | None:
+    """The first exception in ``error``'s chain of causes (``__cause__``, else, with
+    ``context``, ``__context__``: an error raised while another was handled; at most
+    ``CHAIN_DEPTH`` deep) for which ``wanted`` is true, or None."""
     for _ in range(CHAIN_DEPTH):
         if error is None:
             return None
         if wanted(error):
             return error
-        error = error.__cause__ or error.__context__
+        error = error.__cause__ or (error.__context__ if context else None)
     return None
 
 

@@ -52,7 +52,7 @@ from typing import Any
 from ..records import ledger as _ledger
 from ..inputs import options
 from ..processes import proctree
-from ..errors import CHAIN_DEPTH, CollectiveError, UsageError, in_chain
+from ..errors import CollectiveError, UsageError, in_chain
 from ..inject import perform as _perform
 from ..inject import spec as _spec
 from . import deadline_scope
@@ -184,12 +184,8 @@ def _usage_error(error: BaseException) -> UsageError | None:
     at most ``CHAIN_DEPTH`` deep): a mistake of the script's, which every process running it
     makes again. An error raised while one was being handled (its ``__context__``) is not
     counted: the handler's own failure may have any cause."""
-    found: BaseException | None = error
-    for _ in range(CHAIN_DEPTH):
-        if found is None or isinstance(found, UsageError):
-            return found
-        found = found.__cause__
-    return None
+    found = in_chain(error, lambda e: isinstance(e, UsageError), context=False)
+    return found if isinstance(found, UsageError) else None
 
 
 def _from_backend(error: BaseException) -> bool:

@@ -22,18 +22,16 @@ from datetime import timedelta
 
 from ..deadline import Deadline
 from ..store.store_calls import within
-from . import barrier
+from . import barrier, store_reachable
 
 ALLOWANCE_S = 0.5  # a barrier's last reads, after the deadline, of who arrived
 
 
 def address() -> tuple[str, int] | None:
     """Where the launcher hosts the job's store, or None (none does: rank 0 will)."""
-    host, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or not host \
-            or not port.isdigit():
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
-    return host, int(port)
+    return store_reachable.address("env://")
 
 
 def meet(name: str, limit: Deadline, payload: str) -> barrier.Meeting | None:
