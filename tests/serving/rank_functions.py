@@ -222,3 +222,44 @@ def die_while_peer_computes(state: Any, seconds: float) -> None:
 def environ(state: Any, names: list[str]) -> dict[str, str | None]:
     """The values of ``names`` in this rank's environment (None: unset)."""
     return {name: os.environ.get(name) for name in names}
+
+
+class _LoadsAsAnError:
+    """Pickles fine in the rank; unpickling it (in the leader) raises ValueError."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (int, ("not a number",))
+
+
+class _PicklingRaises:
+    def __reduce__(self) -> tuple[Any, ...]:
+        raise RuntimeError("this result refuses to be pickled")
+
+
+class Unprintable(Exception):
+    """An error whose str() and repr() raise."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("str() of this error raises")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("repr() of this error raises")
+
+
+def hostile_outcome(state: Any, kind: str) -> Any:
+    """After an all_reduce on every rank: rank 0 returns a result the leader cannot unpickle
+    (``loads``) or that cannot be pickled (``dumps``), or rank 1 raises an error whose str()
+    raises (``unprintable``) or whose text is megabytes long (``huge``)."""
+    import torch.distributed as dist
+
+    dist.all_reduce(state["weight"].clone())
+    rank = dist.get_rank()
+    if kind == "loads" and rank == 0:
+        return _LoadsAsAnError()
+    if kind == "dumps" and rank == 0:
+        return _PicklingRaises()
+    if kind == "unprintable" and rank == 1:
+        raise Unprintable()
+    if kind == "huge" and rank == 1:
+        raise ValueError("x" * 50_000_000)
+    return None

@@ -323,6 +323,29 @@ def test_a_call_that_overruns_its_own_deadline_blames_no_rank_and_the_group_serv
     assert [e["rank"] for e in events(log, "request_fault")] == [None]
 
 
+@pytest.mark.slow
+@pytest.mark.deadline(120)
+def test_a_result_or_error_that_does_not_travel_fails_its_call_at_once_naming_the_rank(
+        tmp_path: Path) -> None:
+    # a result the leader could not unpickle ended the replica's watcher thread (the call got
+    # a no-rank deadline verdict); a result whose pickling raised RuntimeError, or an error
+    # whose str() raised, ended the rank's process (cause exited); an error of 50 MB made its
+    # answer 100 MB (the verdict came at the deadline)
+    with journaled_pool(tmp_path, rf.load, timeout=10.0) as (pool, _):
+        for kind, rank, says in [
+                ("loads", 0, "ValueError: its answer cannot be unpickled in the leader"),
+                ("dumps", 0, "RuntimeError: its result cannot be pickled: this result refuses"),
+                ("unprintable", 1, r"Unprintable: <its str\(\) raised RuntimeError>"),
+                ("huge", 1, r"ValueError: x+\.\.\. \(49934464 more characters\)")]:
+            started = time.monotonic()
+            with pytest.raises(rankguard.RequestFailed, match=says) as caught:
+                pool.run(rf.hostile_outcome, kind)
+            took = time.monotonic() - started
+            assert (caught.value.rank, caught.value.cause) == (rank, "raised"), caught.value
+            assert took < 10.0 / 2, f"{kind}: the verdict came after {took:.2f} s"
+            assert pool.run(rf.forward, 1.0) == rf.expected(1.0, 2)
+
+
 @pytest.mark.deadline(120)
 def test_when_every_rank_raises_a_collective_error_the_verdict_comes_at_once() -> None:
     with rankguard.Pool(2, rf.load, spares=0, timeout=10.0) as pool:

@@ -10,6 +10,7 @@ next request forever.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import pickle
 import select
@@ -29,6 +30,16 @@ def dumps(message: Any) -> bytes:
 
 class ChannelClosed(Exception):
     """The other end closed the channel (its process exited or was killed)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Unreadable:
+    """What :meth:`LeaderEnd.receive` returns in place of a message that arrived whole but
+    could not be unpickled here (a rank's result whose class the leader cannot import, or whose
+    ``__reduce__`` names a call that raises): ``error`` is what unpickling raised. The frame is
+    consumed, and the messages after it are read as usual."""
+
+    error: Exception
 
 
 class LeaderEnd:
@@ -68,7 +79,8 @@ class LeaderEnd:
 
     def receive(self) -> list[Any]:
         """The messages completed by the bytes available now (call when the socket is
-        readable); raises ChannelClosed at end of stream."""
+        readable), an :class:`Unreadable` in place of each that cannot be unpickled; raises
+        ChannelClosed at end of stream."""
         try:
             chunk = self.sock.recv(1 << 20)
         except BlockingIOError:
@@ -83,7 +95,7 @@ class LeaderEnd:
             (size,) = _HEADER.unpack_from(self._buffer)
             if len(self._buffer) < _HEADER.size + size:
                 break
-            messages.append(pickle.loads(self._buffer[_HEADER.size:_HEADER.size + size]))
+            messages.append(_loads(self._buffer[_HEADER.size:_HEADER.size + size]))
             del self._buffer[:_HEADER.size + size]
         return messages
 
@@ -103,6 +115,13 @@ class LeaderEnd:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def _loads(frame: bytearray) -> Any:
+    try:
+        return pickle.loads(frame)
+    except Exception as error:  # noqa: BLE001 (whatever the sender's objects raise as they load)
+        return Unreadable(error)
 
 
 class RankEnd:

@@ -43,7 +43,8 @@ from . import leader_env
 from ..runtime.init import GRACE_ENV
 from .budgets import (COLLECTIVE_MARGIN_S, EXIT_STATUS_S, POOL_RANK_GRACE_S, REAP_S,
                       REGROUP_MARGIN_S, SEND_S, SHUTDOWN_MARGIN_S, STORE_S)
-from .channel import ChannelClosed, LeaderEnd, dumps, pair
+from .channel import ChannelClosed, LeaderEnd, Unreadable, dumps, pair
+from . import messages as _messages
 from .messages import Op
 from .placement import ReplicaPlacement
 from .verdict import CHANNEL_CLOSED, Ending, Outcome, verdict
@@ -331,7 +332,7 @@ class Replica:
     def _take(self, rank: int, messages: list[Any]) -> None:
         changed = False
         with self._cond:
-            for message in messages:
+            for message in map(_readable, messages):
                 op = message.get("op")
                 if op == Op.READY:
                     self._ready.add(rank)
@@ -678,3 +679,13 @@ class Replica:
             self._ranks.wait_exits(until)
         self.kill(wait=True)
 
+
+
+def _readable(message: Any) -> Any:
+    """``message``, or for one that could not be unpickled here, the failed answer that it
+    stands for (most likely it was a result: a rank's own messages hold only plain data)."""
+    if not isinstance(message, Unreadable):
+        return message
+    return {"op": Op.ANSWER, "id": None, **_messages.failure(
+        message.error, message="its answer cannot be unpickled in the leader: "
+        f"{_messages.text_of(message.error)}")}

@@ -62,6 +62,7 @@ from ..runtime import internal
 from ..runtime.init import init
 from .budgets import SHUTDOWN_LEAST_S
 from .channel import ChannelClosed, RankEnd
+from . import messages
 from .messages import Op
 from .leader_env import FD, LEADER, MAIN, SYS_PATH
 from .placement import BACKEND_ENV, CPU, DEVICE_ENV, Backend
@@ -104,11 +105,11 @@ def _loads(data: bytes) -> Any:
     return _Unpickler(io.BytesIO(data)).load()
 
 
-def _failure(error: BaseException) -> dict[str, Any]:
+def _failure(error: BaseException, message: str | None = None) -> dict[str, Any]:
     collective = isinstance(error, (CollectiveError, GroupRetired))
-    return {"ok": False, "error": type(error).__name__, "message": str(error),
-            "traceback": traceback.format_exc(), "collective": collective,
-            "missing": list(getattr(error, "missing", []) or []), "at": time.monotonic()}
+    return messages.failure(error, message=message, traceback=traceback.format_exc(),
+                            collective=collective,
+                            missing=(getattr(error, "missing", []) or []) if collective else ())
 
 
 def _run(command: dict[str, Any], state: Any, rank: int) -> dict[str, Any]:
@@ -188,9 +189,11 @@ def main() -> None:
             answer = {"op": Op.ANSWER, "id": command["id"], **_run(command, state, rank)}
             try:
                 end.send(answer)
-            except (pickle.PicklingError, TypeError, AttributeError) as error:
-                end.send({"op": Op.ANSWER, "id": command["id"], **_failure(error),
-                          "message": f"its result cannot be pickled: {error}"})
+            except OSError:
+                raise  # the leader is gone
+            except Exception as error:  # noqa: BLE001 (whatever pickling the result raised)
+                end.send({"op": Op.ANSWER, "id": command["id"], **_failure(
+                    error, f"its result cannot be pickled: {messages.text_of(error)}")})
         elif op == Op.REGROUP:
             end.send(_regroup(command))
         else:
