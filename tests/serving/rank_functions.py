@@ -263,3 +263,11 @@ def hostile_outcome(state: Any, kind: str) -> Any:
     if kind == "huge" and rank == 1:
         raise ValueError("x" * 50_000_000)
     return None
+
+
+def destroy_group(state: Any) -> None:
+    """A call that ends by destroying the replica's process group."""
+    import torch.distributed as dist
+
+    dist.all_reduce(state["weight"].clone())
+    dist.destroy_process_group()

@@ -346,6 +346,23 @@ def test_a_result_or_error_that_does_not_travel_fails_its_call_at_once_naming_th
             assert pool.run(rf.forward, 1.0) == rf.expected(1.0, 2)
 
 
+@pytest.mark.slow
+@pytest.mark.deadline(120)
+def test_a_call_that_destroys_the_process_group_fails_and_the_next_one_is_served(
+        tmp_path: Path) -> None:
+    # the call succeeded, and the next one, someone else's, failed with torch's 'Default
+    # process group has not been initialized'
+    with journaled_pool(tmp_path, rf.load) as (pool, log):
+        with pytest.raises(rankguard.RequestFailed, match="destroyed the replica's process "
+                           "group") as caught:
+            pool.run(rf.destroy_group)
+        assert caught.value.cause == "raised", caught.value
+        assert pool.run(rf.forward, 1.0) == rf.expected(1.0, 2)
+        assert pool.run(rf.forward, 2.0) == rf.expected(2.0, 2)
+    # the ranks cannot regroup without the group they destroyed: the replica is replaced
+    assert events(log, "group_retire")[0]["reason"] == "raised"
+
+
 @pytest.mark.deadline(120)
 def test_when_every_rank_raises_a_collective_error_the_verdict_comes_at_once() -> None:
     with rankguard.Pool(2, rf.load, spares=0, timeout=10.0) as pool:

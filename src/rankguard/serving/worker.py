@@ -116,12 +116,24 @@ def _run(command: dict[str, Any], state: Any, rank: int) -> dict[str, Any]:
     try:
         with internal.until(command["deadline"]):
             result = command["fn"](state, *command["args"], **command["kwargs"])
+        _check_group_kept()
         answer = {"ok": True, "result": result if rank == 0 or command["all"] else None}
     except BaseException as error:  # noqa: BLE001 (reported to the leader, whatever it is)
         answer = _failure(error)
         if not answer["collective"]:
             internal.abandon_world(f"rank {rank} raised {type(error).__name__}")
     return answer
+
+
+def _check_group_kept() -> None:
+    """Raises if the call destroyed the rank's process group: the next call, someone else's,
+    would otherwise fail with torch's 'Default process group has not been initialized'."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise RuntimeError("the call destroyed the replica's process group "
+                           "(torch.distributed.destroy_process_group): a call must leave it in "
+                           "place (the pool replaces the replica)")
 
 
 def _join_group(parts: dict[str, float]) -> None:
