@@ -452,6 +452,45 @@ def test_a_body_that_does_not_arrive_within_the_timeout_gets_408(server: Server)
     assert_served(server.run({"x": X}))
 
 
+def closed_after(url: str, trickle: bytes, every: float, limit: float) -> float | None:
+    """Connect and send ``trickle`` a byte every ``every`` seconds (nothing if empty) until
+    the server closes the connection; the seconds that took, or None if it was still open
+    after ``limit`` seconds."""
+    host, port = url.split("//")[1].split(":")
+    started = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=limit) as sock:
+        sock.settimeout(every if trickle else limit)
+        for byte in trickle * int(limit / every + 1) if trickle else [b""]:
+            try:
+                if trickle:
+                    sock.sendall(bytes([byte]))
+                if sock.recv(1) == b"":
+                    return time.monotonic() - started
+            except TimeoutError:
+                pass
+            except (BrokenPipeError, ConnectionResetError):
+                return time.monotonic() - started
+            if time.monotonic() - started > limit:
+                return None
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(120)
+@pytest.mark.serve_args("--timeout", "2")
+def test_a_client_that_sends_no_request_head_or_sends_it_slowly_is_cut_at_the_timeout(
+        server: Server) -> None:
+    # uvicorn bounds neither: such a client held its connection (a descriptor of the
+    # server's) as long as it liked (slowloris)
+    with ThreadPoolExecutor(2) as clients:
+        silent = clients.submit(closed_after, server.url, b"", 0.5, 10.0)
+        slow = clients.submit(closed_after, server.url, b"POST /run HTTP/1.1\r\nHost: x\r\n"
+                              b"X-Filler: " + b"a" * 100, 0.2, 10.0)
+        for took in silent.result(30), slow.result(30):
+            assert took is not None and 2 <= took < 2 + 3, took
+    assert_served(server.run({"x": X}))
+
+
 @pytest.mark.slow  # moved out of the README's 5-minute run; the bad-request cases stay
 @pytest.mark.deadline(180)
 def test_clients_that_drop_mid_body_cost_no_traceback_and_the_server_keeps_serving(

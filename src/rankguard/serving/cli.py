@@ -19,6 +19,7 @@ from ..errors import UsageError
 from ..inputs.options import (MAX_LOCAL_RANKS, Parser, check_ranks_env, number,
                               writable_dir, writable_file)
 from ..records import private_files
+from . import head_deadline
 from .placement import CLI_NAMES, parse_devices
 from .pool_options import HEALING_MODES, MAX_QUEUE, check_size, placed
 from ..serving.budgets import HTTP_ANSWER_S
@@ -149,7 +150,11 @@ def main(argv: list[str]) -> int:
     app = http.build(served, **options)
     # at the end of --grace the app answers what still runs (503); uvicorn's own cut, which
     # would cancel it unanswered, comes later
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    # a request's head gets the service's timeout, as its body does (serving.http)
     config = uvicorn.Config(app, log_level="warning", lifespan="on",
+                            http=head_deadline.protocol(H11Protocol, served.timeout),
                             timeout_graceful_shutdown=grace + HTTP_ANSWER_S)
     server = _graceful_server(uvicorn, grace, app.state.end_requests)(config)
     server.run(sockets=[listener])
