@@ -28,6 +28,11 @@ BROKEN = "import nonexistent_module_xyz\n"
     (["{tmp}/broken.py:app"], "ModuleNotFoundError: No module named 'nonexistent_module_xyz'"),
     ([], "the following arguments are required: APP"),
     (["examples/serve_tp.py:app", "--port", "99999"], "--port: '99999' is above 65535"),
+    # an empty host listened on every interface
+    (["examples/serve_tp.py:app", "--host", ""], "--host: it is empty (give an address to "
+     "listen on: 127.0.0.1 (this machine only), or 0.0.0.0 for every interface)"),
+    (["examples/serve_tp.py:app", "--host", "256.1.1.1"],
+     "(give an address of this machine, e.g. --host 127.0.0.1)"),
     (["examples/serve_tp.py:app", "--max-queue", "1000000000000"],
      "--max-queue: '1000000000000' is above 10000"),
     (["examples/serve_tp.py:app", "--journal", "{tmp}"], "is a folder"),

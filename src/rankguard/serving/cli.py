@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import signal
 import socket
 import sys
@@ -193,6 +194,9 @@ def _graceful_server(uvicorn: Any, grace: float, end_requests: Callable[[float],
 
 
 def _listen(host: str, port: int) -> socket.socket:
+    if not host.strip():  # socket.bind would take it for every interface
+        raise UsageError("--host", "it is empty", "give an address to listen on: "
+                         "127.0.0.1 (this machine only), or 0.0.0.0 for every interface")
     try:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -200,6 +204,8 @@ def _listen(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
         sock.listen(2048)
     except OSError as error:
+        fix = "choose a free port, or 0 for any" if error.errno == errno.EADDRINUSE else \
+            "give an address of this machine, e.g. --host 127.0.0.1"
         raise UsageError("--host/--port", f"cannot listen on {host}:{port}: {error.strerror}",
-                         "choose a free port, or 0 for any") from None
+                         fix) from None
     return sock
