@@ -141,7 +141,7 @@ DRAIN_S = 1.0
 left behind may hold them open: then its output is read until this passes)."""
 
 GUARDIAN_EXIT_S = 3.0
-"""Told that the run ended cleanly, the guardian (``launcher.guardian``) sweeps once and exits,
+"""Told that the run ended cleanly, the guardian (``supervisor.guardian``) sweeps once and exits,
 in tens of ms; the launcher waits this long for it before it kills it."""
 
 # -- the pytest plugin -----------------------------------------------------------------------------

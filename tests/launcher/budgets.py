@@ -9,7 +9,7 @@ assert; they prove boundedness, not speed (bench/ measures speed).
 
 from __future__ import annotations
 
-from rankguard.launcher.guardian import SWEEP_S
+from rankguard.supervisor.guardian import SWEEP_S
 from rankguard.margins import STACKS_S, TICK_S
 
 # How much later than promised a loaded 2-core machine (two busy test processes beside the run)

@@ -19,8 +19,6 @@ import contextlib
 import math
 import os
 import signal
-import subprocess
-import sys
 import time
 import traceback
 import uuid
@@ -36,7 +34,8 @@ from ..errors import UsageError
 from ..records.journal import Journal
 from ..processes.proctree import MARKER
 from ..supervisor import RankProcesses
-from . import early_signals, guardian, teardown
+from ..supervisor.guardian import Guardian
+from . import early_signals, teardown
 from .config import RunConfig
 from .ranks import start_attempt
 from .monitor import HangMonitor, Verdict
@@ -83,7 +82,7 @@ class Agent:
         self._signal: int | None = None
         self._ranks: RankProcesses | None = None  # the attempt's, once started
         self._wakeup_r, self._wakeup_w = os.pipe()
-        self._guardian: subprocess.Popen[bytes] | None = None
+        self._guardian: Guardian | None = None
         self._tracking: proctree.Tracking | None = None
         self._ledger_dir = ""
         self._seen: list[Seen] = []  # each rank process's injected faults, at its end
@@ -539,23 +538,9 @@ class Agent:
             pass
 
     def _start_guardian(self) -> None:
-        env = {k: v for k, v in os.environ.items() if k != MARKER}
         self._ledger_dir = _ledger.make_dir(self.config.run_id)  # the guardian removes it
-        self._guardian = subprocess.Popen(
-            [sys.executable, "-m", "rankguard.launcher.guardian", self._token, self._ledger_dir],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True, env=env)
+        self._guardian = Guardian(MARKER, self._token, [self._ledger_dir])
 
     def _stop_guardian(self) -> None:
-        if self._guardian is None:
-            return
-        assert self._guardian.stdin is not None
-        try:
-            self._guardian.stdin.write(guardian.CLEAN_EXIT)
-            self._guardian.stdin.close()
-        except OSError:
-            pass
-        try:
-            self._guardian.wait(timeout=margins.GUARDIAN_EXIT_S)
-        except subprocess.TimeoutExpired:
-            self._guardian.kill()
-            self._guardian.wait(timeout=margins.REAP_S)
+        if self._guardian is not None:
+            self._guardian.close()

@@ -48,12 +48,13 @@ def with_env(var: str, value: str) -> list[int]:
     return [pid for pid in found if alive(pid)]
 
 
-def with_marker(token: str) -> list[int]:
-    """PIDs of live processes of the run whose marker is ``token`` (not this process): those
-    that carry the marker, and the members of the run's cgroup (see :class:`Tracking`), looked
-    up beside this process's own cgroup: how the guardian, which the launcher started before it
-    entered that cgroup, finds the processes of a launcher that was SIGKILLed."""
-    found = set(with_env(MARKER, token))
+def with_marker(token: str, var: str = MARKER) -> list[int]:
+    """PIDs of live processes of the run whose marker (``var``) is ``token`` (not this
+    process): those that carry the marker, and the members of the run's cgroup (see
+    :class:`Tracking`), looked up beside this process's own cgroup: how the guardian, which the
+    launcher started before it entered that cgroup, finds the processes of a launcher that was
+    SIGKILLed."""
+    found = set(with_env(var, token))
     home = own_cgroup()
     if home is not None:
         found.update(cgroup_members(os.path.join(home, CGROUP_PREFIX + token)))

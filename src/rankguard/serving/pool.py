@@ -23,6 +23,11 @@ In the journal and in :class:`PoolStatus` a replica is still called a ``group`` 
 Every fault, retirement, heal and spare start is a journal event (``rankguard.journal``), and
 :meth:`Pool.metrics` counts them.
 
+Every process the pool starts, and whatever those start, carries the pool's marker (``MARKER``)
+in its environment: should the caller's process die without :meth:`Pool.close` (a SIGKILL, an
+exit that skipped it), the pool's guardian (``supervisor.guardian``) kills them all and removes
+the pool's temporary log folder.
+
 This module is the calls' side: the options are checked once into a ``PoolOptions``
 (``serving.pool_options``); the replicas, by stage, and the counts live in a ``ReplicaSet``
 (``serving.replica_set``) under the pool's one lock; the supervisor thread is a
@@ -46,6 +51,7 @@ from ..errors import (PoolClosed, PoolUnavailable, RequestCause, RequestFailed,
 from ..records import private_files
 from ..records.journal import Journal
 from ..inputs.options import seconds, writable_file
+from ..supervisor.guardian import Guardian
 from .dispatch import Dispatch
 from .pool_options import HealingMode, PoolOptions
 from .pool_state import PoolState, PoolStatus
@@ -55,6 +61,7 @@ from .replica_set import ReplicaSet
 
 __all__ = ["Abandon", "Pool", "PoolStatus", "CLOSE_JOIN_S"]
 
+MARKER = "RANKGUARD_POOL_TOKEN"  # in every process of the pool's and what those start
 CLOSE_JOIN_S = 1.0  # at close, how long past its timeout the leader waits for the replicas
 
 
@@ -157,9 +164,12 @@ class Pool:
         self._journal = _open_journal(options.journal, self.id) if options.journal else None
         self._own_log_dir = options.log_dir is None  # a folder of ours, removed by close()
         self.log_dir = options.log_dir or tempfile.mkdtemp(prefix="rankguard-pool-")
+        token = uuid.uuid4().hex
+        self._guardian = Guardian(MARKER, token, [self.log_dir] if self._own_log_dir else [])
         self._set = ReplicaSet(options.replicas, options.suspect_after, options.max_backoff,
                                self._event)
-        self._keeper = ReplicaKeeper(options, self.log_dir, self._set, self._event)
+        self._keeper = ReplicaKeeper(options, self.log_dir, self._set, self._event,
+                                     {MARKER: token})
         self._event("pool_start", world_size=world_size, spares=spares, replicas=replicas,
                     suspect_after=options.suspect_after, log_dir=self.log_dir,
                     backend=options.backend)
@@ -466,6 +476,7 @@ class Pool:
             journal.close()
         if self._own_log_dir:
             shutil.rmtree(self.log_dir, ignore_errors=True)
+        self._guardian.close()
 
     def __enter__(self) -> Pool:
         return self

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, NamedTuple
 
@@ -50,17 +51,20 @@ class ReplicaKeeper:
         log_dir: the pool's log folder (each replica's goes in it).
         replicas: the pool's replica set, and its lock.
         event: writes a journal event.
+        marker: environment that marks every process the pool starts, and what those start
+            (the pool's guardian kills them after a SIGKILL of this process).
     """
 
     def __init__(self, options: PoolOptions, log_dir: str, replicas: ReplicaSet,
-                 event: Event) -> None:
+                 event: Event, marker: Mapping[str, str]) -> None:
         self._options = options
         self._log_dir = log_dir
         self._set = replicas
         self._event = event
-        self.zygote = PoolZygote(options.zygote, options.env, log_dir, options.start_timeout,
+        self._env = {**options.env, **marker}  # the base of every rank's environment
+        self.zygote = PoolZygote(options.zygote, self._env, log_dir, options.start_timeout,
                                  replicas.wake, event)
-        self.warm = WarmSpares(options.env, log_dir, options.start_timeout, self._warm_changed)
+        self.warm = WarmSpares(self._env, log_dir, options.start_timeout, self._warm_changed)
         self._warm_due = bool(options.warm_devices)  # warm spares may be missing: look
         self._thread = threading.Thread(target=self._supervise, name="rankguard-pool",
                                         daemon=True)
@@ -196,7 +200,7 @@ class ReplicaKeeper:
         try:
             replica = Replica(start.number, options.world_size, options.setup,
                               os.path.join(self._log_dir, f"group{start.number}"),
-                              dict(options.env), Deadline.after(options.start_timeout),
+                              dict(self._env), Deadline.after(options.start_timeout),
                               self._set.wake, self.zygote.starter(start.fork),
                               options.placement[start.slot], start.slot)
         except Exception as error:  # noqa: BLE001 (no descriptor, no memory, the store's

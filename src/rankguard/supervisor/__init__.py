@@ -14,6 +14,8 @@ bottom modules only (``deadline``, ``ledger``, ``proctree``, ``stack_requests``,
 - ``rank_processes``: :class:`RankProcesses` and :class:`RankProcess` (one rank), :func:`spawn`.
 - ``output``: a rank's output pipes, line by line, into its log and a terminal.
 - ``exits``: waiting for any processes to end, on pidfds.
+- ``guardian``: :class:`Guardian`, a process that ends the launcher's or a pool's processes
+  once its owner is gone, however it died.
 """
 
 from .rank_processes import RankFiles, RankProcess, RankProcesses, spawn
