@@ -266,6 +266,9 @@ def test_bad_requests_are_answered_400_413_or_422_and_never_reach_the_ranks(
     declared = raw_request(server.url, "POST /run HTTP/1.1\r\nHost: x\r\n"
                            "Content-Length: 1000000000\r\n", [])  # and no byte of it sent
     assert declared.split()[1] == "413", declared
+    twice = raw_request(server.url, "POST /run HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+                        "X-Request-Timeout: 1\r\nX-Request-Timeout: 2\r\n", [b"{}"])
+    assert twice.split()[1] == "400", twice
     chunk = b"%x\r\n%s\r\n" % (MAX_BODY // 2 + 1, b" " * (MAX_BODY // 2 + 1))
     streamed = raw_request(server.url, "POST /run HTTP/1.1\r\nHost: x\r\n"
                            "Transfer-Encoding: chunked\r\n", [chunk, chunk])  # never ended
@@ -280,6 +283,7 @@ def test_bad_requests_are_answered_400_413_or_422_and_never_reach_the_ranks(
     assert sample(metrics, "rankguard_pool_requests_total", outcome="ok") == 2
     assert sample(metrics, "rankguard_pool_requests_total", outcome="failed") == 0
     assert sample(metrics, "rankguard_http_responses_total", route="/run", code="413") == 2
+    assert sample(metrics, "rankguard_http_responses_total", route="/run", code="400") == 10
     assert server.events("request_fault") == [] and server.events("group_retire") == []
 
 

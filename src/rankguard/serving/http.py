@@ -227,12 +227,16 @@ class _Server:
             return self.error(422, "InvalidRequest", "the body must be a JSON object, got "
                               f"{type(body).__name__}")
         timeout = self.service.timeout
-        if TIMEOUT_HEADER in request.headers:
+        given = request.headers.getlist(TIMEOUT_HEADER)
+        if len(given) > 1:  # which one a proxy on the way read is anyone's guess
+            return self.error(400, "BadRequest", f"X-Request-Timeout is given {len(given)} "
+                              "times; give it once")
+        if given:
             try:
                 # a client may shorten the service's deadline, never extend it: one request
                 # must not hold a group for longer than the operator allowed
                 timeout = self.pool.call_timeout("X-Request-Timeout", number(
-                    "X-Request-Timeout", request.headers[TIMEOUT_HEADER], float, 0,
+                    "X-Request-Timeout", given[0], float, 0,
                     f"a number of seconds up to the service's timeout of "
                     f"{self.service.timeout:g} s", maximum=self.service.timeout))
             except UsageError as error:
