@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal, Mapping
 
 from ..errors import RankguardError
+from .capture_mode import thread_local_for_this_thread
 
 # torch's buffer size variables, the one that wins first (torch warns about the second)
 BUFFER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
@@ -370,6 +371,7 @@ class FlightRecorderReader:
         """The entries the recorder holds, oldest first; with ``only_active``, those torch has
         not marked completed (on gloo that is every one: see the module doc for the cost).
         Learns the names of their groups for :meth:`read`."""
+        self._may_query_events()
         found = self.entries_of(pickle.loads(self._pickle(True, False, only_active)))
         self._learn(found)
         return found
@@ -386,6 +388,7 @@ class FlightRecorderReader:
         """Each group with an entry in the ring: ``pg_id`` -> (torch's group name, its
         description, ``default_pg`` for the default group). Reads every entry (see the module
         doc for the cost): for a group seen for the first time, not every tick."""
+        self._may_query_events()
         dump = json.loads(self._json(True, False))
         found = {}
         for entry in dump.get("entries", ()):
@@ -401,7 +404,15 @@ class FlightRecorderReader:
 
         ``stack_traces``: with the Python stacks of every entry (seconds on NCCL: never on a
         hang's path)."""
+        self._may_query_events()
         return pickle.loads(self._pickle(True, stack_traces, False))
+
+    def _may_query_events(self) -> None:
+        """Before a read of entries, which queries the CUDA events of those not completed: this
+        thread's queries must not break a CUDA graph capture of another thread's
+        (``capture_mode``)."""
+        if self.recorder is Recorder.NCCL:
+            thread_local_for_this_thread()
 
     @staticmethod
     def entries_of(dump: Mapping[str, Any]) -> list[Entry]:
