@@ -60,14 +60,13 @@ from typing import Any
 
 from rankguard.processes import proctree
 
+from bench_devices import SHARED_GPU_NCCL
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "in_place_worker.py")
 NAMES = {"in-place": "rankguard in-place", "rankguard-restart": "rankguard restart",
          "torchrun": "torchrun restart", "torchft": "torchft heal"}
-# ranks sharing one GPU: NCCL's socket transport on loopback only
-ONE_GPU = {"BENCH_DEVICE": "cuda", "NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1",
-           "NCCL_IB_DISABLE": "1", "NCCL_NVLS_ENABLE": "0", "NCCL_COLLNET_ENABLE": "0",
-           "NCCL_SOCKET_IFNAME": "lo"}
+ONE_GPU = {"BENCH_DEVICE": "cuda", **SHARED_GPU_NCCL}  # every rank on GPU 0
 
 
 def command(way: str, nproc: int, steps: int, out: str, mode: str, spares: bool = True

@@ -53,7 +53,7 @@ import rankguard  # noqa: E402
 from rankguard.records import journal  # noqa: E402
 
 import pool_bench_functions as fns  # noqa: E402
-from bench_devices import add_device_options, pool_devices  # noqa: E402
+from bench_devices import add_device_options, pool_devices, pool_env  # noqa: E402
 
 KINDS = {"kill": "kill:rank=1", "exit": "crash:3:rank=1", "freeze": "stop:rank=1",
          "hang": "hang:rank=1"}  # --kinds -> the fault rank 1 performs mid-forward
@@ -98,7 +98,7 @@ class Bench:
         self.pool = rankguard.Pool(args.world, fns.setup_placed, replicas=1, spares=0,
                                    timeout=args.timeout, start_timeout=READY_S,
                                    on_healing="wait", journal=self.log, zygote=zygote,
-                                   env={fns.SETUP_S_ENV: str(args.setup_s)},
+                                   env={fns.SETUP_S_ENV: str(args.setup_s), **pool_env(args)},
                                    **pool_devices(args))
 
     def whole(self) -> None:
