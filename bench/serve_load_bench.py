@@ -348,10 +348,13 @@ def main() -> None:
                                            "the plain groups on the CPU (gloo)"
                                            if pool_devices(args) else ""))
     sections = args.only.split(",")
-    if "1" in sections:
-        throughput(args, work)
-    if "2" in sections:
-        heal_times(with_faults(args, work))
+    try:
+        if "1" in sections:
+            throughput(args, work)
+        if "2" in sections:
+            heal_times(with_faults(args, work))
+    except rankguard.UsageError as error:  # --devices this machine cannot give, say
+        raise SystemExit(f"serve_load_bench: {error}") from None
 
 
 if __name__ == "__main__":
