@@ -7,13 +7,14 @@
 # Usage: tests/gpu/run_gpu_set.sh OUT_DIR
 # Writes OUT_DIR/gpu.log (the tests), heal.txt, in_place.txt and load.txt (the benches,
 # RGBENCH=0 leaves them out) and journals.tgz (the tests' journals, logs and stacks); exits with
-# pytest's code. The tests: at most 150 s for the pool's fault tests (one at a time: each
-# compares the device's free memory), 180 s for the rest of the set (4 tests at a time: about
-# 410 s of tests, read from their waits); 105 s in all on an H200 before the set grew. Then the
-# benches, by priority, until 7 minutes in all (570 s at most). A step past its time gets
-# SIGINT, then SIGKILL 15 s later: pytest then tears its tests down (their processes killed)
-# and still reports what passed and failed, with each test's duration; a bench prints what it
-# measured so far (SIGTERM left only a line of dots and processes on the GPU).
+# pytest's code. The tests: at most 180 s for the pool's fault tests (one at a time: each
+# compares the device's free memory, its pool's warm spare ready), 180 s for the rest of the
+# set (4 tests at a time: about 410 s of tests, read from their waits); 105 s in all on an
+# H200 before the set grew. Then the benches, by priority, until 7 minutes in all (560 s at
+# most). A step past its time gets SIGINT, then SIGKILL 10 s later: pytest then tears its tests
+# down (their processes killed) and still reports what passed and failed, with each test's
+# duration; a bench prints what it measured so far (SIGTERM left only a line of dots and
+# processes on the GPU).
 set -u
 out=${1:?usage: run_gpu_set.sh OUT_DIR}
 cd "$(dirname "$0")/../.."
@@ -26,13 +27,13 @@ export PYTHONPATH=$PWD/src:$site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 base=$(mktemp -d)
 pytest=(python3 -m pytest -q -m gpu -p no:cacheprovider -rsP --durations=0 --durations-min=1
         -W ignore::pytest.PytestConfigWarning)
-bounded=(timeout -s INT -k 15)  # SIGINT first: see above
+bounded=(timeout -s INT -k 10)  # SIGINT first: see above
 { nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
   python3 -c "import torch; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version())"
   echo "== the pool's CUDA faults, one at a time"
 } > "$out/gpu.log" 2>&1
 SECONDS=0
-"${bounded[@]}" 150 "${pytest[@]}" --basetemp "$base/faults" tests/gpu/test_nccl_pool_faults.py \
+"${bounded[@]}" 180 "${pytest[@]}" --basetemp "$base/faults" tests/gpu/test_nccl_pool_faults.py \
     >> "$out/gpu.log" 2>&1
 first=$?
 echo "exit $first after $SECONDS s" >> "$out/gpu.log"
