@@ -34,6 +34,9 @@ table, the in-place recovery's parts from its journal: detection (the SIGKILL to
 ``replace``), the replacement's start to holding the state (process, CUDA, joining the new
 generation: its communicator), the state transfer (``share_s``), and the rest to its first step.
 
+Each run's figures are printed as it ends, way by way, the in-place one first; interrupted
+(SIGINT), the bench kills the run under way and prints the table of the ways whose runs ended.
+
 ``--overhead ROUNDS`` measures only the step time without faults, which one run cannot tell
 from noise: ROUNDS rounds, each running the three ways back to back in a rotating order, (a)
 as above, (b) and (c) the plain DDP loop (no checkpoints). It prints each way's median step
@@ -60,14 +63,13 @@ from typing import Any
 
 from rankguard.processes import proctree
 
+from bench_devices import SHARED_GPU_NCCL
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "in_place_worker.py")
 NAMES = {"in-place": "rankguard in-place", "rankguard-restart": "rankguard restart",
          "torchrun": "torchrun restart", "torchft": "torchft heal"}
-# ranks sharing one GPU: NCCL's socket transport on loopback only
-ONE_GPU = {"BENCH_DEVICE": "cuda", "NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1",
-           "NCCL_IB_DISABLE": "1", "NCCL_NVLS_ENABLE": "0", "NCCL_COLLNET_ENABLE": "0",
-           "NCCL_SOCKET_IFNAME": "lo"}
+ONE_GPU = {"BENCH_DEVICE": "cuda", **SHARED_GPU_NCCL}  # every rank on GPU 0
 
 
 def command(way: str, nproc: int, steps: int, out: str, mode: str, spares: bool = True
@@ -148,8 +150,8 @@ def run(way: str, nproc: int, steps: int, warm: float, cap: float, fault: bool,
     t_fault = killed = None
     capped = False
     try:
-        if fault:
-            while time.monotonic() < deadline:
+        if fault:  # (a job whose processes all ended takes no step: no fault then)
+            while time.monotonic() < deadline and any(p.poll() is None for p in procs):
                 done = steps_of(out)
                 if done and time.time() - done[0]["t"] > warm:
                     break
@@ -160,11 +162,15 @@ def run(way: str, nproc: int, steps: int, warm: float, cap: float, fault: bool,
                 os.kill(killed, signal.SIGKILL)
         for proc in procs:
             proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
+    except (subprocess.TimeoutExpired, KeyboardInterrupt) as stopped:
         capped = True
         for proc in procs:
-            os.killpg(proc.pid, signal.SIGKILL)
+            proctree.signal_tree(proc.pid, signal.SIGKILL)
             proc.wait()
+        if isinstance(stopped, KeyboardInterrupt):  # the job's processes killed first
+            proctree.kill_all(proctree.with_env("BENCH_TAG", tag))
+            shutil.rmtree(out, ignore_errors=True)
+            raise
     finally:
         if lighthouse is not None:
             lighthouse.kill()
@@ -235,6 +241,11 @@ def main() -> None:
     args = parser.parse_args()
     ways: tuple[str, ...] = ("in-place", "rankguard-restart", "torchrun")
     if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("in_place_bench: --device cuda: no CUDA device is visible (leave "
+                             "out --device to train on the CPU, or run where one is)")
         os.environ.update(ONE_GPU)  # every job's processes inherit it
     elif importlib.util.find_spec("torchft") is not None:
         ways += ("torchft",)
@@ -244,9 +255,18 @@ def main() -> None:
     if args.overhead > 0:
         overhead(ways, args.nproc, args.steps, args.cap, args.overhead)
         return
-    clean = {way: run(way, args.nproc, args.steps, args.warm, args.cap, False) for way in ways}
-    faulty = {way: run(way, args.nproc, args.steps, args.warm, args.cap, True) for way in ways}
-    base = clean["torchrun"].get("step_s")
+    clean: dict[str, dict] = {}
+    faulty: dict[str, dict] = {}
+    try:  # way by way, the first (in-place) first: a run cut short still has its figures
+        for way in ways:
+            for fault, results in ((False, clean), (True, faulty)):
+                results[way] = run(way, args.nproc, args.steps, args.warm, args.cap, fault)
+                print(f"{NAMES[way]}, {'SIGKILL of rank 1' if fault else 'no fault'}: "
+                      f"{results[way]}", flush=True)
+    except KeyboardInterrupt:
+        print("in_place_bench: interrupted; the table has the ways whose runs ended")
+    ways = tuple(way for way in ways if way in faulty)
+    base = clean.get("torchrun", {}).get("step_s")
     print(f"{args.nproc} ranks, {args.steps} steps, SIGKILL of rank 1 {args.warm:g} s after "
           "the first step; one run each")
     print(f"{'':22}{'fault -> next step':>20}{'rank 0 paused':>15}{'steps lost':>14}"
@@ -264,7 +284,7 @@ def main() -> None:
         ratio = f"{c['step_s'] / base:.3f}" if base and "step_s" in c else "-"
         print(f"{NAMES[way]:22}{next_s:>20}{paused:>15}{lost:>14}{same:>13}{step:>11}"
               f"{ratio:>13}")
-    parts = faulty["in-place"].get("parts")
+    parts = faulty.get("in-place", {}).get("parts")
     if parts:
         print("in-place, fault -> next step: " + ", ".join(f"{name} {seconds:.2f} s"
                                                            for name, seconds in parts.items()))

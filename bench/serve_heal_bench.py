@@ -9,7 +9,9 @@ Every figure comes from this one run, on ``Pool(world, setup, replicas=1, spares
 the next call waits for the heal, ``on_healing="wait"``). Each trial starts a call in which
 rank 1 faults mid-forward and measures the wall time from that call's start to the end of the
 first call that succeeds after it (retried, each with a long deadline, until ``--heal-bound``
-s; the bench exits 1 naming the fault if none does by then). Rows:
+s; the bench exits 1 naming the fault if none does by then, after the table of the trials that
+ended; each trial's figure is printed as it ends, and an interrupted bench (SIGINT) prints the
+table of those that ended). Rows:
 
 - **rank replaced** (``kill``: SIGKILL, ``exit``: exit 3, ``freeze``: SIGSTOP, ``hang``: a
   deadlock, found at the ``--timeout`` deadline): the pool keeps rank 0's process and starts a
@@ -53,12 +55,13 @@ import rankguard  # noqa: E402
 from rankguard.records import journal  # noqa: E402
 
 import pool_bench_functions as fns  # noqa: E402
-from bench_devices import add_device_options, pool_devices  # noqa: E402
+from bench_devices import add_device_options, pool_devices, pool_env  # noqa: E402
 
 KINDS = {"kill": "kill:rank=1", "exit": "crash:3:rank=1", "freeze": "stop:rank=1",
          "hang": "hang:rank=1"}  # --kinds -> the fault rank 1 performs mid-forward
 WHOLE = "whole"  # a trial in which every rank dies (fns.die): a new replica
 READY_S = 180.0  # a pool's first replica, and the pool whole again between trials
+WARM_CALL_S = 30.0  # the deadline of the call before each trial (as the GPU tests give one)
 PARTS = [("detection", "detection (fault -> error)"), ("stacks", "stacks (hangs only)"),
          ("stop", "stop (kill, reap)"), ("process", "process start"),
          ("init", "runtime init (torch)"), ("device", "device (CUDA context)"),
@@ -98,7 +101,7 @@ class Bench:
         self.pool = rankguard.Pool(args.world, fns.setup_placed, replicas=1, spares=0,
                                    timeout=args.timeout, start_timeout=READY_S,
                                    on_healing="wait", journal=self.log, zygote=zygote,
-                                   env={fns.SETUP_S_ENV: str(args.setup_s)},
+                                   env={fns.SETUP_S_ENV: str(args.setup_s), **pool_env(args)},
                                    **pool_devices(args))
 
     def whole(self) -> None:
@@ -112,7 +115,9 @@ class Bench:
     def trial(self, row: Row, work: int) -> None:
         """One fault on the pool, and the first call served after it."""
         self.whole()
-        self.pool.run(fns.forward, work)  # the replica is warm
+        # the replica is warm (not timed: a new NCCL group forms its communicator in its
+        # first collective, which can take longer than the faulty call's --timeout)
+        self.pool.run(fns.forward, work, timeout=max(self.args.timeout, WARM_CALL_S))
         seen = len(list(journal.read(self.log)))
         started = time.perf_counter()
         try:
@@ -179,6 +184,9 @@ def ms(seconds: float) -> str:
 
 
 def report(rows: list[Row], args: argparse.Namespace) -> None:
+    """The table of ``rows``, each with one trial or more."""
+    if not rows:
+        return
     where = pool_devices(args) or "the CPU, gloo"
     print(f"\nfault -> next call served: {args.repeats} trials each, {args.world} ranks, "
           f"rank 1 faulty, Pool(replicas=1, spares=0), deadline {args.timeout:g} s, setup "
@@ -247,19 +255,29 @@ def main() -> None:
     work = fns.calibrate(0.002)
     rows = rows_for(args)
     started = time.perf_counter()
-    for zygote, pool_rows in rows.items():
-        try:
-            bench = Bench(args, zygote)
-        except rankguard.UsageError as error:
-            raise SystemExit(f"serve_heal_bench: {error}") from None
-        try:
-            for _ in range(args.repeats):
-                for row in pool_rows:
-                    bench.trial(row, work)
-        finally:
-            bench.close()
-    report([row for pool_rows in rows.values() for row in pool_rows], args)
+    failed: NoHeal | None = None
+    try:  # each trial's figure as it ends: a run cut short (SIGINT, no heal) still reports
+        for zygote, pool_rows in rows.items():
+            try:
+                bench = Bench(args, zygote)
+            except rankguard.UsageError as error:
+                raise SystemExit(f"serve_heal_bench: {error}") from None
+            try:
+                for _ in range(args.repeats):
+                    for row in pool_rows:
+                        bench.trial(row, work)
+                        print(f"{row.name}: served again {row.totals[-1]:.3f} s after the "
+                              f"fault ({row.actions[-1] or 'no retirement'})", flush=True)
+            finally:
+                bench.close()
+    except KeyboardInterrupt:
+        print("serve_heal_bench: interrupted; the table has the trials that ended")
+    except NoHeal as error:
+        failed = error
+    report([row for pool_rows in rows.values() for row in pool_rows if row.totals], args)
     print(f"\n(one run, {time.perf_counter() - started:.0f} s, {os.cpu_count()} CPU cores)")
+    if failed is not None:
+        raise failed
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ import rankguard  # noqa: E402
 from rankguard.records import journal  # noqa: E402
 
 import pool_bench_functions as fns  # noqa: E402
-from bench_devices import add_device_options, pool_devices  # noqa: E402
+from bench_devices import add_device_options, pool_devices, pool_env  # noqa: E402
 from plain_served import PlainFailed, PlainGroup  # noqa: E402
 
 FAULTS = {"raise": "raised", "crash:3": "exited", "kill": "signalled", "stop": "frozen",
@@ -111,7 +111,8 @@ class Rankguard:
         self.journal = os.path.join(self._folder, "journal.jsonl")
         self.pool = rankguard.Pool(args.world, fns.setup_placed, replicas=replicas,
                                    spares=spares, timeout=args.timeout, start_timeout=READY_S,
-                                   journal=self.journal, **options, **pool_devices(args))
+                                   journal=self.journal, env=pool_env(args), **options,
+                                   **pool_devices(args))
         self.whole()
 
     def whole(self) -> None:
@@ -347,10 +348,13 @@ def main() -> None:
                                            "the plain groups on the CPU (gloo)"
                                            if pool_devices(args) else ""))
     sections = args.only.split(",")
-    if "1" in sections:
-        throughput(args, work)
-    if "2" in sections:
-        heal_times(with_faults(args, work))
+    try:
+        if "1" in sections:
+            throughput(args, work)
+        if "2" in sections:
+            heal_times(with_faults(args, work))
+    except rankguard.UsageError as error:  # --devices this machine cannot give, say
+        raise SystemExit(f"serve_load_bench: {error}") from None
 
 
 if __name__ == "__main__":

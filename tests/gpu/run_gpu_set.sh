@@ -7,9 +7,14 @@
 # Usage: tests/gpu/run_gpu_set.sh OUT_DIR
 # Writes OUT_DIR/gpu.log (the tests), heal.txt, in_place.txt and load.txt (the benches,
 # RGBENCH=0 leaves them out) and journals.tgz (the tests' journals, logs and stacks); exits with
-# pytest's code. The tests: at most 150 s for the pool's fault tests (one at a time: each
-# compares the device's free memory), 150 s for the rest of the set (4 tests at a time); 105 s
-# in all on an H200. Then the benches, by priority, until 7 minutes in all.
+# pytest's code. The tests: at most 180 s for the pool's fault tests (one at a time: each
+# compares the device's free memory, its pool's warm spare ready), 180 s for the rest of the
+# set (4 tests at a time: about 410 s of tests, read from their waits); 105 s in all on an
+# H200 before the set grew. Then the benches, by priority, until 7 minutes in all (560 s at
+# most). A step past its time gets SIGINT, then SIGKILL 10 s later: pytest then tears its tests
+# down (their processes killed) and still reports what passed and failed, with each test's
+# duration; a bench prints what it measured so far (SIGTERM left only a line of dots and
+# processes on the GPU).
 set -u
 out=${1:?usage: run_gpu_set.sh OUT_DIR}
 cd "$(dirname "$0")/../.."
@@ -20,32 +25,35 @@ printf '[pytest11]\nrankguard = rankguard.testing.plugin\n' \
     > "$site/rankguard-0.dist-info/entry_points.txt"
 export PYTHONPATH=$PWD/src:$site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 base=$(mktemp -d)
-pytest=(python3 -m pytest -q -m gpu -p no:cacheprovider -rsP -W ignore::pytest.PytestConfigWarning)
+pytest=(python3 -m pytest -q -m gpu -p no:cacheprovider -rsP --durations=0 --durations-min=1
+        -W ignore::pytest.PytestConfigWarning)
+bounded=(timeout -s INT -k 10)  # SIGINT first: see above
 { nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
   python3 -c "import torch; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version())"
   echo "== the pool's CUDA faults, one at a time"
 } > "$out/gpu.log" 2>&1
 SECONDS=0
-timeout 150 "${pytest[@]}" --basetemp "$base/faults" tests/gpu/test_nccl_pool_faults.py \
+"${bounded[@]}" 180 "${pytest[@]}" --basetemp "$base/faults" tests/gpu/test_nccl_pool_faults.py \
     >> "$out/gpu.log" 2>&1
 first=$?
 echo "exit $first after $SECONDS s" >> "$out/gpu.log"
 echo "== the rest of the GPU set, 4 at a time" >> "$out/gpu.log"
 began=$SECONDS
-timeout 150 "${pytest[@]}" -n 4 --basetemp "$base/set" --ignore tests/gpu/test_nccl_pool_faults.py \
-    tests/gpu tests/runtime/test_fr_progress.py >> "$out/gpu.log" 2>&1
+"${bounded[@]}" 180 "${pytest[@]}" -n 4 --basetemp "$base/set" \
+    --ignore tests/gpu/test_nccl_pool_faults.py tests/gpu tests/runtime/test_fr_progress.py \
+    >> "$out/gpu.log" 2>&1
 code=$?
 echo "exit $code after $((SECONDS - began)) s" >> "$out/gpu.log"
 [ "$code" = 0 ] && code=$first
 if [ "${RGBENCH:-1}" = 1 ]; then
   # a pool's heals on GPU replicas (issue 31), recovery inside a DDP job on NCCL (issue 32),
   # then a pool under load with faults (issue 31) in the time left
-  timeout 60 python3 bench/serve_heal_bench.py --devices 0 --repeats 2 --no-cold \
+  "${bounded[@]}" 60 python3 bench/serve_heal_bench.py --devices 0 --repeats 2 --no-cold \
       --heal-bound 20 > "$out/heal.txt" 2>&1 || echo "exit $?" >> "$out/heal.txt"
-  timeout 100 python3 bench/in_place_bench.py --device cuda --nproc 2 --steps 1500 --warm 3 \
-      --cap 30 > "$out/in_place.txt" 2>&1 || echo "exit $?" >> "$out/in_place.txt"
+  "${bounded[@]}" 100 python3 bench/in_place_bench.py --device cuda --nproc 2 --steps 1500 \
+      --warm 3 --cap 30 > "$out/in_place.txt" 2>&1 || echo "exit $?" >> "$out/in_place.txt"
   if [ "$SECONDS" -lt 360 ]; then
-    timeout $((420 - SECONDS)) python3 bench/serve_load_bench.py --devices 0 --only 2 \
+    "${bounded[@]}" $((420 - SECONDS)) python3 bench/serve_load_bench.py --devices 0 --only 2 \
         --requests 200 > "$out/load.txt" 2>&1 || echo "exit $?" >> "$out/load.txt"
   fi
 fi

@@ -18,6 +18,7 @@ pytestmark = GPU_SET
 EXAMPLE = str(ROOT / "examples" / "train_inplace.py")
 ARGS = ["--nproc-per-node", "2", "--hang-timeout", "10", "--max-restarts", "2"]
 SCRIPT = [EXAMPLE, "--device", "cuda", "--steps", "40", "--step-time", "0.02", "--width", "16"]
+REPLACED_S = 20.0
 
 
 def _checksum(stdout: str) -> str:
@@ -38,5 +39,10 @@ def test_a_killed_nccl_rank_is_replaced_in_place_and_the_run_ends_bit_for_bit(
     (replace,) = [e for e in run.events if e["event"] == "replace"]
     (replaced,) = [e for e in run.events if e["event"] == "replaced"]
     assert replace["rank"] == replaced["rank"] == 1
-    # from the fault to the replacement holding the state (the next step follows at once)
-    assert replaced["ts"] - replace["ts"] < 5.0, (replace, replaced)
+    # from the fault to the replacement holding the state (the next step follows at once): a
+    # bound, not the figure (bench/in_place_bench.py --device cuda measures it). The spare is
+    # started at the first step, 0.4 s before the kill, so the replacement pays most of a cold
+    # start: Python and torch, torch._dynamo (the optimizer), CUDA, the new NCCL group, beside
+    # three other tests' ranks on the same GPU
+    print(f"replace -> replaced: {replaced['ts'] - replace['ts']:.2f} s")
+    assert replaced["ts"] - replace["ts"] < REPLACED_S, (replace, replaced)

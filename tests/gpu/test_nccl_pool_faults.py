@@ -25,6 +25,17 @@ pytestmark = GPU_SET
 TIMEOUT = 10.0  # a request's deadline: long enough for a first NCCL collective
 HEALED_S = 5.0  # the issue's bound: fault -> the replica serves again
 SLACK_BYTES = 64 << 20  # the device's free memory may move by this much (NCCL's own buffers)
+WARM_S = 60.0  # the pool's warm spare on GPU 0 (a cold start: Python, torch, CUDA's context)
+
+
+def _warm_spare_ready(pool: rankguard.Pool, kind: str) -> None:
+    """Wait (``WARM_S`` at most) until the pool's warm spare on GPU 0 is ready. The pool
+    starts it once every replica serves, and again once a heal took it: its CUDA context is
+    in the device's free memory only from then on, so each reading of it waits for one."""
+    until = time.monotonic() + WARM_S
+    while pool.status().warm_spares.get("cuda:0", 0) < 1:
+        assert time.monotonic() < until, f"{kind}: no warm spare on GPU 0: {pool.status()}"
+        time.sleep(0.05)
 
 
 def _served_by_group(pool: rankguard.Pool, group: int, until: float, log: Path) -> float:
@@ -56,6 +67,7 @@ def test_each_cuda_fault_fails_one_request_and_the_replica_heals_keeping_what_is
         assert pool.run(gf.forward, 1.0) == gf.expected(1.0, 2)  # both replicas' first calls
         started = {e["group"]: e["pids"] for e in journal.read(str(log))
                    if e["event"] == "group_start"}
+        _warm_spare_ready(pool, kind)
         memory = pool.run(gf.memory, all_ranks=True)
         t0 = time.monotonic()
         with pytest.raises(rankguard.RequestFailed) as caught:
@@ -84,6 +96,7 @@ def test_each_cuda_fault_fails_one_request_and_the_replica_heals_keeping_what_is
         # the healed replica answers (each replica, whichever the pool picks: two calls each)
         for _ in range(4):
             assert pool.run(gf.forward, 3.0) == gf.expected(3.0, 2), kind
+        _warm_spare_ready(pool, kind)  # a heal that took it started another
         now = pool.run(gf.memory, all_ranks=True)
         assert now[0][0] == memory[0][0], f"{kind}: rank 0's allocations moved"
         assert abs(now[0][1] - memory[0][1]) <= SLACK_BYTES, \

@@ -163,6 +163,29 @@ def test_flight_recorder_dumps_map_each_kept_collective_and_leave_out_what_torch
         "cd": {"name": "cd", "desc": "ranks 0,2", "ranks": "[0, 2]"}}
 
 
+
+# the names torch 2.11's analyser (the GPU machine's) takes: its Op asserts that the library is
+# nccl or xccl, and the name one of these (no "barrier", no "all_to_all_single")
+TORCH_2_11_COLLECTIVES = {
+    "broadcast", "_broadcast_oop", "reduce", "_reduce_oop", "all_gather", "all_reduce",
+    "_all_gather_base", "all_gather_into_tensor_coalesced", "reduce_scatter",
+    "reduce_scatter_tensor_coalesced", "_reduce_scatter_base", "gather", "scatter", "all_to_all",
+    "all_reduce_barrier", "allreduce_coalesced", "ALLGATHER_coalesced",
+    "REDUCE_SCATTER_coalesced"}
+
+
+def test_an_nccl_groups_dump_names_its_operations_as_nccl_and_torch_2_11s_analyser_takes():
+    kinds = [kind for kind, name in flight_recorder.TORCH_NAMES.items() if name]
+    ops = tuple(recent_file.Op(n, kind, 1, True, "ab", (0, 1), T + n, T + n + 0.1, "completed")
+                for n, kind in enumerate(kinds, 1))
+    names = [e["profiling_name"].split(":") for e in
+             flight_recorder.dump(recent_file.RankRecent(0, 0, 10, ops), 2)["entries"]]
+    assert len(names) == len(kinds)
+    assert {library for library, _ in names} == {"nccl"}
+    assert {name for _, name in names} <= TORCH_2_11_COLLECTIVES, names
+    assert ["nccl", "all_reduce_barrier"] in names  # ProcessGroupNCCL's name of a barrier
+
+
 def _ring(rank: int, *ops: tuple[str, int, float, float | None]) -> recent_file.RankRecent:
     """Rank ``rank``'s world ops: (kind, seq, entered, seen completed)."""
     return recent_file.RankRecent(rank, 0, 10 + rank, tuple(

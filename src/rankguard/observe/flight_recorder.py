@@ -8,7 +8,11 @@ ring (``recent_file``):
 - every operation the ring kept becomes an entry: ``record_id`` its place in the rank's order,
   ``process_group`` (the group's key, ``default_pg`` for the world, else ``ranks 0,2``),
   ``collective_seq_id`` its number in its group as rankguard shows it (``all_reduce #57``: 57),
-  ``profiling_name`` ``gloo:`` and torch's name for it, ``time_created_ns`` and
+  ``profiling_name`` its library and torch's name for it: ``nccl:`` and NCCL's names for an
+  asynchronous group's operation (also gloo's under ``RANKGUARD_GLOO=recorder``), else
+  ``gloo:``. torch's analyser before 2.13 takes only ``nccl:`` and ``xccl:`` names, and a
+  barrier only as NCCL's ``all_reduce_barrier`` (2.11: "name formatting error? gloo"), so NCCL
+  groups' dumps are read by torch 2.11's analyser too; ``time_created_ns`` and
   ``time_discovered_started_ns`` when the rank entered it, ``time_discovered_completed_ns`` when
   it was seen completed (rankguard learns it the way the Flight Recorder's watchdog does: when it
   next looks, not at the instant), ``state`` ``completed`` or ``started``;
@@ -52,6 +56,9 @@ TORCH_NAMES = {
     "reduce_scatter_tensor": "_reduce_scatter_base", "all_to_all": "all_to_all",
     "all_to_all_single": "all_to_all_single",
 }
+# where ProcessGroupNCCL names an operation otherwise in its Flight Recorder (and torch 2.11's
+# analyser knows only that name)
+NCCL_NAMES = {"barrier": "all_reduce_barrier", "all_to_all_single": "all_to_all"}
 
 # torch's names of the collectives that no member completes before every member took part
 SYMMETRIC = frozenset({"all_reduce", "all_gather", "_all_gather_base", "barrier", "reduce_scatter",
@@ -117,10 +124,12 @@ def dump(recent: recent_file.RankRecent, world_size: int) -> dict[str, Any]:
         pg_name, desc, ranks = _group(op, world_size)
         pg_config.setdefault(pg_name, {"name": pg_name, "desc": desc, "ranks": str(ranks)})
         done = op.t_done is not None
+        library, name = ("nccl", NCCL_NAMES.get(name, name)) if op.asynchronous else \
+            ("gloo", name)
         entries.append({
             "record_id": op.number - 1, "pg_id": len(pg_config) - 1,
             "process_group": (pg_name, desc), "collective_seq_id": op.seq, "p2p_seq_id": 0,
-            "op_id": op.seq, "profiling_name": f"gloo:{name}",
+            "op_id": op.seq, "profiling_name": f"{library}:{name}",
             "time_created_ns": _ns(op.t_enter), "time_discovered_started_ns": _ns(op.t_enter),
             "time_discovered_completed_ns": _ns(op.t_done),
             "duration_ms": (op.t_done - op.t_enter) * 1e3 if op.t_done is not None else None,
