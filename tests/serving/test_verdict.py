@@ -136,3 +136,25 @@ def test_ledgers_are_read_only_at_the_deadline() -> None:
 ])
 def test_behind_is_the_ledger_rule_and_names_the_collective(positions, expected) -> None:
     assert behind(2, positions) == expected
+
+
+def test_an_answer_still_arriving_at_the_deadline_blames_no_rank() -> None:
+    # rank 0 had finished: its 300 MB answer was on its way when the deadline passed
+    error = verdict(2, outcome((1, "ok", 2.0)), 4.0, final=True,
+                    positions={0: Pos(2), 1: Pos(2)}, arriving={0: (120_000_000, 300_000_000)})
+    assert error is not None and (error.rank, error.cause) == (None, "deadline"), error
+    assert "rank 0's answer was still arriving (120.0 of 300.0 MB received)" in error.detail
+    assert "return less" in error.detail
+
+
+@pytest.mark.parametrize("stopped, positions, blamed", [
+    ({1}, {0: Pos(2), 1: Pos(2)}, 1),  # a stopped rank is still frozen
+    ((), {0: Pos(2), 1: Pos(2), 2: Pos(1)}, 2),  # one behind is still behind
+    ((), {0: Pos(2), 1: Pos(2), 2: Pos(2)}, 2),  # a silent rank whose answer is not arriving
+])
+def test_an_answer_arriving_excuses_only_its_own_rank(stopped, positions, blamed) -> None:
+    world = len(positions)
+    news = outcome((1, "ok", 2.0)) if world == 3 else outcome()
+    error = verdict(world, news, 4.0, final=True, positions=positions, stopped=stopped,
+                    arriving={0: (10, 100)})
+    assert error is not None and error.rank == blamed, error

@@ -426,7 +426,9 @@ class Replica:
         error = verdict(self.world, seen, time.monotonic() - started, final=final,
                         positions=self._positions() if final else None,
                         stopped={r for r in silent if final and
-                                 proctree.is_stopped(self._ranks[r].pid)})
+                                 proctree.is_stopped(self._ranks[r].pid)},
+                        arriving={r: sizes for r in silent if final and
+                                  (sizes := self.ends[r].arriving()) is not None})
         if error is not None:
             raise error
         with self._cond:

@@ -12,7 +12,9 @@ The rules, in order:
    (``frozen``), else those behind the furthest collective any rank entered (``ledger.behind``),
    else, when some peer did answer, all of them (``deadline``);
 3. every rank silent and none behind: the call's own deadline was too short, no rank is to
-   blame (``rank`` None, cause ``deadline``);
+   blame (``rank`` None, cause ``deadline``); a silent rank whose answer was still arriving
+   (part of it received) is not to blame either: it had finished, and its answer was too large
+   to arrive in time;
 4. every rank answered with a collective error and none is to blame: ``rank`` None, ``raised``.
 """
 
@@ -75,7 +77,8 @@ class Position(Protocol):
 
 def verdict(world: int, outcome: Outcome, took: float, *, final: bool,
             positions: Mapping[int, Position] | None = None,
-            stopped: Collection[int] = ()) -> RequestFailed | None:
+            stopped: Collection[int] = (),
+            arriving: Mapping[int, tuple[int, int]] | None = None) -> RequestFailed | None:
     """The error for a request that failed, once its root cause is known, or (``final``) at
     its deadline; None while it may still succeed.
 
@@ -87,6 +90,8 @@ def verdict(world: int, outcome: Outcome, took: float, *, final: bool,
         positions: each rank's world group in its ledger (ranks without one entered nothing).
             Read only when ``final``.
         stopped: the silent ranks whose process is stopped. Read only when ``final``.
+        arriving: the silent ranks whose answer was partly received: (bytes received, its
+            size). Read only when ``final``.
     """
     own, consequences = blame.ordered(_failures(outcome))
     victims = [f.rank for f in consequences]
@@ -105,9 +110,17 @@ def verdict(world: int, outcome: Outcome, took: float, *, final: bool,
     victims = sorted(outcome.failures)
     absent, where = behind(world, positions or {})
     frozen = [r for r in silent if r in stopped]
+    sending = {r: sizes for r, sizes in (arriving or {}).items() if r in silent}
     # silent ranks are to blame when stopped, behind the others, or slower than peers that
-    # answered; when every rank is silent and none is behind, the deadline was the call's
-    culprits = frozen or [r for r in silent if r in absent] or (silent if outcome.answered else [])
+    # answered (an answer on its way is not slow); when every rank is silent and none is
+    # behind, the deadline was the call's
+    culprits = frozen or [r for r in silent if r in absent] or (
+        [r for r in silent if r not in sending] if outcome.answered else [])
+    if not culprits and sending:
+        return RequestFailed(None, RequestCause.DEADLINE, "did not finish before the call's "
+                             f"deadline: {_arriving(sending)} (no rank is at fault: the "
+                             "deadline was too short for an answer this large; give the call "
+                             "more time, or return less)", took=took)
     if not culprits and silent:
         return RequestFailed(None, RequestCause.DEADLINE, "did not finish before the call's "
                              "deadline: every rank was still running it and none was behind "
@@ -131,6 +144,13 @@ def verdict(world: int, outcome: Outcome, took: float, *, final: bool,
                              f"at the request's deadline{context}", victims=victims, took=took)
     return RequestFailed(rank, RequestCause.DEADLINE, f"was still running when the request's "
                          f"deadline passed{context}", victims=victims, took=took)
+
+
+def _arriving(sending: Mapping[int, tuple[int, int]]) -> str:
+    """``rank 0's answer was still arriving (120.0 of 300.0 MB received)``, for each rank."""
+    return "; ".join(f"rank {rank}'s answer was still arriving ({received / 1e6:.1f} of "
+                     f"{size / 1e6:.1f} MB received)"
+                     for rank, (received, size) in sorted(sending.items()))
 
 
 def _failures(outcome: Outcome) -> list[blame.Failure[None]]:
