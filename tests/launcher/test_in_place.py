@@ -307,6 +307,20 @@ def test_a_survivor_that_ends_while_its_peer_is_replaced_ends_the_wait_at_once(
 
 @pytest.mark.slow
 @pytest.mark.deadline(120)
+def test_a_fault_after_the_loops_ended_says_the_peer_left_its_loop_not_that_it_never_ran_one(
+        run_rankguard: Any) -> None:
+    """Rank 1 exits 3 after its loop; rank 0's loop has ended too: no replacement can resume
+    with it, and the refusal says so (it said rank 0 'does not run its loop in StepLoop')."""
+    run = run_rankguard([*TWO, "--max-restarts", "1", *SMALL], timeout=90,
+                        env={"EXIT_AFTER": "1"})
+    assert run.code == 0, run.stderr[-4000:]
+    (refused,) = _events(run, "replace_refused")
+    assert refused["reason"] == "rank 0 has left its rankguard.StepLoop (its run() ended)", \
+        refused
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(120)
 def test_a_replaced_ranks_children_are_stopped_when_it_is_replaced(tmp_path: Any) -> None:
     """Each rank starts a ``sleep`` child; the killed rank's child (re-parented) is stopped
     with it, before its replacement holds the state, not at the end of the run."""

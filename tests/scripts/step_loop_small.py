@@ -1,7 +1,8 @@
 """A small ``rankguard.StepLoop`` job: one all_reduce per step (``STEPS``, default 20, each
 ``ST`` seconds, default 0.05); state ``{"w": w}``. ``CHILD=1``: each rank first starts a
 ``sleep`` child that outlives it unless its tree is stopped (its pid goes to
-``CHILD_DIR/rank<R>-<pid>``)."""
+``CHILD_DIR/rank<R>-<pid>``). ``EXIT_AFTER=R``: rank R exits with code 3 once its loop has ended,
+in the first attempt (the others wait 2 s after their loop)."""
 
 import os
 import subprocess
@@ -34,3 +35,7 @@ def step(n: int) -> None:
 
 rankguard.StepLoop(lambda: {"w": w}, load_state).run(step, int(os.environ.get("STEPS", "20")))
 print(f"rank {rank} done w={w.tolist()}", flush=True)
+if os.environ.get("EXIT_AFTER") and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    if os.environ["EXIT_AFTER"] == str(rank):
+        os._exit(3)
+    time.sleep(2)  # alive when the launcher judges its peer's exit

@@ -223,6 +223,7 @@ def _member(member: RankProcess, snap: _ledger.RankProgress | None,
     return replace_rules.Member(alive=member.alive, joining=joining,
                                 ended_well=_ended_well(member, snap),
                                 step_loop=bool(flags & _ledger.FLAG_STEP_LOOP),
+                                loop_ended=bool(flags & _ledger.FLAG_STEP_LOOP_ENDED),
                                 bounded=bool(flags & _ledger.FLAG_BOUNDED))
 
 
