@@ -123,6 +123,9 @@ TICKS = {
     "nor one naming a rank whose new process has no ledger yet":
         Row(look(deadline_raised(), RankSnapshot(1, None), now=PAST_WINDOW),
             (Act.ASK_CAUSE, FaultKind.RAISED, 0, ()), Tick()),
+    "nor one naming a rank whose new process has not taken the ledger the launcher made":
+        Row(look(deadline_raised(), RankSnapshot(1, dataclasses.replace(ledger(world(0)), pid=0)),
+                 now=PAST_WINDOW), (Act.ASK_CAUSE, FaultKind.RAISED, 0, ()), Tick()),
     "a live rank's collective deadline waits out the cascade window":
         Row(look(deadline_raised(), RUNNING, now=5.0 + CASCADE_WINDOW_S / 2),
             (Act.GO_ON, None, None, ()), Tick()),

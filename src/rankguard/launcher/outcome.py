@@ -190,9 +190,10 @@ def deadline_verdict(rank: int, progress: _ledger.RankProgress,
 def there_when_raised(progress: _ledger.RankProgress, ranks: Iterable[RankSnapshot],
                       live: Iterable[int]) -> set[int]:
     """Of the ``live`` ranks, those whose process had its rank when ``progress``'s fault was
-    raised (a rank without a ledger yet is a new process: it was in no group). Pure."""
+    raised (a rank whose ledger its process has not taken yet, as the launcher made it, pid 0,
+    is a new process: it was in no group). Pure."""
     started = {state.rank: state.progress.t_start for state in ranks
-               if state.progress is not None}
+               if state.progress is not None and state.progress.pid != 0}
     return {rank for rank in live if started.get(rank, math.inf) <= progress.t_fault}
 
 
