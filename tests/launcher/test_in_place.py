@@ -307,6 +307,36 @@ def test_a_survivor_that_ends_while_its_peer_is_replaced_ends_the_wait_at_once(
 
 @pytest.mark.slow
 @pytest.mark.deadline(120)
+def test_a_fault_after_the_loops_ended_says_the_peer_left_its_loop_not_that_it_never_ran_one(
+        run_rankguard: Any) -> None:
+    """Rank 1 exits 3 after its loop; rank 0's loop has ended too: no replacement can resume
+    with it, and the refusal says so (it said rank 0 'does not run its loop in StepLoop')."""
+    run = run_rankguard([*TWO, "--max-restarts", "1", *SMALL], timeout=90,
+                        env={"EXIT_AFTER": "1"})
+    assert run.code == 0, run.stderr[-4000:]
+    (refused,) = _events(run, "replace_refused")
+    assert refused["reason"] == "rank 0 has left its rankguard.StepLoop (its run() ended)", \
+        refused
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(120)
+def test_a_replacement_stopped_while_it_joins_ends_the_wait_after_the_hang_timeout(
+        run_rankguard: Any) -> None:
+    """A stopped (SIGSTOP) replacement cannot join: the attempt ends once it has been stopped
+    for --hang-timeout (3 s), not at the replacement limit (96 s), and restarts."""
+    run = run_rankguard([*TWO, "--max-restarts", "2", "--inject", "kill:rank=1,at=step5",
+                         *SMALL], timeout=90, env={"STOP_REPLACEMENT": "1"})
+    assert run.code == 0, run.stderr[-4000:]
+    (refused,) = _events(run, "replace_refused")
+    assert "replacement was stopped (SIGSTOP) for" in refused["cause"], refused
+    (restart,) = _events(run, "restart")
+    spent = restart["ts"] - _events(run, "replace")[0]["ts"]
+    assert spent < 30, spent  # 3 s stopped, plus a cold start on a loaded machine
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(120)
 def test_a_replaced_ranks_children_are_stopped_when_it_is_replaced(tmp_path: Any) -> None:
     """Each rank starts a ``sleep`` child; the killed rank's child (re-parented) is stopped
     with it, before its replacement holds the state, not at the end of the run."""

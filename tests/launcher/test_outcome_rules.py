@@ -355,6 +355,11 @@ DEADLINE = {
         _deadline_raised((1, 2), world(6, t_enter=4.0)), {2}, None),
     "a failure naming no rank is no hang": (_deadline_raised((), world(6, t_enter=4.0)), {1},
                                             None),
+    "a rank that raised before its first collective waited in init_process_group since it "
+    "took its rank (a replacement's join; not since the clock's zero, 'collective #-1')": (
+        ledger(world(0), fault=L.FAULT_RAISED, t_fault=5.0, t_start=2.0, blamed=(1,)), {1},
+        Verdict(True, (1,), (0,), "init_process_group", -1, 3.0, "collective_deadline",
+                L.group_key("world"))),
     "a rank leaving is no deadline": (
         _deadline_raised((1,), world(6, t_enter=4.0), fault=L.FAULT_EXITING), {1}, None),
 }

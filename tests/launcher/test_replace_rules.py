@@ -31,6 +31,9 @@ ROWS: dict[str, tuple[FaultKind, set[int], dict[int, Member], int, int, str | No
     "a peer outside StepLoop":
         (FaultKind.SIGNALLED, {1}, {0: Member(alive=True, step_loop=False), 1: GONE}, 5, 2,
          "rank 0 does not run its loop in rankguard.StepLoop"),
+    "a peer whose StepLoop has ended (its run() returned) is not said never to have run one":
+        (FaultKind.EXITED, {1}, {0: Member(alive=True, step_loop=False, loop_ended=True),
+                                 1: GONE}, 5, 2, "rank 0 has left its rankguard.StepLoop"),
     "a culprit whose script ended with code 0":
         (FaultKind.EXITED, {1}, {0: UP, 1: Member(alive=False, ended_well=True)}, 5, 2,
          "the rank ended its script"),

@@ -34,8 +34,10 @@ def _spares_ready(pids, timeout=60.0):
 
 
 @pytest.mark.slow  # each spare warms up as for training (2.2 s of imports a spare): 9 to 18 s
-@pytest.mark.parametrize("kill_one", [False, True])
-def test_restart_takes_warm_spares_and_replaces_a_dead_one(tmp_path, kill_one):
+@pytest.mark.parametrize("fault", [None, signal.SIGKILL, signal.SIGSTOP])
+def test_restart_takes_warm_spares_and_replaces_a_dead_or_stopped_one(tmp_path, fault):
+    """A spare that died, or that is stopped (it would never join: peers waited for it until
+    the hang timeout, and an in-place replacement until its limit, 96 s), is replaced cold."""
     log_dir = tmp_path / "logs"
     trigger = tmp_path / "crash-now"
     proc = launch(["--nproc-per-node", "2", "--max-restarts", "1", script("crash_on_file.py"),
@@ -44,14 +46,14 @@ def test_restart_takes_warm_spares_and_replaces_a_dead_one(tmp_path, kill_one):
     spares = _wait_for_event(log_dir, "spares")
     assert spares["started"] == 2 and len(spares["pids"]) == 2
     _spares_ready(spares["pids"])
-    if kill_one:
-        os.kill(spares["pids"][0], signal.SIGKILL)
+    if fault is not None:
+        os.kill(spares["pids"][0], fault)
     trigger.touch()
     run = finish(proc, log_dir, 90, started)
     assert run.code == 0, run.stderr[-3000:]
     restarted = [e for e in run.events if e["event"] == "rank_start" and e["attempt"] == 1]
     warm = {e["rank"]: e["warm"] for e in restarted}
-    assert warm == ({0: False, 1: True} if kill_one else {0: True, 1: True})
+    assert warm == ({0: False, 1: True} if fault else {0: True, 1: True})
     assert {e["pid"] for e in restarted if e["warm"]} <= set(spares["pids"])
     assert run.outcomes(1) == {0: "ok", 1: "ok"}
     assert "OK attempt=1" in run.stdout

@@ -116,6 +116,16 @@ TICKS = {
     "a live rank's collective deadline counts once the cascade window has passed":
         Row(look(deadline_raised(), RUNNING, now=PAST_WINDOW),
             (Act.STOP, FaultKind.HUNG, None, (("say", "hang"),)), Tick()),
+    "a live rank's collective deadline naming a rank replaced since is no hang (its ledger "
+    "names it look after look): the rank that raised is asked about":
+        Row(look(deadline_raised(), RankSnapshot(1, ledger(world(0), t_start=5.5)),
+                 now=PAST_WINDOW), (Act.ASK_CAUSE, FaultKind.RAISED, 0, ()), Tick()),
+    "nor one naming a rank whose new process has no ledger yet":
+        Row(look(deadline_raised(), RankSnapshot(1, None), now=PAST_WINDOW),
+            (Act.ASK_CAUSE, FaultKind.RAISED, 0, ()), Tick()),
+    "nor one naming a rank whose new process has not taken the ledger the launcher made":
+        Row(look(deadline_raised(), RankSnapshot(1, dataclasses.replace(ledger(world(0)), pid=0)),
+                 now=PAST_WINDOW), (Act.ASK_CAUSE, FaultKind.RAISED, 0, ()), Tick()),
     "a live rank's collective deadline waits out the cascade window":
         Row(look(deadline_raised(), RUNNING, now=5.0 + CASCADE_WINDOW_S / 2),
             (Act.GO_ON, None, None, ()), Tick()),

@@ -112,3 +112,24 @@ def test_a_replacement_whose_peer_dies_before_connecting_fails_within_the_member
     assert survivor["type"] == "PeerFailed", survivor
     assert "did not connect" in survivor["message"], survivor
     assert survivor["elapsed"] < 20 + 5 + 10, survivor
+
+
+@pytest.mark.slow  # about 20 s (the 5 s connect floor, a replacement's cold start)
+@pytest.mark.deadline(150)
+def test_regroup_forms_the_next_generation_after_one_whose_member_died_before_connecting(
+        tmp_path: Path) -> None:
+    """The failed connect left rank 0 without a default group; its next regroup, keeping the
+    size, forms the generation after it with rank 1's replacement (a StepLoop retries so: it
+    got a UsageError, 'there is no process group to regroup', and the run ended on it, blaming
+    the survivor as for a mistake of its script; and the group torch named then was not the
+    one the replacement's first group is named, so the two never connected)."""
+    with Ranks("regroup_again_after_a_peer_died_before_connecting", 2, tmp_path,
+               env=SECRET) as ranks:
+        assert ranks.wait(1, timeout=60) == 0
+        ranks.replace(1)
+        survivor, replacement = ranks.result(0, timeout=90), ranks.result(1, timeout=90)
+    assert survivor["first"]["type"] == "PeerFailed", survivor
+    assert not survivor["first"]["initialized"], survivor
+    assert survivor["type"] is None, survivor
+    assert (survivor["number"], survivor["replaced"], survivor["sum"]) == (2, [1], 2.0), survivor
+    assert replacement["type"] is None, replacement

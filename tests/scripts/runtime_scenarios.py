@@ -327,13 +327,20 @@ def outsider_writes() -> None:
     rankguard.shutdown(timeout=5)
 
 
-def regroup_peer_dies_before_connecting() -> None:
+def regroup_peer_dies_before_connecting(again: bool = False) -> None:
     """Rank 1 joins generation 1 with the product's own calls (its arrival at the join
     barrier), then dies before it connects; rank 0 regroups (timeout 2 s) and must fail within
-    its connect bound, not gloo's 30 min group timeout."""
+    its connect bound, not gloo's 30 min group timeout. ``again``: rank 0 then regroups once
+    more keeping the size, the test starts rank 1's replacement, and both all-reduce in the
+    generation they form."""
     from rankguard.deadline import Deadline
     from rankguard.runtime import generations
 
+    started = time.monotonic()
+    if RANK == 1 and os.environ.get("RANKGUARD_REPLACING") == "1":
+        torch, dist = group()  # its first group, named "0" by torch
+        report(type=None, elapsed=time.monotonic() - started)
+        return
     torch, dist = group()
     if RANK == 1:
         limit = Deadline.after(20)
@@ -344,8 +351,21 @@ def regroup_peer_dies_before_connecting() -> None:
     try:
         rankguard.regroup(timeout=2, exclude=())
         report(type=None, elapsed=time.monotonic() - started)
+        return
     except rankguard.RankguardError as error:
-        report(**error_fields(error, started), initialized=dist.is_initialized())
+        first = {**error_fields(error, started), "initialized": dist.is_initialized()}
+    if not again:
+        report(**first)
+        return
+    try:
+        generation = rankguard.regroup(timeout=60, keep_size=True)
+        total = torch.ones(4)
+        dist.all_reduce(total)
+        report(first=first, type=None, number=generation.number, replaced=generation.replaced,
+               sum=total[0].item())
+    except rankguard.RankguardError as error:
+        report(first=first, **error_fields(error, started))
+    wait_for_file("result_1.json", timeout=60)  # the store (this process's) outlives the others
 
 
 def connect_then(fault: int, members: list) -> None:
@@ -661,6 +681,8 @@ SCENARIOS = {
     "ddp_peer_dies": ddp_peer_dies,
     "outsider_writes": outsider_writes,
     "regroup_peer_dies_before_connecting": regroup_peer_dies_before_connecting,
+    "regroup_again_after_a_peer_died_before_connecting":
+        lambda: regroup_peer_dies_before_connecting(again=True),
     "replacement_peer_dies_before_connecting": replacement_peer_dies_before_connecting,
     "regroup_peer_dies_after_publishing_its_address":
         regroup_peer_dies_after_publishing_its_address,

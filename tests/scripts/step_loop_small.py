@@ -1,9 +1,12 @@
 """A small ``rankguard.StepLoop`` job: one all_reduce per step (``STEPS``, default 20, each
 ``ST`` seconds, default 0.05); state ``{"w": w}``. ``CHILD=1``: each rank first starts a
 ``sleep`` child that outlives it unless its tree is stopped (its pid goes to
-``CHILD_DIR/rank<R>-<pid>``)."""
+``CHILD_DIR/rank<R>-<pid>``). ``EXIT_AFTER=R``: rank R exits with code 3 once its loop has ended,
+in the first attempt (the others wait 2 s after their loop). ``STOP_REPLACEMENT=1``: a
+replacement stops itself (SIGSTOP) before it joins."""
 
 import os
+import signal
 import subprocess
 import time
 
@@ -12,6 +15,8 @@ import torch.distributed as dist
 
 import rankguard
 
+if os.environ.get("STOP_REPLACEMENT") == "1" and os.environ.get("RANKGUARD_REPLACING") == "1":
+    os.kill(os.getpid(), signal.SIGSTOP)
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 if os.environ.get("CHILD") == "1":
@@ -34,3 +39,7 @@ def step(n: int) -> None:
 
 rankguard.StepLoop(lambda: {"w": w}, load_state).run(step, int(os.environ.get("STEPS", "20")))
 print(f"rank {rank} done w={w.tolist()}", flush=True)
+if os.environ.get("EXIT_AFTER") and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    if os.environ["EXIT_AFTER"] == str(rank):
+        os._exit(3)
+    time.sleep(2)  # alive when the launcher judges its peer's exit

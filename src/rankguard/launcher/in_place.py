@@ -35,6 +35,7 @@ from ..records import ledger as _ledger
 from .. import margins
 from ..records import recovery_file
 from ..deadline import Deadline
+from ..processes.proctree import is_stopped
 from ..records.journal import Journal
 from ..supervisor import RankFiles, RankProcess, RankProcesses
 from .config import RunConfig
@@ -56,6 +57,7 @@ class _Pending:
     fault_at: float  # monotonic: when the fault it repairs began
     deadline: Deadline
     fault: Fault | None = None  # the fault it repairs (None: a lost node's rank, adopted)
+    stopped_since: float | None = None  # monotonic: since when it is seen stopped (SIGSTOP)
 
 
 class InPlace:
@@ -140,7 +142,8 @@ class InPlace:
         """Journal the replacements that now hold the state; then, once a rank that was to give
         the state has exited (0 or not: the generation the replacement waits for can no
         longer form), the fault that replacement repairs, at once (its hang verdict, if one),
-        so that it is the cause; else a fault for one that passed its deadline without."""
+        so that it is the cause; else a fault for one that has been stopped (SIGSTOP) for
+        ``--hang-timeout`` (frozen: it cannot join), or that passed its deadline without."""
         for rank in list(self._pending):
             self._take_joined(rank, now)
         gone = next((m for m in ranks if m.rank not in self._pending and not m.alive), None)
@@ -153,6 +156,14 @@ class InPlace:
                 FaultKind.REPLACE_FAILED, now, rank, f"was replaced, but rank {gone.rank} "
                 f"{gone.ending()} before the replacement joined")
         for rank, pending in list(self._pending.items()):
+            stopped = pending.member.alive and is_stopped(pending.member.pid)
+            pending.stopped_since = (pending.stopped_since or now) if stopped else None
+            if stopped and now - pending.stopped_since >= self._config.hang_timeout:
+                del self._pending[rank]
+                stopped_s = now - pending.stopped_since
+                return Fault(FaultKind.REPLACE_FAILED, now, rank, "was replaced, but the "
+                             f"replacement was stopped (SIGSTOP) for {stopped_s:.1f} s while "
+                             "it joined")
             if pending.deadline.passed() and pending.member.alive:
                 del self._pending[rank]
                 return Fault(FaultKind.REPLACE_FAILED, now, rank, "was replaced, but the replacement "
@@ -223,6 +234,7 @@ def _member(member: RankProcess, snap: _ledger.RankProgress | None,
     return replace_rules.Member(alive=member.alive, joining=joining,
                                 ended_well=_ended_well(member, snap),
                                 step_loop=bool(flags & _ledger.FLAG_STEP_LOOP),
+                                loop_ended=bool(flags & _ledger.FLAG_STEP_LOOP_ENDED),
                                 bounded=bool(flags & _ledger.FLAG_BOUNDED))
 
 

@@ -24,9 +24,10 @@ values, ``now``, the timeouts): table-tested in tests/launcher/test_outcome_rule
 from __future__ import annotations
 
 import enum
+import math
 import signal
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from .. import blame
 from ..records import ledger as _ledger
@@ -168,15 +169,32 @@ def deadline_verdict(rank: int, progress: _ledger.RankProgress,
                      alive: set[int]) -> Verdict | None:
     """The hang a rank's own collective error reports: it raised ``rankguard.CollectiveError``
     naming ranks that never arrived, and they are all still running (a dead one is its own
-    fault, seen from its exit). None otherwise."""
+    fault, seen from its exit; ``alive`` holds only the ranks whose process ran when it
+    raised: one replaced since is not the one it named). None otherwise. A rank that raised
+    before its first collective (a replacement whose join of a generation timed out) waited
+    in ``init_process_group``, since its process took its rank."""
     if progress.fault != _ledger.FAULT_RAISED or not progress.blamed or not progress.groups:
         return None
     if not set(progress.blamed) <= alive:
         return None
     slot = _last_entered(progress)
+    if slot.entered == 0:
+        return Verdict(True, progress.blamed, (rank,), "init_process_group", slot.seq,
+                       round(max(progress.t_fault - progress.t_start, 0.0), 3),
+                       "collective_deadline", slot.key, group_label(slot))
     return Verdict(True, progress.blamed, (rank,), slot.kind, slot.seq,
                    round(max(progress.t_fault - slot.t_enter, 0.0), 3), "collective_deadline",
                    slot.key, group_label(slot))
+
+
+def there_when_raised(progress: _ledger.RankProgress, ranks: Iterable[RankSnapshot],
+                      live: Iterable[int]) -> set[int]:
+    """Of the ``live`` ranks, those whose process had its rank when ``progress``'s fault was
+    raised (a rank whose ledger its process has not taken yet, as the launcher made it, pid 0,
+    is a new process: it was in no group). Pure."""
+    started = {state.rank: state.progress.t_start for state in ranks
+               if state.progress is not None and state.progress.pid != 0}
+    return {rank for rank in live if started.get(rank, math.inf) <= progress.t_fault}
 
 
 def _last_entered(progress: _ledger.RankProgress) -> _ledger.GroupProgress:

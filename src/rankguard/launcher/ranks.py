@@ -25,7 +25,7 @@ from typing import Callable
 from .. import margins
 from ..records import private_files, recovery_file
 from ..store import sealed
-from ..processes.proctree import MARKER
+from ..processes.proctree import MARKER, is_stopped
 from ..supervisor import RankFiles, RankProcesses, spawn
 from ..inputs.nccl_env import nccl_settings
 from ..supervisor.rank_processes import Tee, Writer
@@ -36,10 +36,11 @@ from .terminal import Terminal
 
 
 def _activate(spare: subprocess.Popen[bytes], env: dict[str, str]) -> bool:
-    """Hand ``env`` to a waiting spare; False (and the spare discarded) when it is gone."""
+    """Hand ``env`` to a waiting spare; False (and the spare discarded) when it is gone, or
+    stopped (SIGSTOP: it would never join its peers)."""
     assert spare.stdin is not None
     try:
-        if spare.poll() is None:
+        if spare.poll() is None and not is_stopped(spare.pid):
             spare.stdin.write(json.dumps(env).encode() + b"\n")
             spare.stdin.close()
             return True

@@ -22,6 +22,8 @@ class Member:
         joining: it is a replacement that does not hold the state yet (it cannot give it).
         ended_well: it left, or is leaving, with exit code 0 (its script ended).
         step_loop: its ledger says it runs inside ``rankguard.StepLoop.run``.
+        loop_ended: its ledger says a ``StepLoop.run`` of it has ended (its loop is over: it
+            cannot take a replacement in, though it ran one).
         bounded: its ledger says it runs in bounded mode.
     """
 
@@ -29,6 +31,7 @@ class Member:
     joining: bool = False
     ended_well: bool = False
     step_loop: bool = True
+    loop_ended: bool = False
     bounded: bool = True
 
 
@@ -67,6 +70,8 @@ def refusal(kind: FaultKind, culprits: frozenset[int], members: Mapping[int, Mem
             continue  # a replacement on its way runs StepLoop once it has joined
         if not member.alive:
             return f"rank {rank} has already exited"
+        if not member.step_loop and member.loop_ended:
+            return f"rank {rank} has left its rankguard.StepLoop (its run() ended)"
         if not member.step_loop:
             return f"rank {rank} does not run its loop in rankguard.StepLoop"
         if not member.bounded:

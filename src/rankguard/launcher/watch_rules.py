@@ -21,7 +21,8 @@ from ..records import ledger as _ledger
 from .. import margins
 from ..processes import proctree
 from .monitor import Verdict
-from .outcome import Fault, FaultKind, RankSnapshot, deadline_verdict, first_fault
+from .outcome import (Fault, FaultKind, RankSnapshot, deadline_verdict, first_fault,
+                      there_when_raised)
 
 
 class Later(enum.Enum):
@@ -105,8 +106,7 @@ def on_events(look: Look) -> Decision:
         return Decision(Act.STOP, look.outside, look.outside.verdict, (
             Say(f"rankguard: {look.outside.describe()}; stopping this node's ranks"),))
     states = {state.rank: state for state in look.ranks}
-    verdicts = [deadline_verdict(rank, _progress(states[rank]), set(look.live))
-                for rank in look.exited]
+    verdicts = [_own_deadline(look, states[rank]) for rank in look.exited]
     decided = _verdicts(look, [v for v in verdicts if v is not None], Decision(Act.GO_ON))
     if decided.act is not Act.STOP and look.exited:
         decided = _ledgers(look, decided.reports)
@@ -126,8 +126,8 @@ def on_tick(look: Look, tick: Tick) -> Decision:
     if tick.overdue is not None:
         return Decision(Act.STOP, tick.overdue, tick.overdue.verdict, (
             Say(f"rankguard: {tick.overdue.describe()}; stopping the other ranks"),))
-    raised = [deadline_verdict(state.rank, state.progress, set(look.live))
-              for state in look.ranks if state.rank in look.live and state.progress is not None
+    raised = [_own_deadline(look, state) for state in look.ranks
+              if state.rank in look.live and state.progress is not None
               and state.progress.fault == _ledger.FAULT_RAISED
               and look.now - state.progress.t_fault >= margins.CASCADE_WINDOW_S]
     decided = _verdicts(look, [v for v in raised if v is not None], Decision(Act.GO_ON))
@@ -170,6 +170,15 @@ def _ledgers(look: Look, reports: tuple[Report, ...]) -> Decision:
     stopping = "; stopping the other ranks" if look.live and not look.in_place else ""
     return Decision(Act.STOP, look.cause, None, reports + (
         Say(f"rankguard: {look.cause.describe()}{stopping}"),))
+
+
+def _own_deadline(look: Look, state: RankSnapshot) -> Verdict | None:
+    """The hang that the collective deadline ``state``'s rank raised reports, if any: only
+    while the ranks it named are the processes it waited for (a rank replaced in place since
+    is not; its ledger still names it, look after look)."""
+    progress = _progress(state)
+    return deadline_verdict(state.rank, progress,
+                            there_when_raised(progress, look.ranks, look.live))
 
 
 def _progress(state: RankSnapshot) -> _ledger.RankProgress:

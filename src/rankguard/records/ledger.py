@@ -112,6 +112,7 @@ FLAG_TERMINATING = 4  # the rank got SIGTERM and is tearing itself down
 FLAG_BOUNDED = 8  # the rank's collectives are bounded: a supervisor's notice makes them raise
 # the rank runs rankguard.StepLoop: it can regroup with a replacement of a failed peer
 FLAG_STEP_LOOP = 16
+FLAG_STEP_LOOP_ENDED = 32  # a rankguard.StepLoop's run() of the rank has ended (returned or raised)
 
 # notices from the supervisor to the rank: a peer failed (kind, then the failed rank or -1)
 _NOTICE = struct.Struct("<Ii")

@@ -35,6 +35,8 @@ later than the deadline, and a loaded machine adds some; their errors say what f
 
 T = TypeVar("T")
 
+_abandoned: list[threading.Thread] = []  # connects given up on, maybe still inside gloo
+
 
 class ConnectOverran(RuntimeError):
     """The backend had not connected the group's members by the deadline (a member died or
@@ -100,8 +102,16 @@ def within(limit: Deadline, what: str, backend: str, connect: Callable[[], T]) -
     with attempt.lock:
         if not attempt.ended:
             attempt.abandoned = True
+            _abandoned.append(thread)
             raise ConnectOverran("gloo was still connecting: a member that published its "
                                  "address never dialed in (it died or froze)")
     if attempt.error is not None:
         raise attempt.error
     return attempt.value  # type: ignore[return-value]
+
+
+def still_connecting() -> bool:
+    """Whether a connect this process abandoned still runs in gloo: should it succeed, torch
+    would install its group as the default one, over any made meanwhile."""
+    _abandoned[:] = [thread for thread in _abandoned if thread.is_alive()]
+    return bool(_abandoned)

@@ -148,7 +148,8 @@ def regroup(*, timeout: float = REGROUP_S, exclude: Iterable[int] | None = None,
             must join within ``timeout`` too.
 
     Raises:
-        UsageError: no process group exists, ``timeout`` is not a positive number,
+        UsageError: no process group exists (nor a generation that formed but did not
+            connect: the next one is formed from it), ``timeout`` is not a positive number,
             ``exclude`` is not a list of ranks of the current group, or ``keep_size`` is not
             a bool.
         GroupRetired: this rank was left out of the new generation by its peers.
@@ -202,13 +203,22 @@ def form_next(limit: Deadline, exclude: Iterable[int] | None = None,
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    if not dist.is_initialized():
+    state = current()
+    if dist.is_initialized():
+        backend = str(dist.get_backend())  # the new generation's is the old one's (gloo, nccl)
+        rank, size = dist.get_rank(), dist.get_world_size()
+    elif state.unconnected is not None:  # the last generation formed, but did not connect
+        backend, rank, size = state.unconnected
+        if backend_connect.still_connecting():
+            raise PeerFailed(f"did not form: generation {state.generation}'s connect, given up "
+                             "on, still runs in gloo (a member published its address and never "
+                             "dialed in)", op="regroup", seq=next_number(), group=WORLD,
+                             rank=rank, missing=[], waited=0.0)
+    else:
         raise UsageError("rankguard.regroup()", "there is no process group to regroup",
                          "call it after init_process_group, when a collective has failed")
     started = time.monotonic()
-    state = current()
     number = next_number()
-    rank, size = dist.get_rank(), dist.get_world_size()
     pg_timeout = state.pg_timeout or c10d.default_pg_timeout
     if exclude is not None:
         failed = set(exclude)
@@ -252,7 +262,6 @@ def form_next(limit: Deadline, exclude: Iterable[int] | None = None,
         raise kind(f"did not form: {why}", op="regroup", seq=number, group=WORLD, rank=rank,
                    missing=[_previous(members, i) for i in joined.missing],
                    waited=time.monotonic() - started)
-    backend = str(dist.get_backend())  # the new generation's is the old one's (gloo, nccl)
     async_deadline.wait_for_abort(limit.wait_time())  # an NCCL deadline's abort: not under it
     # an NCCL communicator of the old generation that no fault aborted (this rank raised, its
     # peer waited) would hold its GPU buffers for good: the old groups are never destructed
@@ -297,7 +306,9 @@ def _connect(backend: str, store: Any, new_rank: int, members: list[int | None],
                                             timeout=timedelta(seconds=connect)))
     except RuntimeError as error:  # torch's (DistStoreError is one): a peer never connected
         groups.retire_all(f"generation {current().generation} did not connect")
+        current().unconnected = (backend, new_rank, len(members))
         raise not_connected(error, connect, began, "regroup", new_rank, started) from error
+    current().unconnected = None
     c10d._set_pg_timeout(pg_timeout)
 
 

@@ -91,12 +91,16 @@ def describe(name: str) -> dict[str, Any] | None:
 def discard_all() -> None:
     """Deinitialise torch.distributed without destructing any backend: every process group,
     instrumented or not, is kept alive for the rest of the process, so no exit or later
-    ``init_process_group`` blocks on a worker thread stuck in a collective."""
+    ``init_process_group`` blocks on a worker thread stuck in a collective. Without a default
+    group (its connect failed), only torch's count of the groups it named is reset."""
     from torch.distributed import distributed_c10d as c10d
 
-    for group in list(c10d._world.pg_map):
-        ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
-    c10d.destroy_process_group()
+    if c10d.is_initialized():
+        for group in list(c10d._world.pg_map):
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
+        c10d.destroy_process_group()
+    else:  # a connect that failed left no group, but torch counted the name it gave it
+        c10d._world.group_count = 0  # the next default group is "0", as its new members' is
     current().groups.discard_all()  # kept alive, but names now refer to the new groups
 
 

@@ -238,6 +238,7 @@ class StepLoop:
             _running = None
             if ledger is not None:
                 ledger.clear_flag(_ledger.FLAG_STEP_LOOP)
+                ledger.set_flag(_ledger.FLAG_STEP_LOOP_ENDED)
 
     def _run(self, step_fn: Callable[[int], None], steps: int) -> None:
         # each recovery runs after the except block that caught its fault: an error of the
