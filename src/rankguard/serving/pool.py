@@ -243,7 +243,8 @@ class Pool:
         started = time.monotonic()
         deadline = Deadline.after(limit)  # the call's one deadline, down to the ranks
         replica = self._claim(deadline, abandon)
-        command = {"fn": fn, "args": args, "kwargs": kwargs, "all": all_ranks}
+        command = {"fn": fn, "args": args, "kwargs": kwargs, "all": all_ranks,
+                   "keep_group": True}
         try:
             results = replica.run(command, started, deadline)
         except RequestFailed as fault:

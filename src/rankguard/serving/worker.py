@@ -19,14 +19,16 @@ Its messages are dicts whose ``op`` is a ``serving.messages.Op``:
    its own, not a peer's;
 2. serves requests, one at a time:
 
-   - ``{"op": "run", "id", "fn", "args", "kwargs", "deadline", "all"}``: call
+   - ``{"op": "run", "id", "fn", "args", "kwargs", "deadline", "all", "keep_group"}``: call
      ``fn(state, *args, **kwargs)`` with every collective bounded by ``deadline`` (the
      leader's :class:`~rankguard.deadline.Deadline`, the same instant on this machine's
      monotonic clock); answer ``{"id", "ok": True, "result"}`` (the result from rank 0 only,
      unless ``all``) or ``{"id", "ok": False, "error", "message", "traceback", "collective",
      "missing", "at"}`` (``at``: when it failed, on the monotonic clock, comparable between
      ranks). A rank that fails by itself first retires the group and tells its peers, so none
-     of them waits for it.
+     of them waits for it. With ``keep_group`` (a pool's calls), a call that destroyed the
+     process group fails, naming it (the pytest plugin's tests may destroy it: their caller
+     replaces the ranks after such a test).
    - ``{"op": "regroup", "deadline", "vacant"}``: a fresh generation after a failure, of the
      same ranks, or (``vacant`` places) of the survivors, which keep their ranks and wait for
      replacements to fill the vacant places.
@@ -116,7 +118,8 @@ def _run(command: dict[str, Any], state: Any, rank: int) -> dict[str, Any]:
     try:
         with internal.until(command["deadline"]):
             result = command["fn"](state, *command["args"], **command["kwargs"])
-        _check_group_kept()
+        if command.get("keep_group"):
+            _check_group_kept()
         answer = {"ok": True, "result": result if rank == 0 or command["all"] else None}
     except BaseException as error:  # noqa: BLE001 (reported to the leader, whatever it is)
         answer = _failure(error)
