@@ -5,7 +5,6 @@ import re
 import shlex
 
 import pytest
-import torch
 
 from ..conftest import ROOT
 
@@ -51,22 +50,19 @@ def _readme_runs(block: str) -> list[tuple[list[str], str]]:
 @pytest.mark.slow
 @pytest.mark.deadline(200)
 def test_the_readme_in_place_demo_prints_the_checksum_the_readme_quotes(run_rankguard):
-    """README's commands run as written; each prints the checksum quoted below it where the
-    machine is the one README names (torch and CPU capability), and the runs agree anywhere."""
+    """README's commands run as written and print the same checksum with and without the fault,
+    as README's two quoted runs do. The figure itself depends on the CPU's float kernels (the
+    same torch and CPU capability printed two figures on two kinds of Xeon), so it is printed
+    here, not compared with README's."""
     block = _readme_in_place_block()
     runs = _readme_runs(block)
     assert len(runs) == 2 and any("--inject" in args for args, _ in runs), block
+    assert runs[0][1] == runs[1][1], runs  # README quotes one figure for both runs
     printed = []
-    for args, quoted in runs:
+    for args, _ in runs:
         run = run_rankguard(args, timeout=90)
         assert run.code == 0, run.stderr[-3000:]
         (checksum,) = re.findall(r"\[rank0\]:done: .* checksum ([0-9a-f]{16})", run.stdout)
-        printed.append((checksum, quoted))
-    assert printed[0][0] == printed[1][0], printed  # the fault costs no bit
-    readme = (ROOT / "README.md").read_text()
-    (torch_said, capability) = re.findall(
-        r"what torch (\S+)\s+prints on the machine these lines come from \(CPU capability (\w+)",
-        readme)[0]
-    if (torch.__version__.split("+")[0], torch.backends.cpu.get_cpu_capability()) == (
-            torch_said, capability):
-        assert [checksum for checksum, _ in printed] == [quoted for _, quoted in printed]
+        printed.append(checksum)
+    print(f"checksums here: {printed} (README quotes {runs[0][1]})")
+    assert printed[0] == printed[1], printed  # the fault costs no bit
