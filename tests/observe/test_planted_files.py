@@ -1,0 +1,62 @@
+"""What the commands that look at a run find in its folder may have been put there by anyone
+who can write it (a rank's own code can): a FIFO, a link to a secret or to an endless device
+at the name of a file rankguard wrote. They read none of it through, and end in bounded time."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from rankguard.processes import stack_summary
+
+from ..conftest import ROOT
+
+T = 1_800_000_000.0  # a wall-clock time
+SECRET = "only_the_secret_file_holds_this_name"
+RUN = [
+    {"event": "run_start", "ts": T, "run_id": "planted"},
+    {"event": "attempt_start", "ts": T + 0.1, "attempt": 0},
+    *({"event": "rank_start", "ts": T + 0.1, "attempt": 0, "rank": r, "pid": 4_000_000 + r}
+      for r in range(3)),
+    {"event": "run_end", "ts": T + 9.0, "status": "failed", "exit_code": 3},
+]
+
+
+def _dump(function: str) -> str:
+    return ("Current thread 0x00007f0000000001 (most recent call first):\n"
+            f'  File "/home/u/train.py", line 7 in {function}\n')
+
+
+def _planted_run(tmp_path: Path) -> Path:
+    folder = tmp_path / "run"
+    (folder / "attempt0").mkdir(parents=True)
+    (folder / "journal.jsonl").write_text("".join(json.dumps(e) + "\n" for e in RUN))
+    secret = tmp_path / "secret.txt"
+    secret.write_text(_dump(SECRET))
+    os.mkfifo(folder / "attempt0" / "stacks_rank0.txt")  # nobody ever writes to it
+    os.symlink(secret, folder / "attempt0" / "stacks_rank1.txt")
+    os.symlink("/dev/zero", folder / "attempt0" / "stacks_rank2.txt")
+    return folder
+
+
+def test_a_stacks_file_that_is_a_fifo_a_link_or_endless_is_not_read(tmp_path: Path) -> None:
+    folder = _planted_run(tmp_path)
+    for rank in range(3):
+        assert stack_summary.last_dump(str(folder / "attempt0" / f"stacks_rank{rank}.txt")) == ""
+    big = tmp_path / "big.txt"  # a file of many dumps: its latest ones, in bounded memory
+    with open(big, "w") as out:
+        out.write(_dump("old") * (stack_summary.DUMPS_LIMIT // 50 + 1) + _dump("newest"))
+    text = stack_summary.last_dump(str(big))
+    assert len(text) <= stack_summary.DUMPS_LIMIT and text.endswith(_dump("newest"))
+
+
+def test_rankguard_stacks_of_an_ended_run_reads_nothing_planted_and_ends(tmp_path: Path) -> None:
+    folder = _planted_run(tmp_path)
+    shown = subprocess.run([sys.executable, "-m", "rankguard.cli", "stacks", "--full",
+                            str(folder)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 1, shown  # no rank left stacks of its own
+    assert SECRET not in shown.stdout and "Traceback" not in shown.stderr, shown
+    assert "ranks 0-2 (3): no stacks" in shown.stdout, shown.stdout
