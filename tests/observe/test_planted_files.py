@@ -60,3 +60,20 @@ def test_rankguard_stacks_of_an_ended_run_reads_nothing_planted_and_ends(tmp_pat
     assert shown.returncode == 1, shown  # no rank left stacks of its own
     assert SECRET not in shown.stdout and "Traceback" not in shown.stderr, shown
     assert "ranks 0-2 (3): no stacks" in shown.stdout, shown.stdout
+
+
+def test_a_journal_of_gigabytes_is_read_in_part_in_bounded_time(tmp_path: Path) -> None:
+    """Its first and last MiB only (run_start at one end, the latest attempt at the other),
+    said on stderr; before, a 1 GB journal took minutes and 8 GB of memory to show."""
+    lines = [json.dumps(e) + "\n" for e in RUN]
+    with open(tmp_path / "journal.jsonl", "w") as journal:
+        journal.write(lines[0])
+        journal.seek(4 << 30)  # a sparse file: 4 GB of what is no event, on no disk
+        journal.write("\n" + "".join(lines[1:-1]))
+    shown = subprocess.run([sys.executable, "-m", "rankguard.cli", "status", "--json",
+                            str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown
+    view = json.loads(shown.stdout)
+    assert view["run_id"] == "planted" and view["attempt"] == 0 and not view["ended"], view
+    assert [r["rank"] for r in view["ranks"]] == [0, 1, 2], view
+    assert shown.stderr.count("\n") == 1 and "the events between are left out" in shown.stderr
