@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from rankguard.processes import stack_summary
+from rankguard.records import recent_file
 
 from ..conftest import ROOT
 
@@ -77,3 +78,40 @@ def test_a_journal_of_gigabytes_is_read_in_part_in_bounded_time(tmp_path: Path) 
     assert view["run_id"] == "planted" and view["attempt"] == 0 and not view["ended"], view
     assert [r["rank"] for r in view["ranks"]] == [0, 1, 2], view
     assert shown.stderr.count("\n") == 1 and "the events between are left out" in shown.stderr
+
+
+def test_rankguard_stacks_signals_no_process_that_is_not_the_runs_rank(tmp_path: Path) -> None:
+    """A journal names pids: one that names a process of the user's that catches SIGUSR1 (a
+    log reopen, a state dump), dated so that it passes for the rank's, does not get it."""
+    got = tmp_path / "got"
+    catcher = subprocess.Popen([sys.executable, "-c", (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGUSR1, lambda *_: open(sys.argv[1], 'w').write('signalled'))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"), str(got)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert catcher.stdout is not None and catcher.stdout.readline() == "ready\n"
+        later = T + 10 ** 6  # its process started before the event: it passes for the rank's
+        events = [{"event": "run_start", "ts": later, "run_id": "planted"},
+                  {"event": "attempt_start", "ts": later, "attempt": 0},
+                  {"event": "rank_start", "ts": later, "attempt": 0, "rank": 0,
+                   "pid": catcher.pid}]
+        (tmp_path / "journal.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+        shown = subprocess.run([sys.executable, "-m", "rankguard.cli", "stacks", "--timeout",
+                                "1", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                               timeout=60)
+        assert shown.returncode == 1 and "1 not asked" in shown.stdout, shown
+        assert catcher.poll() is None and not got.exists(), "the process was signalled"
+    finally:
+        catcher.kill()
+        catcher.wait(10)
+
+
+def test_a_link_planted_at_a_ranks_recent_operations_is_not_read_through(tmp_path: Path) -> None:
+    elsewhere, attempt = tmp_path / "elsewhere", tmp_path / "run" / "attempt0"
+    elsewhere.mkdir()
+    attempt.mkdir(parents=True)
+    recent_file.write(str(elsewhere), 0, 0, 123, [], 0.0)
+    assert recent_file.read_attempt(str(elsewhere))[0].pid == 123  # a file of the format
+    os.symlink(recent_file.path(str(elsewhere), 0), recent_file.path(str(attempt), 0))
+    assert recent_file.read_attempt(str(attempt)) == {}

@@ -16,6 +16,7 @@ from ..errors import UsageError
 from ..inputs.options import Parser, number
 
 JOURNAL = "journal.jsonl"
+LOG_DIR_ENV = "RANKGUARD_LOG_DIR"  # set by the launcher in each rank's environment
 START_SLACK_S = 1.0  # a rank's process started at most this long after its rank_start event
 
 
@@ -69,6 +70,19 @@ def find(target: str | None) -> Run:
                        rank not in exited and not ended and _same_process(event))
                   for rank, event in sorted(started.items()))
     return Run(run_id, log_dir, path, ended, attempt, ranks, tuple(events))
+
+
+def started_here(run: Run, rank: Rank) -> bool:
+    """Whether ``rank``'s process is one that ``rankguard run`` started for this run's log
+    folder (its environment's ``RANKGUARD_LOG_DIR``, the launcher's contract with its ranks and
+    spares, is that folder). A journal names pids, and whoever could write it may name any
+    process: one not proven to be the run's rank is never signalled. False when its
+    environment cannot be read (another user's process)."""
+    try:
+        folder = psutil.Process(rank.pid).environ().get(LOG_DIR_ENV)
+        return folder is not None and os.path.samefile(folder, run.log_dir)
+    except (psutil.Error, OSError):
+        return False
 
 
 def hang_text(event: dict[str, Any]) -> str:
