@@ -115,3 +115,28 @@ def test_a_link_planted_at_a_ranks_recent_operations_is_not_read_through(tmp_pat
     assert recent_file.read_attempt(str(elsewhere))[0].pid == 123  # a file of the format
     os.symlink(recent_file.path(str(elsewhere), 0), recent_file.path(str(attempt), 0))
     assert recent_file.read_attempt(str(attempt)) == {}
+
+
+def test_a_run_whose_launcher_was_killed_is_shown_over_and_the_live_view_ends(
+        tmp_path: Path) -> None:
+    """No run_end will come: the live view (on a terminal) ended only at Ctrl-C, and the
+    report called the run running."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(30)  # the launcher's pid, now of no process
+    events = [{"event": "run_start", "ts": T, "run_id": "killed", "pid": gone.pid},
+              {"event": "attempt_start", "ts": T, "attempt": 0},
+              {"event": "rank_start", "ts": T, "attempt": 0, "rank": 0, "pid": gone.pid}]
+    (tmp_path / "journal.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    leader, follower = os.openpty()  # a terminal: the view refreshes until the run is over
+    try:
+        live = subprocess.run([sys.executable, "-m", "rankguard.cli", "status", "--interval",
+                               "0.1", str(tmp_path)], cwd=ROOT, stdout=follower,
+                              stderr=subprocess.PIPE, text=True, timeout=60)
+        shown = os.read(leader, 1 << 16).decode()
+    finally:
+        os.close(leader)
+        os.close(follower)
+    assert live.returncode == 0 and f"launcher (pid {gone.pid}) is gone" in shown, (live, shown)
+    made = subprocess.run([sys.executable, "-m", "rankguard.cli", "report", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0 and "killed: over, its launcher" in made.stdout, made

@@ -46,6 +46,7 @@ class StatusView:
     last_fault: str | None
     ranks: tuple[RankView, ...] = field(default_factory=tuple)
     nodes: str | None = None  # several nodes: where the others' ranks were read, what failed
+    unfinished: str | None = None  # over without its run_end (``runs.Run.unfinished``)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,7 +61,7 @@ def snapshot(run: runs.Run) -> StatusView:
     now = time.monotonic()
     entries = {rank: g for rank, p in progress.items() if p is not None
                for g in p.groups if g.is_world}
-    others = remote.read(list(events)) if not run.ended else None
+    others = remote.read(list(events)) if not (run.ended or run.unfinished) else None
     far = others.ranks if others is not None else ()
     entries.update((r.rank, _world(r)) for r in far)
     waited_for: set[int] = set()
@@ -102,7 +103,7 @@ def snapshot(run: runs.Run) -> StatusView:
         if others.problem:
             nodes += f"; {others.problem}"
     return StatusView(run.run_id, run.attempt, run.ended, restarts, last_fault, tuple(views),
-                      nodes)
+                      nodes, run.unfinished)
 
 
 def _world(other: remote.RemoteRank) -> ledger.GroupProgress:
@@ -178,4 +179,6 @@ def render(view: StatusView) -> str:
         lines.append(view.nodes)
     if view.last_fault:
         lines.append(f"last fault: {view.last_fault}")
+    if view.unfinished:
+        lines.append(f"the run is over: {view.unfinished}")
     return files.printable_lines("\n".join(lines))
