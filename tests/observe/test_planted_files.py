@@ -140,3 +140,18 @@ def test_a_run_whose_launcher_was_killed_is_shown_over_and_the_live_view_ends(
     made = subprocess.run([sys.executable, "-m", "rankguard.cli", "report", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert made.returncode == 0 and "killed: over, its launcher" in made.stdout, made
+
+
+def test_rankguard_stacks_prints_no_escape_sequence_of_a_journal_or_a_dump(
+        tmp_path: Path) -> None:
+    """A run id and a rank's frames (its code names them) reach the terminal without control
+    characters: an escape sequence could retitle, clear or write the clipboard."""
+    escape = "\x1b]0;retitled\x07\x1b[2J"
+    (tmp_path / "attempt0").mkdir()
+    events = [dict(e, run_id="r" + escape) for e in RUN[:3]] + [RUN[-1]]
+    (tmp_path / "journal.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (tmp_path / "attempt0" / "stacks_rank0.txt").write_text(_dump("f" + escape))
+    shown = subprocess.run([sys.executable, "-m", "rankguard.cli", "stacks", "--full",
+                            str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "retitled" in shown.stdout, shown
+    assert "\x1b" not in shown.stdout and "\x07" not in shown.stdout, shown.stdout

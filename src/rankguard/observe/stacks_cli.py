@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..processes import proctree, stack_summary, stack_requests
 from ..inputs.options import Parser
-from . import runs
+from . import files, runs
 
 PROG = "rankguard stacks"
 
@@ -51,11 +51,13 @@ def main(argv: list[str]) -> int:
         dumps = {rank: text for rank, text in dumps.items() if text}
         where = ("the run has ended" if run.ended else "no rank is running") + \
             ("; the last stacks its ranks wrote" if dumps else "; no rank wrote stacks")
-    print(f"run {run.run_id}, attempt {run.attempt}: {where}")
+    # the journal and the dumps hold what the ranks' code named (its files, functions): on a
+    # terminal, without control characters (escape sequences)
+    print(files.printable(f"run {run.run_id}, attempt {run.attempt}: {where}"))
     same = stack_summary.by_stack(dumps, [r.rank for r in (live or run.ranks)])
     for line in stack_summary.describe(same, "  "):
-        print(line)
+        print(files.printable(line))
     if args.full:
         for rank in sorted(dumps):
-            print(f"\n--- rank {rank} ---\n{dumps[rank].rstrip()}")
+            print(f"\n--- rank {rank} ---\n{files.printable_lines(dumps[rank].rstrip())}")
     return 0 if dumps else 1
