@@ -155,3 +155,18 @@ def test_rankguard_stacks_prints_no_escape_sequence_of_a_journal_or_a_dump(
                             str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0 and "retitled" in shown.stdout, shown
     assert "\x1b" not in shown.stdout and "\x07" not in shown.stdout, shown.stdout
+
+
+def test_a_report_that_cannot_be_written_in_full_is_not_left_half_written(
+        tmp_path: Path) -> None:
+    """A full disk (here a file size limit: the same error at write) is one line, exit 2,
+    and leaves no report that looks made."""
+    import resource
+
+    (tmp_path / "journal.jsonl").write_text("".join(json.dumps(e) + "\n" for e in RUN))
+    made = subprocess.run(
+        [sys.executable, "-m", "rankguard.cli", "report", str(tmp_path)], cwd=ROOT,
+        capture_output=True, text=True, timeout=60,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000)))
+    assert made.returncode == 2 and "cannot write" in made.stderr, made
+    assert made.stderr.count("\n") == 1 and not (tmp_path / "report.html").exists(), made

@@ -17,6 +17,7 @@ Every failure is a ``UsageError`` naming the path and the fix.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -111,7 +112,8 @@ def write_new(path: str, what: str, data: bytes, folder_fd: int | None = None) -
 
     Raises:
         UsageError: ``path`` is empty, a symbolic link, not a regular file, or cannot be
-            written; naming ``what`` (the option) and the fix.
+            written (a full disk: then it is removed, not left half written); naming
+            ``what`` (the option) and the fix.
     """
     if not path:
         raise UsageError(what, "is empty", "give a file name")
@@ -139,6 +141,8 @@ def write_new(path: str, what: str, data: bytes, folder_fd: int | None = None) -
         while view:
             view = view[os.write(fd, view):]
     except OSError as exc:
+        with contextlib.suppress(OSError):  # no half-written file left (a full disk)
+            os.unlink(name, dir_fd=folder_fd)
         raise UsageError(what, f"cannot write {path}: {exc.strerror}",
                          "give another file") from None
     finally:
