@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 from rankguard.processes import stack_summary
-from rankguard.records import recent_file
+from rankguard.records import ledger, recent_file
 
 from ..conftest import ROOT
 
@@ -170,3 +173,35 @@ def test_a_report_that_cannot_be_written_in_full_is_not_left_half_written(
         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000)))
     assert made.returncode == 2 and "cannot write" in made.stderr, made
     assert made.stderr.count("\n") == 1 and not (tmp_path / "report.html").exists(), made
+
+
+def test_rankguard_status_reads_no_ledger_planted_in_the_shared_memory_folder(
+        tmp_path: Path) -> None:
+    """/dev/shm is everyone's: a folder named after the run that others can write holds a
+    forged ledger (shown as the rank's before), and a FIFO at a ledger's name (status waited
+    on it forever, even for a run that had ended)."""
+    run_id = f"planted-{uuid.uuid4().hex[:8]}"
+    shared, mine = (os.path.join(ledger.default_dir(), f"rankguard-ledgers-{run_id}-{n}")
+                    for n in ("shared", "mine"))
+    later = time.time() + 10 ** 6  # the ranks' pid (this process) passes for theirs
+    events = [{"event": "run_start", "ts": later, "run_id": run_id},
+              {"event": "attempt_start", "ts": later, "attempt": 0},
+              *({"event": "rank_start", "ts": later, "attempt": 0, "rank": r, "pid": os.getpid()}
+                for r in (0, 1))]
+    (tmp_path / "journal.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    try:
+        os.mkdir(shared)
+        os.chmod(shared, 0o777)
+        forged = os.path.join(shared, "attempt0-rank0.ledger")
+        ledger.create(forged, world_size=2)
+        ledger.LedgerWriter(forged).world().enter(ledger.OP_CODES["all_reduce"])
+        os.mkdir(mine, 0o700)
+        os.mkfifo(os.path.join(mine, "attempt0-rank1.ledger"))
+        shown = subprocess.run([sys.executable, "-m", "rankguard.cli", "status", "--once",
+                                str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                               timeout=60)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+        shutil.rmtree(mine, ignore_errors=True)
+    assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown
+    assert "all_reduce" not in shown.stdout and shown.stdout.count("starting") == 2, shown.stdout

@@ -14,7 +14,8 @@ from typing import Any
 
 import psutil
 
-from ..records import ledger
+from ..errors import UsageError
+from ..records import ledger, private_files
 from . import files, remote, runs
 
 
@@ -123,9 +124,9 @@ def _current(groups: tuple[ledger.GroupProgress, ...]) -> ledger.GroupProgress |
 
 def _ledgers(run: runs.Run) -> dict[int, ledger.RankProgress | None]:
     """Each rank's ledger of the run's current attempt, if it can still be read."""
-    folders = sorted(glob.glob(os.path.join(ledger.default_dir(),
-                                            f"rankguard-ledgers-{glob.escape(run.run_id)}-*")),
-                     key=lambda p: os.path.getmtime(p) if os.path.exists(p) else 0)
+    folders = sorted((folder for folder in glob.glob(os.path.join(
+        ledger.default_dir(), f"rankguard-ledgers-{glob.escape(run.run_id)}-*"))
+        if _private(folder)), key=lambda p: os.path.getmtime(p) if os.path.exists(p) else 0)
     found: dict[int, ledger.RankProgress | None] = {}
     for rank in run.ranks:
         found[rank.rank] = None
@@ -143,6 +144,17 @@ def _ledgers(run: runs.Run) -> dict[int, ledger.RankProgress | None]:
                 found[rank.rank] = progress
                 break
     return found
+
+
+def _private(folder: str) -> bool:
+    """Whether ``folder`` is a ledger folder as the launcher makes them (``ledger.make_dir``):
+    the user's own, that only they can write. /dev/shm is everyone's: another user could
+    name a folder after the run there and put a forged ledger, or a FIFO, in it."""
+    try:
+        private_files.check_private(folder, "ledger folder")
+    except (UsageError, OSError):
+        return False
+    return True
 
 
 def _process(pid: int) -> str:
