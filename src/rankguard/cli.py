@@ -6,12 +6,15 @@
 Exit codes (stable, documented in the README): 0 every rank succeeded; 1 a rank failed (raised,
 exited non-zero, was killed) and restarts ran out; 2 bad usage, nothing started; 3 a rank hung
 and restarts ran out; 4 an internal error of rankguard (every rank stopped); 130 / 143 the launcher
-received SIGINT / SIGTERM.
+received SIGINT / SIGTERM. A command that looks at a run and whose output pipe closed
+(`rankguard status | head -1`) ends quietly with 141, as one killed by SIGPIPE.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import signal
 import sys
 
 from .errors import UsageError
@@ -60,12 +63,24 @@ def main(argv: list[str] | None = None) -> int:
         return serve_cli.main(rest)
     if command in OBSERVE:
         module = importlib.import_module(f".observe.{OBSERVE[command]}", __package__)
-        return int(module.main(rest))
+        try:
+            return int(module.main(rest))
+        except BrokenPipeError:  # its reader went away (`| head -1`): nobody left to tell
+            _drop_stdout()
+            return 128 + signal.SIGPIPE
     if command != "run":
         print(f"rankguard: unknown command {command!r} (commands: run, serve, "
               f"{', '.join(OBSERVE)}; see rankguard --help)", file=sys.stderr)
         return 2
     return _run(rest)
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of what is still
+    buffered for a closed pipe does not print an error of its own at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _run(argv: list[str]) -> int:

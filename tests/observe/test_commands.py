@@ -169,3 +169,28 @@ def test_status_on_one_node_shows_the_other_nodes_ranks_and_the_one_they_wait_fo
         assert sorted(r["rank"] for r in wrong_view["ranks"]) == [0, 1]
     finally:
         _kill_all(procs)
+
+
+@pytest.mark.parametrize("name, args", [("status", ["--json"]), ("status", ["--once"]),
+                                        ("stacks", ["--full"])])
+def test_output_to_a_closed_pipe_ends_quietly_with_141(tmp_path: Path, name: str,
+                                                       args: list[str]) -> None:
+    """``rankguard status | head -1``: the reader is gone; no traceback, SIGPIPE's code."""
+    (tmp_path / "attempt0").mkdir()
+    events = [{"event": "run_start", "ts": 1.0e9, "run_id": "piped"},
+              {"event": "attempt_start", "ts": 1.0e9, "attempt": 0},
+              *({"event": "rank_start", "ts": 1.0e9, "attempt": 0, "rank": r, "pid": 4_000_000}
+                for r in range(2000)),
+              {"event": "run_end", "ts": 1.0e9 + 1, "status": "ok", "exit_code": 0}]
+    (tmp_path / "journal.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (tmp_path / "attempt0" / "stacks_rank0.txt").write_text(
+        "Current thread 0x1 (most recent call first):\n" + '  File "t.py", line 1 in f\n' * 9999)
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        ended = subprocess.run([sys.executable, "-m", "rankguard.cli", name, *args,
+                                str(tmp_path)], cwd=ROOT, stdout=writer,
+                               stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(writer)
+    assert ended.returncode == 141 and ended.stderr == "", ended

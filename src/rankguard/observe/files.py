@@ -1,10 +1,10 @@
 """Reading what a run left (its journal, its ranks' recent operations) and writing what the
 commands make (a report, dumps) as a user's files may be: damaged, hostile, or not files at all.
 
-- ``read_text`` takes a regular file only (a FIFO or a device is refused, never waited on) and
-  at most a size the caller names; bytes that are not UTF-8 are replaced.
-- ``events`` keeps a journal's lines that are events as rankguard writes them: an object with a
-  known-looking ``event``, a finite ``ts``, and whole numbers (or null) where rankguard writes
+- ``events`` reads a regular file only (a FIFO or a device is refused, never waited on), at
+  most its first and last few MiB; bytes that are not UTF-8 are replaced. It keeps a
+  journal's lines that are events as rankguard writes them: an object with a known-looking
+  ``event``, a finite ``ts``, and whole numbers (or null) where rankguard writes
   whole numbers; anything else is skipped, so every later rule may rely on those types.
 - ``write_new`` writes a file only where a regular file (or nothing) is: not through a symbolic
   link, not into a FIFO; the content is made before the file is touched. Callers write into a
@@ -17,44 +17,55 @@ Every failure is a ``UsageError`` naming the path and the fix.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import stat
+import sys
 from typing import Any
 
 from ..records import private_files
 from ..errors import UsageError
 
-JOURNAL_LIMIT = 1 << 30  # bytes of a journal read at most
+# bytes of a journal read at most, from its start (its run_start) and its end (the latest
+# attempt): parsing ~20 us a line here, a 1 GB journal took minutes and 8 GB of memory
+JOURNAL_HEAD = 1 << 20
+JOURNAL_TAIL = 16 << 20
 # fields rankguard writes as whole numbers (or null)
 WHOLE = ("attempt", "rank", "pid", "round", "group_rank", "group_world_size", "base_rank",
          "world_size", "nproc", "exit_code", "max_restarts", "attempts", "seq")
 _LARGEST = 1 << 53
-
-
-def read_text(path: str, what: str, limit: int) -> str:
-    """The text of regular file ``path`` (``what`` it is, for errors), at most ``limit`` bytes.
-
-    Raises:
-        UsageError: it cannot be opened, is not a regular file, or is larger than ``limit``.
-    """
-    try:
-        return private_files.read_regular(path, limit).decode("utf-8", errors="replace")
-    except OSError as exc:
-        raise UsageError(what, f"cannot read {path}: {exc.strerror}") from None
-    except private_files.NotRegular as exc:
-        raise UsageError(what, str(exc), "give the file rankguard wrote") from None
+_CUT: set[str] = set()  # the journals read in part, said on stderr
 
 
 def events(path: str) -> list[dict[str, Any]]:
-    """A journal's events that look as rankguard writes them (see the module doc).
+    """A journal's events that look as rankguard writes them (see the module doc). Of a
+    journal larger than ``JOURNAL_HEAD + JOURNAL_TAIL`` bytes, its first ``JOURNAL_HEAD`` and
+    last ``JOURNAL_TAIL`` only, in bounded time and memory: the events between are left out,
+    and one line on stderr says so.
 
     Raises:
-        UsageError: the file cannot be read (see ``read_text``).
+        UsageError: the file cannot be read, or is not a regular file.
     """
+    try:
+        head, tail = private_files.read_ends(path, JOURNAL_HEAD, JOURNAL_TAIL)
+    except OSError as exc:
+        raise UsageError("RUN", f"cannot read {path}: {exc.strerror}") from None
+    except private_files.NotRegular as exc:
+        raise UsageError("RUN", str(exc), "give the file rankguard wrote") from None
+    lines = _text(head).splitlines()
+    if tail:
+        # the part lines that each window was cut through are not events
+        lines = lines[:None if head.endswith(b"\n") else -1] + _text(tail).splitlines()[1:]
+    if tail and path not in _CUT:  # said once, not at each refresh of rankguard status
+        _CUT.add(path)
+        print(printable(f"rankguard: {path} is larger than {(JOURNAL_HEAD + JOURNAL_TAIL) >> 20}"
+                        f" MiB: read its first {JOURNAL_HEAD >> 20} MiB and its last "
+                        f"{JOURNAL_TAIL >> 20} MiB only (the events between are left out)"),
+              file=sys.stderr)
     found = []
-    for line in read_text(path, "RUN", JOURNAL_LIMIT).splitlines():
+    for line in lines:
         try:
             event = json.loads(line)
         except (ValueError, RecursionError):
@@ -62,6 +73,10 @@ def events(path: str) -> list[dict[str, Any]]:
         if _is_event(event):
             found.append(event)
     return found
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
 
 
 def _is_event(event: Any) -> bool:
@@ -97,7 +112,8 @@ def write_new(path: str, what: str, data: bytes, folder_fd: int | None = None) -
 
     Raises:
         UsageError: ``path`` is empty, a symbolic link, not a regular file, or cannot be
-            written; naming ``what`` (the option) and the fix.
+            written (a full disk: then it is removed, not left half written); naming
+            ``what`` (the option) and the fix.
     """
     if not path:
         raise UsageError(what, "is empty", "give a file name")
@@ -125,6 +141,8 @@ def write_new(path: str, what: str, data: bytes, folder_fd: int | None = None) -
         while view:
             view = view[os.write(fd, view):]
     except OSError as exc:
+        with contextlib.suppress(OSError):  # no half-written file left (a full disk)
+            os.unlink(name, dir_fd=folder_fd)
         raise UsageError(what, f"cannot write {path}: {exc.strerror}",
                          "give another file") from None
     finally:

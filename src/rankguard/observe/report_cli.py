@@ -40,7 +40,7 @@ def main(argv: list[str]) -> int:
         attempts = sorted({int(e["attempt"]) for e in events if e["event"] == "attempt_start"})
         recent = {n: recent_file.read_attempt(os.path.join(run.log_dir, f"attempt{n}"))
                   for n in attempts}
-        view = timeline.of_run(events, recent)
+        view = timeline.of_run(events, recent, run.unfinished)
     target = os.path.join(run.log_dir, FILE) if args.output is None else args.output
     page = report.render(view).encode("utf-8", errors="replace")
     try:

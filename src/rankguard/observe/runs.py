@@ -16,6 +16,7 @@ from ..errors import UsageError
 from ..inputs.options import Parser, number
 
 JOURNAL = "journal.jsonl"
+LOG_DIR_ENV = "RANKGUARD_LOG_DIR"  # set by the launcher in each rank's environment
 START_SLACK_S = 1.0  # a rank's process started at most this long after its rank_start event
 
 
@@ -38,6 +39,8 @@ class Run:
     attempt: int | None  # the last attempt started
     ranks: tuple[Rank, ...]  # that attempt's ranks on this node
     events: tuple[dict[str, Any], ...] = ()  # the journal, as read
+    # the run is over though its journal has no run_end (its launcher was killed): in words
+    unfinished: str | None = None
 
 
 def find(target: str | None) -> Run:
@@ -68,7 +71,31 @@ def find(target: str | None) -> Run:
                        os.path.join(log_dir, f"attempt{attempt}", f"stacks_rank{rank}.txt"),
                        rank not in exited and not ended and _same_process(event))
                   for rank, event in sorted(started.items()))
-    return Run(run_id, log_dir, path, ended, attempt, ranks, tuple(events))
+    return Run(run_id, log_dir, path, ended, attempt, ranks, tuple(events),
+               None if ended else _unfinished(events))
+
+
+def _unfinished(events: list[dict[str, Any]]) -> str | None:
+    """Why a journal without its run_end will never have one: its launcher (the run_start's
+    pid) is gone. None: it lives, or the journal does not say which process it was."""
+    start = next((e for e in events if e["event"] == "run_start"), None)
+    if start is None or not isinstance(start.get("pid"), int) or _same_process(start):
+        return None
+    return (f"its launcher (pid {start['pid']}) is gone without ending the journal "
+            "(killed, e.g. SIGKILL or out of memory)")
+
+
+def started_here(run: Run, rank: Rank) -> bool:
+    """Whether ``rank``'s process is one that ``rankguard run`` started for this run's log
+    folder (its environment's ``RANKGUARD_LOG_DIR``, the launcher's contract with its ranks and
+    spares, is that folder). A journal names pids, and whoever could write it may name any
+    process: one not proven to be the run's rank is never signalled. False when its
+    environment cannot be read (another user's process)."""
+    try:
+        folder = psutil.Process(rank.pid).environ().get(LOG_DIR_ENV)
+        return folder is not None and os.path.samefile(folder, run.log_dir)
+    except (psutil.Error, OSError):
+        return False
 
 
 def hang_text(event: dict[str, Any]) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..processes import proctree, stack_summary, stack_requests
 from ..inputs.options import Parser
-from . import runs
+from . import files, runs
 
 PROG = "rankguard stacks"
 
@@ -33,24 +33,31 @@ def main(argv: list[str]) -> int:
     args, budget, run = parsed
     live = [r for r in run.ranks if r.alive]
     if live:
-        # only ranks whose runtime catches the request: a rank still starting would die of it
-        ready = [r for r in live if proctree.catches(r.pid, stack_requests.RANK_SIGNAL)]
+        # only the run's own ranks (a journal may name any pid), and of those only the ones
+        # whose runtime catches the request: a rank still starting would die of it
+        own = [r for r in live if runs.started_here(run, r)]
+        ready = [r for r in own if proctree.catches(r.pid, stack_requests.RANK_SIGNAL)]
         dumps = stack_requests.ask({r.rank: (r.pid, [r.stacks]) for r in ready}, budget,
                                    keep_stopped=True)  # a rank someone stopped stays stopped
         where = f"now, {len(dumps)} of {len(live)} live rank(s) answered"
-        if len(ready) < len(live):
-            where += (f" ({len(live) - len(ready)} still starting, not asked: "
+        if len(ready) < len(own):
+            where += (f" ({len(own) - len(ready)} still starting, not asked: "
                       "no stacks handler yet)")
+        if len(own) < len(live):
+            where += (f" ({len(live) - len(own)} not asked: their process was not started by "
+                      f"this run for {run.log_dir})")
     else:
         dumps = {r.rank: stack_summary.last_dump(r.stacks) for r in run.ranks}
         dumps = {rank: text for rank, text in dumps.items() if text}
         where = ("the run has ended" if run.ended else "no rank is running") + \
             ("; the last stacks its ranks wrote" if dumps else "; no rank wrote stacks")
-    print(f"run {run.run_id}, attempt {run.attempt}: {where}")
+    # the journal and the dumps hold what the ranks' code named (its files, functions): on a
+    # terminal, without control characters (escape sequences)
+    print(files.printable(f"run {run.run_id}, attempt {run.attempt}: {where}"))
     same = stack_summary.by_stack(dumps, [r.rank for r in (live or run.ranks)])
     for line in stack_summary.describe(same, "  "):
-        print(line)
+        print(files.printable(line))
     if args.full:
         for rank in sorted(dumps):
-            print(f"\n--- rank {rank} ---\n{dumps[rank].rstrip()}")
+            print(f"\n--- rank {rank} ---\n{files.printable_lines(dumps[rank].rstrip())}")
     return 0 if dumps else 1

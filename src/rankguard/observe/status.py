@@ -14,7 +14,8 @@ from typing import Any
 
 import psutil
 
-from ..records import ledger
+from ..errors import UsageError
+from ..records import ledger, private_files
 from . import files, remote, runs
 
 
@@ -46,6 +47,7 @@ class StatusView:
     last_fault: str | None
     ranks: tuple[RankView, ...] = field(default_factory=tuple)
     nodes: str | None = None  # several nodes: where the others' ranks were read, what failed
+    unfinished: str | None = None  # over without its run_end (``runs.Run.unfinished``)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,7 +62,7 @@ def snapshot(run: runs.Run) -> StatusView:
     now = time.monotonic()
     entries = {rank: g for rank, p in progress.items() if p is not None
                for g in p.groups if g.is_world}
-    others = remote.read(list(events)) if not run.ended else None
+    others = remote.read(list(events)) if not (run.ended or run.unfinished) else None
     far = others.ranks if others is not None else ()
     entries.update((r.rank, _world(r)) for r in far)
     waited_for: set[int] = set()
@@ -102,7 +104,7 @@ def snapshot(run: runs.Run) -> StatusView:
         if others.problem:
             nodes += f"; {others.problem}"
     return StatusView(run.run_id, run.attempt, run.ended, restarts, last_fault, tuple(views),
-                      nodes)
+                      nodes, run.unfinished)
 
 
 def _world(other: remote.RemoteRank) -> ledger.GroupProgress:
@@ -122,9 +124,9 @@ def _current(groups: tuple[ledger.GroupProgress, ...]) -> ledger.GroupProgress |
 
 def _ledgers(run: runs.Run) -> dict[int, ledger.RankProgress | None]:
     """Each rank's ledger of the run's current attempt, if it can still be read."""
-    folders = sorted(glob.glob(os.path.join(ledger.default_dir(),
-                                            f"rankguard-ledgers-{glob.escape(run.run_id)}-*")),
-                     key=lambda p: os.path.getmtime(p) if os.path.exists(p) else 0)
+    folders = sorted((folder for folder in glob.glob(os.path.join(
+        ledger.default_dir(), f"rankguard-ledgers-{glob.escape(run.run_id)}-*"))
+        if _private(folder)), key=lambda p: os.path.getmtime(p) if os.path.exists(p) else 0)
     found: dict[int, ledger.RankProgress | None] = {}
     for rank in run.ranks:
         found[rank.rank] = None
@@ -142,6 +144,17 @@ def _ledgers(run: runs.Run) -> dict[int, ledger.RankProgress | None]:
                 found[rank.rank] = progress
                 break
     return found
+
+
+def _private(folder: str) -> bool:
+    """Whether ``folder`` is a ledger folder as the launcher makes them (``ledger.make_dir``):
+    the user's own, that only they can write. /dev/shm is everyone's: another user could
+    name a folder after the run there and put a forged ledger, or a FIFO, in it."""
+    try:
+        private_files.check_private(folder, "ledger folder")
+    except (UsageError, OSError):
+        return False
+    return True
 
 
 def _process(pid: int) -> str:
@@ -178,4 +191,6 @@ def render(view: StatusView) -> str:
         lines.append(view.nodes)
     if view.last_fault:
         lines.append(f"last fault: {view.last_fault}")
+    if view.unfinished:
+        lines.append(f"the run is over: {view.unfinished}")
     return files.printable_lines("\n".join(lines))

@@ -52,7 +52,7 @@ def main(argv: list[str]) -> int:
             view = status.snapshot(run)
             sys.stdout.write(_CLEAR + status.render(view) + "\n")
             sys.stdout.flush()
-            if view.ended:
+            if view.ended or view.unfinished:
                 return 0
             time.sleep(interval)
             run = runs.find(run.journal)  # a restart brings new ranks

@@ -82,10 +82,11 @@ class Timeline:
     sections: list[Section]
 
 
-def of_run(events: list[dict[str, Any]], recent: Mapping[int, Mapping[int, recent_file.RankRecent]]
-           ) -> Timeline:
+def of_run(events: list[dict[str, Any]], recent: Mapping[int, Mapping[int, recent_file.RankRecent]],
+           unfinished: str | None = None) -> Timeline:
     """A launcher run: ``events`` its journal, ``recent`` its recent-operations files by
-    attempt, then rank."""
+    attempt, then rank; ``unfinished``: why a journal without its run_end will never have one
+    (``runs.Run.unfinished``)."""
     run_id = next((e.get("run_id", "") for e in events), "")
     end = next((e for e in events if e["event"] == "run_end"), None)
     last_ts = events[-1]["ts"] if events else 0.0
@@ -98,7 +99,8 @@ def of_run(events: list[dict[str, Any]], recent: Mapping[int, Mapping[int, recen
     sections = [_attempt(number, by_attempt[number], recent.get(number, {}), last_ts)
                 for number in sorted(by_attempt)]
     if end is None:
-        summary = "running (the journal has no run_end yet)"
+        summary = f"over, {unfinished}" if unfinished else \
+            "running (the journal has no run_end yet)"
     else:
         summary = f"{end.get('status')}, exit code {end.get('exit_code')}"
         if end.get("root_cause"):

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import sys
 import sysconfig
 from dataclasses import dataclass
 
+DUMPS_LIMIT = 4 << 20  # bytes of a stacks file read at most: its latest dumps
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ .*\(most recent call first\):$")
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # rankguard/
@@ -154,9 +156,21 @@ def describe(same: list[SameStack], indent: str = "") -> list[str]:
 
 def last_dump(path: str) -> str:
     """The text of a stacks file (all its dumps; :func:`main_thread` takes the last), or ""
-    when it cannot be read."""
+    when it cannot be read. At most its last :data:`DUMPS_LIMIT` bytes, of a regular file
+    only, never through a symbolic link: whoever can write the run's folder (a rank's own
+    code) may have put a FIFO, a link to /dev/zero or to a secret at the name; reading is
+    bounded in time and memory whatever is found there."""
     try:
-        with open(path, "rb") as f:
-            return f.read().decode(errors="replace")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return ""
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return ""
+        start = max(0, info.st_size - DUMPS_LIMIT)
+        return os.pread(fd, info.st_size - start, start).decode(errors="replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)

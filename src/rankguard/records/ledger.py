@@ -60,6 +60,7 @@ import fcntl
 import mmap
 import os
 import shutil
+import stat
 import struct
 import tempfile
 import threading
@@ -309,12 +310,16 @@ def create(path: str, world_size: int) -> None:
 
 def _map(path: str, writable: bool) -> mmap.mmap:
     try:
+        # non-blocking: a FIFO at the name is refused below, not waited on
         fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW
-                     | os.O_CLOEXEC)
+                     | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise LedgerError(f"cannot open ledger {path}: {exc.strerror}") from exc
     try:
-        if os.fstat(fd).st_size != SIZE:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise LedgerError(f"ledger {path} is not a regular file")
+        if info.st_size != SIZE:
             raise LedgerError(f"ledger {path} has the wrong size (not written by this rankguard)")
         access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
         mapping = mmap.mmap(fd, SIZE, access=access)

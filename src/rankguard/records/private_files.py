@@ -249,23 +249,60 @@ class NotRegular(ValueError):
     """A path that is not a regular file, or one larger than the reader takes."""
 
 
-def read_regular(path: str, limit: int) -> bytes:
+def read_regular(path: str, limit: int, follow: bool = True) -> bytes:
     """The bytes of regular file ``path``, at most ``limit`` of them. A FIFO or a device is
     refused at once, never waited on (it is opened non-blocking), as is a larger file: what a
     user's folder holds may have been put there by anyone.
+
+    Args:
+        follow: False: a symbolic link at ``path`` is refused (``OSError`` ELOOP), never read
+            through (a file rankguard itself wrote there, which a link replaced).
 
     Raises:
         OSError: it cannot be opened or read.
         NotRegular: it is not a regular file, or is larger than ``limit`` bytes.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with _regular(path, follow) as (fd, size):
+        if size > limit:
+            raise NotRegular(f"{path} is larger than {limit} bytes")
+        return _read_at(fd, 0, limit)
+
+
+def read_ends(path: str, head: int, tail: int, follow: bool = True) -> tuple[bytes, bytes]:
+    """The first ``head`` and the last ``tail`` bytes of regular file ``path``, in bounded time
+    and memory whatever its size: a file of at most ``head + tail`` bytes is all in the first
+    part (the second is then empty). Refuses what :func:`read_regular` refuses, but a large file.
+
+    Raises:
+        OSError: it cannot be opened or read.
+        NotRegular: it is not a regular file.
+    """
+    with _regular(path, follow) as (fd, size):
+        if size <= head + tail:
+            return _read_at(fd, 0, head + tail), b""
+        return _read_at(fd, 0, head), _read_at(fd, size - tail, tail)
+
+
+@contextlib.contextmanager
+def _regular(path: str, follow: bool):
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise NotRegular(f"{path} is not a regular file")
-        if info.st_size > limit:
-            raise NotRegular(f"{path} is larger than {limit} bytes")
-        with os.fdopen(fd, "rb", closefd=False) as source:
-            return source.read(limit + 1)[:limit]
+        yield fd, info.st_size
     finally:
         os.close(fd)
+
+
+def _read_at(fd: int, offset: int, count: int) -> bytes:
+    """At most ``count`` bytes from ``offset`` (fewer where the file ends first)."""
+    parts, got = [], 0
+    while got < count:
+        chunk = os.pread(fd, min(count - got, 1 << 24), offset + got)
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)

@@ -115,13 +115,14 @@ LIMIT = 16 << 20  # bytes: a file of 64 groups' rings is well under 1 MB
 
 
 def read(file: str) -> RankRecent:
-    """One rank's file: a regular file only (a FIFO is not waited on), at most ``LIMIT`` bytes.
+    """One rank's file: a regular file only (a FIFO is not waited on, a symbolic link planted at
+    its name is not read through), at most ``LIMIT`` bytes.
 
     Raises:
         LedgerError: it cannot be read, or is not a recent-operations file of this format.
     """
     try:
-        record = json.loads(private_files.read_regular(file, LIMIT))
+        record = json.loads(private_files.read_regular(file, LIMIT, follow=False))
     except (OSError, ValueError, RecursionError) as exc:  # NotRegular is a ValueError
         raise LedgerError(f"cannot read {file}: {type(exc).__name__}: {exc}") from None
     try:
