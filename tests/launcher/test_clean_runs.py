@@ -5,6 +5,7 @@ import pytest
 from tests.conftest import script
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_two_ranks_run_to_success_with_torchrun_environment(run_rankguard):
     run = run_rankguard(["--nproc-per-node", "2", script("allreduce.py"), "5"])
     assert run.code == 0, run.stderr
@@ -17,6 +18,7 @@ def test_two_ranks_run_to_success_with_torchrun_environment(run_rankguard):
     assert run.event("first_step")["since_start_s"] > 0
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_collectives_reach_the_ledger_including_ddp_from_cpp(run_rankguard, tmp_path):
     # A DDP step issues its gradient all-reduce from C++; the attempt's first_step event needs
     # every rank's ledger to show init plus at least one completed collective.
@@ -27,12 +29,14 @@ def test_collectives_reach_the_ledger_including_ddp_from_cpp(run_rankguard, tmp_
     run.event("first_step")
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_module_mode_runs_a_module(run_rankguard):
     run = run_rankguard(["--nproc-per-node", "1", "-m", "tests.scripts.allreduce", "2"])
     assert run.code == 0, run.stderr
     assert "OK rank=0 backend=gloo" in run.stdout
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_rank_output_is_kept_in_the_log_dir(run_rankguard):
     run = run_rankguard(["--nproc-per-node", "2", "--no-tee", script("allreduce.py"), "2"])
     assert run.code == 0

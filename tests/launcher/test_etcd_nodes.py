@@ -70,6 +70,7 @@ def test_the_job_survives_the_loss_of_the_node_that_hosts_the_rounds_store(tmp_p
     assert sorted(rounds) == [(0, 2), (1, 2), (1, 2)], rounds
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_an_etcd_endpoint_where_nothing_answers_is_a_bounded_join_failure_naming_it(tmp_path):
     from tests.launcher.etcd_server import require_etcd
     from tests.launcher.test_multinode import _free_port

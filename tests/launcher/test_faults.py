@@ -47,6 +47,7 @@ def test_dying_rank_is_the_root_cause_and_the_others_are_victims(run_rankguard, 
     assert all(e["step"] == "term" for e in escalations)  # nobody needed SIGKILL
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_survivors_of_a_death_end_on_sigterm_within_the_stacks_step_and_grace(run_rankguard):
     grace = DEFAULT_GRACE  # a victim's teardown may take over 1 s on a loaded 2-core machine
     run = run_rankguard(["--nproc-per-node", "3", "--inject", "kill:rank=2,at=op10",
@@ -119,6 +120,7 @@ def test_rank_holding_the_gil_is_blamed_only_after_the_straggler_timeout(run_ran
     assert "_busy_holding_gil" in (run.log_dir / "attempt0" / "stacks_rank1.txt").read_text()
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_rank_ignoring_sigterm_is_killed_after_grace_with_its_grandchild(run_rankguard):
     run = run_rankguard(["--nproc-per-node", "2", "--grace", "1", script("ignore_term.py")],
                         timeout=60)
@@ -129,6 +131,7 @@ def test_rank_ignoring_sigterm_is_killed_after_grace_with_its_grandchild(run_ran
     # the grandchildren (sleep 600) are gone too: the autouse fixture fails the test otherwise
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_collective_timeout_blames_the_rank_that_never_arrived_not_the_one_that_raised(
         run_rankguard):
     collective_s, hang_s = 1.0, 60.0
@@ -145,6 +148,7 @@ def test_collective_timeout_blames_the_rank_that_never_arrived_not_the_one_that_
     assert collective_s <= hang["waited_s"] < hang_s
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_bounded_ranks_get_the_launchers_notice_and_raise_peer_failed_before_any_sigterm(
         run_rankguard):
     # The notice gives the survivors --grace to end on their own: a generous grace makes "no

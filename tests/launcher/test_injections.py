@@ -18,6 +18,7 @@ def _never_fired(run: Run) -> list[dict[str, Any]]:
     return [e for e in run.events if e["event"] == "injection_never_fired"]
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_a_step_fault_in_a_script_without_step_loop_is_said_never_to_have_fired(
         run_rankguard: Any) -> None:
     run = run_rankguard(["--nproc-per-node", "2", "--inject", "kill:rank=0,at=step5",
@@ -33,6 +34,7 @@ def test_a_step_fault_in_a_script_without_step_loop_is_said_never_to_have_fired(
                      "step": None, "op": STEPS, "message": said}
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_a_fault_that_fired_is_not_reported_and_one_cut_short_by_it_is(
         run_rankguard: Any) -> None:
     run = run_rankguard(["--nproc-per-node", "2", "--max-restarts", "1", "--hang-timeout", "3",

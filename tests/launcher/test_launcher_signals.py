@@ -150,6 +150,7 @@ def test_a_node_that_waits_for_its_peer_in_the_round_ends_at_once_on_ctrl_c(tmp_
     assert "the agent received a signal while it waited for the round" in run.stderr
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_a_second_ctrl_c_ends_the_grace_and_kills_the_ranks_at_once(tmp_path):
     log_dir = tmp_path / "logs"
     grace = 120.0  # the ranks ignore SIGTERM: without the second Ctrl-C the run takes this long

@@ -26,6 +26,7 @@ def test_a_clean_ddp_job_trains_and_ends_well(run_rankguard):
     assert not [e for e in run.events if e["event"] in ("hang_detected", "straggler")]
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_a_rank_that_never_reaches_ddps_bucket_all_reduce_is_blamed_for_it(run_rankguard):
     at = 4
     run = run_rankguard(job("ddp", str(at)), env=RECORDER)
@@ -54,7 +55,8 @@ def test_a_clean_job_on_a_device_mesh_ends_well(run_rankguard):
 # mesh_alone: init_device_mesh makes the default group itself, through device_mesh's own
 # import of init_process_group (its groups wrapped: the recorded ones are the "mesh" case's)
 @pytest.mark.parametrize("scenario, env", [
-    ("mesh", RECORDER), pytest.param("mesh_alone", {}, marks=pytest.mark.slow)])
+    pytest.param("mesh", RECORDER, marks=pytest.mark.slow),  # 11 s here
+    pytest.param("mesh_alone", {}, marks=pytest.mark.slow)])
 def test_a_rank_that_never_enqueues_in_its_device_mesh_sub_group_is_named_with_it(
         run_rankguard, scenario, env):
     run = run_rankguard(job(scenario, "2", nproc=4), env=env)

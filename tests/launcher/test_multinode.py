@@ -67,6 +67,7 @@ def _error(runs: list[Run]) -> str:
     return "\n=====\n".join(run.stderr[-3000:] + run.stdout[-2000:] for run in runs)
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_two_nodes_run_one_gloo_group_with_torchruns_environment(tmp_path):
     runs, port = _agents(tmp_path, [script("node_env.py"), "3"])
     assert [run.code for run in runs] == [0, 0], _error(runs)
@@ -178,6 +179,7 @@ def test_bad_multi_node_input_is_one_line_and_exit_2(tmp_path, args, fragment):
     assert proc.stdout == ""
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_an_unreachable_endpoint_is_a_bounded_join_failure_naming_it(tmp_path):
     port = _free_port()  # nothing listens there, and is_host=0 keeps this agent from hosting
     join = 2
@@ -200,7 +202,8 @@ def _backend(port: int, etcd: str | None) -> list[str]:
     return ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
 
 
-@pytest.mark.parametrize("static", [pytest.param(False, marks=pytest.mark.slow), True],
+@pytest.mark.parametrize("static", [pytest.param(False, marks=pytest.mark.slow),
+                                    pytest.param(True, marks=pytest.mark.slow)],  # 8 s here
                          ids=["c10d", "static"])
 def test_an_endpoint_that_accepts_and_never_answers_is_a_bounded_join_failure(tmp_path, static):
     """A listener that takes the connection and says nothing: torch's client would wait for

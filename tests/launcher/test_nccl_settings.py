@@ -15,6 +15,7 @@ def rank_env(run_rankguard, env: dict[str, str]) -> dict[str, str]:
                 for line in run.stdout.splitlines() if "=" in line)
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_ranks_get_the_nccl_settings_rankguard_needs(run_rankguard, monkeypatch):
     for name in NCCL_SETTINGS:
         monkeypatch.delenv(name, raising=False)
@@ -25,6 +26,7 @@ def test_ranks_get_the_nccl_settings_rankguard_needs(run_rankguard, monkeypatch)
     assert "TORCH_NCCL_ENABLE_TIMING" not in seen  # costly: the user's choice (README)
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 @pytest.mark.parametrize("name, value", [("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"),
                                          ("TORCH_NCCL_ENABLE_TIMING", "1"),
                                          ("TORCH_NCCL_ENABLE_MONITORING", "false"),

@@ -26,6 +26,7 @@ def job(*args: str, nproc: int = 2, flags: tuple[str, ...] = ("--hang-timeout", 
 BOUNDED = ("--collective-timeout", "2", "--hang-timeout", "30")  # the deadline comes first
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_a_clean_job_of_recorded_groups_ends_well_and_steps(run_rankguard):
     run = run_rankguard(job("clean", nproc=3), env=RECORDER)
     assert run.code == 0, run.stderr
@@ -95,6 +96,7 @@ def test_a_bad_gloo_mode_is_refused_before_the_script_runs(run_rankguard):
     assert "Traceback" not in run.stderr
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_a_collective_past_its_deadline_raises_naming_the_rank_that_never_enqueued_it(
         run_rankguard):
     run = run_rankguard(job("bounded", "5", flags=BOUNDED), env=RECORDER)
@@ -107,6 +109,7 @@ def test_a_collective_past_its_deadline_raises_naming_the_rank_that_never_enqueu
     assert (hang["blamed"], hang["reason"]) == ([1], "collective_deadline"), hang
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_the_survivors_of_a_collective_deadline_regroup_and_all_reduce(run_rankguard):
     run = run_rankguard(job("bounded_regroup", "5", "30", nproc=3, flags=BOUNDED),
                         env=RECORDER)
@@ -117,6 +120,7 @@ def test_the_survivors_of_a_collective_deadline_regroup_and_all_reduce(run_rankg
     assert "REGROUPED rank=1 size=2 sum=2" in run.stdout, run.stdout
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_a_deadline_block_bounds_the_wait_for_a_recorded_groups_collective(run_rankguard):
     run = run_rankguard(job("deadline_block", "5", "2", flags=("--hang-timeout", "30")),
                         env=RECORDER)
@@ -127,6 +131,7 @@ def test_a_deadline_block_bounds_the_wait_for_a_recorded_groups_collective(run_r
     assert run.event("run_end")["root_cause"].startswith("rank 0 raised"), run.stderr
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_in_bounded_mode_the_supervisors_notice_ends_a_waiting_rank_on_its_own(run_rankguard):
     run = run_rankguard(job("bounded", "5", flags=("--collective-timeout", "60",
                                                    "--hang-timeout", "2", "--grace", "20")),
@@ -141,6 +146,7 @@ def test_in_bounded_mode_the_supervisors_notice_ends_a_waiting_rank_on_its_own(r
     assert run.wall_s < 20, run.wall_s
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_every_rank_keeps_torchs_flight_recorder_dump_for_torchs_analyser(run_rankguard):
     run = run_rankguard(job("sleep", "7"), env=RECORDER)
     assert run.code == 3, run.stderr
@@ -157,6 +163,7 @@ def test_every_rank_keeps_torchs_flight_recorder_dump_for_torchs_analyser(run_ra
     assert "missing ranks: {1}" in found, found[-3000:]
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 @pytest.mark.parametrize("kind, reason", [("hang", "made no progress"),
                                           ("stop", "stopped (SIGSTOP)")])
 def test_a_fault_injected_at_an_operation_fires_on_a_group_rankguard_does_not_wrap(

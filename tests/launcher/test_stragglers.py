@@ -50,7 +50,7 @@ def late_server() -> Iterator[str]:
 
 @pytest.mark.parametrize("kind, doing", [
     pytest.param("sleep_child", "waits for child", marks=pytest.mark.slow),
-    ("url", "socket to 127.0.0.1:"),
+    pytest.param("url", "socket to 127.0.0.1:", marks=pytest.mark.slow),  # 14 s here
     pytest.param("busy_child", "busy: ", marks=pytest.mark.slow),
     pytest.param("captured_child", "pipe from child", marks=pytest.mark.slow),
     pytest.param("poll", "polls (clock_nanosleep", marks=pytest.mark.slow),
@@ -93,6 +93,7 @@ def test_asking_a_hung_rank_for_its_stacks_again_and_again_does_not_hide_the_han
     assert hang <= hang_event["waited_s"] < hang + 3.0, hang_event
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_a_rank_blocked_on_a_peer_ranks_socket_is_frozen(run_rankguard):
     """Rank 0 waits for a byte from a socket rank 1 listens on (never accepted): a wait inside
     the job, blamed one hang timeout after rank 1 began to wait at the barrier."""

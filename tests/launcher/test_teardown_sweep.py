@@ -23,6 +23,7 @@ def _daemon_pid(pidfile: Path, timeout: float = 30.0) -> int:
     return int(pidfile.read_text())
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 @pytest.mark.parametrize("env", [CGROUP, SUBREAPER])
 def test_the_sweep_kills_and_journals_a_process_that_cleared_its_environment_and_detached(
         run_rankguard, tmp_path, env):

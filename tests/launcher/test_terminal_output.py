@@ -116,6 +116,7 @@ def test_reader_that_closes_the_pipe_early_leaves_the_job_running_to_success(tmp
     assert f"dropped {dropped} bytes of stdout (its reader closed it)" in run.stderr
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_launcher_messages_to_a_closed_stderr_neither_crash_nor_change_the_outcome(tmp_path):
     log_dir = tmp_path / "logs"
     proc = launch(["--nproc-per-node", "2", "--inject", "crash:3:rank=1,at=op5",

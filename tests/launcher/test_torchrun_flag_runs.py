@@ -20,6 +20,7 @@ def _executable(path: Path, text: str) -> str:
     return str(path)
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_no_python_runs_the_executable_itself_as_each_rank(run_rankguard, tmp_path):
     wrapper = _executable(tmp_path / "rank.sh", (
         "#!/bin/sh\n"
@@ -58,6 +59,7 @@ def _assert_logs_complete(run) -> None:
         assert f"out rank={rank} sum=2" in log and f"err rank={rank}" in log
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_local_ranks_filter_shows_only_those_ranks_and_the_logs_keep_all(run_rankguard):
     run = run_rankguard(["--nproc-per-node", "2", "--local-ranks-filter", "1", TWO_STREAMS])
     assert run.code == 0, run.stderr

@@ -152,14 +152,15 @@ def test_status_on_one_node_shows_the_other_nodes_ranks_and_the_one_they_wait_fo
             shown = command("status", "--json", node0)
             view = json.loads(shown.stdout) if shown.returncode == 0 else {}
             rows = {row["rank"]: row for row in view.get("ranks", [])}
-            if rows.get(2, {}).get("waited_for"):
+            # node 1's beats lag its ranks: rank 3 may still show its last beat (init)
+            if rows.get(2, {}).get("waited_for") and rows.get(3, {}).get("op") == "all_reduce":
                 break
             assert time.monotonic() < deadline, shown.stdout + shown.stderr
             time.sleep(0.5)
         assert sorted(rows) == [0, 1, 2, 3], rows
         assert rows[2]["node"] == rows[3]["node"] == "node 1 (127.0.0.1)", rows
         assert rows[0]["node"] == "" and rows[0]["pid"] > 0
-        assert rows[3]["state"] == "waiting" and rows[3]["op"] == "all_reduce", rows
+        assert rows[3]["state"] == "waiting", rows
         assert "from their beats in the round's store at" in view["nodes"], view
         table = command("status", node0).stdout
         assert "node 1 (127.0.0.1)  <- the others wait for it" in table, table

@@ -63,6 +63,7 @@ def _run(scenario: str, folder: Path, env: dict[str, str] | None = None) -> list
                 proc.communicate(timeout=10)
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 @pytest.mark.parametrize("env", BACKENDS)
 def test_each_group_counts_its_collectives_and_the_dumps_are_read_by_torchs_analyser(
         tmp_path: Path, env: dict[str, str]) -> None:
@@ -99,6 +100,7 @@ def test_each_group_counts_its_collectives_and_the_dumps_are_read_by_torchs_anal
     assert "missing ranks: {1}" in found, found
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 @pytest.mark.parametrize("env", BACKENDS)
 def test_the_operation_a_rank_waits_in_is_active_with_its_group_number_and_kind(
         tmp_path: Path, env: dict[str, str]) -> None:
@@ -112,6 +114,7 @@ def test_the_operation_a_rank_waits_in_is_active_with_its_group_number_and_kind(
     assert rank0["groups"][str(op["pg_id"])]["enqueued"] == WORLD_OPS + 1
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_an_off_recorder_is_refused_cleanly_without_asking_torch(tmp_path: Path) -> None:
     for report in _run("off", tmp_path, {"TORCH_FR_BUFFER_SIZE": "0"}):
         assert report["refused"] == (

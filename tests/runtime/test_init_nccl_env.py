@@ -17,6 +17,7 @@ READ_BACK = ("import json, os, rankguard; rankguard.init(); "
              f"print(json.dumps({{n: os.environ.get(n) for n in {list(NCCL_SETTINGS)!r}}}))")
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 @pytest.mark.parametrize("user, expected", [
     ({}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_ENABLE_MONITORING": "0",
           "TORCH_NCCL_DUMP_ON_TIMEOUT": "0", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0"}),
@@ -33,6 +34,7 @@ def test_init_sets_the_nccl_settings_unless_the_user_did(user: dict[str, str],
     assert json.loads(done.stdout.splitlines()[-1]) == expected
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_under_stock_torchrun_init_turns_its_agents_error_handling_mode_off(
         tmp_path: Path) -> None:
     # torchrun's agent gives every rank TORCH_NCCL_ASYNC_ERROR_HANDLING=1 where its own

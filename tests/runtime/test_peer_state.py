@@ -12,6 +12,7 @@ import pytest
 from .ranks import Ranks
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 @pytest.mark.deadline(120)
 def test_a_rank_without_state_receives_the_peers_state_and_every_rank_agrees_on_the_step(
         tmp_path: Path) -> None:

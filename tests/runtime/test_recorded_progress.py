@@ -7,6 +7,7 @@ import pytest
 from tests.conftest import script
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_a_collective_refused_at_once_is_not_left_in_progress(run_rankguard):
     # quiet for 1.5 s after the refused calls, with --hang-timeout 1: recorded in progress, the
     # refused ones would make both ranks look stuck in their last all_reduce

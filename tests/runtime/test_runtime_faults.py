@@ -71,6 +71,7 @@ def test_sigterm_before_init_or_on_cpu_only_worker_exits_0_without_noise(
     assert err.count("\n") == 1 and "torn down" in err, err
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 @pytest.mark.parametrize("launcher", launchers("plain", "rankguard"))
 def test_sigterm_inside_allreduce_exits_0_under_each_launcher(tmp_path: Path,
                                                               launcher: str) -> None:
@@ -113,9 +114,8 @@ STORE_TIMEOUT = 2.0
 
 
 @pytest.mark.parametrize(("fault", "call"), [
-    ("frozen", "deadline"),
-    *(pytest.param(fault, call, marks=pytest.mark.slow)
-      for fault, call in [("dead", "shutdown"), ("frozen", "shutdown"), ("frozen", "regroup"),
+    *(pytest.param(fault, call, marks=pytest.mark.slow)  # 6-10 s each here
+      for fault, call in [("frozen", "deadline"), ("dead", "shutdown"), ("frozen", "shutdown"), ("frozen", "regroup"),
                           ("dead", "regroup"), ("dead", "deadline")])])
 def test_a_store_host_that_froze_or_died_bounds_every_runtime_call_and_the_exit(
         tmp_path: Path, fault: str, call: str) -> None:
@@ -146,6 +146,7 @@ def test_a_store_host_that_froze_or_died_bounds_every_runtime_call_and_the_exit(
         assert all("could not be asked" in r["message"] for r in results), results
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_shutdown_is_clean_and_destroys_the_group_when_every_rank_arrives(tmp_path: Path
                                                                           ) -> None:
     with Ranks("shutdown_all", 3, tmp_path) as ranks:
@@ -155,6 +156,7 @@ def test_shutdown_is_clean_and_destroys_the_group_when_every_rank_arrives(tmp_pa
     assert all(r["clean"] and r["missing"] == [] and not r["initialized"] for r in results)
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 @pytest.mark.parametrize("launcher", launchers("rankguard"))
 def test_deadline_on_allreduce_with_frozen_peer_raises_collective_timeout_naming_it(
         tmp_path: Path, launcher: str) -> None:
@@ -183,6 +185,7 @@ def test_a_job_whose_store_host_exits_first_ends_without_a_cpp_stack_dump(
     assert "TCPStore" not in errs[1] and "Exception raised" not in errs[1], errs[1]
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_a_barrier_in_a_deadline_with_a_frozen_peer_ends_at_the_deadline_naming_it(
         tmp_path: Path) -> None:
     # dist.barrier() hands its options to the group by keyword: the deadline was not passed
@@ -194,6 +197,7 @@ def test_a_barrier_in_a_deadline_with_a_frozen_peer_ends_at_the_deadline_naming_
     assert 0.9 <= result["waited"] < 2.0 and result["elapsed"] < 3.0, result
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_a_send_slower_than_a_wait_slice_arrives_and_a_frozen_senders_recv_ends_at_its_deadline(
         tmp_path: Path) -> None:
     # gloo closes the connection when a send's or recv's wait times out: a bounded recv must
@@ -207,6 +211,7 @@ def test_a_send_slower_than_a_wait_slice_arrives_and_a_frozen_senders_recv_ends_
     assert 0.9 <= result["waited"] < 2.0 and result["elapsed"] < 3.0, result
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_regroup_of_three_survivors_after_a_rank_is_killed_then_allreduce_is_correct(
         tmp_path: Path) -> None:
     with Ranks("regroup_after_kill", 4, tmp_path) as ranks:
@@ -222,6 +227,7 @@ def test_regroup_of_three_survivors_after_a_rank_is_killed_then_allreduce_is_cor
     assert any(r["missing"] == [3] for r in results)
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_regroup_probing_a_frozen_peer_keeps_a_timeout_shorter_than_the_probe_windows(
         tmp_path: Path) -> None:
     # the probes of the survivors took their whole windows (0.5 s, then 2 s) whatever the
@@ -247,6 +253,7 @@ def test_a_generation_one_rank_gave_up_on_is_not_formed_later_with_that_rank(
     assert later["elapsed"] < 5.0 + 0.5 + 3.0, later  # regroup(timeout=5), plus this machine's load
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_ddp_peer_death_raises_peer_failed_from_backward_not_a_crash(tmp_path: Path) -> None:
     with Ranks("ddp_peer_dies", 2, tmp_path) as ranks:
         result = ranks.result(0)

@@ -60,6 +60,7 @@ def test_init_naming_a_store_nobody_hosts_ends_within_the_hang_timeout_explained
         assert fragment.format(port=port) in run.stderr
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_tcp_init_method_naming_the_launchers_store_still_works(run_rankguard):
     run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "2", INIT, "master"])
     assert run.code == 0, run.stderr

@@ -140,6 +140,7 @@ def test_a_membership_written_by_an_outsider_is_not_adopted_by_regroup(
     assert sum(result["dropped"] for result in results) >= 1, results  # read, then replaced
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_an_arrival_written_by_an_outsider_does_not_complete_the_shutdown_barrier(
         tmp_path: Path) -> None:
     with Ranks("outsider_shutdown", 2, tmp_path) as ranks:

@@ -17,6 +17,7 @@ from ..serving import rank_functions as rf
 SETTLE_S = 0.5  # a notice is acted on right after it is popped; the ranks had this long
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 @pytest.mark.deadline(120)
 def test_forged_notices_in_a_pool_groups_store_do_not_fail_its_requests() -> None:
     from torch.distributed import TCPStore

@@ -54,6 +54,7 @@ def test_a_pools_group_folders_and_files_are_private_in_a_log_dir_its_group_can_
     assert stat.S_IMODE(logs.stat().st_mode) == 0o775  # the user's folder is theirs to set
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 @pytest.mark.parametrize("planted", ["a symlink", "a folder of nobody's"])
 def test_a_pool_refuses_what_is_planted_at_a_group_folders_name_and_starts_the_next(
         tmp_path: Path, planted: str) -> None:

@@ -186,6 +186,7 @@ def test_calls_during_healing_wait_or_fail_fast_and_a_fault_while_healing_is_sur
         assert caught.value.state == "healing" and caught.value.retry_after > 0
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 @pytest.mark.deadline(120)
 def test_a_spare_that_dies_while_waiting_is_replaced(tmp_path: Path) -> None:
     log = tmp_path / "journal.jsonl"
@@ -268,6 +269,7 @@ def test_every_seconds_argument_is_refused_unless_finite_and_positive(value: obj
         assert caught.value.what == f"Pool({name})"
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_a_call_timeout_that_is_not_seconds_or_below_the_useful_minimum_is_refused() -> None:
     with rankguard.Pool(1, spares=0, timeout=TIMEOUT) as pool:
         group = pool.run(rf.pid)
@@ -305,6 +307,7 @@ def test_a_queued_call_that_cannot_start_in_useful_time_fails_unavailable_and_sp
     assert events(log, "group_retire") == [] and events(log, "request_fault") == []
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 @pytest.mark.deadline(120)
 def test_a_call_that_overruns_its_own_deadline_blames_no_rank_and_the_group_serves_again(
         tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ def healed(log: Path) -> list[dict]:
     return [e for e in events(log, "group_ready") if e["role"] == "ranks_replaced"]
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 @pytest.mark.deadline(120)
 @pytest.mark.parametrize("zygote", [True, False], ids=["forked", "cold"])
 def test_a_killed_rank_is_replaced_while_its_peer_keeps_its_process(
@@ -150,6 +151,7 @@ def test_after_an_overrun_only_the_rank_that_never_finished_the_call_is_replaced
     assert [e["ranks"] for e in healed(log)] == [[1]]
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 @pytest.mark.deadline(120)
 def test_a_warm_spare_takes_the_place_of_a_killed_rank_and_another_warms_up(
         tmp_path: Path) -> None:

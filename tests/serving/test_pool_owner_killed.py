@@ -51,7 +51,10 @@ def test_a_pool_whose_process_is_sigkilled_leaves_no_process_and_no_folder() -> 
         leader.kill()
         leader.wait(timeout=10)
         deadline = time.monotonic() + GONE_WITHIN_S
-        while proctree.with_env(MARKER, found["token"]) and time.monotonic() < deadline:
+        # a killed process still exiting no longer shows its environment: wait for both
+        while (proctree.with_env(MARKER, found["token"])
+               or any(proctree.alive(pid) for pid in found["started"])) \
+                and time.monotonic() < deadline:
             time.sleep(0.1)
         left = proctree.with_env(MARKER, found["token"])
         assert not left, [proctree.describe(pid) for pid in left]

@@ -143,6 +143,7 @@ def test_a_warm_rank_works_in_the_folder_the_leader_is_in_when_it_hands_it_over(
         replica.close(Deadline.after(10.0))
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 @pytest.mark.deadline(120)
 def test_a_warm_rank_that_died_before_the_hand_over_leaves_its_rank_to_a_cold_start(
         warm: Warm, tmp_path: Path) -> None:
@@ -158,6 +159,7 @@ def test_a_warm_rank_that_died_before_the_hand_over_leaves_its_rank_to_a_cold_st
     assert warm.count().ready == 0 and warm.ranks.pids() == []
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 @pytest.mark.deadline(120)
 def test_a_ready_warm_rank_that_dies_idle_is_replaced_and_counted(warm: Warm) -> None:
     warm.ranks.fill("cpu", 1)

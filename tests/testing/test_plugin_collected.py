@@ -71,6 +71,7 @@ TESTS = ("test_first", "test_rank0_only", "test_both")
 RUN_S = 90.0
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 @pytest.mark.parametrize("selection", [OTHER_TESTS_ON_RANK1, LATE_DESELECTION_ON_RANK1],
                          ids=["modifyitems", "collection_finish"])
 def test_under_rankguard_run_ranks_that_collected_other_tests_stop_before_any_test_naming_them(

@@ -225,6 +225,7 @@ def test_leaks_can_warn_instead_of_failing(tmp_path: Path) -> None:
     assert session.code == 0
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_the_teardown_after_a_failed_test_has_its_own_deadline(tmp_path: Path) -> None:
     session = run(tmp_path, TEARDOWN_HANGS)
     assert session.result("test_fails_then_its_teardown_hangs") in ("failed,error", "error,failed")

@@ -32,6 +32,7 @@ def test_good_after():
 '''
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_a_passing_distributed_test_runs_on_every_rank_of_a_reused_warm_pool(
         tmp_path: Path) -> None:
     body = HEADER + '''
@@ -111,10 +112,12 @@ def test_rank1_fails_between_sub_group_collectives():
 ''' + GOOD
     session = run_suite(tmp_path, {"test_dist.py": body}, [], timeout=120)
     text = session.text("test_rank1_fails_between_sub_group_collectives")
-    assert text.startswith("rank 1 failed first (AssertionError); rank 0 failed as a "
-                           "consequence (PeerFailed)"), text
+    # inside its all_reduce (PeerFailed) or, if rank 1's notice came first, as it starts it
+    assert re.match(r"rank 1 failed first \(AssertionError\); rank 0 failed as a consequence "
+                    r"\((PeerFailed|GroupRetired)\)", text), text
     assert re.search(r"PeerFailed: rank 0: all_reduce #2 on group '(?!world)[^']+' was "
-                     r"abandoned: rank 1 raised AssertionError", text), text
+                     r"abandoned: rank 1 raised AssertionError|GroupRetired: process group "
+                     r"'(?!world)[^']+' is retired \(rank 1 raised AssertionError\)", text), text
     assert session.result("test_good_after") == "passed"
     assert session.wall_s < 40  # told at once, not at the 60 s deadline
 
@@ -242,6 +245,7 @@ def test_rank1_never_joins():
     assert session.result("test_good_after") == "passed"
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 @pytest.mark.parametrize("name, value", [("TORCH_FR_BUFFER_SIZE", "abc"),
                                          ("TORCH_NCCL_ENABLE_MONITORING", "maybe")])
 def test_warm_ranks_that_torch_would_abort_fail_the_test_at_once_naming_the_variable(

@@ -146,6 +146,7 @@ def outcome(log: str, test: str) -> str | None:
     return found.group(1) if found else None
 
 
+@pytest.mark.slow  # over 4 s here: out of the quick run
 def test_under_a_launcher_a_rank_that_fails_first_releases_its_peers_and_the_group_is_reformed(
         run_rankguard, tmp_path: Path) -> None:
     run, logs = released_run(run_rankguard, tmp_path, DISAGREES)
