@@ -1,8 +1,8 @@
 """NCCL groups that libraries and torch features make, under ``rankguard run`` with no change to
 the script (``python -m pytest -m gpu``): DistributedDataParallel's bucket all-reduces on the
-default group, a ``split_group`` sub-group, a mixed ``cpu:gloo,cuda:nccl`` default group, and an
-all_reduce captured in a CUDA graph and replayed. Two NCCL ranks on GPU 0, each a host of its own
-through ``NCCL_HOSTID``. The same DDP and sub-group cases run on CPU in
+default group, a ``split_group`` sub-group, a mixed ``cpu:gloo,cuda:nccl`` default group (a hang
+in either half), and an all_reduce captured in a CUDA graph and replayed. Two NCCL ranks on GPU
+0, each a host of its own through ``NCCL_HOSTID``. The same DDP and sub-group cases run on CPU in
 tests/launcher/test_library_groups.py. Skipped without a CUDA GPU."""
 
 from __future__ import annotations
@@ -57,6 +57,16 @@ def test_in_a_mixed_group_a_cuda_all_reduce_hang_is_named_and_cpu_all_reduces_wo
     for rank in (0, 1):
         for step in range(1, at + 1):
             assert f"CPU rank={rank} step={step} sum=2" in run.stdout, run.stdout[-3000:]
+
+
+def test_in_a_mixed_group_a_rank_that_never_reaches_a_cpu_all_reduce_is_named(run_rankguard):
+    """The gloo half of the default group publishes in a slot of its own (``world/gloo``,
+    labelled by its members): before, nothing was pending in the NCCL half and no verdict came."""
+    at = 5
+    run = run_rankguard(nccl_job("mixed_cpu", str(at), backend=MIXED), timeout=90, env=ONE_GPU)
+    hang = assert_blamed(run, f"rank 1 never enqueued all_reduce #{at} on group ranks 0,1 "
+                              "(made no progress)")
+    assert (hang["op"], hang["seq"]) == ("all_reduce", at), hang
 
 
 def test_an_all_reduce_captured_in_a_cuda_graph_replays_correctly_under_rankguard(

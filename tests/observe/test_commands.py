@@ -195,3 +195,13 @@ def test_output_to_a_closed_pipe_ends_quietly_with_141(tmp_path: Path, name: str
     finally:
         os.close(writer)
     assert ended.returncode == 141 and ended.stderr == "", ended
+
+
+def test_stacks_of_a_run_that_started_no_attempt_says_so(tmp_path: Path) -> None:
+    """A launcher killed before its first attempt: its journal names no attempt ("attempt
+    None" before)."""
+    events = [{"event": "run_start", "ts": 1.0e9, "run_id": "early"}]
+    (tmp_path / "journal.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    result = command("stacks", str(tmp_path))
+    assert result.returncode == 1, result
+    assert result.stdout.startswith("run early, no attempt started: "), result.stdout

@@ -40,6 +40,8 @@ from 1, as torch numbers them), or as each scenario says:
 - ``mixed`` (``cpu:gloo,cuda:nccl``): each step all-reduces a CPU tensor (gloo; prints
   ``CPU rank=R step=K sum=S``) and a GPU tensor (NCCL, its sum checked) on the default group;
   AT 0: 10 steps, ``OK``; else rank 1 sleeps for good before its GPU tensor's all_reduce #AT.
+- ``mixed_cpu``: ``mixed``, but rank 1 sleeps for good before its CPU tensor's all_reduce #AT
+  (the gloo half's).
 - ``steps``: each step enqueues three all_reduces and a broadcast from rank 0
   (``async_op=True``, in flight at once), then waits for them all; each rank prints
   ``STEP rank=R step=K first=F`` before step K (from 0; F: the number torch gives its first
@@ -215,8 +217,10 @@ elif scenario == "split":
     pair = dist.split_group(split_ranks=[[0, 1]])
     reduce_until(None, 3, "none")
     reduce_until(pair, at + 9, "sleep")
-elif scenario == "mixed":
+elif scenario in ("mixed", "mixed_cpu"):
     for step in range(1, (at or 10) + 1):
+        if step == at and rank == 1 and scenario == "mixed_cpu":
+            time.sleep(FOREVER)
         on_cpu = torch.ones(1)
         dist.all_reduce(on_cpu)
         print(f"CPU rank={rank} step={step} sum={on_cpu.item():g}", flush=True)

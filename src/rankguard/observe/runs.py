@@ -43,6 +43,11 @@ class Run:
     unfinished: str | None = None
 
 
+def attempt_words(attempt: int | None) -> str:
+    """``attempt N``, or ``no attempt started`` for a run that started none."""
+    return "no attempt started" if attempt is None else f"attempt {attempt}"
+
+
 def find(target: str | None) -> Run:
     """The run ``target`` names: a RUN_ID (its default log folder), a LOG_DIR or a journal
     file; None: the run whose journal changed last among this user's default log folders.

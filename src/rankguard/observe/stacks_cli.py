@@ -53,7 +53,7 @@ def main(argv: list[str]) -> int:
             ("; the last stacks its ranks wrote" if dumps else "; no rank wrote stacks")
     # the journal and the dumps hold what the ranks' code named (its files, functions): on a
     # terminal, without control characters (escape sequences)
-    print(files.printable(f"run {run.run_id}, attempt {run.attempt}: {where}"))
+    print(files.printable(f"run {run.run_id}, {runs.attempt_words(run.attempt)}: {where}"))
     same = stack_summary.by_stack(dumps, [r.rank for r in (live or run.ranks)])
     for line in stack_summary.describe(same, "  "):
         print(files.printable(line))

@@ -169,8 +169,7 @@ def _process(pid: int) -> str:
 
 def render(view: StatusView) -> str:
     """The snapshot as a table for a terminal."""
-    attempt = "no attempt started" if view.attempt is None else f"attempt {view.attempt}"
-    head = (f"run {view.run_id}  {attempt}  restarts {view.restarts}"
+    head = (f"run {view.run_id}  {runs.attempt_words(view.attempt)}  restarts {view.restarts}"
             f"{'  (ended)' if view.ended else ''}")
     lines = [head, f"{'rank':>4}  {'pid':>7}  {'state':<40} {'for':>8}  process"]
     for r in view.ranks:

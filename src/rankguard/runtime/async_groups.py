@@ -24,7 +24,8 @@ Groups are found by torch's group id in the recorder (``pg_id``); the first time
 sampler reads the recorder's entries once to learn its name and whether it is the default group
 (``default_pg``), and torch.distributed's registry for its members. The default group takes the
 ledger's world slot (a newer default group, after ``destroy_process_group``, takes it over);
-every other group a sub-group slot of its own.
+every other group a sub-group slot of its own; the gloo half of a mixed group
+(``cpu:gloo,cuda:nccl``) one beside its NCCL half's (``recorder_slots``).
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ from typing import Callable, Sequence
 
 from ..records import ledger as _ledger
 from ..records import ledger_ring
+from ..inputs import options
 from ..margins import ASYNC_STALL_S
-from . import fr_progress, fr_recent, nccl_abort
+from . import fr_progress, fr_recent, nccl_abort, recorder_slots
 from .fr_progress import (Entry, FlightRecorderReader, FlightRecorderUnavailable, GroupCounts,
                           Recorder)
 from .state import WORLD
@@ -202,15 +204,18 @@ class AsyncGroupSampler:
                  clock: Callable[[], float] = time.monotonic,
                  deadlines: Deadlines | None = None,
                  on_overdue: Callable[[Overdue], None] | None = None,
-                 on_notice: Callable[[tuple[str, int], Overdue | None], None] | None = None
-                 ) -> None:
+                 on_notice: Callable[[tuple[str, int], Overdue | None], None] | None = None,
+                 gloo_watched: bool = True,
+                 mixed: Callable[[], set[str]] = set) -> None:
         """``members``: the global ranks of the group torch names so (None: not known yet);
         ``timing``: whether the device's start of each operation is recorded; ``deadlines``:
         the deadlines in force now, (seconds per operation, a monotonic instant), each None
         when there is none; ``on_overdue``: called, on the sampler's thread and outside its
         tick, for each operation that passed one (once per group); ``on_notice``: called once
         per notice, the same way, when the supervisor posts one in the ledger (a peer died or
-        hung), with it and the operation this rank waits in (None: none)."""
+        hung), with it and the operation this rank waits in (None: none); ``gloo_watched``:
+        gloo groups are published from their recorder (else only the gloo halves of mixed
+        groups, named by ``mixed``: see ``recorder_slots``)."""
         self.ledger = ledger
         self._deadlines = deadlines
         self.on_overdue = on_overdue
@@ -220,6 +225,8 @@ class AsyncGroupSampler:
         self.tick_s = tick_s
         self.timing = timing
         self._members = members
+        self._gloo_watched = gloo_watched
+        self._mixed = mixed
         self._clock = clock
         self._bound: dict[tuple[Recorder, int], _Bound | None] = {}  # None: not watched
         self._stop = threading.Event()
@@ -384,7 +391,13 @@ class AsyncGroupSampler:
         on_host = reader.recorder is Recorder.CPU
         if not name:
             return  # its entries are not in the ring yet: asked again next tick
-        if desc == "default_pg":
+        choice = recorder_slots.slot_for(reader.recorder, name, desc,
+                                         gloo_watched=self._gloo_watched,
+                                         mixed=on_host and name in self._mixed())
+        if choice is None:
+            self._bound[key] = None
+            return
+        if choice.is_world:
             for other, bound in self._bound.items():
                 if bound is not None and bound.is_world:  # an earlier default group's
                     self._bound[other] = None
@@ -395,11 +408,11 @@ class AsyncGroupSampler:
         ranks = self._members(name)
         if ranks is None:
             return
-        slot = self.ledger.add_group(name, ranks)
+        slot = self.ledger.add_group(choice.name, ranks)
         if slot is None:
-            say_untracked(name)
-        self._bound[key] = None if slot is None else _Bound(slot, False, name, tuple(ranks),
-                                                            on_host)
+            say_untracked(choice.name)
+        self._bound[key] = None if slot is None else _Bound(slot, False, choice.name,
+                                                            tuple(ranks), on_host)
 
     def start(self) -> None:
         """Run :meth:`sample` every ``tick_s`` on a daemon thread until :meth:`stop`."""
@@ -489,7 +502,9 @@ def watch(ledger: _ledger.LedgerWriter, recorder: Recorder, lag: float,
     if _sampler is None:
         _sampler = AsyncGroupSampler(ledger, [reader], tick_for(lag), fr_progress.timing_on(),
                                      torch_members, deadlines=deadlines, on_overdue=on_overdue,
-                                     on_notice=on_notice)
+                                     on_notice=on_notice,
+                                     gloo_watched=options.gloo_mode() == "recorder",
+                                     mixed=recorder_slots.mixed_group_names)
         _sampler.start()
         atexit.register(_sampler.stop)
     else:

@@ -43,6 +43,7 @@ from ..store import sealed, store_host
 from ..deadline import Deadline
 from ..errors import GroupRetired, UsageError
 from . import async_deadline, async_groups, backend_connect, fr_progress, nccl_abort
+from . import recorder_slots
 from . import bounded as _bounded
 from . import deadline_scope
 from . import generations, groups, vacancies
@@ -334,7 +335,8 @@ def _watch_async_groups() -> None:
     recorders = []
     if nccl_abort.nccl_groups():
         recorders.append(Recorder.NCCL)
-    if options.gloo_mode() == "recorder" and fr_progress.torch_groups():
+    if ((options.gloo_mode() == "recorder" and fr_progress.torch_groups())
+            or recorder_slots.mixed_group_names()):  # gloo halves of mixed groups
         recorders.append(Recorder.CPU)
     for recorder in recorders:
         async_groups.watch(state.ledger, recorder, state.completions.lag,
