@@ -60,13 +60,13 @@ def test_in_a_mixed_group_a_cuda_all_reduce_hang_is_named_and_cpu_all_reduces_wo
 
 
 def test_in_a_mixed_group_a_rank_that_never_reaches_a_cpu_all_reduce_is_named(run_rankguard):
-    """The gloo half of the default group publishes in a slot of its own (``world/gloo``,
-    labelled by its members): before, nothing was pending in the NCCL half and no verdict came."""
+    """The gloo half of the default group publishes in a slot of its own (``world/gloo``):
+    before, nothing was pending in the NCCL half and no verdict came."""
     at = 5
     run = run_rankguard(nccl_job("mixed_cpu", str(at), backend=MIXED), timeout=90, env=ONE_GPU)
-    hang = assert_blamed(run, f"rank 1 never enqueued all_reduce #{at} on group ranks 0,1 "
+    hang = assert_blamed(run, f"rank 1 never enqueued all_reduce #{at} on group world/gloo "
                               "(made no progress)")
-    assert (hang["op"], hang["seq"]) == ("all_reduce", at), hang
+    assert (hang["op"], hang["seq"], hang["group"]) == ("all_reduce", at, "world/gloo"), hang
 
 
 def test_an_all_reduce_captured_in_a_cuda_graph_replays_correctly_under_rankguard(

@@ -418,6 +418,8 @@ def test_mismatch_blames_the_minority(ops, blamed) -> None:
     (world(3), "world"),
     (sub(3, members=0b101), "ranks 0,2"),
     (sub(3, members=1 << 63 | 1), "ranks 0,63"),
+    # a mixed default group's gloo half (cpu:gloo,cuda:nccl): every rank, named as the world's
+    (group(3, members=0b11, name="world/gloo"), "world/gloo"),
 ])
 def test_group_label_is_world_or_its_members(slot, label) -> None:
     assert group_label(slot) == label

@@ -49,6 +49,7 @@ from typing import Any, Collection, Iterable, Literal, Mapping
 
 from ..records.ledger import (FAULT_NONE, GroupProgress, LedgerReader, RankProgress, behind,
                               op_label, seq_of)
+from ..records.ledger import group_label as ledger_group_label
 from .progress import ProgressTracker
 
 # An absent rank counts as busy (a straggler) only if it made progress this recently; one that
@@ -59,10 +60,10 @@ P2P = frozenset({"send", "recv", "recv_anysource"})
 
 
 def group_label(group: GroupProgress) -> str:
-    """``world``, or ``ranks 0,2`` for a sub-group (the ledger knows its members, not its
-    name)."""
-    return "world" if group.is_world else "ranks " + ",".join(
-        str(r) for r in range(64) if group.members >> r & 1)
+    """``world``, ``world/gloo``, or ``ranks 0,2`` for a sub-group (the ledger knows its
+    members, not its name: ``ledger.group_label``)."""
+    return ledger_group_label(group.key, group.is_world,
+                              (r for r in range(64) if group.members >> r & 1))
 
 
 # Why a verdict blames its ranks. never_started and never_completed are an asynchronous

@@ -196,6 +196,20 @@ def op_label(op: str, seq: int, group: str = "world") -> str:
     return label if group == "world" else f"{label} on group {group}"
 
 
+# the slot of a mixed default group's gloo half (``cpu:gloo,cuda:nccl``: runtime.recorder_slots)
+WORLD_GLOO_HALF = "world/gloo"
+
+
+def group_label(key: int, is_world: bool, members: Iterable[int]) -> str:
+    """How people see a group the ledger knows by its key and members: ``world``,
+    ``world/gloo`` (the gloo half of a mixed default group), or ``ranks 0,2``. Pure."""
+    if is_world:
+        return "world"
+    if key == group_key(WORLD_GLOO_HALF):
+        return WORLD_GLOO_HALF
+    return "ranks " + ",".join(map(str, members))
+
+
 def op_shown(op: str) -> str:
     """The operation's name as people see it: ``collective`` where its kind is not known yet
     (``none``). Pure."""

@@ -55,8 +55,8 @@ class Op:
 
     @property
     def group_label(self) -> str:
-        """``world``, or ``ranks 0,2`` for a sub-group."""
-        return "world" if self.world else "ranks " + ",".join(map(str, self.members))
+        """``world``, ``world/gloo``, or ``ranks 0,2`` for a sub-group."""
+        return _ledger.group_label(int(self.group, 16), self.world, self.members)
 
     @property
     def label(self) -> str:

@@ -5,7 +5,8 @@ CPU collectives, ``all_gather_object`` and the like, beside the GPU's) has two b
 name: NCCL runs its CUDA tensors, gloo its CPU tensors. Each keeps its own recorder and numbers
 its collectives apart, so the two halves cannot share a slot: NCCL's half takes the group's
 own (the world slot for the default group), gloo's half a sub-group slot named after the group
-with :data:`GLOO_HALF` appended (``world/gloo``), whose members are the group's. Without it a
+with :data:`GLOO_HALF` appended (``world/gloo`` for the default group: verdicts name it so),
+whose members are the group's. Without it a
 rank that never reached a CPU collective of such a group was seen by nobody: the NCCL half had
 nothing pending, and rankguard does not wrap a mixed group (a wrapper would drop the NCCL half).
 
@@ -18,11 +19,12 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+from ..records.ledger import WORLD_GLOO_HALF
 from . import fr_progress, nccl_abort
 from .fr_progress import Recorder
 from .state import WORLD
 
-GLOO_HALF = "/gloo"  # appended to a mixed group's name for its gloo half's slot
+GLOO_HALF = "/gloo"  # appended to a mixed sub-group's name for its gloo half's slot
 DEFAULT_DESC = "default_pg"  # torch's description of the default group in its recorders
 
 
@@ -44,7 +46,7 @@ def slot_for(recorder: Recorder, name: str, desc: str, *, gloo_watched: bool,
     ``mixed``: the group has an NCCL backend beside its gloo one."""
     is_default = desc == DEFAULT_DESC
     if recorder is Recorder.CPU and mixed:
-        return SlotChoice(False, (WORLD if is_default else name) + GLOO_HALF)
+        return SlotChoice(False, WORLD_GLOO_HALF if is_default else name + GLOO_HALF)
     if recorder is Recorder.CPU and not gloo_watched:
         return None
     return SlotChoice(True, WORLD) if is_default else SlotChoice(False, name)
