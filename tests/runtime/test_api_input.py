@@ -150,6 +150,51 @@ def test_a_state_a_peer_cannot_load_is_refused_by_the_sender_in_one_line(
     assert str(caught.value).startswith("get_state(): the state cannot be sent to a peer")
 
 
+UNSENDABLE = """
+import sys
+import torch, torch.distributed as dist
+import rankguard
+
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+loop = rankguard.StepLoop(lambda: {"weight": torch.ones(2), "extra": object()}, print)
+try:
+    loop.run(lambda step: print("step", step), 3)
+except rankguard.UsageError as error:
+    print("usage", error)
+"""
+
+
+def test_a_state_a_peer_could_not_load_is_refused_before_the_first_step(tmp_path: Path) -> None:
+    # before, it was found at the first fault, when the run could no longer recover
+    proc = subprocess.run([sys.executable, "-c", UNSENDABLE, str(tmp_path / "store")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage get_state(): the state cannot be sent to a peer "
+                                  "(UnpicklingError: Unsupported global: GLOBAL "), proc.stdout
+    assert "step" not in proc.stdout
+
+
+LARGE = """
+import resource
+import torch
+from rankguard.runtime import peer_state
+
+state = {"model": {"weight": torch.empty(2**30, dtype=torch.uint8)}, "step": 3,
+         "layers": [torch.nn.Parameter(torch.empty(2**28))], "sparse": torch.eye(3).to_sparse()}
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+peer_state.check_sendable(state)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
+"""
+
+
+def test_the_check_of_a_state_copies_no_tensors_data() -> None:
+    # 2 GiB of tensors never touched: saving them would raise the peak memory by 2 GiB
+    proc = subprocess.run([sys.executable, "-c", LARGE], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout) < 256, f"the peak memory grew by {proc.stdout.strip()} MiB"
+
+
 NESTED = """
 import sys
 import torch.distributed as dist

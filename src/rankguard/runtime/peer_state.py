@@ -131,6 +131,29 @@ def _global(rank: int, group: Any) -> int:
     return rank if group is None else dist.get_global_rank(group, rank)
 
 
+def check_sendable(state: Any) -> None:
+    """Check now that ``state`` could be sent to a peer (what :func:`share` would refuse at
+    the first recovery), without copying any tensor's data: its plain tensors are saved as
+    meta tensors of their shape (in the containers torch's pytree knows: dicts, lists,
+    tuples; a tensor inside another object is saved as it is).
+
+    Raises:
+        UsageError: as :func:`_serialize`.
+    """
+    import torch
+    from torch.utils import _pytree
+
+    def shape_only(tensor: Any) -> Any:
+        if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+            return tensor  # a subclass (DTensor) may not move without its own machinery
+        try:
+            return tensor.detach().to("meta")
+        except (RuntimeError, NotImplementedError):  # a layout meta does not take (sparse)
+            return tensor
+
+    _saved(_pytree.tree_map_only(torch.Tensor, shape_only, state))
+
+
 def _serialize(state: Any) -> Any:
     """``state`` as bytes, by ``torch.save``, checked to be what the receiver's
     ``torch.load(weights_only=True)`` accepts (loaded here onto the meta device: no tensor's
@@ -143,6 +166,14 @@ def _serialize(state: Any) -> Any:
     """
     import torch
 
+    return torch.frombuffer(bytearray(_saved(state).getvalue()), dtype=torch.uint8)
+
+
+def _saved(state: Any) -> io.BytesIO:
+    """``state`` saved by ``torch.save`` into memory and loaded back as a peer would, onto the
+    meta device. Raises UsageError as :func:`_serialize`."""
+    import torch
+
     buffer = io.BytesIO()
     try:
         torch.save(state, buffer)
@@ -151,7 +182,7 @@ def _serialize(state: Any) -> Any:
         raise UsageError("get_state()", f"the state cannot be sent to a peer "
                          f"({type(error).__name__}: {_reason(error)})", "return tensors, "
                          "numbers, strings, and lists and dicts of them") from error
-    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+    return buffer
 
 
 def _reason(error: Exception) -> str:

@@ -118,7 +118,9 @@ class StepLoop:
 
     Args:
         get_state: returns the state a step depends on (``torch.save``-able: tensors, numbers,
-            strings, lists and dicts of them). Called on one healthy rank after a fault.
+            strings, lists and dicts of them). Called on one healthy rank after a fault, and
+            on every rank as ``run()`` starts, to check that what it returns can be sent (its
+            tensors' data is not copied for that check).
         load_state: loads what ``get_state`` returned, on the ranks that lack it.
         regroup_timeout: seconds the survivors wait for a replacement to join (default: the
             ``RANKGUARD_REPLACE_TIMEOUT`` that ``rankguard run`` sets, else 60).
@@ -203,8 +205,9 @@ class StepLoop:
 
         Raises:
             UsageError: ``steps`` is not a whole number >= 0, no process group exists,
-                ``run()`` was called before on this loop, or another loop's ``run()`` is in
-                progress (a loop inside a step).
+                ``run()`` was called before on this loop, another loop's ``run()`` is in
+                progress (a loop inside a step), or ``get_state()`` returns what a peer could
+                not load (checked before the first step).
             rankguard.CollectiveError: recovery failed (no replacement joined in time, the
                 launcher refused to replace the failed rank: ``PeerFailed`` ``rank 1 will not
                 be replaced: <why>``, a fault during the transfer, more than
@@ -253,6 +256,8 @@ class StepLoop:
                 raise
         if fault is not None:
             self._recover(fault)
+        # found at the start, not at the first fault, when the run could not recover
+        peer_state.check_sendable(self._state_with_layouts())
         injector = current().injector
         while self._step < steps:
             fault = None
