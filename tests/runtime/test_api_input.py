@@ -80,10 +80,7 @@ for call in (lambda: rankguard.shutdown(timeout=0), lambda: rankguard.regroup(),
 
 
 def test_shutdown_without_a_group_is_clean_and_bad_calls_name_their_argument() -> None:
-    proc = subprocess.run([sys.executable, "-c", CHECKS], capture_output=True, text=True,
-                          timeout=60)
-    lines = proc.stdout.splitlines()
-    assert proc.returncode == 0, proc.stderr
+    lines = _script(CHECKS).stdout.splitlines()
     assert lines[0] == "shutdown True []"
     assert "rankguard.shutdown(timeout)" in lines[1]
     assert "rankguard.regroup(): there is no process group" in lines[2]
@@ -94,6 +91,14 @@ def test_shutdown_without_a_group_is_clean_and_bad_calls_name_their_argument() -
     # an int was taken as a file descriptor: stdout here, closed by the next init(stacks_file=)
     assert lines[7] == ("usage stacks_file: expected a path, got 1 (give the file's path as a "
                         "str, or leave it out)"), proc.stdout
+
+
+def _script(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -c code args`` under a minute; it must exit 0."""
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc
 
 
 def _no_state() -> dict:
@@ -166,9 +171,7 @@ except rankguard.UsageError as error:
 
 def test_a_state_a_peer_could_not_load_is_refused_before_the_first_step(tmp_path: Path) -> None:
     # before, it was found at the first fault, when the run could no longer recover
-    proc = subprocess.run([sys.executable, "-c", UNSENDABLE, str(tmp_path / "store")],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    proc = _script(UNSENDABLE, str(tmp_path / "store"))
     assert proc.stdout.startswith("usage get_state(): the state cannot be sent to a peer "
                                   "(UnpicklingError: Unsupported global: GLOBAL "), proc.stdout
     assert "step" not in proc.stdout
@@ -189,9 +192,7 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
 
 def test_the_check_of_a_state_copies_no_tensors_data() -> None:
     # 2 GiB of tensors never touched: saving them would raise the peak memory by 2 GiB
-    proc = subprocess.run([sys.executable, "-c", LARGE], capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    proc = _script(LARGE)
     assert int(proc.stdout) < 256, f"the peak memory grew by {proc.stdout.strip()} MiB"
 
 
@@ -214,9 +215,7 @@ except rankguard.UsageError as error:
 
 
 def test_a_step_loop_run_inside_another_loops_step_is_refused(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-c", NESTED, str(tmp_path / "store")],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    proc = _script(NESTED, str(tmp_path / "store"))
     lines = proc.stdout.splitlines()
     assert len(lines) == 1 and lines[0].startswith("usage StepLoop.run(): another StepLoop is "
                                                    "running"), proc.stdout
@@ -244,9 +243,7 @@ def test_regroup_refuses_an_exclude_that_is_not_ranks_of_the_group_in_one_line(
         tmp_path: Path) -> None:
     # exclude=3 raised TypeError from inside regroup; "1", [None], [True], [1] were ignored
     # or taken as rank 1, silently forming a group with the rank the caller meant to leave out
-    proc = subprocess.run([sys.executable, "-c", REGROUP_ARGUMENTS, str(tmp_path / "store")],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    proc = _script(REGROUP_ARGUMENTS, str(tmp_path / "store"))
     lines = proc.stdout.splitlines()
     assert len(lines) == 8, proc.stdout
     assert all(line.startswith("usage rankguard.regroup(exclude): ") for line in lines[:6]), \
