@@ -80,7 +80,8 @@ for call in (lambda: rankguard.shutdown(timeout=0), lambda: rankguard.regroup(),
 
 
 def test_shutdown_without_a_group_is_clean_and_bad_calls_name_their_argument() -> None:
-    lines = _script(CHECKS).stdout.splitlines()
+    proc = _script(CHECKS)
+    lines = proc.stdout.splitlines()
     assert lines[0] == "shutdown True []"
     assert "rankguard.shutdown(timeout)" in lines[1]
     assert "rankguard.regroup(): there is no process group" in lines[2]
