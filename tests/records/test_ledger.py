@@ -28,6 +28,22 @@ def test_writer_entries_are_read_back_per_group(tmp_path):
     assert writer.in_collective()
 
 
+def test_a_reused_sub_group_slot_holds_the_new_group_alone(tmp_path):
+    # a mixed default group's gloo half made anew (after a regroup) takes over its old slot
+    path = str(tmp_path / "r0.ledger")
+    ledger.create(path, world_size=3)
+    writer, reader = ledger.LedgerWriter(path), ledger.LedgerReader(path)
+    old = writer.add_group(ledger.WORLD_GLOO_HALF, [0, 1, 2])
+    old.publish(ledger.OP_CODES["all_reduce"], 7, -1, 6, 1.0, 1.0, on_host=True)
+    new = writer.reuse_group(old, ledger.WORLD_GLOO_HALF, [0, 2])
+    (slot,) = [g for g in reader.read().groups if not g.is_world]
+    assert (slot.key, slot.member_ranks(3), slot.entered, slot.done, slot.asynchronous) == (
+        ledger.group_key(ledger.WORLD_GLOO_HALF), [0, 2], 0, 0, False)
+    new.publish(ledger.OP_CODES["broadcast"], 2, -1, 1, 2.0, 2.0, on_host=True)
+    (slot,) = [g for g in reader.read().groups if not g.is_world]
+    assert (slot.entered, slot.done, slot.kind, slot.asynchronous) == (2, 1, "broadcast", True)
+
+
 def test_fault_and_flags_are_recorded(tmp_path):
     path = str(tmp_path / "r0.ledger")
     ledger.create(path, world_size=2)

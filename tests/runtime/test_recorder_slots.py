@@ -48,7 +48,8 @@ def test_each_recorders_group_goes_to_its_slot(recorder, name, desc, gloo_watche
 
 # One rank, a real gloo group and its recorder, three all_reduces; the sampler told the group is
 # mixed (or not) publishes it to the world/gloo slot (or nowhere): the ledger is read back (once
-# torch's count shows the third completion: up to 10 s).
+# torch's count shows the third completion: up to 10 s). ``again``: then the group is destroyed
+# and a new default group does two all_reduces: its gloo half takes over the slot.
 SCRIPT = """
 import json, os, sys, time
 import torch, torch.distributed as dist
@@ -56,34 +57,36 @@ from rankguard.records.ledger import LedgerReader, LedgerWriter, create, group_k
 from rankguard.runtime.async_groups import MIN_TICK_S, AsyncGroupSampler, torch_members
 from rankguard.runtime.fr_progress import FlightRecorderReader, Recorder, torch_groups
 
-dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
-for _ in range(3):
-    dist.all_reduce(torch.ones(1))
-name = torch_groups()[dist.group.WORLD]
-path = sys.argv[1]
+path, mode = sys.argv[1], sys.argv[2]
 create(path, 1)
-mixed = {name} if sys.argv[2] == "mixed" else set()
 reader = FlightRecorderReader(Recorder.CPU)
-deadline = time.monotonic() + 10  # torch counts a gloo completion a moment after the wait
-while (max(c.completed for c in reader.read().groups.values()) < 3
-       and time.monotonic() < deadline):
-    time.sleep(0.05)
+mixed = lambda: {torch_groups()[dist.group.WORLD]} if mode != "wrapped" else set()
 sampler = AsyncGroupSampler(LedgerWriter(path), [reader], MIN_TICK_S, False, torch_members,
-                            gloo_watched=False, mixed=lambda: mixed)
-sampler.sample()
+                            gloo_watched=False, mixed=mixed)
+for count in (3, 2) if mode == "again" else (3,):
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+    for _ in range(count):
+        dist.all_reduce(torch.ones(1))
+    deadline = time.monotonic() + 10  # torch counts a gloo completion a moment after the wait
+    while (all(c.completed != count for c in reader.read().groups.values())
+           and time.monotonic() < deadline):
+        time.sleep(0.05)
+    sampler.sample()
+    dist.destroy_process_group()
 groups = LedgerReader(path).read().groups
 print(json.dumps([[g.key == group_key("world/gloo"), g.is_world, g.asynchronous, g.on_host,
                    g.done, g.size] for g in groups if g.asynchronous]))
-dist.destroy_process_group()
 """
 
 
-@pytest.mark.parametrize("mixed, published", [
+@pytest.mark.parametrize("mode, published", [
     ("mixed", [[True, False, True, True, 3, 1]]),
-    ("wrapped", [])])
+    ("wrapped", []),
+    # one slot, the new group's (before: a second slot of the same name beside the old one's)
+    ("again", [[True, False, True, True, 2, 1]])])
 def test_the_sampler_publishes_a_real_gloo_recorders_group_only_as_a_mixed_groups_half(
-        tmp_path, mixed, published):
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "ledger"), mixed],
+        tmp_path, mode, published):
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "ledger"), mode],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == published, done.stdout

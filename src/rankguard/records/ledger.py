@@ -434,6 +434,11 @@ class _SlotWriter:
     def entered(self) -> int:
         return self._entered
 
+    @property
+    def index(self) -> int:
+        """The slot's place in the ledger (0: the world's)."""
+        return self._index
+
     def reset(self) -> None:
         """Start counting again (a new generation of the group): no operation entered or done.
         The issuing thread calls it, once the group's completions are flushed."""
@@ -579,13 +584,25 @@ class LedgerWriter:
             return None
         index = self._used
         self._used += 1
+        self._pack_group(index, name, global_ranks)
+        return self.slot(index)
+
+    def reuse_group(self, slot: _SlotWriter, name: str, global_ranks: list[int]) -> _SlotWriter:
+        """Give the sub-group slot ``slot``, whose group is gone, to the group ``name`` (one of
+        the same name, made anew): its members, no operation entered or done, an empty ring.
+        ``slot`` must not be used after."""
+        slot.reset()
+        self._pack_group(slot.index, name, global_ranks)
+        writer = self._slots[slot.index] = _SlotWriter(self._buf, slot.index)
+        return writer
+
+    def _pack_group(self, index: int, name: str, global_ranks: list[int]) -> None:
         members = 0
         for rank in global_ranks:
             if rank < 64:
                 members |= 1 << rank
         SLOT.pack_into(self._buf, HEADER.size + index * SLOT_SIZE, group_key(name), members, 0,
                        len(global_ranks), 0, 0.0, 0.0, 0, 0)
-        return self.slot(index)
 
     def in_collective(self) -> bool:
         """Whether any operation this rank entered has not completed yet."""

@@ -408,7 +408,16 @@ class AsyncGroupSampler:
         ranks = self._members(name)
         if ranks is None:
             return
-        slot = self.ledger.add_group(choice.name, ranks)
+        # a group made anew under a gone one's name (a mixed default group's gloo half, after
+        # destroy_process_group or a regroup) takes over its slot, as the world slot is
+        earlier = [other for other, bound in self._bound.items()
+                   if bound is not None and bound.name == choice.name]
+        if earlier:
+            slot = self.ledger.reuse_group(self._bound[earlier[0]].slot, choice.name, ranks)
+            for other in earlier:
+                self._bound[other] = None
+        else:
+            slot = self.ledger.add_group(choice.name, ranks)
         if slot is None:
             say_untracked(choice.name)
         self._bound[key] = None if slot is None else _Bound(slot, False, choice.name,
