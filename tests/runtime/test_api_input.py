@@ -106,12 +106,25 @@ def _no_state() -> dict:
     return {}
 
 
+class _Stateful:
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
 @pytest.mark.parametrize("make, fragment", [
     (lambda: rankguard.StepLoop(None, None), "get_state and load_state must be callables"),
     (lambda: rankguard.StepLoop(_no_state, print, regroup_timeout=-1), "regroup_timeout"),
     (lambda: rankguard.StepLoop(_no_state, print, share_timeout=float("nan")), "share_timeout"),
     (lambda: rankguard.StepLoop(_no_state, print, max_recoveries=True), "max_recoveries"),
     (lambda: rankguard.StepLoop.of({"model": 3}), "'model' has no state_dict()"),
+    # a module or a list was an AttributeError ('Linear' object has no attribute 'items'),
+    # restarted like any script error; a class raised a TypeError at run()'s first get_state
+    (lambda: rankguard.StepLoop.of(_Stateful()), "expected a dict of objects by name"),
+    (lambda: rankguard.StepLoop.of([_Stateful()]), "expected a dict of objects by name"),
+    (lambda: rankguard.StepLoop.of({"model": _Stateful}), "'model' is a class"),
     (lambda: rankguard.StepLoop(_no_state, print).run(print, 1.5), "StepLoop.run(steps)"),
     (lambda: rankguard.StepLoop(_no_state, print).run(print, -1), "StepLoop.run(steps)"),
 ])
