@@ -106,12 +106,25 @@ def _no_state() -> dict:
     return {}
 
 
+class _Stateful:
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
 @pytest.mark.parametrize("make, fragment", [
     (lambda: rankguard.StepLoop(None, None), "get_state and load_state must be callables"),
     (lambda: rankguard.StepLoop(_no_state, print, regroup_timeout=-1), "regroup_timeout"),
     (lambda: rankguard.StepLoop(_no_state, print, share_timeout=float("nan")), "share_timeout"),
     (lambda: rankguard.StepLoop(_no_state, print, max_recoveries=True), "max_recoveries"),
     (lambda: rankguard.StepLoop.of({"model": 3}), "'model' has no state_dict()"),
+    # a module or a list was an AttributeError ('Linear' object has no attribute 'items'),
+    # restarted like any script error; a class raised a TypeError at run()'s first get_state
+    (lambda: rankguard.StepLoop.of(_Stateful()), "expected a dict of objects by name"),
+    (lambda: rankguard.StepLoop.of([_Stateful()]), "expected a dict of objects by name"),
+    (lambda: rankguard.StepLoop.of({"model": _Stateful}), "'model' is a class"),
     (lambda: rankguard.StepLoop(_no_state, print).run(print, 1.5), "StepLoop.run(steps)"),
     (lambda: rankguard.StepLoop(_no_state, print).run(print, -1), "StepLoop.run(steps)"),
 ])
@@ -195,6 +208,49 @@ def test_the_check_of_a_state_copies_no_tensors_data() -> None:
     # 2 GiB of tensors never touched: saving them would raise the peak memory by 2 GiB
     proc = _script(LARGE)
     assert int(proc.stdout) < 256, f"the peak memory grew by {proc.stdout.strip()} MiB"
+
+
+def _tagged(tensor: object, tag: object) -> object:
+    tensor.tag = tag  # type: ignore[attr-defined]
+    return tensor
+
+
+def _holding_itself() -> dict:
+    state: dict = {"weight": 1.0}
+    state["self"] = state
+    return state
+
+
+@pytest.mark.parametrize("make, sendable", [
+    # a CSR tensor has no strides: its meta copy failed to save, and the run never started
+    pytest.param(lambda torch: {"csr": torch.eye(3).to_sparse_csr()}, True, id="sparse CSR"),
+    # pickle keeps a state that holds itself as one object; the check recursed until it broke
+    pytest.param(lambda torch: _holding_itself(), True, id="a dict holding itself"),
+    # a tensor's Python attributes travel with it: the check dropped them and passed an object
+    pytest.param(lambda torch: {"weight": _tagged(torch.ones(2), object())}, False,
+                 id="a tensor's attribute an object"),
+    pytest.param(lambda torch: [_tagged(torch.nn.Parameter(torch.ones(2)), object())], False,
+                 id="a parameter's attribute an object"),
+    pytest.param(lambda torch: {"w": _tagged(torch.nn.Parameter(torch.ones(2)), "decay")}, True,
+                 id="a parameter's attribute a string"),
+])
+def test_the_check_before_the_first_step_judges_a_state_as_its_transfer_would(
+        make: object, sendable: bool) -> None:
+    import torch
+    from rankguard.runtime import peer_state
+
+    state = make(torch)  # type: ignore[operator]
+    try:
+        peer_state._serialize(state)
+    except rankguard.UsageError:
+        assert not sendable
+    else:
+        assert sendable
+    if sendable:
+        peer_state.check_sendable(state)
+    else:
+        with pytest.raises(rankguard.UsageError, match="cannot be sent to a peer"):
+            peer_state.check_sendable(state)
 
 
 NESTED = """

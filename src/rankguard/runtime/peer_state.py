@@ -25,6 +25,7 @@ within the timeout, naming it; nothing waits for torch's own timeout.
 from __future__ import annotations
 
 import io
+import pickle
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -133,25 +134,39 @@ def _global(rank: int, group: Any) -> int:
 
 def check_sendable(state: Any) -> None:
     """Check now that ``state`` could be sent to a peer (what :func:`share` would refuse at
-    the first recovery), without copying any tensor's data: its plain tensors are saved as
-    meta tensors of their shape (in the containers torch's pytree knows: dicts, lists,
-    tuples; a tensor inside another object is saved as it is).
+    the first recovery), without copying its dense tensors' data: it is saved as
+    :func:`share` saves it, except that each dense tensor or parameter, wherever it sits (in
+    a container, in an object, in another tensor's attributes), is saved as a meta tensor of
+    its shape that keeps its type and Python attributes. Other tensors (sparse, quantized,
+    nested, subclasses such as DTensor) are saved as they are.
 
     Raises:
         UsageError: as :func:`_serialize`.
     """
-    import torch
-    from torch.utils import _pytree
+    _saved(state, _ShapesOnly)
 
-    def shape_only(tensor: Any) -> Any:
-        if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
-            return tensor  # a subclass (DTensor) may not move without its own machinery
-        try:
-            return tensor.detach().to("meta")
-        except (RuntimeError, NotImplementedError):  # a layout meta does not take (sparse)
-            return tensor
 
-    _saved(_pytree.tree_map_only(torch.Tensor, shape_only, state))
+class _ShapesPickler(pickle.Pickler):
+    """Pickles a dense tensor or parameter as a meta copy: the same type, dtype, shape and
+    Python attributes, and no data (torch.save writes no storage for a meta tensor)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        import torch
+
+        if type(obj) not in (torch.Tensor, torch.nn.Parameter) or obj.layout != torch.strided \
+                or obj.is_meta or obj.is_quantized or obj.is_nested:
+            return NotImplemented
+        copy = obj.detach().to("meta")
+        if type(obj) is torch.nn.Parameter:
+            copy = torch.nn.Parameter(copy, requires_grad=obj.requires_grad)
+        copy.__dict__.update(obj.__dict__)
+        return copy.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
+
+
+class _ShapesOnly:
+    """The ``pickle_module`` that :func:`check_sendable` gives ``torch.save``."""
+
+    Pickler = _ShapesPickler
 
 
 def _serialize(state: Any) -> Any:
@@ -169,14 +184,14 @@ def _serialize(state: Any) -> Any:
     return torch.frombuffer(bytearray(_saved(state).getvalue()), dtype=torch.uint8)
 
 
-def _saved(state: Any) -> io.BytesIO:
-    """``state`` saved by ``torch.save`` into memory and loaded back as a peer would, onto the
-    meta device. Raises UsageError as :func:`_serialize`."""
+def _saved(state: Any, pickle_module: Any = pickle) -> io.BytesIO:
+    """``state`` saved by ``torch.save`` (with ``pickle_module``) into memory and loaded back
+    as a peer would, onto the meta device. Raises UsageError as :func:`_serialize`."""
     import torch
 
     buffer = io.BytesIO()
     try:
-        torch.save(state, buffer)
+        torch.save(state, buffer, pickle_module=pickle_module)
         torch.load(io.BytesIO(buffer.getbuffer()), weights_only=True, map_location="meta")
     except Exception as error:  # noqa: BLE001 (pickle raises many kinds)
         raise UsageError("get_state()", f"the state cannot be sent to a peer "

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ..records import ledger as _ledger
 from ..records import recovery_file
@@ -161,9 +161,17 @@ class StepLoop:
         constructor.
 
         Raises:
-            UsageError: an object without ``state_dict``/``load_state_dict``.
+            UsageError: ``stateful`` is not a dict, or one of its objects is a class or has no
+                ``state_dict``/``load_state_dict``.
         """
+        if not isinstance(stateful, Mapping):
+            raise UsageError("StepLoop.of()", "expected a dict of objects by name, got "
+                             f"{type(stateful).__name__}",
+                             'give {"model": model, "optimizer": optimizer}')
         for name, thing in stateful.items():
+            if isinstance(thing, type):
+                raise UsageError("StepLoop.of()", f"{name!r} is a class, not an object of it",
+                                 "give the module or optimizer itself")
             if not callable(getattr(thing, "state_dict", None)) or \
                     not callable(getattr(thing, "load_state_dict", None)):
                 raise UsageError("StepLoop.of()", f"{name!r} has no state_dict() and "
