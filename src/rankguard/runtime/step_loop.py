@@ -256,6 +256,7 @@ class StepLoop:
         # user's get_state or load_state would otherwise carry the peer's fault as its
         # __context__ and be taken for one (peer_fault follows the chain)
         fault = None
+        joined = self._step == peer_state.NO_STATE  # a replacement, sent a state a peer checked
         try:
             self._resume()
         except Exception as error:  # noqa: BLE001 (a peer's fault is handled, others raised)
@@ -264,8 +265,8 @@ class StepLoop:
                 raise
         if fault is not None:
             self._recover(fault)
-        # found at the start, not at the first fault, when the run could not recover
-        peer_state.check_sendable(self._state_with_layouts())
+        if not joined:  # found at the start, not at the first fault, when it cannot recover
+            peer_state.check_sendable(self._state_with_layouts())
         injector = current().injector
         while self._step < steps:
             fault = None
