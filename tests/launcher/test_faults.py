@@ -174,3 +174,16 @@ def test_a_rank_that_finished_before_a_peer_failed_is_ok_though_it_exits_after_t
     assert run.event("run_end")["root_cause"] == "rank 1 exited with code 3"
     assert run.outcomes() == {0: "ok", 1: "exited"}  # rank 0 was labelled victim
     assert "[rank1]:rank 0 said 'done'" in run.stdout
+
+
+@pytest.mark.slow  # about 10 s
+def test_a_rank_slow_in_its_own_tail_of_init_while_its_peers_went_on_is_no_hang(run_rankguard):
+    """Rank 0's store connection for the probes (after the group formed) takes 4 s, over
+    --hang-timeout; rank 1 went on, computing. Nobody waits for rank 0, so nobody hangs: before,
+    init read as a collective rank 0 never completed, and every rank was blamed."""
+    run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "2",
+                         "--collective-timeout", "30", script("slow_probe_start.py"), "4"],
+                        timeout=90)
+    assert run.code == 0, run.stderr[-3000:]
+    assert all(f"OK rank={r}" in run.stdout for r in (0, 1)), run.stdout
+    assert not [e for e in run.events if e["event"] == "hang_detected"], run.stderr[-3000:]

@@ -92,7 +92,8 @@ class DefaultGroupForming:
     """``init_process_group`` is forming the default group on the thread that registered this.
 
     Attributes:
-        entered: the ledger recorded init's entry (then init records it done when it ends).
+        entered: the ledger recorded init's entry, not its end yet (init records it done
+            when it ends, unless the group's creator did once the group was formed).
     """
 
     entered: bool = False
@@ -258,6 +259,12 @@ def _create_group(options: Any, backend_options: Any) -> Any:
     state.groups.add(group, record)
     if is_world:
         state.aborted = None  # a new default group: an earlier shutdown's abort is over
+    if forming is not None and forming.entered and slot is not None:
+        # formed with every peer: what follows is this rank's own (a store connection for the
+        # probes), which no peer waits for; slow on a loaded machine while the peers went on,
+        # it read as a collective only this rank never completed (a hang blaming every rank)
+        slot.done()
+        forming.entered = False
     if is_world and state.bounded:  # a replacement probes where generation 0's ranks do
         start_probing(state.probe_store if state.probe_store is not None else options.store,
                       record.rank, options.group_size)
