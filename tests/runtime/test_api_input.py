@@ -234,6 +234,7 @@ def _holding_itself() -> dict:
     pytest.param(lambda torch: {"w": _tagged(torch.nn.Parameter(torch.ones(2)), "decay")}, True,
                  id="a parameter's attribute a string"),
 ])
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")  # torch's own
 def test_the_check_before_the_first_step_judges_a_state_as_its_transfer_would(
         make: object, sendable: bool) -> None:
     import torch
