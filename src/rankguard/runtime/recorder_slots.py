@@ -6,9 +6,9 @@ name: NCCL runs its CUDA tensors, gloo its CPU tensors. Each keeps its own recor
 its collectives apart, so the two halves cannot share a slot: NCCL's half takes the group's
 own (the world slot for the default group), gloo's half a sub-group slot named after the group
 with :data:`GLOO_HALF` appended (``world/gloo`` for the default group: verdicts name it so),
-whose members are the group's. Without it a
-rank that never reached a CPU collective of such a group was seen by nobody: the NCCL half had
-nothing pending, and rankguard does not wrap a mixed group (a wrapper would drop the NCCL half).
+whose members are the group's. Without it a rank that never reached a CPU collective of such a
+group was seen by nobody: the NCCL half had nothing pending, and rankguard does not wrap a
+mixed group (a wrapper would drop the NCCL half).
 
 The gloo recorder is otherwise read only with ``RANKGUARD_GLOO=recorder``: by default gloo
 groups are wrapped, and their wrapper's slot says their progress.
