@@ -196,8 +196,10 @@ def op_label(op: str, seq: int, group: str = "world") -> str:
     return label if group == "world" else f"{label} on group {group}"
 
 
-# the slot of a mixed default group's gloo half (``cpu:gloo,cuda:nccl``: runtime.recorder_slots)
-WORLD_GLOO_HALF = "world/gloo"
+# appended to a mixed group's name for its gloo half's slot (``cpu:gloo,cuda:nccl``:
+# runtime.recorder_slots); the default group's is ``world/gloo``
+GLOO_HALF = "/gloo"
+WORLD_GLOO_HALF = "world" + GLOO_HALF
 
 
 def group_label(key: int, is_world: bool, members: Iterable[int]) -> str:

@@ -397,30 +397,28 @@ class AsyncGroupSampler:
         if choice is None:
             self._bound[key] = None
             return
-        if choice.is_world:
-            for other, bound in self._bound.items():
-                if bound is not None and bound.is_world:  # an earlier default group's
-                    self._bound[other] = None
-            slot = self.ledger.world()
-            slot.reset()
-            self._bound[key] = _Bound(slot, True, WORLD, on_host=on_host)
-            return
-        ranks = self._members(name)
+        ranks = [] if choice.is_world else self._members(name)  # the world's: every rank
         if ranks is None:
             return
-        # a group made anew under a gone one's name (a mixed default group's gloo half, after
-        # destroy_process_group or a regroup) takes over its slot, as the world slot is
+        # a group made anew under a gone one's name (a newer default group after
+        # destroy_process_group or a regroup; a mixed default group's gloo half) takes over
+        # the gone one's slot
         earlier = [other for other, bound in self._bound.items()
                    if bound is not None and bound.name == choice.name]
-        if earlier:
-            slot = self.ledger.reuse_group(self._bound[earlier[0]].slot, choice.name, ranks)
-            for other in earlier:
-                self._bound[other] = None
+        gone = self._bound[earlier[0]] if earlier else None
+        for other in earlier:
+            self._bound[other] = None
+        slot: _ledger._SlotWriter | None
+        if choice.is_world:
+            slot = world = self.ledger.world()
+            world.reset()
+        elif gone is not None:
+            slot = self.ledger.reuse_group(gone.slot, choice.name, ranks)
         else:
             slot = self.ledger.add_group(choice.name, ranks)
         if slot is None:
             say_untracked(choice.name)
-        self._bound[key] = None if slot is None else _Bound(slot, False, choice.name,
+        self._bound[key] = None if slot is None else _Bound(slot, choice.is_world, choice.name,
                                                             tuple(ranks), on_host)
 
     def start(self) -> None:

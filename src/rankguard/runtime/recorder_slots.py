@@ -19,12 +19,11 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from ..records.ledger import WORLD_GLOO_HALF
+from ..records.ledger import GLOO_HALF
 from . import fr_progress, nccl_abort
 from .fr_progress import Recorder
 from .state import WORLD
 
-GLOO_HALF = "/gloo"  # appended to a mixed sub-group's name for its gloo half's slot
 DEFAULT_DESC = "default_pg"  # torch's description of the default group in its recorders
 
 
@@ -46,7 +45,7 @@ def slot_for(recorder: Recorder, name: str, desc: str, *, gloo_watched: bool,
     ``mixed``: the group has an NCCL backend beside its gloo one."""
     is_default = desc == DEFAULT_DESC
     if recorder is Recorder.CPU and mixed:
-        return SlotChoice(False, WORLD_GLOO_HALF if is_default else name + GLOO_HALF)
+        return SlotChoice(False, (WORLD if is_default else name) + GLOO_HALF)
     if recorder is Recorder.CPU and not gloo_watched:
         return None
     return SlotChoice(True, WORLD) if is_default else SlotChoice(False, name)
