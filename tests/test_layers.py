@@ -17,12 +17,13 @@ import rankguard
 PACKAGE = pathlib.Path(rankguard.__file__).parent
 
 # Each part, and the parts it may import. A part is a top-level module or a folder.
-BOTTOM = {"errors", "deadline", "margins"}
+BOTTOM = {"errors", "deadline", "margins", "exit_waits"}
 SHARED = {"records", "store", "processes", "inputs", "blame"}
 MAY_IMPORT = {
     "errors": set(),
     "deadline": {"errors"},
     "margins": {"errors", "deadline"},
+    "exit_waits": {"deadline", "margins"},
     # the shared folders: each on its own above the bottom, but the store, which keeps the
     # run's secret in a private file (records)
     **{name: BOTTOM | {name} for name in SHARED},

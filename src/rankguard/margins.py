@@ -82,6 +82,12 @@ takes milliseconds idle; a member that died in between fails the regroup after t
 after the group's timeout (30 min for gloo), nor after gloo's five times this for a member
 that never dials in (``runtime.backend_connect``)."""
 
+EXIT_WAIT_CAP_S = 5.0
+"""The most a rank's exit waits for the runtime's own calls still in flight (``exit_waits``): each
+is waited for until its own deadline (a notice to the peers: 0.05 s plus 0.1 s of thread slack;
+a probe's answer: a second), so only a call bounded by a long configured timeout meets the
+cap."""
+
 # -- the launcher (rankguard run) -----------------------------------------------------------------
 
 TICK_S = 0.2

@@ -1,7 +1,8 @@
 """Start real rank processes the way ``mp.spawn`` programs and torchrun do, without either.
 
 ``Ranks`` runs ``tests/scripts/runtime_scenarios.py SCENARIO`` as N processes with the env://
-variables set (rank 0 hosts the TCPStore), or under stock torchrun or ``rankguard run``, and
+variables set (rank 0 hosts the TCPStore, or a process of its own does, as a launcher's), or
+under stock torchrun or ``rankguard run``, and
 reads what the scenario reports through its folder. Every wait here has a deadline; ``close()``
 kills whatever is still alive.
 """
@@ -24,6 +25,11 @@ from rankguard.processes import proctree
 from ..conftest import ROOT, script
 
 SCENARIOS = script("runtime_scenarios.py")
+STORE_HOST = ("import sys, time\n"
+              "from torch.distributed import TCPStore\n"
+              "store = TCPStore('127.0.0.1', int(sys.argv[1]), is_master=True, "
+              "wait_for_workers=False)\n"
+              "time.sleep(300)\n")
 
 
 def free_port() -> int:
@@ -49,19 +55,27 @@ class Ranks:
     """N rank processes of one scenario; a context manager that kills them all at exit."""
 
     def __init__(self, scenario: str, world: int, folder: Path, launcher: str = "plain",
-                 env: dict[str, str] | None = None, launcher_args: tuple[str, ...] = ()) -> None:
+                 env: dict[str, str] | None = None, launcher_args: tuple[str, ...] = (),
+                 store_outside: bool = False) -> None:
+        """``store_outside``: (plain ranks) the job's store is hosted by a process of its own,
+        for at most 300 s, the ranks its clients (``TORCHELASTIC_USE_AGENT_STORE``)."""
         self.folder = folder
         self.world = world
         folder.mkdir(parents=True, exist_ok=True)
         base = {**os.environ, "SCENARIO_DIR": str(folder), "PYTHONUNBUFFERED": "1",
                 **(env or {})}
         self.procs: list[subprocess.Popen[str]] = []
+        self.procs_beside: list[subprocess.Popen[str]] = []  # a store host
         self.launcher: subprocess.Popen[str] | None = None
         self.started = time.monotonic()
         self._scenario = scenario
         self._rank_envs: list[dict[str, str]] = []
         if launcher == "plain":
             port = str(free_port())
+            if store_outside:
+                base["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+                self.procs_beside.append(self._start([sys.executable, "-c", STORE_HOST, port],
+                                                     base))
             for rank in range(world):
                 rank_env = {**base, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
                             "RANK": str(rank), "LOCAL_RANK": str(rank),
@@ -93,6 +107,18 @@ class Ranks:
         """The pid rank ``rank`` wrote once it reached ``mark``."""
         return int(self._await_file(f"{mark}_{rank}", f"rank {rank} did not reach {mark!r}",
                                     timeout))
+
+    def first_to_mark(self, mark: str, timeout: float = 30.0) -> int:
+        """The rank that reached ``mark`` (the first found, where several did)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for rank in range(self.world):
+                if (self.folder / f"{mark}_{rank}").exists():
+                    return rank
+            if self.procs and all(proc.poll() is not None for proc in self.procs):
+                break
+            time.sleep(0.02)
+        raise AssertionError(f"no rank reached {mark!r} within {timeout} s:\n{self.output()}")
 
     def result(self, rank: int, timeout: float = 30.0) -> dict[str, Any]:
         """What rank ``rank`` reported."""
@@ -149,7 +175,8 @@ class Ranks:
         return proc.communicate()[1] if proc.stderr and not proc.stderr.closed else ""
 
     def close(self) -> None:
-        for proc in [*self.procs, *([self.launcher] if self.launcher else [])]:
+        for proc in [*self.procs, *([self.launcher] if self.launcher else []),
+                     *self.procs_beside]:
             if proc.poll() is None:
                 proctree.signal_tree(proc.pid, signal.SIGKILL)
                 proctree.signal_tree(proc.pid, signal.SIGCONT)

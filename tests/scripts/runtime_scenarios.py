@@ -368,11 +368,46 @@ def regroup_peer_dies_before_connecting(again: bool = False) -> None:
     wait_for_file("result_1.json", timeout=60)  # the store (this process's) outlives the others
 
 
+def watched_store(store, on_read):
+    """``store`` for a backend's connect, calling ``on_read(written, value)`` on each read the
+    backend makes: ``written`` the values it wrote so far, ``value`` what a ``get`` read (None
+    for a ``wait`` or ``check``, called before them). A fault sent from ``on_read`` lands
+    before the backend acts on what it read."""
+    import torch.distributed as dist
+
+    class Watched(dist.Store):
+        def __init__(self) -> None:
+            super().__init__()
+            self.written: list[bytes] = []
+
+        def set(self, key: str, value: bytes) -> None:
+            store.set(key, value)
+            self.written.append(bytes(value))
+
+        def get(self, key: str) -> bytes:
+            value = store.get(key)
+            on_read(self.written, bytes(value))
+            return value
+
+        def wait(self, keys: list, *timeout: object) -> None:
+            on_read(self.written, None)
+            store.wait(keys, *timeout)
+
+        def check(self, keys: list) -> bool:
+            on_read(self.written, None)
+            return store.check(keys)
+
+        def add(self, key: str, amount: int) -> int:
+            return store.add(key, amount)
+
+    return Watched()
+
+
 def connect_then(fault: int, members: list) -> None:
     """As the last rank of ``members``: join generation 1 with the product's own calls, start
-    its backend's connect and send this process ``fault`` (SIGKILL, SIGSTOP) the moment gloo
-    published its address in the store (its first read after its first write), before it dials
-    any peer. Returns once the connect ended (after a SIGSTOP, a SIGCONT)."""
+    its backend's connect and send this process ``fault`` (SIGKILL) the moment gloo published
+    its address in the store (its first read after its first write), before it dials any
+    peer."""
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -381,35 +416,10 @@ def connect_then(fault: int, members: list) -> None:
     from rankguard.runtime import generations, groups, vacancies
     from rankguard.runtime.state import current
 
-    class FaultOnceItPublished(dist.Store):
-        def __init__(self, store: dist.Store) -> None:
-            super().__init__()
-            self.store, self.wrote, self.sent = store, False, False
-
-        def set(self, key: str, value: bytes) -> None:
-            self.store.set(key, value)
-            self.wrote = True
-
-        def _read(self) -> None:
-            if self.wrote and not self.sent:
-                self.sent = True
-                mark("published")
-                os.kill(os.getpid(), fault)
-
-        def get(self, key: str) -> bytes:
-            self._read()
-            return self.store.get(key)
-
-        def wait(self, keys: list, *timeout: object) -> None:
-            self._read()
-            self.store.wait(keys, *timeout)
-
-        def check(self, keys: list) -> bool:
-            self._read()
-            return self.store.check(keys)
-
-        def add(self, key: str, amount: int) -> int:
-            return self.store.add(key, amount)
+    def on_read(written: list, value: bytes | None) -> None:
+        if written:
+            mark("published")
+            os.kill(os.getpid(), fault)
 
     limit = Deadline.after(20)
     generations.with_store_client(limit, "joining", lambda client: generations._agree_and_join(
@@ -417,8 +427,18 @@ def connect_then(fault: int, members: list) -> None:
     store = vacancies.group_store(1, generations.root_store())
     groups.discard_all()
     current().generation = 1  # as a member that regroups: no secret to agree on
-    dist.init_process_group("gloo", store=FaultOnceItPublished(store), rank=RANK,
+    dist.init_process_group("gloo", store=watched_store(store, on_read), rank=RANK,
                             world_size=len(members), timeout=timedelta(seconds=20))
+
+
+def gloo_port(published: bytes) -> int | None:
+    """The port in a gloo address published for 127.0.0.1 (a ``sockaddr_in``: family 2, the
+    port, the address), as gloo's arithmetic sees it (this machine's byte order); None where
+    ``published`` holds none."""
+    import re
+
+    found = re.search(rb"\x02\x00(..)\x7f\x00\x00\x01", published, re.S)
+    return int.from_bytes(found.group(1), sys.byteorder) if found else None
 
 
 def regroup_peer_dies_after_publishing_its_address() -> None:
@@ -442,26 +462,47 @@ def regroup_peer_dies_after_publishing_its_address() -> None:
         wait_for_file("result_1.json", timeout=60)
 
 
-def regroup_peer_freezes_after_publishing_its_address() -> None:
-    """Two ranks; rank 1 publishes its gloo address for generation 1 and is stopped (SIGSTOP)
-    before it dials rank 0, which regroups (timeout 3 s). Once rank 0 reported, the test resumes
-    rank 1 (SIGCONT, writing ``resumed``): if rank 0 gave up on a connect that gloo still ran,
-    that connect now succeeds, and the group it makes must be given up, never used. Rank 0
-    reports ``late.json``: whether a default group appeared, and what an all_reduce on it
-    raised."""
+def regroup_dialer_freezes_after_publishing_its_address() -> None:
+    """Two ranks, their store hosted outside them (as a launcher hosts it), regroup (timeout 3 s).
+    Gloo makes one rank of the pair dial the other: the one whose port, as gloo compares them, is
+    the greater. That rank stops itself (SIGSTOP, marking ``published``) once it read its peer's
+    address, before it dials; the other waits to be dialed and reports how its regroup ended.
+    The test then resumes the dialer (SIGCONT, writing ``resumed``): the connect the waiting rank
+    gave up on now succeeds, and the group it makes must be given up, never used. The waiting
+    rank reports ``late.json``: whether a default group appeared, and what an all_reduce on it
+    raised. Both ranks exit once it is written."""
+    from rankguard.runtime import vacancies
+
     torch, dist = group()
-    if RANK == 1:
-        connect_then(signal.SIGSTOP, [0, 1])
-        wait_for_file("late.json", timeout=60)
-        return
+    decided = False
+
+    def on_read(written: list, value: bytes | None) -> None:
+        nonlocal decided
+        own = next((port for port in map(gloo_port, written) if port is not None), None)
+        peer = gloo_port(value) if value is not None else None
+        if decided or own is None or peer is None or peer == own:
+            return
+        decided = True
+        print(f"rank {RANK}: gloo port {own} (as gloo compares them), its peer's {peer}: "
+              f"{'dials' if own > peer else 'waits to be dialed'}", file=sys.stderr, flush=True)
+        if own > peer:  # gloo's rule: the greater port dials
+            mark("published")
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+    group_store = vacancies.group_store
+    vacancies.group_store = lambda number, root: watched_store(group_store(number, root), on_read)
     started = time.monotonic()
     try:
         generation = rankguard.regroup(timeout=3, exclude=())
-        report(type=None, members=generation.members, elapsed=time.monotonic() - started)
-        return
+        outcome = {"type": None, "members": generation.members,
+                   "elapsed": time.monotonic() - started}
     except rankguard.RankguardError as error:
-        report(**error_fields(error, started), initialized=dist.is_initialized())
-    wait_for_file("resumed")
+        outcome = {**error_fields(error, started), "initialized": dist.is_initialized()}
+    if (OUT / f"published_{RANK}").exists():  # the dialer, resumed
+        wait_for_file("late.json", timeout=60)
+        return
+    report(**outcome)
+    wait_for_file("resumed", timeout=60)
     end = time.monotonic() + 20
     while not dist.is_initialized() and time.monotonic() < end:
         time.sleep(0.05)
@@ -686,8 +727,8 @@ SCENARIOS = {
     "replacement_peer_dies_before_connecting": replacement_peer_dies_before_connecting,
     "regroup_peer_dies_after_publishing_its_address":
         regroup_peer_dies_after_publishing_its_address,
-    "regroup_peer_freezes_after_publishing_its_address":
-        regroup_peer_freezes_after_publishing_its_address,
+    "regroup_dialer_freezes_after_publishing_its_address":
+        regroup_dialer_freezes_after_publishing_its_address,
     "outsider_regroup": outsider_regroup,
     "outsider_shutdown": outsider_shutdown,
     "share_state": lambda: share_state(""),

@@ -15,7 +15,8 @@ still arrive). A connect not done by then is **abandoned**: :class:`ConnectOverr
 gloo, which fails it within four more timeouts (a daemon: it never holds the process's exit).
 Should that connect succeed after all (every member was alive, one only slow), the group it
 made is given up at once (``groups.abandon_world``: retired, its peers told), never used: the
-rank already raised that it has none. NCCL's ``init_process_group`` connects nothing (its
+rank already raised that it has none; a rank that exits meanwhile waits for that notice
+(``exit_waits``). NCCL's ``init_process_group`` connects nothing (its
 communicator forms at the first collective): it runs on the caller's thread, as it did.
 """
 
@@ -25,6 +26,7 @@ import threading
 import time
 from typing import Callable, Generic, TypeVar
 
+from .. import exit_waits
 from ..deadline import Deadline
 from . import groups
 
@@ -32,6 +34,10 @@ OWN_ERROR_S = 0.5
 """How long past its deadline a connect is still waited for: gloo's own waits (a peer's address
 in the store, a refused dial's retries) end at the timeout it was given, counted from a few ms
 later than the deadline, and a loaded machine adds some; their errors say what failed."""
+
+LATE_NOTICE_S = 1.0
+"""How long the process's exit waits for a connect that ended late to give its group up and
+tell its peers (a notice bounded by 0.15 s): many times that, for a loaded machine."""
 
 T = TypeVar("T")
 
@@ -93,6 +99,8 @@ def within(limit: Deadline, what: str, backend: str, connect: Callable[[], T]) -
             attempt.ended, attempt.value, attempt.error = True, value, error
             late = attempt.abandoned
         if late and error is None:
+            exit_waits.finish_before_exit(threading.current_thread(),
+                                          Deadline.after(LATE_NOTICE_S))
             groups.abandon_world(f"{what} connected {time.monotonic() - began:.3g} s after it "
                                  "began, past its deadline: this rank had given up on it")
 

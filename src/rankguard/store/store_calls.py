@@ -13,7 +13,9 @@ Every store call the runtime makes for a caller that holds a deadline goes throu
 blocked then is **abandoned**: :class:`StoreStalled` is raised, the thread is left blocked on
 the server (a daemon, never joined), and the client connection it used must not be used again
 (its protocol state is unknown). At most ``MAX_ABANDONED`` threads are left so; past that, a
-call is refused at once rather than leaving another.
+call is refused at once rather than leaving another. A call in flight when the interpreter
+exits is waited for until its deadline (``exit_waits``): one that came back during the
+interpreter's finalization would abort the process.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import threading
 from typing import Callable, TypeVar
 
+from .. import exit_waits
 from ..deadline import Deadline
 
 T = TypeVar("T")
@@ -67,6 +70,7 @@ def within(limit: Deadline, what: str, call: Callable[[], T]) -> T:
 
     thread = threading.Thread(target=run, name="rankguard-store-call", daemon=True)
     thread.start()
+    exit_waits.finish_before_exit(thread, limit)
     thread.join(limit.wait_time_or_none())
     if thread.is_alive():
         with _lock:
