@@ -403,34 +403,6 @@ def watched_store(store, on_read):
     return Watched()
 
 
-def connect_then(fault: int, members: list) -> None:
-    """As the last rank of ``members``: join generation 1 with the product's own calls, start
-    its backend's connect and send this process ``fault`` (SIGKILL) the moment gloo published
-    its address in the store (its first read after its first write), before it dials any
-    peer."""
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    from rankguard.deadline import Deadline
-    from rankguard.runtime import generations, groups, vacancies
-    from rankguard.runtime.state import current
-
-    def on_read(written: list, value: bytes | None) -> None:
-        if written:
-            mark("published")
-            os.kill(os.getpid(), fault)
-
-    limit = Deadline.after(20)
-    generations.with_store_client(limit, "joining", lambda client: generations._agree_and_join(
-        client, 1, members, RANK, limit))
-    store = vacancies.group_store(1, generations.root_store())
-    groups.discard_all()
-    current().generation = 1  # as a member that regroups: no secret to agree on
-    dist.init_process_group("gloo", store=watched_store(store, on_read), rank=RANK,
-                            world_size=len(members), timeout=timedelta(seconds=20))
-
-
 def gloo_port(published: bytes) -> int | None:
     """The port in a gloo address published for 127.0.0.1 (a ``sockaddr_in``: family 2, the
     port, the address), as gloo's arithmetic sees it (this machine's byte order); None where
@@ -441,39 +413,20 @@ def gloo_port(published: bytes) -> int | None:
     return int.from_bytes(found.group(1), sys.byteorder) if found else None
 
 
-def regroup_peer_dies_after_publishing_its_address() -> None:
-    """Three ranks; rank 2 publishes its gloo address for generation 1 and dies (SIGKILL) before
-    it dials any peer; ranks 0 and 1 regroup (timeout 5 s). Gloo picks, of each pair, the rank
-    with the lower port to wait for the other to dial in; that wait has no timer but the pair's
-    own, five times the group's timeout: a survivor below rank 2's port waited 25 s in gloo."""
-    import torch.distributed as dist
-
-    group()
-    if RANK == 2:
-        connect_then(signal.SIGKILL, [0, 1, 2])
-        os._exit(3)  # not reached
-    started = time.monotonic()
-    try:
-        generation = rankguard.regroup(timeout=5, exclude=())
-        report(type=None, members=generation.members, elapsed=time.monotonic() - started)
-    except rankguard.RankguardError as error:
-        report(**error_fields(error, started), initialized=dist.is_initialized())
-    if RANK == 0:  # the store's host: stays until rank 1 reported
-        wait_for_file("result_1.json", timeout=60)
-
-
-def regroup_dialer_freezes_after_publishing_its_address() -> None:
-    """Two ranks, their store hosted outside them (as a launcher hosts it), regroup (timeout 3 s).
-    Gloo makes one rank of the pair dial the other: the one whose port, as gloo compares them, is
-    the greater. That rank stops itself (SIGSTOP, marking ``published``) once it read its peer's
-    address, before it dials; the other waits to be dialed and reports how its regroup ended.
-    The test then resumes the dialer (SIGCONT, writing ``resumed``): the connect the waiting rank
-    gave up on now succeeds, and the group it makes must be given up, never used. The waiting
-    rank reports ``late.json``: whether a default group appeared, and what an all_reduce on it
-    raised. Both ranks exit once it is written."""
+def watch_connect(on_read) -> None:
+    """The next generation's backend connects through ``watched_store(..., on_read)``."""
     from rankguard.runtime import vacancies
 
-    torch, dist = group()
+    group_store = vacancies.group_store
+    vacancies.group_store = lambda number, root: watched_store(group_store(number, root), on_read)
+
+
+def fault_if_it_dials_every_peer(size: int, fault: int):
+    """An ``on_read`` for :func:`watched_store`: once gloo read the address of every one of the
+    ``size`` members (it reads them all before it dials), the rank gloo makes dial every peer
+    (the one whose port, as gloo compares them, is the greatest) marks ``published`` and sends
+    itself ``fault``, before it dials. Says on stderr what each rank found."""
+    peers: set[int] = set()
     decided = False
 
     def on_read(written: list, value: bytes | None) -> None:
@@ -482,15 +435,46 @@ def regroup_dialer_freezes_after_publishing_its_address() -> None:
         peer = gloo_port(value) if value is not None else None
         if decided or own is None or peer is None or peer == own:
             return
+        peers.add(peer)
+        if len(peers) < size - 1:
+            return
         decided = True
-        print(f"rank {RANK}: gloo port {own} (as gloo compares them), its peer's {peer}: "
-              f"{'dials' if own > peer else 'waits to be dialed'}", file=sys.stderr, flush=True)
-        if own > peer:  # gloo's rule: the greater port dials
+        dials = own > max(peers)  # gloo's rule, pair by pair: the greater port dials
+        print(f"rank {RANK}: gloo port {own} (as gloo compares them), its peers' {sorted(peers)}"
+              f": {'dials every peer' if dials else 'is dialed by some'}", file=sys.stderr,
+              flush=True)
+        if dials:
             mark("published")
-            os.kill(os.getpid(), signal.SIGSTOP)
+            os.kill(os.getpid(), fault)
 
-    group_store = vacancies.group_store
-    vacancies.group_store = lambda number, root: watched_store(group_store(number, root), on_read)
+    return on_read
+
+
+def regroup_dialer_dies_after_publishing_its_address() -> None:
+    """Three ranks, their store hosted outside them (as a launcher hosts it), regroup (timeout
+    5 s). The rank gloo makes dial both others dies (SIGKILL) once it read their addresses,
+    before it dials: each survivor waits for it to dial in, a wait gloo bounds only at five
+    times the group's timeout (25 s for 5 s). The survivors report how their regroup ended."""
+    torch, dist = group()
+    watch_connect(fault_if_it_dials_every_peer(3, signal.SIGKILL))
+    started = time.monotonic()
+    try:
+        generation = rankguard.regroup(timeout=5, exclude=())
+        report(type=None, members=generation.members, elapsed=time.monotonic() - started)
+    except rankguard.RankguardError as error:
+        report(**error_fields(error, started), initialized=dist.is_initialized())
+
+
+def regroup_dialer_freezes_after_publishing_its_address() -> None:
+    """Two ranks, their store hosted outside them (as a launcher hosts it), regroup (timeout
+    3 s). The rank gloo makes dial the other stops itself (SIGSTOP) once it read its peer's
+    address, before it dials; the other waits to be dialed and reports how its regroup ended.
+    The test then resumes the dialer (SIGCONT, writing ``resumed``): the connect the waiting
+    rank gave up on now succeeds, and the group it makes must be given up, never used. The
+    waiting rank reports ``late.json``: whether a default group appeared, and what an
+    all_reduce on it raised. Both ranks exit once it is written."""
+    torch, dist = group()
+    watch_connect(fault_if_it_dials_every_peer(2, signal.SIGSTOP))
     started = time.monotonic()
     try:
         generation = rankguard.regroup(timeout=3, exclude=())
@@ -725,8 +709,8 @@ SCENARIOS = {
     "regroup_again_after_a_peer_died_before_connecting":
         lambda: regroup_peer_dies_before_connecting(again=True),
     "replacement_peer_dies_before_connecting": replacement_peer_dies_before_connecting,
-    "regroup_peer_dies_after_publishing_its_address":
-        regroup_peer_dies_after_publishing_its_address,
+    "regroup_dialer_dies_after_publishing_its_address":
+        regroup_dialer_dies_after_publishing_its_address,
     "regroup_dialer_freezes_after_publishing_its_address":
         regroup_dialer_freezes_after_publishing_its_address,
     "outsider_regroup": outsider_regroup,
