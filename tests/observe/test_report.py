@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from rankguard import cli
 from rankguard.records import recent_file
 from rankguard.observe import flight_recorder, report, timeline
 
@@ -348,6 +349,28 @@ def test_hostile_or_damaged_journals_give_a_report_or_one_line_never_a_traceback
         assert "Traceback" not in shown.stderr and shown.returncode in (0, 1), shown.stderr
     empty = _report(str(_journal(tmp_path / "empty", ["{}"])))
     assert empty.returncode == 2 and "holds no event of a run" in empty.stderr
+
+
+def test_an_attempt_rank_or_pid_that_is_missing_or_null_skips_its_event_never_a_traceback(
+        tmp_path: Path) -> None:
+    """Each field the commands index a run's attempts and ranks by, missing or null in one
+    event (a journal edited by hand, or damaged): that event is skipped, the rest is shown."""
+    folders = []
+    for number, (kind, field) in enumerate((("attempt_start", "attempt"),
+                                            ("rank_start", "rank"), ("rank_start", "pid"),
+                                            ("rank_exit", "rank"), ("attempt_end", "attempt"))):
+        for damage in ("missing", "null"):
+            events = [dict(event) for event in HUNG_RUN]
+            hit = next(e for e in events if e["event"] == kind)
+            if damage == "missing":
+                del hit[field]
+            else:
+                hit[field] = None
+            folders.append(_journal(tmp_path / f"{number}{damage}",
+                                    [json.dumps(event) for event in events]))
+    for folder in folders:  # in this process: an exception would fail the test here
+        for name in ("status", "stacks", "report", "flight-recorder"):
+            assert cli.main([name, str(folder)]) in (0, 1), (folder, name)
 
 
 def test_files_that_are_not_regular_files_are_refused_at_once(tmp_path: Path) -> None:

@@ -4,8 +4,10 @@ commands make (a report, dumps) as a user's files may be: damaged, hostile, or n
 - ``events`` reads a regular file only (a FIFO or a device is refused, never waited on), at
   most its first and last few MiB; bytes that are not UTF-8 are replaced. It keeps a
   journal's lines that are events as rankguard writes them: an object with a known-looking
-  ``event``, a finite ``ts``, and whole numbers (or null) where rankguard writes
-  whole numbers; anything else is skipped, so every later rule may rely on those types.
+  ``event``, a finite ``ts``, whole numbers (or null) where rankguard writes whole numbers,
+  and whole numbers where rankguard always writes one (``REQUIRED``: a ``rank_start``'s
+  attempt, rank and pid); anything else is skipped, so every later rule may rely on those
+  types.
 - ``write_new`` writes a file only where a regular file (or nothing) is: not through a symbolic
   link, not into a FIFO; the content is made before the file is touched. Callers write into a
   folder of the user's own, opened and checked first (``private_files.open_private``): never
@@ -35,6 +37,10 @@ JOURNAL_TAIL = 16 << 20
 # fields rankguard writes as whole numbers (or null)
 WHOLE = ("attempt", "rank", "pid", "round", "group_rank", "group_world_size", "base_rank",
          "world_size", "nproc", "exit_code", "max_restarts", "attempts", "seq")
+# the fields an event of these kinds always has, whole numbers (never null) that the commands
+# index by: the attempt and its ranks
+REQUIRED = {"attempt_start": ("attempt",), "attempt_end": ("attempt",),
+            "rank_start": ("attempt", "rank", "pid"), "rank_exit": ("attempt", "rank")}
 _LARGEST = 1 << 53
 _CUT: set[str] = set()  # the journals read in part, said on stderr
 
@@ -86,6 +92,8 @@ def _is_event(event: Any) -> bool:
     if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
         return False
     if not isinstance(event.get("run_id", ""), str):
+        return False
+    if any(event.get(name) is None for name in REQUIRED.get(event["event"], ())):
         return False
     return all(_whole_or_null(event[name]) for name in WHOLE if name in event)
 

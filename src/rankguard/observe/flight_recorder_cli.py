@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
     except UsageError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
-    kept = recent_file.read_attempt(os.path.join(run.log_dir, f"attempt{attempt}"))
+    kept = runs.recent(run, attempt)
     if not kept:
         print(files.printable(f"{PROG}: run {run.run_id}, attempt {attempt}: ") +
               "no rank's recent operations were kept (ranks that never started, or a run of an "

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import sys
 
-from ..records import recent_file
 from ..errors import UsageError
 from . import files, report, runs, timeline
 
@@ -38,8 +37,7 @@ def main(argv: list[str]) -> int:
         view = timeline.of_pool(events)
     else:
         attempts = sorted({int(e["attempt"]) for e in events if e["event"] == "attempt_start"})
-        recent = {n: recent_file.read_attempt(os.path.join(run.log_dir, f"attempt{n}"))
-                  for n in attempts}
+        recent = {n: runs.recent(run, n) for n in attempts}
         view = timeline.of_run(events, recent, run.unfinished)
     target = os.path.join(run.log_dir, FILE) if args.output is None else args.output
     page = report.render(view).encode("utf-8", errors="replace")

@@ -10,7 +10,7 @@ from typing import Any
 
 import psutil
 
-from ..records import private_files
+from ..records import private_files, recent_file
 from . import files
 from ..errors import UsageError
 from ..inputs.options import Parser, number
@@ -59,7 +59,7 @@ def find(target: str | None) -> Run:
             a RUN_ID of several agents on this machine, naming each (``RUN_ID/HOST-PID``).
     """
     path = _journal_path(target)
-    events = files.events(path)
+    events = latest_run(files.events(path))
     if not events:
         raise UsageError("RUN", f"{path} holds no event of a run",
                          "give the journal of a run of rankguard")
@@ -78,6 +78,28 @@ def find(target: str | None) -> Run:
                   for rank, event in sorted(started.items()))
     return Run(run_id, log_dir, path, ended, attempt, ranks, tuple(events),
                None if ended else _unfinished(events))
+
+
+def latest_run(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events of the journal's latest run. A log folder (or a ``--journal``) given to a
+    later run again holds each run's events one after the other, from its ``run_start`` (a
+    pool's ``pool_start``): the commands show the latest, the one that may be running."""
+    starts = [i for i, e in enumerate(events) if e["event"] in ("run_start", "pool_start")]
+    return events[starts[-1]:] if starts else events
+
+
+def recent(run: Run, attempt: int) -> dict[int, recent_file.RankRecent]:
+    """The recent operations kept of ``attempt``'s ranks (``recent_file.read_attempt``), each
+    only if the run's journal names its process as that rank's in that attempt: a file left
+    in the folder by an earlier run of the same log folder is not this run's."""
+    pids: dict[int, set[int]] = {}
+    for e in run.events:
+        if e.get("attempt") == attempt and e["event"] in ("rank_start", "replace") and \
+                isinstance(e.get("rank"), int):
+            pids.setdefault(e["rank"], set()).update(
+                e.get(name) for name in ("pid", "old_pid", "new_pid"))
+    kept = recent_file.read_attempt(os.path.join(run.log_dir, f"attempt{attempt}"))
+    return {rank: ops for rank, ops in kept.items() if ops.pid in pids.get(rank, ())}
 
 
 def _unfinished(events: list[dict[str, Any]]) -> str | None:
