@@ -425,7 +425,7 @@ def fault_if_it_dials_every_peer(size: int, fault: int):
     """An ``on_read`` for :func:`watched_store`: once gloo read the address of every one of the
     ``size`` members (it reads them all before it dials), the rank gloo makes dial every peer
     (the one whose port, as gloo compares them, is the greatest) marks ``published`` and sends
-    itself ``fault``, before it dials. Says on stderr what each rank found."""
+    itself ``fault``, before it dials. Each rank writes what it found in ``gloo_ports_<rank>``."""
     peers: set[int] = set()
     decided = False
 
@@ -440,9 +440,9 @@ def fault_if_it_dials_every_peer(size: int, fault: int):
             return
         decided = True
         dials = own > max(peers)  # gloo's rule, pair by pair: the greater port dials
-        print(f"rank {RANK}: gloo port {own} (as gloo compares them), its peers' {sorted(peers)}"
-              f": {'dials every peer' if dials else 'is dialed by some'}", file=sys.stderr,
-              flush=True)
+        (OUT / f"gloo_ports_{RANK}").write_text(
+            f"rank {RANK}: gloo port {own} (as gloo compares them), its peers' {sorted(peers)}: "
+            f"{'dials every peer' if dials else 'is dialed by some'}\n")
         if dials:
             mark("published")
             os.kill(os.getpid(), fault)
