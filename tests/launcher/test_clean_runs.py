@@ -50,3 +50,15 @@ def test_script_that_never_destroys_its_group_exits_cleanly(run_rankguard):
     run = run_rankguard(["--nproc-per-node", "2", script("allreduce.py"), "3000", "0", "keep"])
     assert run.code == 0, run.stderr[-2000:]
     assert run.outcomes() == {0: "ok", 1: "ok"}
+
+
+@pytest.mark.slow  # over 4 s here: out of the quick run
+def test_default_group_destroyed_and_formed_again_is_no_hang(run_rankguard):
+    # Each default group formed in the launcher's store had the same keys: rank 0's new gloo
+    # group read rank 1's old address while rank 1 still held its old group, and hung in its
+    # connect (blamed as a hang, exit 3) or failed in its first all-reduce; torchrun runs it
+    run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "5",
+                         script("reinit_world.py")], timeout=90)
+    assert run.code == 0, run.stderr[-2000:]
+    assert all(f"PHASE 4 DONE rank={r}" in run.stdout for r in (0, 1)), run.stdout
+    assert run.outcomes() == {0: "ok", 1: "ok"}

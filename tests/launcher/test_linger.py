@@ -35,3 +35,20 @@ def test_a_rank_whose_script_returned_but_whose_process_lingers_is_ended_with_it
     exits = {e["rank"]: e for e in run.events if e["event"] == "rank_exit"}
     assert (exits[lingerer]["outcome"], exits[lingerer]["exit_code"]) == ("ok", 0), exits
     assert run.wall_s < LIMIT + GRACE + 20, run.wall_s
+
+
+@pytest.mark.slow  # two ranks that start torch: over 3 s here
+@pytest.mark.parametrize("mode", ["thread", "atexit"])
+def test_a_process_that_exits_non_zero_by_itself_after_its_script_returned_fails_the_run(
+        run_rankguard, mode):
+    # os._exit(7) in a thread or an atexit handler once the script returned: torchrun fails
+    # the run (exit 1); the run must not be reported as succeeded
+    run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "2",
+                         script("exit_after_return.py"), mode], timeout=60)
+    assert run.code == 1, run.stderr
+    end = run.event("run_end")
+    assert end["root_cause"] == \
+        "rank 1 exited with code 7 after its script ended with code 0", end
+    exits = {e["rank"]: e for e in run.events if e["event"] == "rank_exit"}
+    assert (exits[1]["outcome"], exits[1]["exit_code"]) == ("exited", 7), exits
+    assert exits[0]["outcome"] == "ok", exits

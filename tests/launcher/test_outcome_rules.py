@@ -138,6 +138,20 @@ FIRST_FAULT = {
     "a peer ahead on a group the leaver is not in is no evidence": FaultCase(
         [RankSnapshot(0, ledger(world(6), group(4, 3, "all_reduce", 1.0, 0b101, "b"))),
          RankSnapshot(1, leaving(6, 0.9, 0))], 1.0 + 10 * HANG, None),
+    # os._exit(7) in a non-daemon thread or an atexit handler once the script returned: the
+    # process's own exit code says the job failed (torchrun fails it too)
+    "a process that exits non-zero by itself after its script ended with 0 is the root":
+        FaultCase([RankSnapshot(0, ledger(world(6, 5))),
+                   RankSnapshot(1, leaving(5, 1.0, 0), 7, 1.5)], 1.5,
+                  (1, "rank 1 exited with code 7 after its script ended with code 0", 1.5)),
+    # a daemon thread coming back into the finalizing interpreter aborts it (SIGABRT)
+    "a signal that ends a process whose script ended with 0 is no fault": FaultCase(
+        [RankSnapshot(0, ledger(world(6, 5))), RankSnapshot(1, leaving(5, 1.0, 0), -6, 1.5)],
+        1.5, None),
+    # ended as lingering, or in a peer's teardown: its SIGTERM teardown overran (exit 143)
+    "a rank the launcher stopped after its script ended with 0 is no fault, whatever its code":
+        FaultCase([RankSnapshot(0, ledger(world(6, 5))),
+                   RankSnapshot(1, leaving(5, 1.0, 0), 143, 1.5, stopped=True)], 1.5, None),
 }
 
 
@@ -259,6 +273,11 @@ CLASSIFY = {
         OutcomeCase([RankSnapshot(0, leaving(5, 1.5, 0), 0, TEARDOWN + 0.2),
                      RankSnapshot(1, ledger(world(5)), 3, 1.0)], ROOT_1, None, TEARDOWN,
                     {0: OK0, 1: ("exited", 3, None, "exited with code 3")}),
+    "a rank whose process exited 7 by itself after its script ended with 0 reports 7":
+        OutcomeCase([_torn_down(0), RankSnapshot(1, leaving(5, 1.0, 0), 7, 1.5)],
+                    Fault("exited", 1.5, 1,
+                          "exited with code 7 after its script ended with code 0"), None,
+                    TEARDOWN, {0: VICTIM0, 1: ("exited", 7, None, "exited with code 7")}),
     "a rank whose script ended with 0 only once the teardown began is a victim": OutcomeCase(
         [RankSnapshot(0, leaving(5, TEARDOWN + 0.1, 0), 0, TEARDOWN + 0.2),
          RankSnapshot(1, ledger(world(5)), 3, 1.0)], ROOT_1, None, TEARDOWN,

@@ -14,7 +14,8 @@ fault is timed from when it began: the time its exception reached the top, or it
 ended (both from its ledger, however long the interpreter's teardown takes afterwards), else
 the time its exit was seen. A rank that left with code 0 is at fault only when a peer went on
 to an operation the leaver never entered, on a group they share, and failed in it or waited
-there ``--hang-timeout``: its peers can never complete it.
+there ``--hang-timeout``: its peers can never complete it. One whose script ended with code 0
+but whose process then exited with another code by itself is at fault when that exit is seen.
 
 The run's exit code follows from the fault of its last attempt (``run_status``). Every decision
 here is pure, a function of its arguments (ledger snapshots and process exits as ``RankSnapshot``
@@ -133,11 +134,12 @@ class RankSnapshot:
     exited_at: float | None = None  # monotonic, when the exit was seen
     pid: int = 0
     killed_by_launcher: bool = False  # needed SIGKILL after the grace period
+    stopped: bool = False  # the launcher sent it SIGTERM or SIGKILL
 
     @classmethod
     def of(cls, member: RankProcess, progress: _ledger.RankProgress | None) -> "RankSnapshot":
         return cls(member.rank, progress, member.returncode, member.exited_at, member.pid,
-                   member.killed)
+                   member.killed, member.stopped)
 
 
 def restarts_after(fault: Fault) -> bool:
@@ -212,7 +214,12 @@ def own_fault(state: RankSnapshot) -> Fault | None:
     if kind == _ledger.FAULT_EXITING:
         assert progress is not None
         if progress.exit_code == 0:
-            return None
+            late = _late_exit_code(state)
+            if late is None:
+                return None
+            assert state.exited_at is not None
+            return Fault(FaultKind.EXITED, state.exited_at, state.rank,
+                         f"{exit_detail(late)} after its script ended with code 0")
         if progress.error == _ledger.ErrorKind.USAGE:
             return usage_fault(state.rank, progress)
         return Fault(FaultKind.EXITED, progress.t_fault, state.rank, exit_detail(progress.exit_code))
@@ -227,6 +234,17 @@ def own_fault(state: RankSnapshot) -> Fault | None:
     assert state.exited_at is not None
     return Fault(FaultKind.SIGNALLED if code < 0 else FaultKind.EXITED, state.exited_at, state.rank,
                  exit_detail(code))
+
+
+def _late_exit_code(state: RankSnapshot) -> int | None:
+    """The non-zero code a rank's process exited with by itself after its script ended with
+    code 0 (``os._exit(7)`` in a thread or an atexit handler: the job failed, as torchrun says
+    too); None otherwise. A signal then is no fault (a daemon thread that comes back into the
+    finalizing interpreter aborts it), nor is any end of a process the launcher stopped."""
+    code = state.returncode
+    if code is None or code <= 0 or state.stopped:
+        return None
+    return code
 
 
 def departure(state: RankSnapshot) -> float | None:
@@ -359,7 +377,7 @@ def classify(states: list[RankSnapshot], root: Fault | None, hang: Verdict | Non
         sig = signal_name(-code) if code is not None and code < 0 else None
         exit_code = code if code is not None and code >= 0 else None
         if progress is not None and progress.fault == _ledger.FAULT_EXITING:
-            exit_code = progress.exit_code
+            exit_code = progress.exit_code or _late_exit_code(state) or 0
         own = own_fault(state)
         if state.rank in blamed:
             outcome = "hung"

@@ -365,14 +365,18 @@ def _cuda_available() -> bool:
 
 
 def _attempt_store(timeout: timedelta) -> Any:
-    """A client of the launcher's store, under this attempt's namespace."""
+    """A client of the launcher's store, under this attempt's namespace and this process's
+    count of default groups formed there (the same on every rank): a default group formed
+    again (``destroy_process_group``, then ``init_process_group``) reads its peers' new gloo
+    addresses, never the old group's keys, whose addresses a slower peer may still hold open."""
     from torch.distributed import PrefixStore, TCPStore
 
     state = current()
     assert state.launcher_store is not None
     host, port = state.launcher_store
     store = TCPStore(host, int(port), is_master=False, timeout=timeout)
-    return PrefixStore(state.namespace, store)
+    state.world_formations += 1
+    return PrefixStore(f"{state.namespace}world{state.world_formations}/", store)
 
 
 def _launchers_store(init_method: Any, kwargs: dict[str, Any]) -> bool:

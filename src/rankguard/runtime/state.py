@@ -191,6 +191,7 @@ class RankState:
         default_factory=lambda: collections.deque(maxlen=256))
     last_failure: CollectiveError | None = None
     aborted: ShutdownReport | None = None
+    world_formations: int = 0  # default groups formed in the launcher's store
     record_only: bool = True
     awaiting_state: bool = False
     usage_exit: str | None = None

@@ -61,6 +61,7 @@ class RankProcess:
     returncode: int | None = None  # Popen's: negative for a signal
     exited_at: float | None = None  # monotonic, when its exit was seen
     killed: bool = False  # its supervisor had to SIGKILL it
+    stopped: bool = False  # its supervisor sent it SIGTERM or SIGKILL (``signal``)
     warm: bool = False  # a warm spare became this rank
     marker: str = ""  # its own marker (``RANK_MARKER_VAR``), inherited by what it starts
 
@@ -382,6 +383,7 @@ class RankProcesses:
         ``members`` (default: all), then SIGCONT so that a stopped one acts on it at once."""
         for member in self.live() if members is None else members:
             if member.alive:
+                member.stopped = member.stopped or sig in (_signal.SIGTERM, _signal.SIGKILL)
                 proctree.signal_tree(member.pid, sig)
                 proctree.signal_tree(member.pid, _signal.SIGCONT)
 
