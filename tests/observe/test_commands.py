@@ -114,6 +114,35 @@ def test_stacks_of_a_rank_stopped_by_someone_else_show_where_it_stopped_and_leav
         assert proctree.is_stopped(pid), "rankguard stacks continued the stopped rank"
 
 
+@pytest.mark.slow
+@pytest.mark.deadline(120)
+def test_status_says_when_the_launcher_is_stopped_and_what_that_means(tmp_path: Path) -> None:
+    """A launcher stopped (Ctrl-Z in its terminal, SIGSTOP) watches nothing: its ranks look
+    alive and well in the table, so status says it, with how to resume it, until it runs."""
+    log_dir = tmp_path / "run"
+    with job(["--nproc-per-node", "1", "tests/scripts/sleeper.py", "120"], log_dir) as proc:
+        deadline = time.monotonic() + WAIT_S
+        while (shown := command("status", "--json", str(log_dir))).returncode != 0 or \
+                not json.loads(shown.stdout)["ranks"]:  # until the journal names its rank
+            assert proc.poll() is None and time.monotonic() < deadline, shown.stderr
+            time.sleep(0.2)
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            while not proctree.is_stopped(proc.pid):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            table = command("status", str(log_dir)).stdout
+            view = json.loads(command("status", "--json", str(log_dir)).stdout)
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        assert f"its launcher (pid {proc.pid}) is stopped" in table, table
+        assert f"kill -CONT {proc.pid}" in view["launcher"], view
+        while proctree.is_stopped(proc.pid):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert json.loads(command("status", "--json", str(log_dir)).stdout)["launcher"] is None
+
+
 @pytest.mark.parametrize("name, option", [("stacks", "--timeout"), ("status", "--interval")])
 def test_a_run_that_does_not_exist_or_a_bad_option_is_one_line_and_exit_2(
         name: str, option: str, tmp_path: Path) -> None:

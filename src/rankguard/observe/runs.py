@@ -102,6 +102,15 @@ def recent(run: Run, attempt: int) -> dict[int, recent_file.RankRecent]:
     return {rank: ops for rank, ops in kept.items() if ops.pid in pids.get(rank, ())}
 
 
+def live_launcher(run: Run) -> int | None:
+    """The pid of ``run``'s launcher while the run goes on and that process still is its
+    launcher (not a reused pid); None otherwise."""
+    start = next((e for e in run.events if e["event"] == "run_start"), None)
+    if run.ended or run.unfinished or start is None or not isinstance(start.get("pid"), int):
+        return None
+    return start["pid"] if _same_process(start) else None
+
+
 def _unfinished(events: list[dict[str, Any]]) -> str | None:
     """Why a journal without its run_end will never have one: its launcher (the run_start's
     pid) is gone. None: it lives, or the journal does not say which process it was."""

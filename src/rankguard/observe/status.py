@@ -1,7 +1,7 @@
 """A snapshot of a run of ``rankguard run``, from its journal, its ranks' ledgers and /proc,
 without touching it: each rank's state (in which collective, on which group, since when;
 computing; exited), its process (running, sleeping, stopped), the ranks the others wait for,
-restarts and the last fault. Read-only: the ledgers are mapped read-only, nothing is signalled.
+restarts, the last fault, and a launcher that cannot act (stopped). Read-only: the ledgers are mapped read-only, nothing is signalled.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ class StatusView:
     ranks: tuple[RankView, ...] = field(default_factory=tuple)
     nodes: str | None = None  # several nodes: where the others' ranks were read, what failed
     unfinished: str | None = None  # over without its run_end (``runs.Run.unfinished``)
+    launcher: str | None = None  # its launcher cannot act now (stopped)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,7 +105,18 @@ def snapshot(run: runs.Run) -> StatusView:
         if others.problem:
             nodes += f"; {others.problem}"
     return StatusView(run.run_id, run.attempt, run.ended, restarts, last_fault, tuple(views),
-                      nodes, run.unfinished)
+                      nodes, run.unfinished, _launcher_note(run))
+
+
+def _launcher_note(run: runs.Run) -> str | None:
+    """What to say of a live run's launcher that cannot act: stopped (SIGSTOP, or Ctrl-Z in
+    its terminal), it watches no rank, judges no hang and restarts nothing."""
+    pid = runs.live_launcher(run)
+    if pid is None or _process(pid) != "stopped":
+        return None
+    return (f"its launcher (pid {pid}) is stopped (SIGSTOP, or Ctrl-Z in its terminal): it "
+            f"watches no rank, judges no hang and restarts nothing until it is resumed "
+            f"(kill -CONT {pid}, or fg in its terminal)")
 
 
 def _world(other: remote.RemoteRank) -> ledger.GroupProgress:
@@ -192,4 +204,6 @@ def render(view: StatusView) -> str:
         lines.append(f"last fault: {view.last_fault}")
     if view.unfinished:
         lines.append(f"the run is over: {view.unfinished}")
+    if view.launcher:
+        lines.append(view.launcher)
     return files.printable_lines("\n".join(lines))
