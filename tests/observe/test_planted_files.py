@@ -13,6 +13,9 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
+from rankguard import cli
 from rankguard.processes import stack_summary
 from rankguard.records import ledger, recent_file
 
@@ -205,3 +208,19 @@ def test_rankguard_status_reads_no_ledger_planted_in_the_shared_memory_folder(
         shutil.rmtree(mine, ignore_errors=True)
     assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown
     assert "all_reduce" not in shown.stdout and shown.stdout.count("starting") == 2, shown.stdout
+
+
+def test_a_journal_that_is_not_a_regular_file_is_named_as_such_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A FIFO, a folder or a link to a device at the journal's name: never read, and the error
+    says what is there, rather than that no journal exists."""
+    for name, plant in (("fifo", os.mkfifo), ("folder", os.mkdir),
+                        ("device", lambda path: os.symlink("/dev/zero", path))):
+        folder = tmp_path / name
+        folder.mkdir()
+        plant(folder / "journal.jsonl")
+        for command in ("status", "stacks", "report", "flight-recorder"):
+            assert cli.main([command, str(folder)]) == 2, (name, command)
+            said = capsys.readouterr().err
+            assert "is not a regular file" in said, (name, command, said)
+            assert len(said.strip().splitlines()) == 1, said

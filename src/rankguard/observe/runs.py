@@ -194,11 +194,16 @@ def _journal_in(folder: str, target: str) -> str | None:
     the one node agent of it that ran here; None: no journal there.
 
     Raises:
-        UsageError: several node agents of the run ran here.
+        UsageError: several node agents of the run ran here, or something other than a regular
+            file is at the journal's name.
     """
     own = os.path.join(folder, JOURNAL)
     if os.path.isfile(own):
         return own
+    if os.path.lexists(own):
+        raise UsageError("RUN", f"{own!r} is not a regular file (a FIFO, a device, a folder or "
+                         "a link to none): it is not a journal rankguard run wrote, and is not "
+                         "read", "give the log folder or the journal of a run of rankguard run")
     nodes = node_journals(folder)
     if len(nodes) == 1:  # one agent of a run of several nodes ran on this machine
         return nodes[0]
