@@ -260,6 +260,11 @@ def test_bad_requests_are_answered_400_413_or_422_and_never_reach_the_ranks(
     for number in ("NaN", "Infinity", "-Infinity", "1e400"):
         reply = server.request("POST", "/run", f'{{"x": [{number}, 1, 2, 3, 4, 5, 6, 7]}}'.encode())
         assert reply.status == 422 and number in reply.body["error"]["detail"], reply.body
+    # finite JSON numbers a float32 cannot hold: refused here, never a rank's fault (a heal)
+    for number in ("9" * 400, "1e39", "-3.5e38"):
+        reply = server.request("POST", "/run", f'{{"x": [{number}, 1, 2, 3, 4, 5, 6, 7]}}'.encode())
+        assert reply.status == 422 and "'x' must be a list of 8 numbers" in \
+            reply.body["error"]["detail"], reply.body
     deep = '{"x": %s, "extra": %s}' % (json.dumps(X), "[" * 900 + "]" * 900)
     reply = server.request("POST", "/run", deep.encode())  # JSON, but too deep to pickle
     assert reply.status == 422 and "cannot be pickled" in reply.body["error"]["detail"]
