@@ -278,7 +278,16 @@ def test_bad_requests_are_answered_400_413_or_422_and_never_reach_the_ranks(
     streamed = raw_request(server.url, "POST /run HTTP/1.1\r\nHost: x\r\n"
                            "Transfer-Encoding: chunked\r\n", [chunk, chunk])  # never ended
     assert streamed.split()[1] == "413", streamed
-    assert server.get("/run").status == 405
+    for method, path, status, allowed in (("GET", "/run", 405, "POST"),
+                                          ("PUT", "/run", 405, "POST"),
+                                          ("POST", "/healthz", 405, "GET"),
+                                          ("GET", "/nothing", 404, None)):
+        reply = server.request(method, path)  # JSON naming what is wrong, as every error
+        assert reply.status == status and path in reply.body["error"]["detail"], reply.body
+        if allowed:
+            assert allowed in reply.headers["allow"]
+            assert f"takes {reply.headers['allow']}, not {method}" in \
+                reply.body["error"]["detail"], reply.body
     assert_served(server.run({"x": X}))
     body = json.dumps({"x": X, "pad": ""})
     body = json.dumps({"x": X, "pad": " " * (MAX_BODY - len(body))}).encode()

@@ -27,6 +27,8 @@ Routes:
   Both carry ``placement``: each healthy replica's ``group`` and its ranks' ``devices``.
 - ``GET /metrics``: Prometheus text format, by the Prometheus client library (see
   ``serving.metrics``).
+- Any other path: 404 ``NotFound``; a method a route does not take: 405
+  ``MethodNotAllowed`` with ``Allow``; both JSON ``{"error": {"type", "detail"}}``.
 
 Every response is counted by route and status code, as the client gets it (a middleware sees
 each one the application sends). A client that closes its connection before its answer (while
@@ -50,6 +52,7 @@ from typing import Any
 import anyio.to_thread
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -346,9 +349,29 @@ def build(service: Service, *, max_body: int, **pool_options: Any) -> Starlette:
               Route("/readyz", server.readyz, methods=["GET"]),
               Route("/metrics", server.metrics, methods=["GET"])]
     app = Starlette(routes=routes, lifespan=server.lifespan,
-                    middleware=[Middleware(_Counted, codes=server.codes)])
+                    middleware=[Middleware(_Counted, codes=server.codes)],
+                    exception_handlers={HTTPException: _no_route})
     app.state.end_requests = server.end_requests
     return app
+
+
+async def _no_route(request: Request, error: Exception) -> Response:
+    """Starlette's own answers (an unknown path, a method a route does not take) as JSON that
+    names what is wrong, like every other error the server gives."""
+    assert isinstance(error, HTTPException)
+    path = request.url.path
+    headers = dict(error.headers or {})
+    if error.status_code == 405:
+        kind = "MethodNotAllowed"
+        detail = f"{path} takes {headers.get('Allow', '')}, not {request.method}"
+    elif error.status_code == 404:
+        kind = "NotFound"
+        detail = f"no route {path}: the routes are POST /run and GET " + \
+            ", ".join(route for route in ROUTES if route != "/run")
+    else:
+        kind, detail = "HTTPError", f"{path}: {error.detail}"
+    return JSONResponse({"error": {"type": kind, "detail": detail}},
+                        status_code=error.status_code, headers=headers)
 
 
 async def _disconnected(request: Request) -> bool:
