@@ -639,3 +639,23 @@ def test_probes_live_while_a_request_runs_not_ready_until_it_ends(tmp_path: Path
         assert sample(metrics, "rankguard_http_responses_total", route="/livez", code="200") == 2
     finally:
         assert server.stop() == 0
+
+
+@pytest.mark.slow  # a server of its own: 5 to 10 s
+@pytest.mark.deadline(180)
+def test_a_validate_that_raises_another_error_is_answered_500_json_without_a_traceback(
+        tmp_path: Path) -> None:
+    server = Server(tmp_path, app=f"{Path(__file__).with_name('serve_apps.py')}:picky_app")
+    try:
+        reply = server.run({"m": 1})  # picky's validate raises KeyError: a bug of the service
+        assert reply.status == 500, reply.body
+        assert reply.body["error"]["type"] == "ValidateFailed"
+        assert reply.body["error"]["error_type"] == "KeyError"
+        assert "validate raised KeyError: 'n'" in reply.body["error"]["detail"], reply.body
+        assert server.run({"n": None}).status == 422  # its ValueError still refuses
+        reply = server.run({"n": 3})  # and the server serves on
+        assert (reply.status, reply.body["result"]) == (200, 3), reply.body
+    finally:
+        assert server.stop() == 0
+    assert "Traceback" not in server.output, server.output
+    assert server.events("request_fault") == []

@@ -12,8 +12,9 @@ Routes:
   pool's ``min_call_s`` to the service's timeout; 413 a body over ``max_body`` bytes (refused
   from its Content-Length before it is read, or as soon as a streamed body passes the limit);
   422 a body that is not an object, holds NaN or an infinity, cannot be sent to the ranks, or that
-  ``validate`` refused; 408 a body that did not arrive within the service's timeout; 500 a rank
-  failed the request (``{"error": {"type", "rank", "cause", "detail", "victims",
+  ``validate`` refused; 408 a body that did not arrive within the service's timeout; 500
+  ``ValidateFailed`` ``validate`` raised another error (a bug of the service's, with its
+  ``error_type``), or a rank failed the request (``{"error": {"type", "rank", "cause", "detail", "victims",
   "error_type"}}``; ``error_type``: the class name of the exception a rank raised, else
   null); 503 the pool is healing, starting, busy or failing to start (with ``Retry-After``), or
   closed (``PoolClosed``: also every request still running when the server's ``--grace`` after
@@ -249,6 +250,11 @@ class _Server:
                 body = self.service.validate(body)
             except (ValueError, TypeError) as error:
                 return self.error(422, "InvalidRequest", str(error))
+            except Exception as error:  # noqa: BLE001 (a bug of the service's, answered)
+                kind = type(error).__name__
+                return self.error(500, "ValidateFailed", f"the service's validate raised "
+                                  f"{kind}: {error} (it refuses a request by raising "
+                                  "ValueError or TypeError: 422)", error_type=kind)
         started = time.monotonic()
         outcome: CallOutcome | None = CallOutcome.OK  # None: it never reached the ranks
         try:
