@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
+import resource
 import signal
 import socket
 import subprocess
@@ -64,16 +66,19 @@ def sample(metrics: str, name: str, **labels: str) -> float:
 
 
 class Server:
-    """A ``rankguard serve`` process; ``stop()`` SIGTERMs it and returns its exit code."""
+    """A ``rankguard serve`` process; ``stop()`` SIGTERMs it and returns its exit code.
+    ``files``: its soft limit of open files."""
 
-    def __init__(self, tmp_path: Path, *args: str, app: str = "examples/serve_tp.py:app"
-                 ) -> None:
+    def __init__(self, tmp_path: Path, *args: str, app: str = "examples/serve_tp.py:app",
+                 files: int | None = None) -> None:
         self.journal = tmp_path / "journal.jsonl"
         self.seen: Counter[tuple[str, int]] = Counter()  # (path, status) -> responses
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rankguard.cli", "serve", app,
              "--port", "0", "--journal", str(self.journal), "--log-dir", str(tmp_path / "logs"),
-             *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            preexec_fn=None if files is None else lambda: resource.setrlimit(
+                resource.RLIMIT_NOFILE, (files, resource.getrlimit(resource.RLIMIT_NOFILE)[1])))
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()  # the server prints it before anything can block
         assert "listening on http://" in line, line + self.proc.stdout.read()
@@ -659,3 +664,25 @@ def test_a_validate_that_raises_another_error_is_answered_500_json_without_a_tra
         assert server.stop() == 0
     assert "Traceback" not in server.output, server.output
     assert server.events("request_fault") == []
+
+
+@pytest.mark.slow  # a server of its own: 5 to 10 s
+@pytest.mark.deadline(180)
+def test_idle_connections_past_the_descriptors_cost_no_traceback_and_others_are_served(
+        tmp_path: Path) -> None:
+    server = Server(tmp_path, "--timeout", "30", files=256)  # 64 connections at most
+    host, port = server.url.split("//")[1].split(":")
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(400):  # no request on them: each held until the 30 s head deadline
+            idle.append(socket.create_connection((host, int(port)), timeout=10))
+        assert_served(server.run({"x": X}, timeout=10))
+        assert len(os.listdir(f"/proc/{server.proc.pid}/fd")) < 256
+        assert server.run({"x": X, "fault": "kill:rank=1"}, timeout=10).status == 500
+        assert_served(server.run({"x": X}, timeout=10))  # healed: the pool had descriptors
+    finally:
+        for sock in idle:
+            sock.close()
+        assert server.stop() == 0
+    assert "Traceback" not in server.output and "Too many open files" not in server.output, \
+        server.output[-3000:]
