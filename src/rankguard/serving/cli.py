@@ -106,7 +106,8 @@ def main(argv: list[str]) -> int:
                               f"--max-body {MAX_BODY}"))
         max_connections = head_deadline.default_max_connections() \
             if args.max_connections is None else int(number(
-                "--max-connections", args.max_connections, int, 1, "e.g. --max-connections 500"))
+                "--max-connections", args.max_connections, int, 1, "e.g. --max-connections 500",
+                maximum=1_000_000))
         served = service.load(args.app)
         if args.world_size is not None:
             served.world_size = int(number("--world-size", args.world_size, int, 1,
