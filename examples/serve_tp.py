@@ -28,6 +28,7 @@ from rankguard.inject import perform, spec
 
 D_IN, D_HIDDEN, D_OUT = 8, 32, 4
 SEED = 1234
+MAX_ABS = 1e30  # inputs up to this stay finite through the float32 MLP (float32 ends at 3.4e38)
 
 
 def _weights() -> tuple[Any, Any]:
@@ -68,9 +69,12 @@ def forward(shard: dict[str, Any], request: dict[str, Any]) -> list[float]:
 def validate(request: dict[str, Any]) -> dict[str, Any]:
     """Runs in the server: a bad request is answered 422 and never reaches the ranks."""
     x = request.get("x")
+    # a number a float32 cannot hold would fail a rank (and retire its replica) or give inf
     if (not isinstance(x, list) or len(x) != D_IN
-            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in x)):
-        raise ValueError(f"'x' must be a list of {D_IN} numbers")
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                       and abs(v) <= MAX_ABS for v in x)):
+        raise ValueError(f"'x' must be a list of {D_IN} numbers, each from {-MAX_ABS:g} to "
+                         f"{MAX_ABS:g}")
     fault = request.get("fault")
     if fault is not None:
         if not isinstance(fault, str):

@@ -3,6 +3,8 @@
 ``sleeper``: each request ``{"sleep": S, "notify": PATH}`` has rank 0 tell the test, at the
 Unix socket PATH, that the request is running on the ranks; every rank then sleeps S seconds.
 The test waits for that connection (an event, not a guess) before it acts on the server.
+
+``picky_app``: echoes ``n``; its ``validate`` raises KeyError on a request without ``n``.
 """
 
 from __future__ import annotations
@@ -26,3 +28,18 @@ def sleep(state: Any, request: dict[str, Any]) -> str:
 
 
 sleeper = rankguard.Service(handle=sleep, world_size=2, spares=0, timeout=30.0)
+
+
+def echo(state: Any, request: dict[str, Any]) -> Any:
+    return request["n"]
+
+
+def picky(request: dict[str, Any]) -> dict[str, Any]:
+    """A validate with a bug: a request without ``n`` makes it raise KeyError, not the
+    ValueError or TypeError that refuses a request."""
+    if request["n"] is None:
+        raise ValueError("'n' must not be null")
+    return request
+
+
+picky_app = rankguard.Service(handle=echo, validate=picky, world_size=2, spares=0, timeout=30.0)

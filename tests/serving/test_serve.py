@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
+import resource
 import signal
 import socket
 import subprocess
@@ -64,16 +66,19 @@ def sample(metrics: str, name: str, **labels: str) -> float:
 
 
 class Server:
-    """A ``rankguard serve`` process; ``stop()`` SIGTERMs it and returns its exit code."""
+    """A ``rankguard serve`` process; ``stop()`` SIGTERMs it and returns its exit code.
+    ``files``: its soft limit of open files."""
 
-    def __init__(self, tmp_path: Path, *args: str, app: str = "examples/serve_tp.py:app"
-                 ) -> None:
+    def __init__(self, tmp_path: Path, *args: str, app: str = "examples/serve_tp.py:app",
+                 files: int | None = None) -> None:
         self.journal = tmp_path / "journal.jsonl"
         self.seen: Counter[tuple[str, int]] = Counter()  # (path, status) -> responses
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rankguard.cli", "serve", app,
              "--port", "0", "--journal", str(self.journal), "--log-dir", str(tmp_path / "logs"),
-             *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            preexec_fn=None if files is None else lambda: resource.setrlimit(
+                resource.RLIMIT_NOFILE, (files, resource.getrlimit(resource.RLIMIT_NOFILE)[1])))
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()  # the server prints it before anything can block
         assert "listening on http://" in line, line + self.proc.stdout.read()
@@ -260,6 +265,11 @@ def test_bad_requests_are_answered_400_413_or_422_and_never_reach_the_ranks(
     for number in ("NaN", "Infinity", "-Infinity", "1e400"):
         reply = server.request("POST", "/run", f'{{"x": [{number}, 1, 2, 3, 4, 5, 6, 7]}}'.encode())
         assert reply.status == 422 and number in reply.body["error"]["detail"], reply.body
+    # finite JSON numbers a float32 cannot hold: refused here, never a rank's fault (a heal)
+    for number in ("9" * 400, "1e39", "-3.5e38"):
+        reply = server.request("POST", "/run", f'{{"x": [{number}, 1, 2, 3, 4, 5, 6, 7]}}'.encode())
+        assert reply.status == 422 and "'x' must be a list of 8 numbers" in \
+            reply.body["error"]["detail"], reply.body
     deep = '{"x": %s, "extra": %s}' % (json.dumps(X), "[" * 900 + "]" * 900)
     reply = server.request("POST", "/run", deep.encode())  # JSON, but too deep to pickle
     assert reply.status == 422 and "cannot be pickled" in reply.body["error"]["detail"]
@@ -273,7 +283,16 @@ def test_bad_requests_are_answered_400_413_or_422_and_never_reach_the_ranks(
     streamed = raw_request(server.url, "POST /run HTTP/1.1\r\nHost: x\r\n"
                            "Transfer-Encoding: chunked\r\n", [chunk, chunk])  # never ended
     assert streamed.split()[1] == "413", streamed
-    assert server.get("/run").status == 405
+    for method, path, status, allowed in (("GET", "/run", 405, "POST"),
+                                          ("PUT", "/run", 405, "POST"),
+                                          ("POST", "/healthz", 405, "GET"),
+                                          ("GET", "/nothing", 404, None)):
+        reply = server.request(method, path)  # JSON naming what is wrong, as every error
+        assert reply.status == status and path in reply.body["error"]["detail"], reply.body
+        if allowed:
+            assert allowed in reply.headers["allow"]
+            assert f"takes {reply.headers['allow']}, not {method}" in \
+                reply.body["error"]["detail"], reply.body
     assert_served(server.run({"x": X}))
     body = json.dumps({"x": X, "pad": ""})
     body = json.dumps({"x": X, "pad": " " * (MAX_BODY - len(body))}).encode()
@@ -625,3 +644,45 @@ def test_probes_live_while_a_request_runs_not_ready_until_it_ends(tmp_path: Path
         assert sample(metrics, "rankguard_http_responses_total", route="/livez", code="200") == 2
     finally:
         assert server.stop() == 0
+
+
+@pytest.mark.slow  # a server of its own: 5 to 10 s
+@pytest.mark.deadline(180)
+def test_a_validate_that_raises_another_error_is_answered_500_json_without_a_traceback(
+        tmp_path: Path) -> None:
+    server = Server(tmp_path, app=f"{Path(__file__).with_name('serve_apps.py')}:picky_app")
+    try:
+        reply = server.run({"m": 1})  # picky's validate raises KeyError: a bug of the service
+        assert reply.status == 500, reply.body
+        assert reply.body["error"]["type"] == "ValidateFailed"
+        assert reply.body["error"]["error_type"] == "KeyError"
+        assert "validate raised KeyError: 'n'" in reply.body["error"]["detail"], reply.body
+        assert server.run({"n": None}).status == 422  # its ValueError still refuses
+        reply = server.run({"n": 3})  # and the server serves on
+        assert (reply.status, reply.body["result"]) == (200, 3), reply.body
+    finally:
+        assert server.stop() == 0
+    assert "Traceback" not in server.output, server.output
+    assert server.events("request_fault") == []
+
+
+@pytest.mark.slow  # a server of its own: 5 to 10 s
+@pytest.mark.deadline(180)
+def test_idle_connections_past_the_descriptors_cost_no_traceback_and_others_are_served(
+        tmp_path: Path) -> None:
+    server = Server(tmp_path, "--timeout", "30", files=256)  # 64 connections at most
+    host, port = server.url.split("//")[1].split(":")
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(400):  # no request on them: each held until the 30 s head deadline
+            idle.append(socket.create_connection((host, int(port)), timeout=10))
+        assert_served(server.run({"x": X}, timeout=10))
+        assert len(os.listdir(f"/proc/{server.proc.pid}/fd")) < 256
+        assert server.run({"x": X, "fault": "kill:rank=1"}, timeout=10).status == 500
+        assert_served(server.run({"x": X}, timeout=10))  # healed: the pool had descriptors
+    finally:
+        for sock in idle:
+            sock.close()
+        assert server.stop() == 0
+    assert "Traceback" not in server.output and "Too many open files" not in server.output, \
+        server.output[-3000:]

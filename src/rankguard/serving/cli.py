@@ -76,6 +76,10 @@ def build_parser() -> Parser:
     p.add_argument("--max-body", dest="max_body", default=str(MAX_BODY),
                    help="the largest request body in bytes; a larger one is answered 413 "
                    f"without being read (default {MAX_BODY}, 1 MiB)")
+    p.add_argument("--max-connections", dest="max_connections", default=None,
+                   help="connections kept open at once (default: a quarter of the open-file "
+                        "limit); "
+                        "one more closes the oldest that sent no request, else gets 503")
     p.add_argument("--log-dir", dest="log_dir", default="",
                    help="folder for the ranks' output and stacks (default: a new temporary "
                    "folder, removed at exit)")
@@ -100,6 +104,10 @@ def main(argv: list[str]) -> int:
         grace = number("--grace", args.grace, float, 0.1, "e.g. --grace 10")
         max_body = int(number("--max-body", args.max_body, int, 1, "a number of bytes, e.g. "
                               f"--max-body {MAX_BODY}"))
+        max_connections = head_deadline.default_max_connections() \
+            if args.max_connections is None else int(number(
+                "--max-connections", args.max_connections, int, 1, "e.g. --max-connections 500",
+                maximum=1_000_000))
         served = service.load(args.app)
         if args.world_size is not None:
             served.world_size = int(number("--world-size", args.world_size, int, 1,
@@ -155,7 +163,9 @@ def main(argv: list[str]) -> int:
 
     # a request's head gets the service's timeout, as its body does (serving.http)
     config = uvicorn.Config(app, log_level="warning", lifespan="on",
-                            http=head_deadline.protocol(H11Protocol, served.timeout),
+                            http=head_deadline.protocol(H11Protocol, served.timeout,
+                                                       max_connections),
+                            backlog=head_deadline.accept_batch(max_connections),
                             timeout_graceful_shutdown=grace + HTTP_ANSWER_S)
     server = _graceful_server(uvicorn, grace, app.state.end_requests)(config)
     server.run(sockets=[listener])

@@ -7,24 +7,59 @@ long as it liked; enough of them starve the server (no descriptor left for the p
 :func:`protocol` is uvicorn's h11 protocol with a timer armed when a connection opens and
 after each response: if no new request's head has been read when it fires, the connection is
 closed. A request being served is never cut by it (its head was read).
+
+Within that deadline, a client that opens connections fast enough would still fill the
+server's descriptors (each accept then failing with EMFILE, logged with a traceback thousands of
+times a second, and no other client served): at most ``max_connections`` are open at once. One
+more closes the oldest connection that waits for a request's head; when every connection has a
+request, the new one is answered 503 at once and closed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import resource
 from typing import Any
 
+_FULL_BODY = json.dumps({"error": {"type": "TooManyConnections", "detail": (
+    "every connection the server keeps open (rankguard serve --max-connections) has a request "
+    "in flight; retry later")}}).encode()
+FULL = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\nretry-after: 1\r\nconnection: close\r\n\r\n%s"
+        % (len(_FULL_BODY), _FULL_BODY))
 
-def protocol(h11_protocol: type, seconds: float) -> type:
+
+def default_max_connections() -> int:
+    """A quarter of this process's descriptors (its soft RLIMIT_NOFILE): with the sockets
+    accepted ahead of their connection's start (``accept_batch``), connections then hold at
+    most half of them, and the pool keeps the rest."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return max(16, (soft if soft != resource.RLIM_INFINITY else 1 << 16) // 4)
+
+
+def accept_batch(max_connections: int) -> int:
+    """How many sockets the event loop may accept at once (uvicorn's ``backlog``): asyncio
+    accepts that many before any of their connections starts (and can be closed by the cap),
+    and may do so twice meanwhile."""
+    return min(2048, max(8, max_connections // 2))
+
+
+def protocol(h11_protocol: type, seconds: float, max_connections: int) -> type:
     """A subclass of uvicorn's ``H11Protocol`` (``h11_protocol``) that closes a connection
     on which no request's head is complete ``seconds`` after it opened or after its last
-    response."""
+    response, and keeps at most ``max_connections`` open (see the module)."""
+    waiting: dict[Any, Any] = {}  # connection -> the cycle it was armed with, oldest first
 
     class HeadDeadline(h11_protocol):  # type: ignore[misc,valid-type]
         _head_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
+            if len(self.server_state.connections) > max_connections and not _drop_idle():
+                transport.write(FULL)
+                transport.close()
+                return
             self._arm(self.cycle)
 
         def on_response_complete(self) -> None:
@@ -35,16 +70,28 @@ def protocol(h11_protocol: type, seconds: float) -> type:
         def connection_lost(self, exc: Exception | None) -> None:
             if self._head_timer is not None:
                 self._head_timer.cancel()
+            waiting.pop(self, None)
             super().connection_lost(exc)
 
         def _arm(self, cycle: Any) -> None:
             if self._head_timer is not None:
                 self._head_timer.cancel()
             self._head_timer = self.loop.call_later(seconds, self._head_due, cycle)
+            waiting.pop(self, None)
+            waiting[self] = cycle  # the newest
 
         def _head_due(self, cycle: Any) -> None:
             self._head_timer = None
             if self.cycle is cycle and not self.transport.is_closing():
                 self.transport.close()  # no new request's head since it was armed
+
+    def _drop_idle() -> bool:
+        """Close the oldest connection still waiting for a request's head; False if none."""
+        for connection, cycle in list(waiting.items()):
+            del waiting[connection]
+            if connection.cycle is cycle and not connection.transport.is_closing():
+                connection.transport.close()
+                return True
+        return False
 
     return HeadDeadline

@@ -12,8 +12,9 @@ Routes:
   pool's ``min_call_s`` to the service's timeout; 413 a body over ``max_body`` bytes (refused
   from its Content-Length before it is read, or as soon as a streamed body passes the limit);
   422 a body that is not an object, holds NaN or an infinity, cannot be sent to the ranks, or that
-  ``validate`` refused; 408 a body that did not arrive within the service's timeout; 500 a rank
-  failed the request (``{"error": {"type", "rank", "cause", "detail", "victims",
+  ``validate`` refused; 408 a body that did not arrive within the service's timeout; 500
+  ``ValidateFailed`` ``validate`` raised another error (a bug of the service's, with its
+  ``error_type``), or a rank failed the request (``{"error": {"type", "rank", "cause", "detail", "victims",
   "error_type"}}``; ``error_type``: the class name of the exception a rank raised, else
   null); 503 the pool is healing, starting, busy or failing to start (with ``Retry-After``), or
   closed (``PoolClosed``: also every request still running when the server's ``--grace`` after
@@ -27,6 +28,8 @@ Routes:
   Both carry ``placement``: each healthy replica's ``group`` and its ranks' ``devices``.
 - ``GET /metrics``: Prometheus text format, by the Prometheus client library (see
   ``serving.metrics``).
+- Any other path: 404 ``NotFound``; a method a route does not take: 405
+  ``MethodNotAllowed`` with ``Allow``; both JSON ``{"error": {"type", "detail"}}``.
 
 Every response is counted by route and status code, as the client gets it (a middleware sees
 each one the application sends). A client that closes its connection before its answer (while
@@ -50,6 +53,7 @@ from typing import Any
 import anyio.to_thread
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -246,6 +250,11 @@ class _Server:
                 body = self.service.validate(body)
             except (ValueError, TypeError) as error:
                 return self.error(422, "InvalidRequest", str(error))
+            except Exception as error:  # noqa: BLE001 (a bug of the service's, answered)
+                kind = type(error).__name__
+                return self.error(500, "ValidateFailed", f"the service's validate raised "
+                                  f"{kind}: {error} (it refuses a request by raising "
+                                  "ValueError or TypeError: 422)", error_type=kind)
         started = time.monotonic()
         outcome: CallOutcome | None = CallOutcome.OK  # None: it never reached the ranks
         try:
@@ -346,9 +355,29 @@ def build(service: Service, *, max_body: int, **pool_options: Any) -> Starlette:
               Route("/readyz", server.readyz, methods=["GET"]),
               Route("/metrics", server.metrics, methods=["GET"])]
     app = Starlette(routes=routes, lifespan=server.lifespan,
-                    middleware=[Middleware(_Counted, codes=server.codes)])
+                    middleware=[Middleware(_Counted, codes=server.codes)],
+                    exception_handlers={HTTPException: _no_route})
     app.state.end_requests = server.end_requests
     return app
+
+
+async def _no_route(request: Request, error: Exception) -> Response:
+    """Starlette's own answers (an unknown path, a method a route does not take) as JSON that
+    names what is wrong, like every other error the server gives."""
+    assert isinstance(error, HTTPException)
+    path = request.url.path
+    headers = dict(error.headers or {})
+    if error.status_code == 405:
+        kind = "MethodNotAllowed"
+        detail = f"{path} takes {headers.get('Allow', '')}, not {request.method}"
+    elif error.status_code == 404:
+        kind = "NotFound"
+        detail = f"no route {path}: the routes are POST /run and GET " + \
+            ", ".join(route for route in ROUTES if route != "/run")
+    else:
+        kind, detail = "HTTPError", f"{path}: {error.detail}"
+    return JSONResponse({"error": {"type": kind, "detail": detail}},
+                        status_code=error.status_code, headers=headers)
 
 
 async def _disconnected(request: Request) -> bool:

@@ -23,7 +23,8 @@ class Service:
         setup: ``setup(rank, world_size) -> state``, run once per rank, ahead of time in spare
             replicas.
         validate: ``validate(request) -> request``, run in the server before a request reaches
-            the pool; raising ``ValueError`` or ``TypeError`` answers 422 with its message.
+            the pool; raising ``ValueError`` or ``TypeError`` answers 422 with its message,
+            any other exception 500 ``ValidateFailed`` naming it.
         world_size: ranks per replica.
         replicas: replicas that serve requests at the same time.
         spares: spare replicas kept ready.
