@@ -30,7 +30,8 @@ def test_a_rank_whose_script_returned_but_whose_process_lingers_is_ended_with_it
     assert f"{where}" in run.stderr and "linger.py:" in run.stderr, run.stderr
     linger = run.event("linger")
     assert (linger["rank"], linger["killed"]) == (lingerer, False), linger
-    assert LIMIT <= linger["since_s"] < LIMIT + 5, linger
+    # bounded, not punctual: 8 s was seen with four test workers on two cores
+    assert LIMIT <= linger["since_s"] < LIMIT + 15, linger
     assert any(where in line for line in linger["threads"]), linger
     exits = {e["rank"]: e for e in run.events if e["event"] == "rank_exit"}
     assert (exits[lingerer]["outcome"], exits[lingerer]["exit_code"]) == ("ok", 0), exits
