@@ -50,6 +50,7 @@ from .placement import ReplicaPlacement
 from .verdict import CHANNEL_CLOSED, Ending, Outcome, verdict
 
 WORKER_MODULE = "rankguard.serving.worker"
+GONE_WAIT_S = 1.0  # how long a survivor that could not be told to regroup is given to be reaped
 _WORKER = [sys.executable, "-m", WORKER_MODULE]
 
 
@@ -511,7 +512,7 @@ class Replica:
         by ``until`` less ``REGROUP_MARGIN_S``; False if it did not by ``until``."""
         with self._cond:
             self._regrouped = {}
-        if not self._send_regroup(range(self.world), [], until):
+        if self._send_regroup(range(self.world), [], until) is not None:
             return False
 
         def over() -> bool:
@@ -563,8 +564,9 @@ class Replica:
                 self._dead.pop(rank, None)
                 self._ready.discard(rank)
                 self._incarnations[rank] += 1
-        if not self._send_regroup(survivors, places, until):
-            return Replacement(False, "a surviving rank did not take the regroup", {})
+        refused = self._send_regroup(survivors, places, until)
+        if refused is not None:
+            return Replacement(False, self._why_not_taken(refused, until), {})
         join = {vacancies.REPLACING_ENV: "1", vacancies.JOIN_TIMEOUT_ENV:
                 f"{until.wait_time() / vacancies.REPLACEMENT_WAITS:.3f}"}
         try:
@@ -635,14 +637,27 @@ class Replica:
             return Replacement(not why, why, {part: round(took, 4)
                                               for part, took in parts.items()}, tuple(places))
 
-    def _send_regroup(self, ranks: Iterable[int], vacant: list[int], until: Deadline) -> bool:
-        try:
-            for rank in ranks:
+    def _send_regroup(self, ranks: Iterable[int], vacant: list[int], until: Deadline
+                      ) -> int | None:
+        """Tell ``ranks`` to regroup; the first that could not be told (None: all were)."""
+        for rank in ranks:
+            try:
                 self.ends[rank].send({"op": Op.REGROUP, "deadline":
                                       until.before(REGROUP_MARGIN_S), "vacant": vacant}, until)
-        except (ChannelClosed, TimeoutError):
-            return False
-        return True
+            except (ChannelClosed, TimeoutError):
+                return rank
+        return None
+
+    def _why_not_taken(self, rank: int, until: Deadline) -> str:
+        """Why surviving rank ``rank`` could not be told to regroup: how its process ended,
+        once it is reaped (waited for up to ``GONE_WAIT_S``, within ``until``), else that."""
+        proc = self._ranks[rank].proc
+        limit = until.within(GONE_WAIT_S)
+        while proc.poll() is None and not limit.passed():
+            time.sleep(0.02)
+        if proc.poll() is None:
+            return f"surviving rank {rank} did not take the regroup"
+        return f"rank {rank} {Ending.of(proc.returncode).detail}"
 
     def kill(self, wait: bool = False) -> None:
         """SIGKILL every rank's process tree and what carries the replica's marker, at once;
