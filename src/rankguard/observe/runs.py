@@ -105,17 +105,23 @@ def recent(run: Run, attempt: int) -> dict[int, recent_file.RankRecent]:
 def live_launcher(run: Run) -> int | None:
     """The pid of ``run``'s launcher while the run goes on and that process still is its
     launcher (not a reused pid); None otherwise."""
-    start = next((e for e in run.events if e["event"] == "run_start"), None)
-    if run.ended or run.unfinished or start is None or not isinstance(start.get("pid"), int):
+    start = _launcher_start(run.events)
+    if run.ended or run.unfinished or start is None:
         return None
     return start["pid"] if _same_process(start) else None
+
+
+def _launcher_start(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The run's ``run_start``, where it names its launcher's pid; None otherwise."""
+    start = next((e for e in events if e["event"] == "run_start"), None)
+    return start if start is not None and isinstance(start.get("pid"), int) else None
 
 
 def _unfinished(events: list[dict[str, Any]]) -> str | None:
     """Why a journal without its run_end will never have one: its launcher (the run_start's
     pid) is gone. None: it lives, or the journal does not say which process it was."""
-    start = next((e for e in events if e["event"] == "run_start"), None)
-    if start is None or not isinstance(start.get("pid"), int) or _same_process(start):
+    start = _launcher_start(events)
+    if start is None or _same_process(start):
         return None
     return (f"its launcher (pid {start['pid']}) is gone without ending the journal "
             "(killed, e.g. SIGKILL or out of memory)")

@@ -1,7 +1,8 @@
 """A snapshot of a run of ``rankguard run``, from its journal, its ranks' ledgers and /proc,
 without touching it: each rank's state (in which collective, on which group, since when;
 computing; exited), its process (running, sleeping, stopped), the ranks the others wait for,
-restarts, the last fault, and a launcher that cannot act (stopped). Read-only: the ledgers are mapped read-only, nothing is signalled.
+restarts, the last fault, and a launcher that cannot act (stopped). Read-only: the ledgers are
+mapped read-only, nothing is signalled.
 """
 
 from __future__ import annotations

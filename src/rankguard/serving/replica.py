@@ -651,13 +651,9 @@ class Replica:
     def _why_not_taken(self, rank: int, until: Deadline) -> str:
         """Why surviving rank ``rank`` could not be told to regroup: how its process ended,
         once it is reaped (waited for up to ``GONE_WAIT_S``, within ``until``), else that."""
-        proc = self._ranks[rank].proc
-        limit = until.within(GONE_WAIT_S)
-        while proc.poll() is None and not limit.passed():
-            time.sleep(0.02)
-        if proc.poll() is None:
+        if not self._ranks.wait_exits(until.within(GONE_WAIT_S), {rank}):
             return f"surviving rank {rank} did not take the regroup"
-        return f"rank {rank} {Ending.of(proc.returncode).detail}"
+        return f"rank {rank} {Ending.of(self._ranks[rank].proc.returncode).detail}"
 
     def kill(self, wait: bool = False) -> None:
         """SIGKILL every rank's process tree and what carries the replica's marker, at once;
