@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
-from rankguard.runtime.failures import Cause, cause, is_gloo_failure, summary
+from rankguard.runtime.failures import (Cause, cause, is_backend_failure, is_gloo_failure,
+                                        is_nccl_failure, summary)
+from rankguard.runtime.step_loop import peer_fault
 
 CLOSED = ("[../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer "
           "[127.0.0.1]:5000")
@@ -54,6 +56,42 @@ GLOO_FAILURES: dict[str, tuple[BaseException, bool]] = {
 def test_whether_an_error_is_gloos_report_of_a_failed_connection(error: BaseException,
                                                                  expected: bool) -> None:
     assert is_gloo_failure(error) is expected
+
+
+# torch 2.11's texts on an H100 (a DDP backward after the supervisor's notice; torch's watchdog)
+NCCL_ABORTED = "NCCL communicator was aborted on rank 0. "
+NCCL_REMOTE = ("NCCL error: remote process exited or there was a network error, NCCL version "
+               "2.28.9\nncclRemoteError: A call failed possibly due to a network error or a "
+               "remote process exiting prematurely.")
+NCCL_FAILURES: dict[str, tuple[BaseException, bool]] = {
+    "a communicator aborted": (RuntimeError(NCCL_ABORTED), True),
+    "NCCL's remote error": (RuntimeError(NCCL_REMOTE), True),
+    "NCCL refusing bad arguments": (RuntimeError("NCCL error: invalid argument (run with "
+                                                 "NCCL_DEBUG=WARN for details), NCCL version "
+                                                 "2.28.9\nncclInvalidArgument: Invalid value "
+                                                 "for an argument."), False),
+    "NCCL's text in an error that is not a RuntimeError": (ValueError(NCCL_ABORTED), False),
+    "a RuntimeError of the user's": (RuntimeError("CUDA out of memory"), False),
+}
+
+
+@pytest.mark.parametrize(("error", "expected"), NCCL_FAILURES.values(), ids=NCCL_FAILURES.keys())
+def test_whether_an_error_is_nccls_report_of_a_lost_peer(error: BaseException,
+                                                         expected: bool) -> None:
+    assert is_nccl_failure(error) is expected
+    assert is_backend_failure(error) is expected
+
+
+def test_a_step_that_raised_nccls_aborted_communicator_is_a_peers_fault_the_loop_recovers_from(
+        ) -> None:
+    try:
+        try:
+            raise RuntimeError(NCCL_ABORTED)
+        except RuntimeError as backward:
+            raise KeyError("the user's wrapper") from backward
+    except KeyError as step_error:
+        assert str(peer_fault(step_error)) == NCCL_ABORTED
+    assert peer_fault(RuntimeError("CUDA out of memory")) is None
 
 
 SUMMARIES = {

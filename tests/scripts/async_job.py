@@ -269,6 +269,10 @@ elif scenario == "graph":
     import json
     status = json.loads(torch._C._distributed_c10d._dump_nccl_trace_json(False, False))
     print(f"PG_STATUS {status.get('pg_status')}", flush=True)
+    # the graph holds the captured collective's NCCL resources: destroy_process_group() with it
+    # alive never returns (torch 2.11, NCCL 2.28.9, on an H100: under plain torchrun too)
+    del graph
+    settle()
 else:
     raise SystemExit(f"unknown scenario {scenario!r}")
 dist.destroy_process_group()

@@ -106,6 +106,7 @@ def under_torchrun(tmp_path: Path, backend: str, deadline: float,
                             text=True, start_new_session=True,
                             env={**os.environ, **(env or {}), "SUITE_BACKEND": backend})
     run = finish(proc, tmp_path, RUN_S, started, what="torchrun -m pytest")
+    (tmp_path / "output.log").write_text(run.stdout)  # whole, where an assertion shows its end
     return SuiteRun(run.code, run.stdout, run.wall_s)
 
 
@@ -119,7 +120,9 @@ def under_rankguard(run_rankguard: Any, tmp_path: Path, backend: str, deadline: 
                         timeout=RUN_S, env={**(env or {}), "SUITE_BACKEND": backend})
     logs = "".join(f"----- rank {rank} -----\n" + path.read_text() for rank, path in
                    enumerate(sorted((run.log_dir / "attempt0").glob("rank?.log"))))
-    return SuiteRun(run.code, logs + run.stdout + run.stderr, run.wall_s)
+    output = logs + run.stdout + run.stderr
+    (tmp_path / "output.log").write_text(output)  # whole, where an assertion shows its end
+    return SuiteRun(run.code, output, run.wall_s)
 
 
 def check_bounded_and_both_reported(run: SuiteRun, deadline: float) -> None:

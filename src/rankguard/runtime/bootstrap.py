@@ -195,7 +195,7 @@ def _from_backend(error: BaseException) -> bool:
     backend_error = getattr(dist, "DistError", None) if dist is not None else None
     if backend_error is not None and isinstance(error, backend_error):
         return True
-    return failures.is_gloo_failure(error)
+    return failures.is_backend_failure(error)
 
 
 def _exit_code(code: object) -> int:

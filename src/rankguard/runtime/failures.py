@@ -1,5 +1,5 @@
-"""What made a collective fail, decided from gloo's error text and what the rank knows: pure
-functions, no I/O, tested as tables (``tests/runtime/test_failures.py``).
+"""What made a collective fail, decided from gloo's or NCCL's error text and what the rank knows:
+pure functions, no I/O, tested as tables (``tests/runtime/test_failures.py``).
 
 gloo reports every failure as a ``RuntimeError`` whose text is the only thing that tells them
 apart: its failures carry its source path (``[../third_party/gloo/.../pair.cc:598] Connection
@@ -14,6 +14,11 @@ from typing import Any, Mapping
 
 _GLOO_SOURCE = "third_party/gloo"  # in every message gloo raises, before its source file
 _TIMED_OUT = "timed out"  # gloo's timeout message (any case), and our own TimeoutError's
+# what torch's NCCL groups raise once a peer is gone: a communicator aborted (by rankguard on the
+# supervisor's notice, or by torch), or NCCL's remote and system errors (a peer that exited, a
+# closed socket); not NCCL's refusals of bad arguments or usage (ncclInvalidArgument, ...)
+_NCCL_FAILURES = ("NCCL communicator was aborted", "ncclRemoteError", "ncclSystemError",
+                  "remote process exited")
 _MAX_SUMMARY = 160  # characters of gloo's first line kept in an error message
 
 
@@ -30,6 +35,21 @@ def is_gloo_failure(error: BaseException) -> bool:
     """Whether ``error`` is gloo's report of a failed connection (a peer that died or closed
     it), which a send raises at once, rather than a refusal of bad arguments."""
     return isinstance(error, RuntimeError) and _GLOO_SOURCE in str(error)
+
+
+def is_nccl_failure(error: BaseException) -> bool:
+    """Whether ``error`` is torch's report that an NCCL group failed because a peer did (its
+    communicator aborted, NCCL's remote or system error: torch's ``DistBackendError``, a
+    ``RuntimeError``), rather than a refusal of bad arguments. Seen on an H100: a DDP backward
+    whose bucket all-reduce was enqueued after the supervisor's notice had the communicator
+    aborted raised "NCCL communicator was aborted on rank 0"."""
+    return isinstance(error, RuntimeError) and any(text in str(error) for text in _NCCL_FAILURES)
+
+
+def is_backend_failure(error: BaseException) -> bool:
+    """Whether ``error`` is gloo's or NCCL's report that a peer failed
+    (:func:`is_gloo_failure`, :func:`is_nccl_failure`)."""
+    return is_gloo_failure(error) or is_nccl_failure(error)
 
 
 def cause(error_text: str, deadline_passed: bool, reported: Mapping[str, Any] | None) -> Cause:

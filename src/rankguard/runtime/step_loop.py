@@ -1,8 +1,8 @@
 """``rankguard.StepLoop``: a training loop that survives a peer's fault without losing a step.
 
 The loop owns the step counter and calls the user's step function once per step. When a step
-fails because a peer did (a ``rankguard.CollectiveError`` or ``GroupRetired`` anywhere in the
-exception's chain, DDP's backward included), the loop:
+fails because a peer did (a ``rankguard.CollectiveError``, ``GroupRetired``, or gloo's or NCCL's
+report of a lost peer anywhere in the exception's chain, DDP's backward included), the loop:
 
 1. **regroups** with every rank in its place (``regroup(keep_size=True)``): the failed ranks'
    places wait for replacement processes, which ``rankguard run --recovery in-place`` starts
@@ -357,7 +357,8 @@ class StepLoop:
 
 def peer_fault(error: BaseException | None) -> BaseException | None:
     """The peer's fault in ``error``'s chain of causes (a ``CollectiveError``, a
-    ``GroupRetired``, or gloo's error for a connection a peer closed, which a send raises at
-    once), or None when ``error`` is not one."""
+    ``GroupRetired``, gloo's error for a connection a peer closed, which a send raises at
+    once, or NCCL's for a communicator aborted after a peer's fault), or None when ``error`` is
+    not one."""
     return in_chain(error, lambda e: isinstance(e, (CollectiveError, GroupRetired))
-                    or failures.is_gloo_failure(e))
+                    or failures.is_backend_failure(e))
