@@ -32,6 +32,15 @@ hangs or dies still reports how far it got. Scenarios, most valuable first:
   ``cpu_hang/gen1``. ``TORCH_NCCL_ASYNC_ERROR_HANDLING=0`` here (what ``_abort_process_group``'s
   docstring asks for: the caller, not the watchdog, handles errors).
 
+- ``peer_death_sync`` / ``peer_death_wait`` / ``peer_death_blocking``: what a survivor's
+  collective gives when its peer dies in it, with ``TORCH_NCCL_ASYNC_ERROR_HANDLING=0`` (what
+  rankguard sets: torch's watchdog only marks the work failed). Rank 1 exits (``os._exit``) 1 s
+  into rank 0's all_reduce of rank+1 (3.0 with both); rank 0 reads the result after
+  ``dist.all_reduce`` (``sync``), after ``work.wait()`` (``wait``), or with
+  ``TORCH_NCCL_BLOCKING_WAIT=1`` (``blocking``), and records the value, the time, whatever
+  raised, the work's exception 2 s later, and a next all_reduce. Seen in the GPU set (H100,
+  2026-11-28): a survivor read its own value (1.0 for 2.0) and went on.
+
 The NCCL timeout of every group is 100 s, longer than any scenario, so the watchdog's own timeout
 never fires; any FR dump file the watchdog writes lands in the scenario's folder and is reported.
 The report is printed and, with ``--json``, written in full (summary + every rank's raw record).
@@ -56,7 +65,8 @@ import traceback
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional
 
-SCENARIOS = ("api_timing", "sleep_hang", "gpu_stuck", "cpu_hang", "api_notiming")
+PEER_DEATH = ("peer_death_sync", "peer_death_wait", "peer_death_blocking")
+SCENARIOS = ("api_timing", "sleep_hang", "gpu_stuck", "cpu_hang", "api_notiming", *PEER_DEATH)
 DUMP_NAMES = ("_dump_nccl_trace_json", "_dump_nccl_trace", "_dump_fr_trace_json", "_dump_fr_trace")
 PG_TIMEOUT_S = 100.0
 LOOP = 100  # collectives per hang loop; the fault is placed before #STUCK_AT
@@ -547,12 +557,41 @@ def scenario_cpu_hang(r: Rank) -> None:
     r.regroup()
 
 
+def scenario_peer_death(r: Rank) -> None:
+    dist, rec = r.dist, r.rec
+    r.init_group(0)
+    r.warmup(r.torch.zeros(1024, device=r.device), "base_seq")
+    if r.rank == 1:
+        time.sleep(1.0)  # rank 0 is inside its all_reduce by then
+        rec.set("finished", True)
+        os._exit(0)
+    t = r.torch.full((1024,), float(r.rank + 1), device=r.device)
+    work = None
+
+    def survivor_all_reduce() -> float:
+        nonlocal work
+        if r.scenario == "peer_death_wait":
+            work = dist.all_reduce(t, async_op=True)
+            work.wait()
+        else:
+            dist.all_reduce(t)
+        return float(t[0].item())
+
+    rec.attempt("all_reduce while the peer dies (3.0 with both)", survivor_all_reduce)
+    time.sleep(2.0)
+    if work is not None:
+        rec.attempt("work.exception() 2 s later", lambda: repr(work.exception())[:400])
+        rec.attempt("work.is_success() 2 s later", work.is_success)
+    rec.attempt("next all_reduce (3.0 with both)", survivor_all_reduce)
+
+
 WORKERS: Dict[str, Callable[[Rank], None]] = {
     "api_timing": scenario_api,
     "api_notiming": scenario_api,
     "sleep_hang": scenario_sleep_hang,
     "gpu_stuck": scenario_gpu_stuck,
     "cpu_hang": scenario_cpu_hang,
+    **{name: scenario_peer_death for name in PEER_DEATH},
 }
 
 
@@ -585,8 +624,12 @@ SCENARIO_ENV = {
     "sleep_hang": {"TORCH_NCCL_ENABLE_TIMING": "1"},
     "gpu_stuck": {"TORCH_NCCL_ENABLE_TIMING": "1"},  # ASYNC_ERROR_HANDLING: torch's default
     "cpu_hang": {"TORCH_NCCL_ENABLE_TIMING": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"},
+    "peer_death_sync": {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"},
+    "peer_death_wait": {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"},
+    "peer_death_blocking": {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_BLOCKING_WAIT": "1"},
 }
-SCENARIO_TIMEOUT_S = {"api_timing": 50, "api_notiming": 40, "sleep_hang": 60, "gpu_stuck": 75, "cpu_hang": 60}
+SCENARIO_TIMEOUT_S = {"api_timing": 50, "api_notiming": 40, "sleep_hang": 60, "gpu_stuck": 75, "cpu_hang": 60,
+                      **{name: 30 for name in PEER_DEATH}}
 
 
 class Parent:
@@ -771,7 +814,7 @@ def summarize(results: Dict[str, Any]) -> Dict[str, Any]:
             s[f"{label} {phase}"]["sampler_hung"] = rec.get(f"{phase}__samples__sampler_hung")
         s[f"{label} steps"] = {k: (v.get("s"), v.get("error")) for k, v in _steps(rec).items()}
     out["sleep_hang"] = s
-    for name in ("gpu_stuck", "cpu_hang"):
+    for name in ("gpu_stuck", "cpu_hang", *PEER_DEATH):
         res = results.get(name) or {}
         s = {"events": res.get("events"), "watchdog_dump_files": res.get("watchdog_dump_files"),
              "skipped": res.get("skipped")}

@@ -5,16 +5,18 @@
 # inner pytest sessions of the ranks marker's test find it by its entry point, as after a pip
 # install).
 # Usage: tests/gpu/run_gpu_set.sh OUT_DIR
-# Writes OUT_DIR/gpu.log (the tests), heal.txt, in_place.txt and load.txt (the benches,
-# RGBENCH=0 leaves them out) and journals.tgz (the tests' journals, logs and stacks); exits with
-# pytest's code. The tests: at most 180 s for the pool's fault tests (one at a time: each
-# compares the device's free memory, its pool's warm spare ready), 180 s for the rest of the
-# set (4 tests at a time: about 410 s of tests, read from their waits); 105 s in all on an
-# H200 before the set grew. Then the benches, by priority, until 7 minutes in all (560 s at
-# most). A step past its time gets SIGINT, then SIGKILL 10 s later: pytest then tears its tests
-# down (their processes killed) and still reports what passed and failed, with each test's
-# duration; a bench prints what it measured so far (SIGTERM left only a line of dots and
-# processes on the GPU).
+# Writes OUT_DIR/gpu.log (the tests), peer_death.txt and .json (what a survivor's collective
+# gives when its peer dies in it: bench/nccl_probe.py, about 40 s), heal.txt, in_place.txt and
+# load.txt (the benches, RGBENCH=0 leaves them out) and journals.tgz (the tests' journals, logs
+# and stacks); exits with pytest's code. The tests: at most 180 s for the pool's fault tests
+# (one at a time: each compares the device's free memory, its pool's warm spare ready), 180 s
+# for the rest of the set (4 tests at a time); on an H100 (2026-11-28) 53 s and 137 s, one of
+# them 90 s of a hang since fixed. Then the probe (100 s at most), and the benches by priority
+# only if under 300 s have gone (heal 60 s, in-place 100 s, the load bench until 420 s): 460 s
+# at most. A step past its time gets SIGINT, then SIGKILL 10 s later: pytest then tears its
+# tests down (their processes killed) and still reports what passed and failed, with each
+# test's duration; a bench prints what it measured so far (SIGTERM left only a line of dots
+# and processes on the GPU).
 set -u
 out=${1:?usage: run_gpu_set.sh OUT_DIR}
 cd "$(dirname "$0")/../.."
@@ -45,7 +47,10 @@ began=$SECONDS
 code=$?
 echo "exit $code after $((SECONDS - began)) s" >> "$out/gpu.log"
 [ "$code" = 0 ] && code=$first
-if [ "${RGBENCH:-1}" = 1 ]; then
+"${bounded[@]}" 100 python3 bench/nccl_probe.py --budget 90 --json "$out/peer_death.json" \
+    --scenarios peer_death_sync,peer_death_wait,peer_death_blocking > "$out/peer_death.txt" 2>&1 \
+    || echo "exit $?" >> "$out/peer_death.txt"
+if [ "${RGBENCH:-1}" = 1 ] && [ "$SECONDS" -lt 300 ]; then
   # a pool's heals on GPU replicas (issue 31), recovery inside a DDP job on NCCL (issue 32),
   # then a pool under load with faults (issue 31) in the time left
   "${bounded[@]}" 60 python3 bench/serve_heal_bench.py --devices 0 --repeats 2 --no-cold \

@@ -89,8 +89,12 @@ def write_suite(folder: Path) -> Path:
     return folder
 
 
-def pytest_args(suite: Path, deadline: float) -> list[str]:
-    return ["-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-p", "no:timeout",
+def pytest_args(suite: Path, deadline: float, backend: str) -> list[str]:
+    """The ranks' pytest command line; on NCCL without output capture, so that what the C++
+    runtime writes as it aborts a process reaches the output (captured, it went down with the
+    process: a rank that died of SIGABRT on an H100 said nothing of why)."""
+    capture = ["--capture=no"] if backend == "nccl" else []
+    return ["-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-p", "no:timeout", *capture,
             "--rootdir", str(suite), "--rankguard-deadline", f"{deadline:g}", str(suite)]
 
 
@@ -100,7 +104,7 @@ def under_torchrun(tmp_path: Path, backend: str, deadline: float,
     it outlives ``RUN_S``."""
     suite = write_suite(tmp_path / "suite")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-port", str(free_port()), *pytest_args(suite, deadline)]
+           "--master-port", str(free_port()), *pytest_args(suite, deadline, backend)]
     started = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True,
@@ -116,7 +120,7 @@ def under_rankguard(run_rankguard: Any, tmp_path: Path, backend: str, deadline: 
     output)."""
     suite = write_suite(tmp_path / "suite")
     run = run_rankguard(["--nproc-per-node", "2", "--hang-timeout", "60",
-                         *pytest_args(suite, deadline)],
+                         *pytest_args(suite, deadline, backend)],
                         timeout=RUN_S, env={**(env or {}), "SUITE_BACKEND": backend})
     logs = "".join(f"----- rank {rank} -----\n" + path.read_text() for rank, path in
                    enumerate(sorted((run.log_dir / "attempt0").glob("rank?.log"))))

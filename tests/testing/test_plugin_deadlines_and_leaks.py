@@ -104,6 +104,20 @@ def test_deadlocks_in_c():
 GIL_DEADLOCK = C_DEADLOCK.replace("ctypes.CDLL(None)", "ctypes.PyDLL(None)")  # keeps the GIL
 
 
+FINALIZER = '''
+import time
+
+class SlowToFinalize:
+    def __del__(self):
+        end = time.monotonic() + 3 * DEADLINE
+        while time.monotonic() < end:  # Python code: the interruption lands in it
+            pass
+
+def test_passes_its_deadline_in_a_finalizer():
+    SlowToFinalize()
+'''.replace("DEADLINE", str(DEADLINE)) + GOOD
+
+
 def run(tmp_path: Path, body: str, *args: str):
     return run_suite(tmp_path, {"test_bad.py": body},
                      ["--rankguard-deadline", str(DEADLINE), *args], timeout=DEADLINE * 3 + 30)
@@ -165,6 +179,18 @@ def test_a_test_deadlocked_in_c_holding_the_gil_still_ends_the_session_with_its_
     assert session.code == 1, session.output  # faulthandler's exit: no Python thread can run
     assert f'File "{tmp_path / "test_bad.py"}", line 9 in test_deadlocks_in_c' in session.output
     assert session.wall_s < DEADLINE + BACKSTOP_S + 15
+
+
+def test_a_deadline_that_passes_in_a_finalizer_still_fails_the_test(tmp_path: Path) -> None:
+    # Python only prints an exception raised in a finalizer ("Exception ignored in"): the
+    # interruption's is lost there, and the report must reach the test another way
+    session = run(tmp_path, FINALIZER)
+    assert session.result("test_passes_its_deadline_in_a_finalizer") == "failed", \
+        session.output[-3000:]
+    text = session.text("test_passes_its_deadline_in_a_finalizer")
+    assert f"the deadline of {DEADLINE:g} s passed during the call" in text, text
+    assert "in __del__" in text, text  # where the main thread was
+    assert session.result("test_good_after") == "passed"
 
 
 def test_a_child_that_never_exits_is_stacked_named_and_killed(tmp_path: Path) -> None:
