@@ -294,16 +294,72 @@ def test_bad_requests_are_answered_400_413_or_422_and_never_reach_the_ranks(
             assert f"takes {reply.headers['allow']}, not {method}" in \
                 reply.body["error"]["detail"], reply.body
     assert_served(server.run({"x": X}))
-    body = json.dumps({"x": X, "pad": ""})
-    body = json.dumps({"x": X, "pad": " " * (MAX_BODY - len(body))}).encode()
-    assert len(body) == MAX_BODY
-    assert_served(server.request("POST", "/run", body))  # the limit itself is allowed
+    assert_served(server.request("POST", "/run", body_of_size(MAX_BODY)))  # the limit itself
     metrics = server.get("/metrics").body
     assert sample(metrics, "rankguard_pool_requests_total", outcome="ok") == 2
     assert sample(metrics, "rankguard_pool_requests_total", outcome="failed") == 0
     assert sample(metrics, "rankguard_http_responses_total", route="/run", code="413") == 2
     assert sample(metrics, "rankguard_http_responses_total", route="/run", code="400") == 10
     assert server.events("request_fault") == [] and server.events("group_retire") == []
+
+
+def answer_to_head(url: str, head: str, parts: list[bytes], timeout: float = 20.0
+                   ) -> tuple[int, dict[str, str], Any]:
+    """Send ``head`` and ``parts`` of a body that is never ended, and read the whole answer
+    of a server that closes the connection after it: (status, headers, JSON body)."""
+    host, port = url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(head.encode() + b"\r\n" + b"".join(parts))
+        raw = sock.makefile("rb").read()
+    top, _, body = raw.partition(b"\r\n\r\n")
+    lines = top.decode().split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), headers, json.loads(body)
+
+
+def body_of_size(size: int) -> bytes:
+    """A request for serve_tp of exactly ``size`` bytes."""
+    body = json.dumps({"x": X, "pad": ""})
+    body = json.dumps({"x": X, "pad": " " * (size - len(body))}).encode()
+    assert len(body) == size
+    return body
+
+
+@pytest.mark.serve_args("--max-body", str(MAX_BODY), "--max-inflight-bytes",
+                        str(MAX_BODY * 3 // 2), "--timeout", "20")
+def test_the_request_bodies_held_at_once_are_bounded_and_given_back_when_answered(
+        server: Server) -> None:
+    host, port = server.url.split("//")[1].split(":")
+    slow_body = body_of_size(MAX_BODY)
+    with socket.create_connection((host, int(port)), timeout=20) as slow:
+        # a body of the largest size, sent slowly: all of it is taken at its first byte
+        slow.sendall(f"POST /run HTTP/1.1\r\nHost: x\r\nContent-Length: {MAX_BODY}\r\n"
+                     "\r\n".encode() + slow_body[:1])
+        deadline = time.monotonic() + 10
+        while sample(server.get("/metrics").body, "rankguard_http_inflight_body_bytes") \
+                != MAX_BODY:
+            assert time.monotonic() < deadline, "the slow body was never taken"
+            time.sleep(0.05)
+        # half the limit is left: a declared body over it is refused unread, a streamed one
+        # as soon as it passes it
+        status, headers, answer = answer_to_head(
+            server.url, f"POST /run HTTP/1.1\r\nHost: x\r\nContent-Length: {MAX_BODY}\r\n", [])
+        assert status == 503 and answer["error"]["type"] == "TooManyRequestBytes", answer
+        assert f"hold {MAX_BODY} of the {MAX_BODY * 3 // 2} bytes" in answer["error"]["detail"]
+        assert "--max-inflight-bytes" in answer["error"]["detail"]
+        assert headers["retry-after"] == "1" and headers["connection"] == "close"
+        chunk = b"%x\r\n%s\r\n" % (MAX_BODY // 3, b" " * (MAX_BODY // 3))
+        status, _, answer = answer_to_head(server.url, "POST /run HTTP/1.1\r\nHost: x\r\n"
+                                           "Transfer-Encoding: chunked\r\n", [chunk, chunk])
+        assert status == 503 and answer["error"]["type"] == "TooManyRequestBytes", answer
+        assert_served(server.request("POST", "/run", body_of_size(MAX_BODY // 2)))  # it fits
+        slow.sendall(slow_body[1:])
+        reply = slow.makefile("rb").readline().decode()
+        assert reply.split()[1] == "200", reply
+    metrics = server.get("/metrics").body
+    assert sample(metrics, "rankguard_http_inflight_body_bytes") == 0  # all given back
+    assert sample(metrics, "rankguard_http_responses_total", route="/run", code="503") == 2
+    assert_served(server.request("POST", "/run", body_of_size(MAX_BODY)))
 
 
 @pytest.mark.deadline(180)

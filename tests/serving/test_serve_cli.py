@@ -41,6 +41,11 @@ BROKEN = "import nonexistent_module_xyz\n"
     (["examples/serve_tp.py:app", "--max-connections", "many"],
      "--max-connections: 'many' is not an integer"),
     (["examples/serve_tp.py:app", "--max-body", "1MB"], "--max-body: '1MB' is not an integer"),
+    (["examples/serve_tp.py:app", "--max-inflight-bytes", "64MB"],
+     "--max-inflight-bytes: '64MB' is not an integer"),
+    (["examples/serve_tp.py:app", "--max-body", "2000", "--max-inflight-bytes", "1999"],
+     "--max-inflight-bytes: 1999 bytes is less than --max-body (2000): a body of the largest "
+     "size would never fit (give at least 2000"),
     (["examples/serve_tp.py:app", "--spares", "1" + "0" * 20], "--spares: 1000000000000000"),
     (["examples/serve_tp.py:app", "--world-size", "600", "--spares", "1"],
      "more than 1024 rank processes"),

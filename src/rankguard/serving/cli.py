@@ -21,6 +21,7 @@ from ..inputs.options import (MAX_LOCAL_RANKS, Parser, check_ranks_env, number,
                               writable_dir, writable_file)
 from ..records import private_files
 from . import head_deadline
+from .inflight_bytes import INFLIGHT_BODIES
 from .placement import CLI_NAMES, parse_devices
 from .pool_options import HEALING_MODES, MAX_QUEUE, check_size, placed
 from ..serving.budgets import HTTP_ANSWER_S
@@ -76,6 +77,10 @@ def build_parser() -> Parser:
     p.add_argument("--max-body", dest="max_body", default=str(MAX_BODY),
                    help="the largest request body in bytes; a larger one is answered 413 "
                    f"without being read (default {MAX_BODY}, 1 MiB)")
+    p.add_argument("--max-inflight-bytes", dest="max_inflight_bytes", default=None,
+                   help="the bytes of request bodies held at once (bodies being read, and those "
+                   "of requests not yet answered); a body that would pass it is answered 503 "
+                   "with Retry-After (default 64 times --max-body: 64 MiB)")
     p.add_argument("--max-connections", dest="max_connections", default=None,
                    help="connections kept open at once (default: a quarter of the open-file "
                         "limit); "
@@ -104,6 +109,14 @@ def main(argv: list[str]) -> int:
         grace = number("--grace", args.grace, float, 0.1, "e.g. --grace 10")
         max_body = int(number("--max-body", args.max_body, int, 1, "a number of bytes, e.g. "
                               f"--max-body {MAX_BODY}"))
+        max_inflight = INFLIGHT_BODIES * max_body if args.max_inflight_bytes is None else int(
+            number("--max-inflight-bytes", args.max_inflight_bytes, int, 1, "a number of "
+                   f"bytes, e.g. --max-inflight-bytes {INFLIGHT_BODIES * max_body}"))
+        if max_inflight < max_body:
+            raise UsageError("--max-inflight-bytes", f"{max_inflight} bytes is less than "
+                             f"--max-body ({max_body}): a body of the largest size would never "
+                             "fit", f"give at least {max_body}, e.g. --max-inflight-bytes "
+                             f"{INFLIGHT_BODIES * max_body}")
         max_connections = head_deadline.default_max_connections() \
             if args.max_connections is None else int(number(
                 "--max-connections", args.max_connections, int, 1, "e.g. --max-connections 500",
@@ -120,6 +133,7 @@ def main(argv: list[str]) -> int:
         check_size(served.world_size, served.spares, served.replicas,
                    ("--world-size", "--spares", "--replicas"))
         options: dict[str, Any] = {"on_healing": args.on_healing, "max_body": max_body,
+                                   "max_inflight_bytes": max_inflight,
                                    "zygote": args.zygote}
         if args.devices is not None:
             options["devices"] = parse_devices(args.devices)

@@ -11,6 +11,9 @@ Routes:
   deeply nested JSON, or an ``X-Request-Timeout`` that is not a number of seconds from the
   pool's ``min_call_s`` to the service's timeout; 413 a body over ``max_body`` bytes (refused
   from its Content-Length before it is read, or as soon as a streamed body passes the limit);
+  503 ``TooManyRequestBytes`` a body that would make the bodies held at once pass
+  ``max_inflight_bytes`` (from its Content-Length before it is read, or as it streams; with
+  ``Retry-After``; see ``serving.inflight_bytes``);
   422 a body that is not an object, holds NaN or an infinity, cannot be sent to the ranks, or that
   ``validate`` refused; 408 a body that did not arrive within the service's timeout; 500
   ``ValidateFailed`` ``validate`` raised another error (a bug of the service's, with its
@@ -64,6 +67,7 @@ from ..errors import PoolClosed, PoolUnavailable, RequestFailed, UnavailableStat
 from ..inputs.options import number
 from . import metrics
 from .budgets import CUT_CLOSE_S
+from .inflight_bytes import INFLIGHT_BODIES, BodyBytes, InflightBytes
 from .metrics import CallOutcome
 from .pool import Abandon, Pool
 from .pool_state import PoolState
@@ -74,10 +78,19 @@ ROUTES = ("/run", "/healthz", "/livez", "/readyz", "/metrics")  # others count a
 _NOT_READY_RETRY_S = 1  # /readyz's Retry-After: a probe's own period is about this
 _SPARE_THREADS = 8  # worker threads beyond the pool's calls (probes run on the event loop)
 _DROPPED = "rankguard.dropped"  # in a request's scope: its client left mid-body
+_BYTES_RETRY_S = 1  # Retry-After of a body that did not fit: others are answered in that time
 
 
 class _TooLarge(Exception):
     """The request's body passed the limit."""
+
+
+class _TooManyBytes(Exception):
+    """The request's body does not fit in the bytes the server holds at once."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
 
 
 class _ShuttingDown(Exception):
@@ -102,15 +115,18 @@ def _not_finite(text: str) -> float:
 class _Server:
     """The application's state: the service, its pool (made at start-up), response counts."""
 
-    def __init__(self, service: Service, max_body: int, pool_options: dict[str, Any]) -> None:
+    def __init__(self, service: Service, max_body: int, max_inflight_bytes: int,
+                 pool_options: dict[str, Any]) -> None:
         self.service = service
         self.max_body = max_body
+        self.inflight = InflightBytes(max_inflight_bytes)
         self.pool_options = pool_options
         self.pool: Pool | None = None
         self.codes: Counter[tuple[str, int]] = Counter()  # (route, status) -> responses
         self.client_disconnects = 0
         self.stats = metrics.ServeMetrics(lambda: self.pool, lambda: dict(self.codes),
-                                          lambda: self.client_disconnects)
+                                          lambda: self.client_disconnects,
+                                          lambda: self.inflight.held)
         self._ended = asyncio.Event()  # the grace after SIGTERM is over: requests end now
         self._end_reason = ""
 
@@ -146,21 +162,27 @@ class _Server:
         return self.answer(status, {"error": {"type": kind, "detail": detail, **fields}},
                            headers)
 
-    async def _body(self, request: Request) -> bytes:
-        """The request's body, read only while it stays within ``max_body`` bytes.
+    async def _body(self, request: Request, held: BodyBytes) -> bytes:
+        """The request's body, read only while it stays within ``max_body`` bytes and its
+        bytes fit in what the server holds at once (taken into ``held``).
 
         Raises:
             _TooLarge: its Content-Length says more (nothing is read), or, streamed, it passed
                 the limit (nothing more is read).
+            _TooManyBytes: its bytes do not fit (nothing more is read).
         """
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_body:
             raise _TooLarge
+        if declared.isdigit() and not held.cover(int(declared)):
+            raise _TooManyBytes(int(declared))
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > self.max_body:
                 raise _TooLarge
+            if not held.cover(size):
+                raise _TooManyBytes(size)
             chunks.append(chunk)
         return b"".join(chunks)
 
@@ -198,11 +220,18 @@ class _Server:
             request.scope[_DROPPED] = True
 
     async def run(self, request: Request) -> Response:
+        held = BodyBytes(self.inflight)
+        try:  # the body's bytes are held until the request is answered
+            return await self._run(request, held)
+        finally:
+            held.close()
+
+    async def _run(self, request: Request, held: BodyBytes) -> Response:
         assert self.pool is not None
         try:
             # a body that takes longer to arrive than a request may run is cut (slowloris)
             raw = await self._unless_ended(asyncio.ensure_future(asyncio.wait_for(
-                self._body(request), self.service.timeout)))
+                self._body(request, held), self.service.timeout)))
             body = json.loads(raw, parse_float=_finite, parse_constant=_not_finite)
         except _ShuttingDown:
             return self.error(503, "PoolClosed", self._end_reason)
@@ -218,6 +247,14 @@ class _Server:
         except _TooLarge:
             response = self.error(413, "PayloadTooLarge", f"the body is over the limit of "
                                   f"{self.max_body} bytes (rankguard serve --max-body)")
+            response.headers["Connection"] = "close"  # the rest of the body is never read
+            return response
+        except _TooManyBytes as error:
+            response = self.error(
+                503, "TooManyRequestBytes", f"the request bodies being served hold "
+                f"{self.inflight.held} of the {self.inflight.limit} bytes the server takes at "
+                f"once (rankguard serve --max-inflight-bytes), and this one's {error.size} do "
+                "not fit: retry later", retry_after=_BYTES_RETRY_S)
             response.headers["Connection"] = "close"  # the rest of the body is never read
             return response
         except _NotFinite as error:
@@ -342,13 +379,17 @@ class _Server:
                 await run_in_threadpool(self.pool.close)
 
 
-def build(service: Service, *, max_body: int, **pool_options: Any) -> Starlette:
+def build(service: Service, *, max_body: int, max_inflight_bytes: int | None = None,
+          **pool_options: Any) -> Starlette:
     """The ASGI application serving ``service``; the pool starts with the application (its
     lifespan) and is closed when the application shuts down. ``max_body``: the largest request
-    body, in bytes. ``pool_options``: further keyword arguments of :class:`rankguard.Pool`
-    (``journal``, ``log_dir``, ``on_healing``). ``app.state.end_requests(grace)`` answers
-    every request still running 503 (see ``_Server.end_requests``)."""
-    server = _Server(service, max_body, pool_options)
+    body, in bytes; ``max_inflight_bytes``: the most bytes of bodies held at once (default
+    ``INFLIGHT_BODIES`` times ``max_body``). ``pool_options``: further keyword arguments of
+    :class:`rankguard.Pool` (``journal``, ``log_dir``, ``on_healing``).
+    ``app.state.end_requests(grace)`` answers every request still running 503 (see
+    ``_Server.end_requests``)."""
+    server = _Server(service, max_body, max_inflight_bytes if max_inflight_bytes is not None
+                     else INFLIGHT_BODIES * max_body, pool_options)
     routes = [Route("/run", server.run, methods=["POST"]),
               Route("/healthz", server.healthz, methods=["GET"]),
               Route("/livez", server.livez, methods=["GET"]),

@@ -26,7 +26,8 @@ The names are stable (the README lists them):
   ``rankguard_pool_rank_device{group,rank,device}`` (1 for each rank of each healthy replica),
   ``rankguard_pool_warm_spares{device}`` (warm spare ranks ready): gauges;
 - ``rankguard_http_responses_total{route,code}``, ``rankguard_http_client_disconnects_total``:
-  counters.
+  counters; ``rankguard_http_inflight_body_bytes``: gauge, the bytes of request bodies held
+  now (at most ``--max-inflight-bytes``).
 """
 
 from __future__ import annotations
@@ -76,18 +77,19 @@ class ServeMetrics:
         pool: the server's pool (None until its lifespan started it).
         codes: responses by (route, status code), as the server counts them.
         disconnects: how many clients left before they sent the whole body.
+        body_bytes: the bytes of request bodies the server holds now.
     """
 
     def __init__(self, pool: Callable[[], Pool | None],
                  codes: Callable[[], Mapping[tuple[str, int], int]],
-                 disconnects: Callable[[], int]) -> None:
+                 disconnects: Callable[[], int], body_bytes: Callable[[], int]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self._requests = Histogram("rankguard_request_seconds", "Seconds from a request "
                                    "reaching the pool to its answer, by outcome.", ["outcome"],
                                    buckets=REQUEST_BUCKETS, registry=self.registry)
         for outcome in OUTCOMES:
             self._requests.labels(outcome)  # every outcome shown from the start, at 0
-        self.registry.register(_PoolCollector(pool, codes, disconnects))
+        self.registry.register(_PoolCollector(pool, codes, disconnects, body_bytes))
 
     def observe_request(self, outcome: CallOutcome, seconds: float) -> None:
         self._requests.labels(outcome).observe(seconds)
@@ -102,10 +104,11 @@ class _PoolCollector:
 
     def __init__(self, pool: Callable[[], Pool | None],
                  codes: Callable[[], Mapping[tuple[str, int], int]],
-                 disconnects: Callable[[], int]) -> None:
+                 disconnects: Callable[[], int], body_bytes: Callable[[], int]) -> None:
         self._pool = pool
         self._codes = codes
         self._disconnects = disconnects
+        self._body_bytes = body_bytes
 
     def collect(self) -> Iterator[Metric]:
         pool = self._pool()
@@ -175,6 +178,9 @@ class _PoolCollector:
                        "connection before its answer: mid-body, or while the request waited "
                        "or ran (not answered).", None,
                        {"": self._disconnects()})
+        yield _gauge("rankguard_http_inflight_body_bytes", "Bytes of request bodies held now "
+                     "(being read, or of requests not yet answered); at most "
+                     "--max-inflight-bytes.", self._body_bytes())
 
 
 def _replica_states(status: PoolStatus | None) -> dict[str, int]:
