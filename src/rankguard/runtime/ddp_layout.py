@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import nccl_checked
+
 Layout = list[list[int]]
 
 
@@ -48,7 +50,9 @@ def releasable_mean(process_group, bucket):  # type: ignore[no-untyped-def]
 
     It calls the group's ``allreduce`` itself, as DDP's reducer does, rather than
     ``dist.all_reduce`` (whose argument checks cost about 20 us a bucket), and its future
-    completes with the bucket through one Python callback (see ``bounded._relayed``).
+    completes with the bucket through one Python callback (see ``bounded._relayed``). On an
+    NCCL group the future completes only once the all-reduce ended well on the GPU
+    (``nccl_checked``): one whose peer died leaves the bucket unreduced, without an error.
 
     Not annotated: DDP checks a hook's annotations against its own types, and this module's
     are strings (``from __future__ import annotations``)."""
@@ -61,7 +65,25 @@ def releasable_mean(process_group, bucket):  # type: ignore[no-untyped-def]
     releasable = getattr(work, "releasable_future", None)  # not in bounded mode: plain
     if releasable is not None:
         return releasable(tensor)
+    nccl = _nccl_backend(group, tensor)
+    if nccl is not None:
+        return nccl_checked.checked_future(work, nccl, tensor, dist.get_rank())
     return work.get_future().then(lambda done: done.value()[0])
+
+
+def _nccl_backend(group: Any, tensor: Any) -> Any:
+    """The NCCL backend of ``group`` that all-reduces ``tensor``, or None (gloo's, a CPU
+    tensor, a torch without NCCL)."""
+    import torch.distributed as dist
+
+    nccl = getattr(dist, "ProcessGroupNCCL", None)
+    if nccl is None or not tensor.is_cuda:
+        return None
+    try:
+        backend = group._get_backend(tensor.device)
+    except RuntimeError:  # no backend for that device
+        return None
+    return backend if isinstance(backend, nccl) else None
 
 
 def _construct(module: Any, options: dict[str, Any], layout: Layout | None) -> Any:

@@ -1,0 +1,122 @@
+"""A DDP bucket's all-reduce on an NCCL group, handed on only once it is known good.
+
+With ``TORCH_NCCL_ASYNC_ERROR_HANDLING=0`` (what rankguard sets: its verdicts and aborts decide,
+not torch's watchdog, which kills the rank) an NCCL collective whose peer died ends on the GPU
+with the local buffer as it was, and nothing raises where the script reads it: on an H100 a
+survivor all-reduced 1.0 where 2.0 was due, and a DDP step of ``StepLoop`` completed on the
+survivor's own gradients (docs/nccl-plan.md, GPU run 3). torch's default mode would have killed
+the rank instead, and ``StepLoop`` recovers only from an error.
+
+So the communication hook of ``StepLoop.ddp()`` (``ddp_layout.releasable_mean``) hands DDP a
+future of ours for each bucket on an NCCL group: a side stream waits for the all-reduce (the
+computing stream does not, so backward still overlaps it) and records an event; one daemon
+thread waits for those events in order and then completes each future with the bucket, or
+fails it, as :func:`refusal` decides: the communicator reported an error (a remote process
+exited, a closed socket), or rankguard aborted it (the supervisor's notice, a deadline), which
+marks no work failed. DDP's backward then raises, with NCCL's words in the error
+(``failures.is_nccl_failure``), and ``StepLoop`` recovers before the optimizer runs.
+
+What it costs: backward's end waits on the CPU for the last bucket's all-reduce (the
+optimizer's kernels are enqueued after it rather than queued behind it), and a thread wakes
+once per bucket. Not yet run on a GPU (2026-11-28): ``tests/gpu/test_nccl_in_place.py`` (bit for
+bit after a SIGKILL) and ``bench/in_place_bench.py --device cuda`` (its step time) prove it.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from . import nccl_abort
+from .capture_mode import thread_local_for_this_thread
+
+ABORTED = "NCCL communicator was aborted"  # failures.is_nccl_failure reads these words
+
+
+def refusal(work_error: str | None, aborted_because: str | None, rank: int) -> str | None:
+    """Why an all-reduce that ended on the GPU must not be used (None: its result may be):
+    ``work_error``, the error torch's NCCL group holds for it (NCCL's remote or system error);
+    ``aborted_because``, why rankguard aborted the communicator, if it did (``nccl_abort``):
+    an aborted collective ends with its buffer as it was, and no error. Pure."""
+    if aborted_because is not None:
+        return f"{ABORTED} on rank {rank} ({aborted_because}): a collective it ran is unusable"
+    if work_error:
+        return work_error
+    return None
+
+
+@dataclass
+class _Pending:
+    work: Any
+    backend: Any
+    done: Any  # the CUDA event recorded after the all-reduce
+    future: Any
+    value: Any
+
+
+class ResultChecker:
+    """Completes the futures of NCCL all-reduces once their GPU work ended, in order, on one
+    daemon thread (``rankguard-nccl-results``), started at the first use."""
+
+    def __init__(self, rank: int) -> None:
+        self._rank = rank
+        self._queue: queue.SimpleQueue[_Pending] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def checked_future(self, work: Any, backend: Any, value: Any) -> Any:
+        """A future that completes with ``value`` once ``work`` (an all-reduce of NCCL group
+        ``backend``) ended well on the GPU, or fails with why not (:func:`refusal`)."""
+        import torch
+
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            work.wait()  # the side stream waits for the all-reduce, not the computing one
+            done = torch.cuda.Event(blocking=True)  # its waiter sleeps rather than spins
+            done.record(side)
+        future = torch.futures.Future()
+        self._queue.put(_Pending(work, backend, done, future, value))
+        self._start()
+        return future
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="rankguard-nccl-results",
+                                                daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        thread_local_for_this_thread()  # its event waits must never break a graph capture
+        while True:
+            pending = self._queue.get()
+            try:
+                pending.done.synchronize()  # an all-reduce that never ends: the abort ends it
+                pending.work.is_completed()  # torch asks NCCL for the communicator's error
+                error = pending.work.exception()
+                why = refusal(str(error) if error is not None else None,
+                              nccl_abort.why_aborted(pending.backend), self._rank)
+            except Exception as failure:  # noqa: BLE001 (torch's own error: the result is unusable)
+                why = f"{type(failure).__name__}: {failure}"
+            try:
+                if why is None:
+                    pending.future.set_result(pending.value)
+                else:
+                    pending.future.set_exception(RuntimeError(why))
+            except RuntimeError:
+                pass  # completed already (cannot happen: one thread completes each once)
+
+
+_checker: ResultChecker | None = None
+_checker_lock = threading.Lock()
+
+
+def checked_future(work: Any, backend: Any, value: Any, rank: int) -> Any:
+    """:meth:`ResultChecker.checked_future` of this process's checker."""
+    global _checker
+    with _checker_lock:
+        if _checker is None:
+            _checker = ResultChecker(rank)
+    return _checker.checked_future(work, backend, value)
