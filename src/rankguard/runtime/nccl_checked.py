@@ -65,13 +65,17 @@ class ResultChecker:
         self._queue: queue.SimpleQueue[_Pending] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._side: dict[Any, Any] = {}  # device -> the stream that waits for its all-reduces
 
     def checked_future(self, work: Any, backend: Any, value: Any) -> Any:
         """A future that completes with ``value`` once ``work`` (an all-reduce of NCCL group
         ``backend``) ended well on the GPU, or fails with why not (:func:`refusal`)."""
         import torch
 
-        side = torch.cuda.Stream()
+        device = value.device
+        side = self._side.get(device)
+        if side is None:
+            side = self._side.setdefault(device, torch.cuda.Stream(device))
         with torch.cuda.stream(side):
             work.wait()  # the side stream waits for the all-reduce, not the computing one
             done = torch.cuda.Event(blocking=True)  # its waiter sleeps rather than spins
