@@ -722,6 +722,47 @@ def test_a_validate_that_raises_another_error_is_answered_500_json_without_a_tra
     assert server.events("request_fault") == []
 
 
+def request_reading(url: str, timeout: float = 20.0) -> socket.socket:
+    """A connection whose request's body the server has begun to read (it answered the
+    head's ``Expect: 100-continue``); the body is never sent."""
+    host, port = url.split("//")[1].split(":")
+    sock = socket.create_connection((host, int(port)), timeout=timeout)
+    sock.sendall(b"POST /run HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+                 b"Expect: 100-continue\r\n\r\n")
+    line = sock.makefile("rb").readline()
+    assert line.split()[1:2] == [b"100"], line
+    return sock
+
+
+@pytest.mark.slow  # a server of its own: 5 s
+@pytest.mark.deadline(120)
+@pytest.mark.serve_args("--max-connections", "3", "--timeout", "20")
+def test_past_max_connections_an_idle_one_is_closed_else_the_new_one_gets_503_both_counted(
+        server: Server) -> None:
+    host, port = server.url.split("//")[1].split(":")
+    idle = socket.create_connection((host, int(port)), timeout=20)  # sends nothing
+    held = [request_reading(server.url), request_reading(server.url)]
+    try:
+        held.append(request_reading(server.url))  # the fourth: the idle one makes room
+        assert idle.recv(1) == b""  # closed by the server
+        idle.close()
+        with socket.create_connection((host, int(port)), timeout=20) as one_more:
+            answer = one_more.makefile("rb").read()  # every connection has a request
+        assert answer.startswith(b"HTTP/1.1 503 "), answer
+        assert b'"TooManyConnections"' in answer and b"retry-after: 1" in answer, answer
+    finally:
+        for sock in held:
+            sock.close()
+    deadline = time.monotonic() + 10
+    while (reply := server.get("/metrics")).status != 200:  # until the server saw them close
+        assert time.monotonic() < deadline, reply.body
+        time.sleep(0.1)
+    metrics = reply.body
+    assert sample(metrics, "rankguard_http_connections_refused_total") >= 1
+    assert sample(metrics, "rankguard_http_idle_connections_closed_total") == 1
+    assert_served(server.run({"x": X}))
+
+
 @pytest.mark.slow  # a server of its own: 5 to 10 s
 @pytest.mark.deadline(180)
 def test_idle_connections_past_the_descriptors_cost_no_traceback_and_others_are_served(

@@ -170,7 +170,8 @@ def main(argv: list[str]) -> int:
     host, bound = listener.getsockname()[:2]
     print(f"{PROG}: listening on http://{host}:{bound} ({served.world_size} ranks per replica, "
           f"{served.replicas} serving, {served.spares} spare(s))", flush=True)
-    app = http.build(served, **options)
+    turned = head_deadline.Turned()
+    app = http.build(served, connections=turned, **options)
     # at the end of --grace the app answers what still runs (503); uvicorn's own cut, which
     # would cancel it unanswered, comes later
     from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -178,7 +179,7 @@ def main(argv: list[str]) -> int:
     # a request's head gets the service's timeout, as its body does (serving.http)
     config = uvicorn.Config(app, log_level="warning", lifespan="on",
                             http=head_deadline.protocol(H11Protocol, served.timeout,
-                                                       max_connections),
+                                                       max_connections, turned),
                             backlog=head_deadline.accept_batch(max_connections),
                             timeout_graceful_shutdown=grace + HTTP_ANSWER_S)
     server = _graceful_server(uvicorn, grace, app.state.end_requests)(config)

@@ -45,11 +45,24 @@ def accept_batch(max_connections: int) -> int:
     return min(2048, max(8, max_connections // 2))
 
 
-def protocol(h11_protocol: type, seconds: float, max_connections: int) -> type:
+class Turned:
+    """What the cap on connections did, counted (``rankguard_http_connections_*`` metrics):
+    ``refused``, connections answered 503 at once; ``dropped``, idle ones closed to make
+    room."""
+
+    def __init__(self) -> None:
+        self.refused = 0
+        self.dropped = 0
+
+
+def protocol(h11_protocol: type, seconds: float, max_connections: int,
+             turned: Turned | None = None) -> type:
     """A subclass of uvicorn's ``H11Protocol`` (``h11_protocol``) that closes a connection
     on which no request's head is complete ``seconds`` after it opened or after its last
-    response, and keeps at most ``max_connections`` open (see the module)."""
+    response, and keeps at most ``max_connections`` open (see the module), counting what the
+    cap did in ``turned``."""
     waiting: dict[Any, Any] = {}  # connection -> the cycle it was armed with, oldest first
+    counts = turned if turned is not None else Turned()
 
     class HeadDeadline(h11_protocol):  # type: ignore[misc,valid-type]
         _head_timer: asyncio.TimerHandle | None = None
@@ -57,6 +70,7 @@ def protocol(h11_protocol: type, seconds: float, max_connections: int) -> type:
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             if len(self.server_state.connections) > max_connections and not _drop_idle():
+                counts.refused += 1
                 transport.write(FULL)
                 transport.close()
                 return
@@ -91,6 +105,7 @@ def protocol(h11_protocol: type, seconds: float, max_connections: int) -> type:
             del waiting[connection]
             if connection.cycle is cycle and not connection.transport.is_closing():
                 connection.transport.close()
+                counts.dropped += 1
                 return True
         return False
 

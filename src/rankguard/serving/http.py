@@ -67,6 +67,7 @@ from ..errors import PoolClosed, PoolUnavailable, RequestFailed, UnavailableStat
 from ..inputs.options import number
 from . import metrics
 from .budgets import CUT_CLOSE_S
+from .head_deadline import Turned
 from .inflight_bytes import INFLIGHT_BODIES, BodyBytes, InflightBytes
 from .metrics import CallOutcome
 from .pool import Abandon, Pool
@@ -116,7 +117,7 @@ class _Server:
     """The application's state: the service, its pool (made at start-up), response counts."""
 
     def __init__(self, service: Service, max_body: int, max_inflight_bytes: int,
-                 pool_options: dict[str, Any]) -> None:
+                 connections: Turned, pool_options: dict[str, Any]) -> None:
         self.service = service
         self.max_body = max_body
         self.inflight = InflightBytes(max_inflight_bytes)
@@ -126,7 +127,7 @@ class _Server:
         self.client_disconnects = 0
         self.stats = metrics.ServeMetrics(lambda: self.pool, lambda: dict(self.codes),
                                           lambda: self.client_disconnects,
-                                          lambda: self.inflight.held)
+                                          lambda: self.inflight.held, connections)
         self._ended = asyncio.Event()  # the grace after SIGTERM is over: requests end now
         self._end_reason = ""
 
@@ -380,16 +381,19 @@ class _Server:
 
 
 def build(service: Service, *, max_body: int, max_inflight_bytes: int | None = None,
-          **pool_options: Any) -> Starlette:
+          connections: Turned | None = None, **pool_options: Any) -> Starlette:
     """The ASGI application serving ``service``; the pool starts with the application (its
     lifespan) and is closed when the application shuts down. ``max_body``: the largest request
     body, in bytes; ``max_inflight_bytes``: the most bytes of bodies held at once (default
-    ``INFLIGHT_BODIES`` times ``max_body``). ``pool_options``: further keyword arguments of
+    ``INFLIGHT_BODIES`` times ``max_body``); ``connections``: what the server's cap on
+    connections did (``head_deadline``), for the metrics. ``pool_options``: further keyword
+    arguments of
     :class:`rankguard.Pool` (``journal``, ``log_dir``, ``on_healing``).
     ``app.state.end_requests(grace)`` answers every request still running 503 (see
     ``_Server.end_requests``)."""
     server = _Server(service, max_body, max_inflight_bytes if max_inflight_bytes is not None
-                     else INFLIGHT_BODIES * max_body, pool_options)
+                     else INFLIGHT_BODIES * max_body,
+                     connections if connections is not None else Turned(), pool_options)
     routes = [Route("/run", server.run, methods=["POST"]),
               Route("/healthz", server.healthz, methods=["GET"]),
               Route("/livez", server.livez, methods=["GET"]),

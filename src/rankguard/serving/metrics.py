@@ -27,7 +27,9 @@ The names are stable (the README lists them):
   ``rankguard_pool_warm_spares{device}`` (warm spare ranks ready): gauges;
 - ``rankguard_http_responses_total{route,code}``, ``rankguard_http_client_disconnects_total``:
   counters; ``rankguard_http_inflight_body_bytes``: gauge, the bytes of request bodies held
-  now (at most ``--max-inflight-bytes``).
+  now (at most ``--max-inflight-bytes``); ``rankguard_http_connections_refused_total`` (503
+  ``TooManyConnections``), ``rankguard_http_idle_connections_closed_total`` (closed to make
+  room), both by ``--max-connections``: counters.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
 
 from ..errors import RequestCause
 from .heal_plan import Heal
+from .head_deadline import Turned
 from .heal_times import HealTimes
 from .pool import Pool
 from .pool_state import PoolState, PoolStatus
@@ -78,18 +81,21 @@ class ServeMetrics:
         codes: responses by (route, status code), as the server counts them.
         disconnects: how many clients left before they sent the whole body.
         body_bytes: the bytes of request bodies the server holds now.
+        connections: what the cap on connections did (``head_deadline.Turned``).
     """
 
     def __init__(self, pool: Callable[[], Pool | None],
                  codes: Callable[[], Mapping[tuple[str, int], int]],
-                 disconnects: Callable[[], int], body_bytes: Callable[[], int]) -> None:
+                 disconnects: Callable[[], int], body_bytes: Callable[[], int],
+                 connections: Turned) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self._requests = Histogram("rankguard_request_seconds", "Seconds from a request "
                                    "reaching the pool to its answer, by outcome.", ["outcome"],
                                    buckets=REQUEST_BUCKETS, registry=self.registry)
         for outcome in OUTCOMES:
             self._requests.labels(outcome)  # every outcome shown from the start, at 0
-        self.registry.register(_PoolCollector(pool, codes, disconnects, body_bytes))
+        self.registry.register(_PoolCollector(pool, codes, disconnects, body_bytes,
+                                              connections))
 
     def observe_request(self, outcome: CallOutcome, seconds: float) -> None:
         self._requests.labels(outcome).observe(seconds)
@@ -104,11 +110,13 @@ class _PoolCollector:
 
     def __init__(self, pool: Callable[[], Pool | None],
                  codes: Callable[[], Mapping[tuple[str, int], int]],
-                 disconnects: Callable[[], int], body_bytes: Callable[[], int]) -> None:
+                 disconnects: Callable[[], int], body_bytes: Callable[[], int],
+                 connections: Turned) -> None:
         self._pool = pool
         self._codes = codes
         self._disconnects = disconnects
         self._body_bytes = body_bytes
+        self._connections = connections
 
     def collect(self) -> Iterator[Metric]:
         pool = self._pool()
@@ -181,6 +189,13 @@ class _PoolCollector:
         yield _gauge("rankguard_http_inflight_body_bytes", "Bytes of request bodies held now "
                      "(being read, or of requests not yet answered); at most "
                      "--max-inflight-bytes.", self._body_bytes())
+        yield _counter("rankguard_http_connections_refused", "Connections answered 503 "
+                       "TooManyConnections at once and closed: every connection the server "
+                       "keeps open (--max-connections) had a request in flight.", None,
+                       {"": self._connections.refused})
+        yield _counter("rankguard_http_idle_connections_closed", "Connections that had sent no "
+                       "request, closed to make room for a new one (--max-connections).", None,
+                       {"": self._connections.dropped})
 
 
 def _replica_states(status: PoolStatus | None) -> dict[str, int]:
