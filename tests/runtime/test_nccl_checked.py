@@ -33,3 +33,45 @@ def test_an_all_reduce_is_refused_when_its_communicator_failed_or_was_aborted(
     assert why == expected
     if why is not None:  # StepLoop takes the error DDP raises with it for a peer's fault
         assert is_nccl_failure(RuntimeError(why))
+
+
+def test_a_works_error_is_read_on_the_torch_installed_here_and_a_good_work_has_none(
+        tmp_path) -> None:
+    # a real gloo work of one rank: torch's Work API as work_error reads it (on torch 2.11,
+    # exception() raises TypeError and is_success() tells: tests/gpu's environment)
+    import torch
+    import torch.distributed as dist
+
+    from rankguard.runtime.nccl_checked import work_error
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    group = dist.ProcessGroupGloo(store, 0, 1)
+    work = group.allreduce([torch.ones(2)])
+    work.wait()
+    assert work_error(work) is None
+
+
+class _FailedOn211:
+    """A work as torch 2.11 gives it for a failed NCCL all-reduce."""
+
+    def is_completed(self) -> bool:
+        return True
+
+    def exception(self) -> None:
+        raise TypeError("Unable to convert function return value to a Python type!")
+
+    def is_success(self) -> bool:
+        return False
+
+
+class _NoApi:
+    def is_completed(self) -> bool:
+        raise AttributeError("no such method")
+
+
+def test_a_failed_work_on_torch_2_11_is_named_and_an_api_that_fails_refuses_nothing() -> None:
+    from rankguard.runtime.nccl_checked import UNNAMED_ERROR, work_error
+
+    assert work_error(_FailedOn211()) == UNNAMED_ERROR
+    assert is_nccl_failure(RuntimeError(UNNAMED_ERROR))
+    assert work_error(_NoApi()) is None

@@ -47,6 +47,31 @@ def refusal(work_error: str | None, aborted_because: str | None, rank: int) -> s
     return None
 
 
+# what is said of an all-reduce torch holds an error for, where torch cannot give its text
+UNNAMED_ERROR = ("NCCL error: the communicator reported an error for this all-reduce "
+                 "(ncclRemoteError or ncclSystemError: a peer exited or a connection closed)")
+
+
+def work_error(work: Any) -> str | None:
+    """The error torch's NCCL group holds for ``work``, whose GPU work has ended: its text,
+    or :data:`UNNAMED_ERROR`; None when it holds none, or when this torch cannot tell (then
+    only an abort refuses the result: a healthy all-reduce is never refused for an API's
+    sake). ``is_completed()`` first: it has torch ask NCCL for the communicator's error.
+
+    ``Work.exception()`` gives the error on torch 2.13 and raises TypeError on 2.11 (its
+    return type has no Python conversion there); ``Work.is_success()`` tells on both. Both are
+    deprecated: torch warns once per process for each."""
+    try:
+        work.is_completed()
+        try:
+            error = work.exception()
+        except TypeError:  # torch 2.11
+            return None if work.is_success() else UNNAMED_ERROR
+        return None if error is None else str(error) or UNNAMED_ERROR
+    except Exception:  # noqa: BLE001 (an API this torch lacks: the abort alone decides)
+        return None
+
+
 @dataclass
 class _Pending:
     work: Any
@@ -98,12 +123,11 @@ class ResultChecker:
             pending = self._queue.get()
             try:
                 pending.done.synchronize()  # an all-reduce that never ends: the abort ends it
-                pending.work.is_completed()  # torch asks NCCL for the communicator's error
-                error = pending.work.exception()
-                why = refusal(str(error) if error is not None else None,
-                              nccl_abort.why_aborted(pending.backend), self._rank)
-            except Exception as failure:  # noqa: BLE001 (torch's own error: the result is unusable)
-                why = f"{type(failure).__name__}: {failure}"
+            except Exception as failure:  # noqa: BLE001 (a CUDA error: the result is unusable)
+                why: str | None = f"{type(failure).__name__}: {failure}"
+            else:
+                why = refusal(work_error(pending.work), nccl_abort.why_aborted(pending.backend),
+                              self._rank)
             try:
                 if why is None:
                     pending.future.set_result(pending.value)
