@@ -105,7 +105,9 @@ class ResultChecker:
             work.wait()  # the side stream waits for the all-reduce, not the computing one
             done = torch.cuda.Event(blocking=True)  # its waiter sleeps rather than spins
             done.record(side)
-        future = torch.futures.Future()
+        # a future completed with CUDA tensors must name their device (torch refuses them
+        # otherwise: "not among the expected device(s)")
+        future = torch.futures.Future(devices=[device])
         self._queue.put(_Pending(work, backend, done, future, value))
         self._start()
         return future
