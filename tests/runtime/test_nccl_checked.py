@@ -37,8 +37,8 @@ def test_an_all_reduce_is_refused_when_its_communicator_failed_or_was_aborted(
 
 def test_a_works_error_is_read_on_the_torch_installed_here_and_a_good_work_has_none(
         tmp_path) -> None:
-    # a real gloo work of one rank: torch's Work API as work_error reads it (on torch 2.11,
-    # exception() raises TypeError and is_success() tells: tests/gpu's environment)
+    # a real gloo work of one rank: torch's Work API as work_error reads it (gloo's work has
+    # no result future and its group no get_error: nothing tells, nothing is refused)
     import torch
     import torch.distributed as dist
 
@@ -48,30 +48,74 @@ def test_a_works_error_is_read_on_the_torch_installed_here_and_a_good_work_has_n
     group = dist.ProcessGroupGloo(store, 0, 1)
     work = group.allreduce([torch.ones(2)])
     work.wait()
-    assert work_error(work) is None
+    assert work_error(work, group) is None
 
 
-class _FailedOn211:
-    """A work as torch 2.11 gives it for a failed NCCL all-reduce."""
+def _result(value: int | None):
+    """A work's result future as torch's NCCL group gives it: done with a WorkResult, or not
+    yet marked (None)."""
+    import torch
+
+    future = torch.futures.Future()
+    if value is not None:
+        future.set_result(value)
+    return future
+
+
+class _NcclWork:
+    """What ``work_error`` reads of torch 2.11's NCCL work (a GPU's; none exists here)."""
+
+    def __init__(self, result: int | None) -> None:
+        self._result = result
 
     def is_completed(self) -> bool:
         return True
 
-    def exception(self) -> None:
-        raise TypeError("Unable to convert function return value to a Python type!")
-
-    def is_success(self) -> bool:
-        return False
+    def get_future_result(self):
+        return _result(self._result)
 
 
-class _NoApi:
-    def is_completed(self) -> bool:
-        raise AttributeError("no such method")
+class _NcclGroup:
+    def __init__(self, error: int) -> None:
+        self._error = error
+
+    def get_error(self) -> int:
+        return self._error
 
 
-def test_a_failed_work_on_torch_2_11_is_named_and_an_api_that_fails_refuses_nothing() -> None:
+WORK_RESULTS = {  # torch's WorkResult (SUCCESS 0, TIMEOUT 1, COMM_ERROR 2) and ErrorType
+    "a success": (0, 0, False),
+    "a communication error": (2, 0, True),
+    "a result not yet marked, the group's error set by the watchdog": (None, 3, True),
+    "a result not yet marked, no error": (None, 0, False),
+}
+
+
+@pytest.mark.parametrize(("result", "group_error", "refused"), WORK_RESULTS.values(),
+                         ids=WORK_RESULTS.keys())
+def test_a_failed_nccl_work_is_told_from_its_result_or_its_groups_error(
+        result: int | None, group_error: int, refused: bool) -> None:
     from rankguard.runtime.nccl_checked import UNNAMED_ERROR, work_error
 
-    assert work_error(_FailedOn211()) == UNNAMED_ERROR
-    assert is_nccl_failure(RuntimeError(UNNAMED_ERROR))
-    assert work_error(_NoApi()) is None
+    error = work_error(_NcclWork(result), _NcclGroup(group_error))
+    assert error == (UNNAMED_ERROR if refused else None)
+    if refused:
+        assert is_nccl_failure(RuntimeError(error))
+
+
+def test_a_refused_bucket_fails_the_future_ddp_waits_on_with_the_words_and_a_good_one_passes(
+        ) -> None:
+    # real torch futures, chained as the checker hands them to DDP
+    import torch
+
+    from rankguard.runtime.nccl_checked import _handed_on, _Refused
+
+    inner = torch.futures.Future()
+    handed = inner.then(_handed_on)
+    inner.set_result(_Refused("NCCL communicator was aborted on rank 0 (a notice)"))
+    with pytest.raises(RuntimeError, match="NCCL communicator was aborted on rank 0"):
+        handed.wait()
+    inner = torch.futures.Future()
+    handed = inner.then(_handed_on)
+    inner.set_result(torch.ones(3))
+    assert torch.equal(handed.wait(), torch.ones(3))

@@ -56,6 +56,7 @@ def releasable_mean(process_group, bucket):  # type: ignore[no-untyped-def]
 
     Not annotated: DDP checks a hook's annotations against its own types, and this module's
     are strings (``from __future__ import annotations``)."""
+    import torch
     import torch.distributed as dist
 
     group = process_group if process_group is not None else dist.group.WORLD
@@ -66,7 +67,7 @@ def releasable_mean(process_group, bucket):  # type: ignore[no-untyped-def]
     if releasable is not None:
         return releasable(tensor)
     nccl = _nccl_backend(group, tensor)
-    if nccl is not None:
+    if nccl is not None and not torch.cuda.is_current_stream_capturing():  # a capture: no wait
         return nccl_checked.checked_future(work, nccl, tensor, dist.get_rank())
     return work.get_future().then(lambda done: done.value()[0])
 

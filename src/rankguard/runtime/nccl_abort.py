@@ -54,17 +54,27 @@ def nccl_groups() -> list[tuple[Any, Any]]:
 def not_aborted(groups: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
     """Those of ``groups`` whose backend no :func:`abort` of this process has aborted, or
     begun to (one whose abort hangs is not aborted again)."""
-    return [(group, backend) for group, backend in groups if id(backend) not in _reasons]
+    return [(group, backend) for group, backend in groups if backend_key(backend) not in _reasons]
 
 
-# why :func:`abort` aborted each backend, from the start of its abort (by id: a retired group is
-# never destructed, so its id is never reused)
-_reasons: dict[int, str] = {}
+# why :func:`abort` aborted each backend, from the start of its abort, by backend_key
+_reasons: dict[tuple[str, int], str] = {}
+_pinned: list[Any] = []  # backends keyed by id: kept alive, so that no other takes their id
+
+
+def backend_key(backend: Any) -> tuple[str, int]:
+    """What names an NCCL backend for as long as the process lives: torch's ``uid`` of it
+    (``ProcessGroupNCCL.uid``, one per backend made in the process). Not ``id()``: torch keeps
+    no Python object of a backend, each ``_get_backend()`` may make a new one (two calls gave
+    two ids on torch 2.11), and a new group's may take a freed address. A backend without
+    ``uid`` is named by its ``id()`` and kept alive for good (see :func:`abort`)."""
+    uid = getattr(backend, "uid", None)
+    return ("uid", uid) if isinstance(uid, int) else ("id", id(backend))
 
 
 def why_aborted(backend: Any) -> str | None:
     """Why :func:`abort` aborted ``backend`` (or is aborting it); None: it did not."""
-    return _reasons.get(id(backend))
+    return _reasons.get(backend_key(backend))
 
 
 def finished_within(call: Callable[[], object], limit_s: float, name: str) -> bool:
@@ -85,7 +95,10 @@ def abort(groups: list[tuple[Any, Any]], limit_s: float,
         return Aborted(0, True, 0.0)
     errors: list[str] = []
     for _, backend in groups:
-        _reasons.setdefault(id(backend), reason)
+        key = backend_key(backend)
+        if key[0] == "id":
+            _pinned.append(backend)
+        _reasons.setdefault(key, reason)
 
     def run() -> None:
         for _, backend in groups:

@@ -8,12 +8,13 @@ survivor's own gradients (docs/nccl-plan.md, GPU run 3). torch's default mode wo
 the rank instead, and ``StepLoop`` recovers only from an error.
 
 So the communication hook of ``StepLoop.ddp()`` (``ddp_layout.releasable_mean``) hands DDP a
-future of ours for each bucket on an NCCL group: a side stream waits for the all-reduce (the
-computing stream does not, so backward still overlaps it) and records an event; one daemon
-thread waits for those events in order and then completes each future with the bucket, or
-fails it, as :func:`refusal` decides: the communicator reported an error (a remote process
-exited, a closed socket), or rankguard aborted it (the supervisor's notice, a deadline), which
-marks no work failed. DDP's backward then raises, with NCCL's words in the error
+future of ours for each bucket on an NCCL group (not while a CUDA graph is captured: nothing
+may wait then): a side stream waits for the all-reduce (the computing stream does not, so
+backward still overlaps it) and records an event; one daemon thread waits for those events in
+order and then completes each future with the bucket, or fails it, as :func:`refusal` decides:
+torch holds an error for the work (its result, or the group's error: :func:`work_error`), or
+rankguard aborted the communicator (the supervisor's notice, a deadline), which marks no work
+failed. DDP's backward then raises, with NCCL's words in the error
 (``failures.is_nccl_failure``), and ``StepLoop`` recovers before the optimizer runs.
 
 What it costs: backward's end waits on the CPU for the last bucket's all-reduce (the
@@ -24,6 +25,7 @@ bit after a SIGKILL) and ``bench/in_place_bench.py --device cuda`` (its step tim
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from dataclasses import dataclass
@@ -47,36 +49,72 @@ def refusal(work_error: str | None, aborted_because: str | None, rank: int) -> s
     return None
 
 
-# what is said of an all-reduce torch holds an error for, where torch cannot give its text
+# what is said of an all-reduce torch holds an error for (its own text is not in reach)
 UNNAMED_ERROR = ("NCCL error: the communicator reported an error for this all-reduce "
                  "(ncclRemoteError or ncclSystemError: a peer exited or a connection closed)")
 
 
-def work_error(work: Any) -> str | None:
-    """The error torch's NCCL group holds for ``work``, whose GPU work has ended: its text,
-    or :data:`UNNAMED_ERROR`; None when it holds none, or when this torch cannot tell (then
-    only an abort refuses the result: a healthy all-reduce is never refused for an API's
-    sake). ``is_completed()`` first: it has torch ask NCCL for the communicator's error.
+def work_error(work: Any, backend: Any) -> str | None:
+    """:data:`UNNAMED_ERROR` when torch holds an error for ``work`` (an all-reduce of NCCL
+    group ``backend`` whose GPU work has ended), else None; None too when this torch cannot
+    tell (then only an abort refuses the result: a healthy all-reduce is never refused for an
+    API's sake).
 
-    ``Work.exception()`` gives the error on torch 2.13 and raises TypeError on 2.11 (its
-    return type has no Python conversion there); ``Work.is_success()`` tells on both. Both are
-    deprecated: torch warns once per process for each."""
+    ``is_completed()`` first: it has torch ask NCCL for the communicator's error and mark the
+    work's result (``get_future_result()``: SUCCESS, TIMEOUT, COMM_ERROR); the group's own
+    error (``get_error()``), which torch's watchdog sets on its next pass, backs it up.
+    ``Work.exception()`` and ``is_success()`` cannot serve on torch 2.11: the first raises
+    TypeError for every work, the second NotImplementedError for NCCL's (review of torch's
+    source, 2026-11-28)."""
     try:
         work.is_completed()
-        try:
-            error = work.exception()
-        except TypeError:  # torch 2.11
-            return None if work.is_success() else UNNAMED_ERROR
-        return None if error is None else str(error) or UNNAMED_ERROR
-    except Exception:  # noqa: BLE001 (an API this torch lacks: the abort alone decides)
+    except Exception:  # noqa: BLE001 (this torch cannot tell)
         return None
+    for read in (lambda: _result_is_bad(work.get_future_result()),
+                 lambda: _is_error(backend.get_error())):
+        try:
+            if read():
+                return UNNAMED_ERROR
+        except Exception:  # noqa: BLE001 (an API this torch lacks: the next one, or nothing)
+            continue
+    return None
+
+
+def _result_is_bad(result: Any) -> bool:
+    """Whether a work's result future (``Work.get_future_result()``) says it failed; not yet
+    marked is not a failure."""
+    return bool(result.done()) and int(result.value()) != 0  # WorkResult.SUCCESS
+
+
+def _is_error(error: Any) -> bool:
+    """Whether an NCCL group's ``get_error()`` (an ``ErrorType``) is not SUCCESS."""
+    return int(error) != 0
+
+
+class _Refused:
+    """The value the checker gives a bucket's inner future it refuses: the future handed to
+    DDP raises with ``why`` (:func:`_handed_on`)."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
+def _handed_on(done: Any) -> Any:
+    """The bucket, or the refusal raised: a failure DDP's C++ code sees as one
+    (``Future.set_exception`` completes the C++ future with the exception as its value, and
+    DDP then fails to read it as a tensor: "Unable to cast ... to Tensor")."""
+    value = done.value()
+    if isinstance(value, _Refused):
+        raise RuntimeError(value.why)
+    return value
 
 
 @dataclass
 class _Pending:
     work: Any
     backend: Any
-    done: Any  # the CUDA event recorded after the all-reduce
+    side: Any  # the stream that waited for the all-reduce
+    done: Any  # the CUDA event recorded on it after the all-reduce
     future: Any
     value: Any
 
@@ -107,10 +145,10 @@ class ResultChecker:
             done.record(side)
         # a future completed with CUDA tensors must name their device (torch refuses them
         # otherwise: "not among the expected device(s)")
-        future = torch.futures.Future(devices=[device])
-        self._queue.put(_Pending(work, backend, done, future, value))
+        inner = torch.futures.Future(devices=[device])
+        self._queue.put(_Pending(work, backend, side, done, inner, value))
         self._start()
-        return future
+        return inner.then(_handed_on)
 
     def _start(self) -> None:
         with self._lock:
@@ -120,6 +158,8 @@ class ResultChecker:
                 self._thread.start()
 
     def _run(self) -> None:
+        import torch
+
         thread_local_for_this_thread()  # its event waits must never break a graph capture
         while True:
             pending = self._queue.get()
@@ -128,15 +168,15 @@ class ResultChecker:
             except Exception as failure:  # noqa: BLE001 (a CUDA error: the result is unusable)
                 why: str | None = f"{type(failure).__name__}: {failure}"
             else:
-                why = refusal(work_error(pending.work), nccl_abort.why_aborted(pending.backend),
-                              self._rank)
-            try:
-                if why is None:
-                    pending.future.set_result(pending.value)
-                else:
-                    pending.future.set_exception(RuntimeError(why))
-            except RuntimeError:
-                pass  # completed already (cannot happen: one thread completes each once)
+                why = refusal(work_error(pending.work, pending.backend),
+                              nccl_abort.why_aborted(pending.backend), self._rank)
+            try:  # on the side stream: DDP's wait then depends on nothing else
+                with torch.cuda.stream(pending.side):
+                    pending.future.set_result(pending.value if why is None else _Refused(why))
+            except Exception as failure:  # noqa: BLE001 (this thread serves every bucket after)
+                with contextlib.suppress(Exception):
+                    pending.future.set_exception(RuntimeError(
+                        f"rankguard could not hand on an NCCL all-reduce's result: {failure}"))
 
 
 _checker: ResultChecker | None = None
