@@ -90,3 +90,32 @@ def test_a_port_in_use_is_refused_with_the_port_named(tmp_path: Path) -> None:
                               capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert f"--host/--port: cannot listen on 127.0.0.1:{port}" in done.stderr
+
+
+def test_max_connections_that_could_take_the_pools_descriptors_is_refused() -> None:
+    """Under an open-file limit of 256, --max-connections 1000 was taken: clients then held
+    every descriptor, each accept failed with EMFILE (tens of thousands of traceback lines in
+    seconds) and the pool's replicas could not start."""
+    import resource
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(
+            resource.RLIMIT_NOFILE)[1]))
+
+    done = subprocess.run([sys.executable, "-m", "rankguard.cli", "serve",
+                           "examples/serve_tp.py:app", "--max-connections", "1000"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, preexec_fn=low_limit)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        "rankguard serve: error: --max-connections: 1000 connections, with the sockets accepted "
+        "ahead of them, could take more than half of the 256 descriptors this process may "
+        "open, which the pool's ranks need (give at most 64, or raise the open-file limit "
+        "with ulimit -n)")
+
+
+def test_the_default_max_connections_is_within_the_most_allowed() -> None:
+    from rankguard.serving import head_deadline
+
+    most = head_deadline.most_connections()
+    assert head_deadline.default_max_connections() <= most
+    assert most + 2 * head_deadline.accept_batch(most) <= head_deadline.open_file_limit() // 2

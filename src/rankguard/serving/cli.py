@@ -118,9 +118,7 @@ def main(argv: list[str]) -> int:
                              "fit", f"give at least {max_body}, e.g. --max-inflight-bytes "
                              f"{INFLIGHT_BODIES * max_body}")
         max_connections = head_deadline.default_max_connections() \
-            if args.max_connections is None else int(number(
-                "--max-connections", args.max_connections, int, 1, "e.g. --max-connections 500",
-                maximum=1_000_000))
+            if args.max_connections is None else _max_connections(args.max_connections)
         served = service.load(args.app)
         if args.world_size is not None:
             served.world_size = int(number("--world-size", args.world_size, int, 1,
@@ -189,6 +187,21 @@ def main(argv: list[str]) -> int:
         return 1
     print(f"{PROG}: stopped", flush=True)
     return 0
+
+
+def _max_connections(given: str) -> int:
+    """``--max-connections``, refused where connections could take the descriptors the pool
+    needs (``head_deadline.most_connections``)."""
+    value = int(number("--max-connections", given, int, 1, "e.g. --max-connections 500",
+                       maximum=1_000_000))
+    most = head_deadline.most_connections()
+    if value > most:
+        raise UsageError("--max-connections", f"{value} connections, with the sockets accepted "
+                         f"ahead of them, could take more than half of the "
+                         f"{head_deadline.open_file_limit()} descriptors this "
+                         "process may open, which the pool's ranks need",
+                         f"give at most {most}, or raise the open-file limit with ulimit -n")
+    return value
 
 
 def _graceful_server(uvicorn: Any, grace: float, end_requests: Callable[[float], None]

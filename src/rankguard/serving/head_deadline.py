@@ -34,8 +34,30 @@ def default_max_connections() -> int:
     """A quarter of this process's descriptors (its soft RLIMIT_NOFILE): with the sockets
     accepted ahead of their connection's start (``accept_batch``), connections then hold at
     most half of them, and the pool keeps the rest."""
+    return max(16, open_file_limit() // 4)
+
+
+def most_connections() -> int:
+    """The most connections that leave the pool half of this process's descriptors (its soft
+    RLIMIT_NOFILE), counting the sockets accepted ahead of them (``accept_batch``, twice): with
+    more, clients could take every descriptor (each accept then failing with EMFILE, logged
+    thousands of times a second, and the pool's ranks no longer starting). The default
+    (:func:`default_max_connections`) is within it."""
+    budget = open_file_limit() // 2
+    low, high = 0, budget  # the largest count within budget, by bisection
+    while low < high:
+        middle = (low + high + 1) // 2
+        if middle + 2 * accept_batch(middle) <= budget:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def open_file_limit() -> int:
+    """This process's soft RLIMIT_NOFILE (65536 where it has none)."""
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return max(16, (soft if soft != resource.RLIM_INFINITY else 1 << 16) // 4)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 16
 
 
 def accept_batch(max_connections: int) -> int:
