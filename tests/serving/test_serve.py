@@ -301,6 +301,35 @@ def test_bad_requests_are_answered_400_413_or_422_and_never_reach_the_ranks(
     assert sample(metrics, "rankguard_http_responses_total", route="/run", code="413") == 2
     assert sample(metrics, "rankguard_http_responses_total", route="/run", code="400") == 10
     assert server.events("request_fault") == [] and server.events("group_retire") == []
+    # not HTTP/1.1 at all: JSON, like every error
+    status, headers, body = answer_to_head(server.url, "POST /run HTTP/1.1\r\nHost: x\r\n"
+                                           "Content-Length: -1\r\n", [])
+    assert status == 400 and body["error"]["type"] == "BadRequest", body
+    assert headers["content-type"] == "application/json"
+    # a bad chunk after the request was answered (405, its body unread) only ends the
+    # connection: h11 refused a second answer, and asyncio logged a traceback for each
+    assert answered_then_bad_chunk(server.url).startswith(b"HTTP/1.1 405 ")
+    assert server.stop() == 0
+    assert "Traceback" not in server.output and "Fatal error" not in server.output, \
+        server.output[:3000]
+
+
+def answered_then_bad_chunk(url: str, timeout: float = 20.0) -> bytes:
+    """POST /healthz with a chunked body: once the 405 has come (before the body ended),
+    send a chunk that is not HTTP; everything the server sent until it closed."""
+    host, port = url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(b"POST /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                     b"\r\n5\r\nhello\r\n")
+        answer = b""
+        while not answer.endswith(b"}}"):  # the 405's JSON body
+            data = sock.recv(4096)
+            assert data, answer
+            answer += data
+        sock.sendall(b"not a chunk\r\n")
+        while data := sock.recv(4096):
+            answer += data
+        return answer
 
 
 def answer_to_head(url: str, head: str, parts: list[bytes], timeout: float = 20.0

@@ -96,7 +96,7 @@ def main(argv: list[str]) -> int:
     try:
         import uvicorn
 
-        from . import http, service
+        from . import bad_http, http, service
     except ImportError as error:
         print(f"{PROG}: error: the HTTP server needs packages that are not installed ({error}); "
               "install them with: pip install 'rankguard[serve]'", file=sys.stderr)
@@ -176,8 +176,8 @@ def main(argv: list[str]) -> int:
 
     # a request's head gets the service's timeout, as its body does (serving.http)
     config = uvicorn.Config(app, log_level="warning", lifespan="on",
-                            http=head_deadline.protocol(H11Protocol, served.timeout,
-                                                       max_connections, turned),
+                            http=head_deadline.protocol(bad_http.protocol(H11Protocol),
+                                                       served.timeout, max_connections, turned),
                             backlog=head_deadline.accept_batch(max_connections),
                             timeout_graceful_shutdown=grace + HTTP_ANSWER_S)
     server = _graceful_server(uvicorn, grace, app.state.end_requests)(config)
