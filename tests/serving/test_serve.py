@@ -286,7 +286,10 @@ def test_bad_requests_are_answered_400_413_or_422_and_never_reach_the_ranks(
     for method, path, status, allowed in (("GET", "/run", 405, "POST"),
                                           ("PUT", "/run", 405, "POST"),
                                           ("POST", "/healthz", 405, "GET"),
-                                          ("GET", "/nothing", 404, None)):
+                                          ("GET", "/nothing", 404, None),
+                                          # not redirected (307, no JSON) to /run, /healthz
+                                          ("POST", "/run/", 404, None),
+                                          ("GET", "/healthz/", 404, None)):
         reply = server.request(method, path)  # JSON naming what is wrong, as every error
         assert reply.status == status and path in reply.body["error"]["detail"], reply.body
         if allowed:

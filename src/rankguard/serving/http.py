@@ -402,6 +402,7 @@ def build(service: Service, *, max_body: int, max_inflight_bytes: int | None = N
     app = Starlette(routes=routes, lifespan=server.lifespan,
                     middleware=[Middleware(_Counted, codes=server.codes)],
                     exception_handlers={HTTPException: _no_route})
+    app.router.redirect_slashes = False  # /run/ is another path: 404, not a 307 to /run
     app.state.end_requests = server.end_requests
     return app
 
