@@ -23,6 +23,13 @@ def test_bodies_take_their_bytes_as_they_grow_and_a_body_that_does_not_fit_takes
     assert shared.held == 0
 
 
+def test_fits_says_whether_bytes_would_fit_and_takes_none() -> None:
+    shared = InflightBytes(100)
+    assert BodyBytes(shared).cover(60)
+    assert shared.fits(40) and not shared.fits(41)
+    assert shared.held == 60
+
+
 def test_a_limit_that_is_not_positive_is_refused() -> None:
     with pytest.raises(ValueError, match="must be positive, got 0"):
         InflightBytes(0)

@@ -165,18 +165,19 @@ class _Server:
 
     async def _body(self, request: Request, held: BodyBytes) -> bytes:
         """The request's body, read only while it stays within ``max_body`` bytes and its
-        bytes fit in what the server holds at once (taken into ``held``).
+        bytes fit in what the server holds at once (taken into ``held`` as they arrive).
 
         Raises:
             _TooLarge: its Content-Length says more (nothing is read), or, streamed, it passed
                 the limit (nothing more is read).
-            _TooManyBytes: its bytes do not fit (nothing more is read).
+            _TooManyBytes: its declared Content-Length does not fit in what is left (nothing is
+                read), or, as they arrive, its bytes do not (nothing more is read).
         """
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_body:
             raise _TooLarge
-        if declared.isdigit() and not held.cover(int(declared)):
-            raise _TooManyBytes(int(declared))
+        if declared.isdigit() and not self.inflight.fits(int(declared)):
+            raise _TooManyBytes(int(declared))  # taken as it arrives, not ahead
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)

@@ -4,9 +4,13 @@ Each request's body is bounded (``--max-body``), and so is the number of connect
 (``--max-connections``), but not their product: a few hundred clients each sending a body of
 the largest size, slowly, made the server hold hundreds of megabytes (gigabytes, with a
 larger open-file limit) before any request ran. A request takes its body's bytes from one
-:class:`InflightBytes` as they arrive (all of a declared ``Content-Length`` at once, before
-any is read) and gives them back when it is answered: the raw body, then the JSON made of it,
-live that long. A request whose bytes do not fit is refused at once (``serving.http``: 503).
+:class:`InflightBytes` as they arrive and gives them back when it is answered: the raw body,
+then the JSON made of it, live that long. A request whose bytes do not fit is refused at once
+(``serving.http``: 503), and so is one whose declared ``Content-Length`` does not fit in what
+is left (:meth:`InflightBytes.fits`), before any of it is read. A declared length is not taken
+ahead of its bytes: taken at once, 64 requests that sent their head and nothing more (5 KB in
+all) held the default 64 MiB and locked every other client out for the service's timeout,
+again and again; now a client must send the bytes it holds.
 
 All of it runs on the server's event loop thread: no lock.
 """
@@ -31,9 +35,13 @@ class InflightBytes:
         self.limit = limit
         self.held = 0
 
+    def fits(self, count: int) -> bool:
+        """Whether ``count`` more bytes would fit now (nothing is taken)."""
+        return self.held + count <= self.limit
+
     def take(self, count: int) -> bool:
         """Take ``count`` more bytes; False, taking none, when they would pass the limit."""
-        if self.held + count > self.limit:
+        if not self.fits(count):
             return False
         self.held += count
         return True
