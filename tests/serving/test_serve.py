@@ -312,9 +312,14 @@ def test_bad_requests_are_answered_400_413_or_422_and_never_reach_the_ranks(
     # a bad chunk after the request was answered (405, its body unread) only ends the
     # connection: h11 refused a second answer, and asyncio logged a traceback for each
     assert answered_then_bad_chunk(server.url).startswith(b"HTTP/1.1 405 ")
+    # an Upgrade header is served as plain HTTP, and logs nothing (two lines a request)
+    status, _, body = answer_to_head(server.url, "GET /livez HTTP/1.1\r\nHost: x\r\n"
+                                     "Upgrade: websocket\r\nConnection: Upgrade, close\r\n", [])
+    assert status == 200 and body["live"] is True, body
     assert server.stop() == 0
     assert "Traceback" not in server.output and "Fatal error" not in server.output, \
         server.output[:3000]
+    assert "upgrade" not in server.output.lower(), server.output[:3000]
 
 
 def answered_then_bad_chunk(url: str, timeout: float = 20.0) -> bytes:

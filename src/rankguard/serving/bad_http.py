@@ -8,11 +8,16 @@ bad chunk), its 400 could not be sent at all: h11 refused it, and asyncio logged
 ("Fatal error: protocol.data_received() call failed") for every such connection, a log any
 client could fill. :func:`protocol` answers ``{"error": {"type": "BadRequest", "detail"}}``
 and closes the connection, or, when the request was already answered, only closes it.
+
+A request with ``Connection: Upgrade`` (this server has no WebSocket route: it is served as
+plain HTTP) made uvicorn log two warnings, one advising to install a WebSocket library: one
+keep-alive connection had 6000 lines logged a second. :class:`QuietUpgrades` drops them.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import h11
@@ -39,3 +44,14 @@ def protocol(h11_protocol: type) -> type:
             self.transport.close()
 
     return JsonBadRequest
+
+
+_UPGRADE_WARNINGS = ("Unsupported upgrade request.", "No supported WebSocket library detected.")
+
+
+class QuietUpgrades(logging.Filter):
+    """For uvicorn's ``uvicorn.error`` logger: drops the warnings any client can cause per
+    request by sending an Upgrade header (see the module)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(_UPGRADE_WARNINGS)

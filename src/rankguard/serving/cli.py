@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
 import signal
 import socket
 import sys
@@ -179,7 +180,9 @@ def main(argv: list[str]) -> int:
                             http=head_deadline.protocol(bad_http.protocol(H11Protocol),
                                                        served.timeout, max_connections, turned),
                             backlog=head_deadline.accept_batch(max_connections),
-                            timeout_graceful_shutdown=grace + HTTP_ANSWER_S)
+                            timeout_graceful_shutdown=grace + HTTP_ANSWER_S,
+                            ws="none")  # no WebSocket route: an upgrade is served as HTTP
+    logging.getLogger("uvicorn.error").addFilter(bad_http.QuietUpgrades())
     server = _graceful_server(uvicorn, grace, app.state.end_requests)(config)
     server.run(sockets=[listener])
     if not server.started:
