@@ -121,13 +121,13 @@ class _Pending:
 
 class ResultChecker:
     """Completes the futures of NCCL all-reduces once their GPU work ended, in order, on one
-    daemon thread (``rankguard-nccl-results``), started at the first use."""
+    daemon thread (``rankguard-nccl-results``), started with it (at the first use:
+    :func:`checked_future`)."""
 
     def __init__(self, rank: int) -> None:
         self._rank = rank
         self._queue: queue.SimpleQueue[_Pending] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        threading.Thread(target=self._run, name="rankguard-nccl-results", daemon=True).start()
         self._side: dict[Any, Any] = {}  # device -> the stream that waits for its all-reduces
 
     def checked_future(self, work: Any, backend: Any, value: Any) -> Any:
@@ -147,15 +147,7 @@ class ResultChecker:
         # otherwise: "not among the expected device(s)")
         inner = torch.futures.Future(devices=[device])
         self._queue.put(_Pending(work, backend, side, done, inner, value))
-        self._start()
         return inner.then(_handed_on)
-
-    def _start(self) -> None:
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="rankguard-nccl-results",
-                                                daemon=True)
-                self._thread.start()
 
     def _run(self) -> None:
         import torch

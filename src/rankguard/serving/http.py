@@ -156,8 +156,11 @@ class _Server:
                ) -> JSONResponse:
         return JSONResponse(body, status_code=status, headers=headers)
 
-    def error(self, status: int, kind: str, detail: str, **fields: Any) -> JSONResponse:
-        headers = {}
+    def error(self, status: int, kind: str, detail: str, *, unread_body: bool = False,
+              **fields: Any) -> JSONResponse:
+        """The JSON error answer; ``unread_body``: the rest of the request's body is never
+        read, so the connection is closed after it."""
+        headers = {"Connection": "close"} if unread_body else {}
         if "retry_after" in fields:
             headers["Retry-After"] = str(max(1, math.ceil(fields["retry_after"])))
         return self.answer(status, {"error": {"type": kind, "detail": detail, **fields}},
@@ -238,27 +241,23 @@ class _Server:
         except _ShuttingDown:
             return self.error(503, "PoolClosed", self._end_reason)
         except asyncio.TimeoutError:
-            response = self.error(408, "RequestTimeout", "the body did not arrive within the "
-                                  f"service's timeout of {self.service.timeout:g} s")
-            response.headers["Connection"] = "close"  # the rest of the body is never read
-            return response
+            return self.error(408, "RequestTimeout", "the body did not arrive within the "
+                              f"service's timeout of {self.service.timeout:g} s",
+                              unread_body=True)
         except ClientDisconnect:  # nobody to answer, nothing to log
             self.client_disconnects += 1
             request.scope[_DROPPED] = True
             return Response(status_code=400)
         except _TooLarge:
-            response = self.error(413, "PayloadTooLarge", f"the body is over the limit of "
-                                  f"{self.max_body} bytes (rankguard serve --max-body)")
-            response.headers["Connection"] = "close"  # the rest of the body is never read
-            return response
+            return self.error(413, "PayloadTooLarge", f"the body is over the limit of "
+                              f"{self.max_body} bytes (rankguard serve --max-body)",
+                              unread_body=True)
         except _TooManyBytes as error:
-            response = self.error(
+            return self.error(
                 503, "TooManyRequestBytes", f"the request bodies being served hold "
                 f"{self.inflight.held} of the {self.inflight.limit} bytes the server takes at "
                 f"once (rankguard serve --max-inflight-bytes), and this one's {error.size} do "
-                "not fit: retry later", retry_after=_BYTES_RETRY_S)
-            response.headers["Connection"] = "close"  # the rest of the body is never read
-            return response
+                "not fit: retry later", unread_body=True, retry_after=_BYTES_RETRY_S)
         except _NotFinite as error:
             return self.error(422, "InvalidRequest", f"the body holds {error}, a number that "
                               "JSON cannot carry (NaN and infinities are not JSON)")
