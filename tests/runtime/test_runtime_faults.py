@@ -250,7 +250,8 @@ def test_a_generation_one_rank_gave_up_on_is_not_formed_later_with_that_rank(
     assert (first["type"], first["missing"]) == ("CollectiveTimeout", [1]), first
     assert later["type"] is None, later  # the survivor forms a generation of its own
     assert later["members"] == [1] and later["number"] == 3, later
-    assert later["elapsed"] < 5.0 + 0.5 + 3.0, later  # regroup(timeout=5), plus this machine's load
+    # regroup(timeout=15), plus this machine's load: under the group's 30 s
+    assert later["elapsed"] < 15.0 + 0.5 + 3.0, later
 
 
 @pytest.mark.slow  # over 4 s here: out of the quick run
