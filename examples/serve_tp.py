@@ -67,7 +67,10 @@ def forward(shard: dict[str, Any], request: dict[str, Any]) -> list[float]:
 
 
 def validate(request: dict[str, Any]) -> dict[str, Any]:
-    """Runs in the server: a bad request is answered 422 and never reaches the ranks."""
+    """Runs in every rank before ``forward``: a bad request is answered 422, and no rank fails
+    on it (which would retire its replica)."""
+    import torch.distributed as dist
+
     x = request.get("x")
     # a number a float32 cannot hold would fail a rank (and retire its replica) or give inf
     if (not isinstance(x, list) or len(x) != D_IN
@@ -83,9 +86,10 @@ def validate(request: dict[str, Any]) -> dict[str, Any]:
             injected = spec.parse(fault, what="fault", moment="now")
         except rankguard.UsageError as error:
             raise ValueError(str(error)) from None
-        if injected.rank >= app.world_size:  # the CLI's --world-size sets app's
+        world = dist.get_world_size()  # the replica's, whatever --world-size said
+        if injected.rank >= world:
             raise ValueError(f"'fault' names rank {injected.rank}, but a replica has ranks 0 to "
-                             f"{app.world_size - 1}: name one of them, e.g. 'stop:rank=1'")
+                             f"{world - 1}: name one of them, e.g. 'stop:rank=1'")
     return request
 
 

@@ -18,6 +18,7 @@ from typing import Any, Iterator
 import pytest
 
 import rankguard
+from rankguard.deadline import Deadline
 from rankguard.records import journal
 from rankguard.processes import proctree
 from rankguard.inputs.nccl_env import NCCL_SETTINGS
@@ -270,7 +271,7 @@ def test_every_seconds_argument_is_refused_unless_finite_and_positive(value: obj
 
 
 @pytest.mark.slow  # over 4 s here: out of the quick run
-def test_a_call_timeout_that_is_not_seconds_or_below_the_useful_minimum_is_refused() -> None:
+def test_a_call_timeout_or_deadline_below_the_useful_minimum_is_refused() -> None:
     with rankguard.Pool(1, spares=0, timeout=TIMEOUT) as pool:
         group = pool.run(rf.pid)
         for value in (math.inf, math.nan, True, "1", 0, pool.min_call_s / 2, 1e10):
@@ -279,6 +280,13 @@ def test_a_call_timeout_that_is_not_seconds_or_below_the_useful_minimum_is_refus
             assert caught.value.what == "Pool.run(timeout)", value
         assert pool.run(rf.pid, timeout=pool.min_call_s) == group  # the least that is useful
         assert pool.metrics().get("requests_failed", 0) == 0
+        # a deadline begun before the call (a server's, at the request's arrival): one that
+        # comes with less than the useful minimum left is refused busy, reaching no replica
+        spent = Deadline(time.monotonic() + pool.min_call_s / 2, TIMEOUT)
+        with pytest.raises(rankguard.PoolUnavailable) as unavailable:
+            pool.run(rf.pid, deadline=spent)
+        assert unavailable.value.state == "busy" and "min_call_s" in str(unavailable.value)
+        assert pool.run(rf.pid, deadline=Deadline.after(TIMEOUT)) == group
 
 
 @pytest.mark.deadline(120)

@@ -13,6 +13,9 @@ from ..conftest import ROOT
 
 NOT_A_SERVICE = "app = 42\n"
 BROKEN = "import nonexistent_module_xyz\n"
+# a validate the ranks (which run it) cannot get
+LAMBDA = ("import rankguard\ndef handle(state, request):\n    return 1\n"
+          "app = rankguard.Service(handle=handle, validate=lambda request: request)\n")
 
 
 @pytest.mark.parametrize("args, expected", [
@@ -26,6 +29,7 @@ BROKEN = "import nonexistent_module_xyz\n"
     (["no_such_module_abc:app"], "APP: cannot import module 'no_such_module_abc'"),
     (["{tmp}/not_a_service.py"], "not_a_service.py:app is a int, not a rankguard.Service"),
     (["{tmp}/broken.py:app"], "ModuleNotFoundError: No module named 'nonexistent_module_xyz'"),
+    (["{tmp}/lambda_app.py"], "lambda_app.py:app's validate cannot be sent to the ranks: "),
     ([], "the following arguments are required: APP"),
     (["examples/serve_tp.py:app", "--port", "99999"], "--port: '99999' is above 65535"),
     # an empty host listened on every interface
@@ -68,6 +72,7 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], expected: str,
                                           tmp_path: Path) -> None:
     (tmp_path / "not_a_service.py").write_text(NOT_A_SERVICE)
     (tmp_path / "broken.py").write_text(BROKEN)
+    (tmp_path / "lambda_app.py").write_text(LAMBDA)
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     done = subprocess.run([sys.executable, "-m", "rankguard.cli", "serve", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)

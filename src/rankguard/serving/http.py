@@ -6,22 +6,30 @@ Starlette's thread pool, so the event loop never waits on a rank.
 
 Routes:
 
-- ``POST /run``: the JSON body (an object) is the request; the service's ``validate`` runs
-  here, then ``handle`` on every rank. 200 ``{"result", "took_s"}``; 400 malformed or too
-  deeply nested JSON, or an ``X-Request-Timeout`` that is not a number of seconds from the
-  pool's ``min_call_s`` to the service's timeout; 413 a body over ``max_body`` bytes (refused
-  from its Content-Length before it is read, or as soon as a streamed body passes the limit);
-  503 ``TooManyRequestBytes`` a body that would make the bodies held at once pass
+- ``POST /run``: the JSON body (an object) is the request. Its raw bytes go to every rank,
+  which parses them and runs the service's ``validate``, then ``handle``
+  (``serving.request_body``: the server does no work per byte of a body, so that its event
+  loop answers every request by its deadline). The deadline (the service's timeout, or
+  ``X-Request-Timeout``) starts when the body has been read whole and covers everything
+  after: the wait for a replica, the parse, the run; the request is answered within it plus
+  about 0.1 s. The head and the body each have the service's timeout to arrive (408).
+  200 ``{"result", "took_s"}`` (``took_s``: from the body read to the answer); 400 malformed
+  or too deeply nested JSON, or an ``X-Request-Timeout`` that is not a number of seconds from
+  the pool's ``min_call_s`` to the service's timeout; 413 a body over ``max_body`` bytes
+  (refused from its Content-Length before it is read, or as soon as a streamed body passes
+  the limit); 503 ``TooManyRequestBytes`` a body that would make the bodies held at once pass
   ``max_inflight_bytes`` (from its Content-Length before it is read, or as it streams; with
-  ``Retry-After``; see ``serving.inflight_bytes``);
-  422 a body that is not an object, holds NaN or an infinity, cannot be sent to the ranks, or that
-  ``validate`` refused; 408 a body that did not arrive within the service's timeout; 500
-  ``ValidateFailed`` ``validate`` raised another error (a bug of the service's, with its
-  ``error_type``), or a rank failed the request (``{"error": {"type", "rank", "cause", "detail", "victims",
-  "error_type"}}``; ``error_type``: the class name of the exception a rank raised, else
-  null); 503 the pool is healing, starting, busy or failing to start (with ``Retry-After``), or
-  closed (``PoolClosed``: also every request still running when the server's ``--grace`` after
-  SIGTERM ends, answered then, with a reason saying so).
+  ``Retry-After``; see ``serving.inflight_bytes``); 422 a body that is not an object, holds
+  NaN or an infinity, or that ``validate`` refused (a refused body holds a replica while its
+  ranks parse it, and is no rank's fault); 408 a body that did not arrive within the
+  service's timeout; 500 ``ValidateFailed`` ``validate`` raised another error (a bug of the
+  service's, with its ``error_type``), or a rank failed the request (``{"error": {"type",
+  "rank", "cause", "detail", "victims", "error_type"}}``; ``error_type``: the class name of
+  the exception a rank raised, else null); 500 ``ServiceNotSendable`` the service's
+  functions cannot be pickled to the ranks; 503 the pool is healing, starting, busy or
+  failing to start (with ``Retry-After``), or closed (``PoolClosed``: also every request
+  still running when the server's ``--grace`` after SIGTERM ends, answered then, with a
+  reason saying so).
 - ``GET /healthz``: 200 ``{"state": "ready", ...}``; 503 while ``starting``, ``healing``,
   ``failed`` or ``closed``.
 - ``GET /livez`` (Kubernetes' liveness probe): 200 ``{"live": true, "state": ...}`` whenever
@@ -46,7 +54,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 import time
 from collections import Counter
@@ -63,9 +70,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..deadline import Deadline
 from ..errors import PoolClosed, PoolUnavailable, RequestFailed, UnavailableState, UsageError
 from ..inputs.options import number
-from . import metrics
+from . import metrics, request_body
 from .budgets import CUT_CLOSE_S
 from .head_deadline import Turned
 from .inflight_bytes import INFLIGHT_BODIES, BodyBytes, InflightBytes
@@ -96,21 +104,6 @@ class _TooManyBytes(Exception):
 
 class _ShuttingDown(Exception):
     """The server's grace after SIGTERM ended before the request did."""
-
-
-class _NotFinite(ValueError):
-    """A number in the body that JSON cannot carry back (NaN, an infinity)."""
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise _NotFinite(text)
-    return value
-
-
-def _not_finite(text: str) -> float:
-    raise _NotFinite(text)
 
 
 class _Server:
@@ -191,7 +184,7 @@ class _Server:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def _outcome(self, request: Request, body: dict[str, Any], timeout: float
+    async def _outcome(self, request: Request, body: bytes, deadline: Deadline
                        ) -> tuple[Any, BaseException | None]:
         """``(result, None)`` or ``(None, error)`` of the pool's call, run in a worker thread;
         raises _ShuttingDown when the requests are ended first. The call then goes on until
@@ -205,8 +198,8 @@ class _Server:
 
         def call() -> tuple[Any, BaseException | None]:
             try:
-                return pool.run(self.service.handle, body, timeout=timeout,
-                                abandon=abandon), None
+                return pool.run(request_body.serve, body, self.service.handle,
+                                self.service.validate, deadline=deadline, abandon=abandon), None
             except Exception as error:  # noqa: BLE001 (answered by the caller)
                 return None, error
 
@@ -237,7 +230,6 @@ class _Server:
             # a body that takes longer to arrive than a request may run is cut (slowloris)
             raw = await self._unless_ended(asyncio.ensure_future(asyncio.wait_for(
                 self._body(request, held), self.service.timeout)))
-            body = json.loads(raw, parse_float=_finite, parse_constant=_not_finite)
         except _ShuttingDown:
             return self.error(503, "PoolClosed", self._end_reason)
         except asyncio.TimeoutError:
@@ -258,16 +250,7 @@ class _Server:
                 f"{self.inflight.held} of the {self.inflight.limit} bytes the server takes at "
                 f"once (rankguard serve --max-inflight-bytes), and this one's {error.size} do "
                 "not fit: retry later", unread_body=True, retry_after=_BYTES_RETRY_S)
-        except _NotFinite as error:
-            return self.error(422, "InvalidRequest", f"the body holds {error}, a number that "
-                              "JSON cannot carry (NaN and infinities are not JSON)")
-        except ValueError as error:  # not JSON, not UTF-8, an integer too long to read
-            return self.error(400, "BadRequest", f"the body is not valid JSON: {error}")
-        except RecursionError:
-            return self.error(400, "BadRequest", "the body's JSON is nested too deeply")
-        if not isinstance(body, dict):
-            return self.error(422, "InvalidRequest", "the body must be a JSON object, got "
-                              f"{type(body).__name__}")
+        arrived = time.monotonic()  # the request is whole: its deadline starts
         timeout = self.service.timeout
         given = request.headers.getlist(TIMEOUT_HEADER)
         if len(given) > 1:  # which one a proxy on the way read is anyone's guess
@@ -283,29 +266,19 @@ class _Server:
                     f"{self.service.timeout:g} s", maximum=self.service.timeout))
             except UsageError as error:
                 return self.error(400, "BadRequest", str(error))
-        if self.service.validate is not None:
-            try:
-                body = self.service.validate(body)
-            except (ValueError, TypeError) as error:
-                return self.error(422, "InvalidRequest", str(error))
-            except Exception as error:  # noqa: BLE001 (a bug of the service's, answered)
-                kind = type(error).__name__
-                return self.error(500, "ValidateFailed", f"the service's validate raised "
-                                  f"{kind}: {error} (it refuses a request by raising "
-                                  "ValueError or TypeError: 422)", error_type=kind)
-        started = time.monotonic()
         outcome: CallOutcome | None = CallOutcome.OK  # None: it never reached the ranks
         try:
-            result, failure = await self._outcome(request, body, timeout)
+            result, failure = await self._outcome(request, raw, Deadline(arrived + timeout,
+                                                                         timeout))
             if failure is not None:
                 raise failure
         except _ShuttingDown:
             outcome = CallOutcome.CLOSED
             return self.error(503, "PoolClosed", self._end_reason)
-        except UsageError as error:  # the body cannot be pickled (too deeply nested)
+        except UsageError as error:  # the service's functions cannot be pickled
             outcome = None
-            return self.error(422, "InvalidRequest", f"the body cannot be sent to the ranks: "
-                              f"{error.problem}")
+            return self.error(500, "ServiceNotSendable", f"the request cannot be sent to the "
+                              f"ranks: {error.problem}")
         except RequestFailed as error:
             outcome = CallOutcome.FAILED
             return self.error(500, "RequestFailed", str(error), rank=error.rank,
@@ -321,10 +294,13 @@ class _Server:
             return self.error(503, "PoolClosed", str(error))
         finally:
             if outcome is not None:
-                self.stats.observe_request(outcome, time.monotonic() - started)
+                self.stats.observe_request(outcome, time.monotonic() - arrived)
+        if isinstance(result, request_body.Refused):
+            fields = {} if result.error_type is None else {"error_type": result.error_type}
+            return self.error(result.status, result.kind, result.detail, **fields)
         try:
             return self.answer(200, {"result": result,
-                                     "took_s": round(time.monotonic() - started, 6)})
+                                     "took_s": round(time.monotonic() - arrived, 6)})
         except (TypeError, ValueError) as error:
             return self.error(500, "BadResult", f"rank 0's result is not JSON: {error}")
 

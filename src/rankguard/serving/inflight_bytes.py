@@ -5,7 +5,7 @@ Each request's body is bounded (``--max-body``), and so is the number of connect
 the largest size, slowly, made the server hold hundreds of megabytes (gigabytes, with a
 larger open-file limit) before any request ran. A request takes its body's bytes from one
 :class:`InflightBytes` as they arrive and gives them back when it is answered: the raw body,
-then the JSON made of it, live that long. A request whose bytes do not fit is refused at once
+and its copy sent to the ranks, live that long (the ranks parse it: ``serving.request_body``). A request whose bytes do not fit is refused at once
 (``serving.http``: 503), and so is one whose declared ``Content-Length`` does not fit in what
 is left (:meth:`InflightBytes.fits`), before any of it is read. A declared length is not taken
 ahead of its bytes: taken at once, 64 requests that sent their head and nothing more (5 KB in

@@ -214,7 +214,8 @@ class Pool:
     # -- calls ----------------------------------------------------------------------------------
 
     def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None,
-            all_ranks: bool = False, abandon: Abandon | None = None, **kwargs: Any) -> Any:
+            all_ranks: bool = False, abandon: Abandon | None = None,
+            deadline: Deadline | None = None, **kwargs: Any) -> Any:
         """Run ``fn(state, *args, **kwargs)`` on every rank; rank 0's result (a list of every
         rank's with ``all_ranks``). ``fn``, the arguments and the results are pickled; ``fn``
         must be importable by name.
@@ -222,7 +223,10 @@ class Pool:
         Returns or raises within ``timeout`` (default: the pool's) plus about 0.1 s, including
         any wait for the replica to be free or healed. A call waits for the replica only while
         at least ``min_call_s`` of its deadline would be left: a call that could only start
-        with less fails with ``PoolUnavailable`` and never reaches the replica.
+        with less fails with ``PoolUnavailable`` and never reaches the replica. ``deadline``,
+        in place of ``timeout``: the call's deadline, begun before the call (a server's, when
+        the request arrived); a call that comes with less than ``min_call_s`` of it left
+        fails at once with ``PoolUnavailable("busy")``.
 
         Raises:
             RequestFailed: a rank raised, exited, was killed, froze, or was still running at
@@ -238,10 +242,18 @@ class Pool:
                 ``min_call_s``, or the call cannot be pickled.
         """
         options = self.options
-        limit = options.timeout if timeout is None else self.call_timeout("Pool.run(timeout)",
-                                                                          timeout)
-        started = time.monotonic()
-        deadline = Deadline.after(limit)  # the call's one deadline, down to the ranks
+        if deadline is None:
+            limit = options.timeout if timeout is None else self.call_timeout(
+                "Pool.run(timeout)", timeout)
+            deadline = Deadline.after(limit)  # the call's one deadline, down to the ranks
+        elif deadline.remaining() < options.min_call_s:
+            with self._set.cond:
+                self._set.counts["requests_unavailable"] += 1
+            raise PoolUnavailable(UnavailableState.BUSY, 1.0, f"only "
+                                  f"{max(0.0, deadline.remaining()):.3f} s of the call's "
+                                  f"deadline of {deadline.seconds:g} s was left when it came, "
+                                  f"less than min_call_s ({options.min_call_s:g} s)")
+        started = deadline.at - deadline.seconds
         replica = self._claim(deadline, abandon)
         command = {"fn": fn, "args": args, "kwargs": kwargs, "all": all_ranks,
                    "keep_group": True}

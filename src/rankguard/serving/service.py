@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import pickle
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -22,9 +23,11 @@ class Service:
             be JSON-serialisable. Module-level, so the ranks can import it.
         setup: ``setup(rank, world_size) -> state``, run once per rank, ahead of time in spare
             replicas.
-        validate: ``validate(request) -> request``, run in the server before a request reaches
-            the pool; raising ``ValueError`` or ``TypeError`` answers 422 with its message,
-            any other exception 500 ``ValidateFailed`` naming it.
+        validate: ``validate(request) -> request``, run in every rank before ``handle`` (the
+            ranks parse the body: ``serving.request_body``); raising ``ValueError`` or
+            ``TypeError`` answers 422 with its message, any other exception 500
+            ``ValidateFailed`` naming it; neither is a rank's fault. Module-level, and the
+            same answer on every rank.
         world_size: ranks per replica.
         replicas: replicas that serve requests at the same time.
         spares: spare replicas kept ready.
@@ -46,8 +49,8 @@ def load(spec: str) -> Service:
     (``name`` defaults to ``app``).
 
     Raises:
-        UsageError: the file or module cannot be found or imported, or ``name`` is missing or
-            not a Service.
+        UsageError: the file or module cannot be found or imported, ``name`` is missing or
+            not a Service, or its ``handle`` or ``validate`` cannot be pickled.
     """
     target, _, name = spec.partition(":")
     name = name or "app"
@@ -66,6 +69,12 @@ def load(spec: str) -> Service:
     if not isinstance(service, Service):
         raise UsageError("APP", f"{target}:{name} is a {type(service).__name__}, not a "
                          "rankguard.Service")
+    for role in ("handle", "validate"):  # sent to the ranks with each request
+        try:
+            pickle.dumps(getattr(service, role))
+        except Exception as error:  # noqa: BLE001 (whatever pickling raises)
+            raise UsageError("APP", f"{target}:{name}'s {role} cannot be sent to the ranks: "
+                             f"{error}", f"make {role} a module-level function") from None
     return service
 
 
