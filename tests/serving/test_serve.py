@@ -252,6 +252,9 @@ def test_bad_requests_are_answered_400_413_or_422_and_never_reach_the_ranks(
     reply = server.run({"x": X, "fault": "kill:rank=1,at=op1"})  # README: kinds without at=
     assert reply.status == 422 and "fault: at=op1 is not taken here" in \
         reply.body["error"]["detail"], reply.body
+    reply = server.run({"x": X, "fault": "kill:rank=1,attempt=0"})  # a request has no attempts
+    assert reply.status == 422 and "fault: attempt=0 is not taken here" in \
+        reply.body["error"]["detail"], reply.body
     reply = server.run({"x": X, "fault": "kill:rank=7"})  # a replica has ranks 0 and 1
     assert reply.status == 422, reply.body
     assert "'fault' names rank 7, but a replica has ranks 0 to 1" in reply.body["error"]["detail"]
