@@ -113,6 +113,22 @@ def test_each_fault_kind_mid_forward_fails_only_that_request_and_the_next_succee
         for c in rf.KINDS.values()]
 
 
+@pytest.mark.slow
+@pytest.mark.deadline(120)
+def test_a_rank_that_got_sigterm_and_tore_itself_down_is_reported_signalled_not_exited_0(
+        tmp_path: Path) -> None:
+    # the rank exits 0 after its teardown: "exited with code 0" hid that a signal ended it
+    with journaled_pool(tmp_path, rf.load) as (pool, log):
+        with pytest.raises(rankguard.RequestFailed) as caught:
+            pool.run(rf.forward, 1.0, fault=(1, "term"))
+        error = caught.value
+        assert (error.rank, error.cause) == (1, "signalled"), error
+        assert "rank 1 got SIGTERM (tore itself down, exited with code 0) during the request" \
+            in str(error), error
+        assert pool.run(rf.forward, 2.0) == rf.expected(2.0, 2)
+    assert [(e["rank"], e["cause"]) for e in events(log, "request_fault")] == [(1, "signalled")]
+
+
 def test_all_ranks_results_and_unpicklable_calls(tmp_path: Path) -> None:
     with rankguard.Pool(2, rf.load, spares=0, timeout=TIMEOUT) as pool:
         pids = pool.run(rf.pid, all_ranks=True)
