@@ -688,10 +688,14 @@ class Replica:
             reader.close()
         self._store = None
 
-    def close(self, until: Deadline) -> None:
+    def close(self, until: Deadline, cut: bool = False) -> None:
         """Ask the ranks to shut down (a bounded barrier, ending ``SHUTDOWN_MARGIN_S`` before
-        ``until``); kill what is left at ``until``, and reap them (``REAP_S`` more at most)."""
-        if self.alive():
+        ``until``); kill what is left at ``until``, and reap them (``REAP_S`` more at most).
+        ``cut``: a request still running is not waited for (its caller has its answer): its
+        ranks, which could join the barrier only once it ends, are killed at once."""
+        with self._cond:
+            running = self._unfinished
+        if self.alive() and not (cut and running):
             for end in self.ends:
                 try:
                     end.send({"op": Op.EXIT, "deadline": until.before(SHUTDOWN_MARGIN_S)}, until)
