@@ -13,10 +13,11 @@ its partial output, and the partial outputs are summed with an all_reduce. Weigh
 fixed seed, so :func:`reference` computes the same output in one process.
 
 ``fault`` injects a real fault into one rank between its matmuls and the all_reduce, while its
-peers wait in the all_reduce: any kind of ``rankguard run --inject`` without ``at=``
-(``raise:rank=1``, ``crash:3:rank=0``, ``kill:rank=1``, ``stop:rank=1``, ``hang:rank=0``,
-``gil:rank=1``...) naming one of the replica's ranks (another is answered 422). The request
-fails with HTTP 500 naming the rank and the cause; the next one is served by a warm spare group.
+peers wait in the all_reduce: any kind of ``rankguard run --inject`` without ``at=`` or
+``attempt=`` (``raise:rank=1``, ``crash:3:rank=0``, ``kill:rank=1``, ``stop:rank=1``,
+``hang:rank=0``, ``gil:rank=1``...) naming one of the replica's ranks (another is answered 422).
+The request fails with HTTP 500 naming the rank and the cause; the next one is served by a warm
+spare group.
 """
 
 from __future__ import annotations

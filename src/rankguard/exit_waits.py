@@ -14,12 +14,19 @@ joins each until its own deadline, at most ``margins.EXIT_WAIT_CAP_S`` in all. A
 blocked past its deadline (a call abandoned on a stalled server, a connect gloo still runs) is
 not waited for: it would come back during the finalization only where its server or peer came
 back in that instant.
+
+:func:`leave_now` ends a process whose work is done after its exit handlers (these waits
+included), without the interpreter's finalization, which takes 0.6 s with torch imported on an
+idle machine, and seconds on a loaded one.
 """
 
 from __future__ import annotations
 
 import atexit
+import os
+import sys
 import threading
+from typing import NoReturn
 
 from .deadline import Deadline
 from .margins import EXIT_WAIT_CAP_S
@@ -58,3 +65,16 @@ def wait_for_pending(cap: float = EXIT_WAIT_CAP_S) -> list[str]:
             return [thread.name for thread, _ in waiting]
         thread, until = due[0]
         thread.join(until.sooner(overall).wait_time())
+
+
+def leave_now(code: int) -> NoReturn:
+    """End the process with ``code`` after its exit handlers (``atexit``: the waits above, and
+    the program's own), with stdout and stderr flushed, without the interpreter's finalization.
+    Does not return."""
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)

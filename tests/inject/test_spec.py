@@ -77,3 +77,14 @@ def test_a_caller_that_performs_the_fault_at_its_own_moment_refuses_at():
     assert str(caught.value) == ("fault: at=op1 is not taken here (the caller performs the fault "
                                  "now) in 'kill:rank=1,at=op1' (write KIND[:ARG]:rank=R, e.g. "
                                  "stop:rank=1)")
+
+
+@pytest.mark.parametrize("attempt", ["0", "1", "any"])
+def test_a_caller_that_performs_the_fault_at_its_own_moment_refuses_attempt(attempt):
+    # a serve request has no attempts: attempt= there would be silently ignored
+    text = f"kill:rank=1,attempt={attempt}"
+    with pytest.raises(UsageError) as caught:
+        parse(text, what="fault", moment="now")
+    assert str(caught.value) == (f"fault: attempt={attempt} is not taken here (the caller "
+                                 f"performs the fault now) in {text!r} (write KIND[:ARG]:rank=R, "
+                                 f"e.g. stop:rank=1)")

@@ -31,6 +31,9 @@ def inject(kind: str) -> None:
         os._exit(3)
     if kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "term":  # the rank's SIGTERM teardown ends it (exit 0), on a thread of its own
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(60)
     if kind == "freeze":
         os.kill(os.getpid(), signal.SIGSTOP)
     if kind == "sleep":

@@ -114,6 +114,22 @@ def test_each_fault_kind_mid_forward_fails_only_that_request_and_the_next_succee
         for c in rf.KINDS.values()]
 
 
+@pytest.mark.slow
+@pytest.mark.deadline(120)
+def test_a_rank_that_got_sigterm_and_tore_itself_down_is_reported_signalled_not_exited_0(
+        tmp_path: Path) -> None:
+    # the rank exits 0 after its teardown: "exited with code 0" hid that a signal ended it
+    with journaled_pool(tmp_path, rf.load) as (pool, log):
+        with pytest.raises(rankguard.RequestFailed) as caught:
+            pool.run(rf.forward, 1.0, fault=(1, "term"))
+        error = caught.value
+        assert (error.rank, error.cause) == (1, "signalled"), error
+        assert "rank 1 got SIGTERM (tore itself down, exited with code 0) during the request" \
+            in str(error), error
+        assert pool.run(rf.forward, 2.0) == rf.expected(2.0, 2)
+    assert [(e["rank"], e["cause"]) for e in events(log, "request_fault")] == [(1, "signalled")]
+
+
 def test_all_ranks_results_and_unpicklable_calls(tmp_path: Path) -> None:
     with rankguard.Pool(2, rf.load, spares=0, timeout=TIMEOUT) as pool:
         pids = pool.run(rf.pid, all_ranks=True)
@@ -418,8 +434,11 @@ def test_processes_the_ranks_started_do_not_outlive_the_pool() -> None:
 
 
 @pytest.mark.deadline(120)
+@pytest.mark.parametrize("cut_calls", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_closing_the_pool_during_a_call_fails_it_as_pool_closed_and_blames_no_rank(
-        tmp_path: Path) -> None:
+        tmp_path: Path, cut_calls: bool) -> None:
+    # without cut_calls the call may finish within the close's timeout; with it (its caller
+    # has its answer already: rankguard serve at the end of --grace), its ranks go at once
     log = tmp_path / "journal.jsonl"
     pool = rankguard.Pool(2, rf.load, spares=1, timeout=60.0, journal=str(log))
     caught: list[BaseException] = []
@@ -440,15 +459,19 @@ def test_closing_the_pool_during_a_call_fails_it_as_pool_closed_and_blames_no_ra
         try:
             with listener.accept()[0] as running:  # rank 0 is in the call
                 assert running.recv(16) == b"running"  # read before closing: no EPIPE
-            close_s = 1.0
+            close_s = 30.0 if cut_calls else 1.0
             started = time.monotonic()
-            pool.close(timeout=close_s)  # from this thread, while the caller's call runs
+            pool.close(timeout=close_s, cut_calls=cut_calls)  # while the caller's call runs
+            closed_in = time.monotonic() - started
         finally:
             pool.close()
             caller.join(30)
     assert len(caught) == 1 and isinstance(caught[0], rankguard.PoolClosed), caught
     assert "closed during the call" in str(caught[0])
-    assert time.monotonic() - started < close_s + 10  # killed at the close's timeout, not at 60 s
+    if cut_calls:  # killed at once, not at the close's timeout
+        assert closed_in < close_s / 3, closed_in
+    else:  # killed at the close's timeout, not at the call's 60 s
+        assert close_s <= closed_in < close_s + 10, closed_in
     assert events(log, "request_fault") == []  # the close is no rank's fault
     assert pool.metrics().get("faults_signalled", 0) == 0
     assert pool.metrics()["requests_closed"] == 1

@@ -29,7 +29,6 @@ import pytest
 from rankguard.records import journal
 from rankguard.processes import proctree
 from rankguard.serving.budgets import CUT_CLOSE_S, HTTP_ANSWER_S
-from rankguard.serving.pool import CLOSE_JOIN_S
 
 from ..conftest import ROOT
 
@@ -38,7 +37,6 @@ import serve_tp  # noqa: E402 (the example, for its reference output)
 
 X = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
 START_S = 90.0
-EXIT_S = 5.0  # a loaded machine's time for the server to end once its pool is closed
 SLEEPER = f"{Path(__file__).with_name('serve_apps.py')}:sleeper"
 
 
@@ -251,6 +249,9 @@ def test_bad_requests_are_answered_400_413_or_422_and_fail_no_rank(
     assert reply.status == 422 and "unknown kind 'boom'" in reply.body["error"]["detail"]
     reply = server.run({"x": X, "fault": "kill:rank=1,at=op1"})  # README: kinds without at=
     assert reply.status == 422 and "fault: at=op1 is not taken here" in \
+        reply.body["error"]["detail"], reply.body
+    reply = server.run({"x": X, "fault": "kill:rank=1,attempt=0"})  # a request has no attempts
+    assert reply.status == 422 and "fault: attempt=0 is not taken here" in \
         reply.body["error"]["detail"], reply.body
     reply = server.run({"x": X, "fault": "kill:rank=7"})  # a replica has ranks 0 and 1
     assert reply.status == 422, reply.body
@@ -596,8 +597,11 @@ def test_sigterm_with_a_grace_shorter_than_a_request_answers_it_503_json_and_exi
     assert error["type"] == "PoolClosed" and "shutting down" in error["detail"], error
     assert str(grace) in error["detail"] or f"{grace:g}" in error["detail"], error
     assert grace <= answered - started < grace + HTTP_ANSWER_S, answered - started
-    # the ranks still running the request are killed, not waited for through a barrier
-    assert took < grace + HTTP_ANSWER_S + CUT_CLOSE_S + CLOSE_JOIN_S + EXIT_S, took
+    # the ranks still running the request are killed at once, not given CUT_CLOSE_S for a
+    # barrier they cannot join, and the process skips the interpreter's finalization (0.6 s
+    # idle, seconds loaded): it ended 1.7 to 2.3 s after the grace, now ~0.3 s (2 cores,
+    # loaded). A server that waits CUT_CLOSE_S for those ranks cannot pass this bound.
+    assert took < grace + CUT_CLOSE_S, took
 
 
 @pytest.mark.slow

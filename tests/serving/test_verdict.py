@@ -46,6 +46,7 @@ def outcome(*news: tuple[int, str, object]) -> Outcome:
 
 KILLED = Ending.of(-signal.SIGKILL)  # as the supervisor reports the rank's return code
 EXIT3 = Ending.of(3)
+TERMINATED = Ending.of(0, terminated=True)  # its ledger says it got SIGTERM and tore itself down
 
 # (world, news, final, positions, stopped) -> (rank, cause, victims, words in the detail);
 # None: no verdict yet (or none needed)
@@ -60,6 +61,13 @@ CASES = {
     "a rank that exited is the cause": (
         2, outcome((0, "dead", EXIT3)), False, {}, (),
         (0, "exited", [], "exited with code 3 during the request")),
+    "a rank that exited 0 after its SIGTERM teardown was signalled, and says so": (
+        2, outcome((0, "failed", victim()), (1, "dead", TERMINATED)), False, {}, (),
+        (1, "signalled", [0], "got SIGTERM (tore itself down, exited with code 0) during "
+         "the request")),
+    "a rank its teardown did not save (SIGKILLed) was killed by that signal": (
+        2, outcome((1, "dead", Ending.of(-signal.SIGKILL, terminated=True))), False, {}, (),
+        (1, "signalled", [], "was killed by SIGKILL during the request")),
     "a rank that channel-closed counts as exited": (
         2, outcome((1, "dead", CHANNEL_CLOSED)), False, {}, (), (1, "exited", [], "closed")),
     "a rank's own exception is the cause, its peer's collective error a consequence": (

@@ -73,8 +73,8 @@ def parse(text: str, *, what: str = "--inject", moment: str | None = None) -> Fa
     """Parse one spec.
 
     ``moment``: for callers that perform the fault themselves at a moment of their own (the
-    serving example injects mid-forward, ``moment="now"``): ``at=`` is then refused, since no
-    other moment would be kept to.
+    serving example injects mid-forward, ``moment="now"``): ``at=`` and ``attempt=`` are then
+    refused, since no other moment would be kept to and such a caller has no attempts.
     ``what``: the name of the input, for errors.
 
     Raises:
@@ -125,9 +125,10 @@ def parse(text: str, *, what: str = "--inject", moment: str | None = None) -> Fa
             raise _bad(text, f"option {key}= is given twice")
         fields[key] = value.strip()
     if moment is not None:
-        if "at" in fields:
-            raise _bad(text, f"at={fields['at']} is not taken here (the caller performs the "
-                       f"fault {moment})")
+        for own in ("at", "attempt"):  # the caller's moment is one, in no attempt of a run
+            if own in fields:
+                raise _bad(text, f"{own}={fields[own]} is not taken here (the caller performs "
+                           f"the fault {moment})")
         fields["at"] = moment
     if "rank" not in fields or "at" not in fields:
         raise _bad(text, "both rank= and at= are required")

@@ -32,7 +32,7 @@ from typing import Iterable, Mapping
 
 from .. import blame
 from ..records import ledger as _ledger
-from ..processes.proctree import exit_detail, signal_name
+from ..processes.proctree import exit_detail, signal_name, teardown_detail
 from ..supervisor import RankProcess
 from .monitor import P2P, Verdict, group_label
 
@@ -227,8 +227,7 @@ def own_fault(state: RankSnapshot) -> Fault | None:
         return None
     if kind == _ledger.FAULT_TERMINATED:
         assert progress is not None
-        return Fault(FaultKind.SIGNALLED, progress.t_fault, state.rank,
-                     f"got SIGTERM (tore itself down, {exit_detail(code)})")
+        return Fault(FaultKind.SIGNALLED, progress.t_fault, state.rank, teardown_detail(code))
     if code == 0:
         return None
     assert state.exited_at is not None

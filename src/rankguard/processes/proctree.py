@@ -279,6 +279,12 @@ def exit_detail(returncode: int) -> str:
     return f"exited with code {returncode}"
 
 
+def teardown_detail(returncode: int) -> str:
+    """How a process that got SIGTERM and tore itself down (``runtime.eviction``, which records
+    it in the rank's ledger) ended: ``got SIGTERM (tore itself down, exited with code 0)``."""
+    return f"got SIGTERM (tore itself down, {exit_detail(returncode)})"
+
+
 # -- tracking every process started under this one ----------------------------------------------
 
 CGROUP_PREFIX = "rankguard-"

@@ -696,6 +696,11 @@ class RankProgress:
     def stacks_ready(self) -> bool:
         return bool(self.flags & FLAG_STACKS_READY)
 
+    @property
+    def terminating(self) -> bool:
+        """The rank got SIGTERM and began its teardown (``runtime.eviction``)."""
+        return bool(self.flags & FLAG_TERMINATING)
+
 
 @dataclass(frozen=True)
 class InjectionProgress:

@@ -52,6 +52,7 @@ from typing import Any
 from ..records import ledger as _ledger
 from ..inputs import options
 from ..processes import proctree
+from .. import exit_waits
 from ..errors import CollectiveError, UsageError, in_chain
 from ..inject import perform as _perform
 from ..inject import spec as _spec
@@ -284,23 +285,9 @@ def main(argv: list[str] | None = None) -> None:
         traceback.print_exc()
         sys.stderr.flush()
         if vacancies.refusal() is not None:
-            _leave_now(1)
+            exit_waits.leave_now(1)  # see the module docstring
         sys.exit(1)
     _record_exit(0)
-
-
-def _leave_now(code: int) -> None:
-    """End the process with ``code`` after its exit handlers, without the interpreter's
-    finalization (see the module docstring)."""
-    import atexit
-
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ SUSPECT_FRACTION = 0.2
 # then, from the event loop (ms); uvicorn's own cut, which would cancel them with a bare 500,
 # comes this much later, so that it never has to.
 HTTP_ANSWER_S = 1.0
-# The pool's close after such a cut: the ranks still running a cut request cannot join the
-# shutdown barrier, so they are killed this soon (an idle replica's barrier takes ms).
+# The pool's close after such a cut: the ranks still running a cut request are killed at once
+# (they could join the shutdown barrier only once it ends); the other replicas get this long
+# for their barrier (an idle replica's takes ms).
 CUT_CLOSE_S = 1.0

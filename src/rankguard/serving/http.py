@@ -349,9 +349,9 @@ class _Server:
         try:
             yield
         finally:
-            # after requests were ended, their ranks cannot join the shutdown barrier
+            # after requests were ended, their ranks are not waited for
             if self._ended.is_set():
-                await run_in_threadpool(self.pool.close, CUT_CLOSE_S)
+                await run_in_threadpool(self.pool.close, CUT_CLOSE_S, cut_calls=True)
             else:
                 await run_in_threadpool(self.pool.close)
 

@@ -463,13 +463,18 @@ class Pool:
 
     # -- the end ----------------------------------------------------------------------------------
 
-    def close(self, timeout: float = 5.0) -> None:
+    def close(self, timeout: float = 5.0, *, cut_calls: bool = False) -> None:
         """Stop the supervisor and shut every replica down: the serving replica and the
         spares get a bounded barrier and exit; whatever is left after ``timeout`` is killed. A
         call still running then raises :class:`PoolClosed`. The log folder goes too when the
         pool made it (no ``log_dir`` was given). Returns within ``timeout`` plus about
         ``CLOSE_JOIN_S``. Idempotent: a second call waits for the first one's shutdown (bounded
-        by its own ``timeout``)."""
+        by its own ``timeout``).
+
+        ``cut_calls``: the callers of the calls still running have their answers already
+        (``rankguard serve`` at the end of its ``--grace``): the replicas running them are
+        killed at once, not given ``timeout`` to finish them (their ranks cannot join the
+        barrier before), and those calls raise :class:`PoolClosed` then."""
         joined_by = Deadline.after(timeout + CLOSE_JOIN_S)
         pool = self._set
         with pool.cond:
@@ -478,6 +483,7 @@ class Pool:
                 pool.closed = True
                 pool.closed_until = Deadline.after(timeout)
                 pool.closed_join_by = joined_by
+                pool.closed_cut = cut_calls
                 pool.cond.notify_all()
         self._keeper.join(joined_by)
         if not first:

@@ -253,9 +253,9 @@ class Replica:
         return proctree.describe(self._ranks[rank].pid)
 
     def ending(self, rank: int) -> str:
-        """How the rank's process ended (``exited with code 0``); "" while it runs."""
-        code = self._ranks[rank].proc.poll()
-        return "" if code is None else proctree.exit_detail(code)
+        """How the rank's process ended (``exited with code 3``, ``got SIGTERM (tore itself
+        down, exited with code 0)``); "" while it runs."""
+        return Ending.of(self._ranks[rank].proc.poll(), self._terminated(rank)).detail
 
     def alive(self) -> bool:
         return not self.killed and not self._dead and all(
@@ -328,7 +328,15 @@ class Replica:
         end = self.ends[member.rank]
         self._take(member.rank, end.drain())  # what it said before it ended comes first
         self._ranks.remove_reader(end.fileno())
-        self._gone(member.rank, Ending.of(member.returncode), self._incarnations[member.rank])
+        self._gone(member.rank, Ending.of(member.returncode, self._terminated(member.rank)),
+                   self._incarnations[member.rank])
+
+    def _terminated(self, rank: int) -> bool:
+        """Whether rank ``rank``'s ledger says it got SIGTERM and tore itself down."""
+        try:
+            return self._ledgers[rank].read().terminating
+        except ValueError:  # the replica was closed meanwhile: its ledgers are unmapped
+            return False
 
     def _take(self, rank: int, messages: list[Any]) -> None:
         changed = False
@@ -653,7 +661,7 @@ class Replica:
         once it is reaped (waited for up to ``GONE_WAIT_S``, within ``until``), else that."""
         if not self._ranks.wait_exits(until.within(GONE_WAIT_S), {rank}):
             return f"surviving rank {rank} did not take the regroup"
-        return f"rank {rank} {Ending.of(self._ranks[rank].proc.returncode).detail}"
+        return f"rank {rank} {self.ending(rank)}"
 
     def kill(self, wait: bool = False) -> None:
         """SIGKILL every rank's process tree and what carries the replica's marker, at once;
@@ -680,10 +688,14 @@ class Replica:
             reader.close()
         self._store = None
 
-    def close(self, until: Deadline) -> None:
+    def close(self, until: Deadline, cut: bool = False) -> None:
         """Ask the ranks to shut down (a bounded barrier, ending ``SHUTDOWN_MARGIN_S`` before
-        ``until``); kill what is left at ``until``, and reap them (``REAP_S`` more at most)."""
-        if self.alive():
+        ``until``); kill what is left at ``until``, and reap them (``REAP_S`` more at most).
+        ``cut``: a request still running is not waited for (its caller has its answer): its
+        ranks, which could join the barrier only once it ends, are killed at once."""
+        with self._cond:
+            running = self._unfinished
+        if self.alive() and not (cut and running):
             for end in self.ends:
                 try:
                     end.send({"op": Op.EXIT, "deadline": until.before(SHUTDOWN_MARGIN_S)}, until)

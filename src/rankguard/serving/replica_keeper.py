@@ -385,17 +385,17 @@ class ReplicaKeeper:
     def _shut_down(self) -> None:
         """The supervisor's last act, once the pool is closed: kill the replicas that were
         starting or regrouping, and close the others (a bounded barrier, then a kill at the
-        close's deadline), all at once."""
+        close's deadline; at once for those running a call the close cut), all at once."""
         pool = self._set
         with pool.cond:
-            until, joined_by = pool.closed_until, pool.closed_join_by
+            until, joined_by, cut = pool.closed_until, pool.closed_join_by, pool.closed_cut
             replicas = pool.dispatch.clear()
             doomed = pool.starting + pool.retired
             pool.starting = []
             pool.closed_replicas = len(replicas) + len(doomed)
         for replica in doomed:
             replica.kill()
-        closers = [threading.Thread(target=r.close, args=(until,), daemon=True)
+        closers = [threading.Thread(target=r.close, args=(until, cut), daemon=True)
                    for r in replicas]
         for closer in closers:
             closer.start()

@@ -49,7 +49,8 @@ class ReplicaSet:
         self.backoff = StartBackoff(max_backoff)
         self.closed = False
         self.closed_until = Deadline.never()  # set by close: when what is left is killed,
-        self.closed_join_by = Deadline.never()  # and how long the shutdown may take
+        self.closed_join_by = Deadline.never()  # and how long the shutdown may take,
+        self.closed_cut = False  # and whether the calls still running were answered already
         self.closed_replicas = 0  # replicas the shutdown ended
         self.counts: Counter[str] = Counter()
         self.heal_times = HealTimes()

@@ -38,11 +38,14 @@ class Ending:
     cause: RequestCause = RequestCause.EXITED  # EXITED or SIGNALLED
 
     @classmethod
-    def of(cls, returncode: int | None) -> Ending:
+    def of(cls, returncode: int | None, terminated: bool = False) -> Ending:
         """The ending of a process whose Popen return code is ``returncode`` (negative: a
-        signal)."""
+        signal); ``terminated``: its ledger says it got SIGTERM and tore itself down, so that an
+        exit it then made by itself (code 0 included) was the signal's doing (``signalled``)."""
         if returncode is None:
             return cls("")
+        if terminated and returncode >= 0:
+            return cls(proctree.teardown_detail(returncode), RequestCause.SIGNALLED)
         return cls(proctree.exit_detail(returncode),
                    RequestCause.SIGNALLED if returncode < 0 else RequestCause.EXITED)
 
