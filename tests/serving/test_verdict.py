@@ -108,6 +108,21 @@ CASES = {
 }
 
 
+def test_every_rank_answered_and_the_first_gave_up_as_the_calls_deadline_passed() -> None:
+    """Rank 1 reached the collective late (a slow parse of a large body): rank 0 timed out in
+    it, then rank 1 failed in it; neither died. The call's deadline, not a culprit; but a
+    timeout of the function's own deadline (the call's has not passed) stays ``raised``."""
+    news = outcome((0, "failed", victim("CollectiveTimeout", missing=(1,))),
+                   (1, "failed", victim("PeerFailed")))
+    error = verdict(2, news, 5.0, final=True, positions={0: Pos(3), 1: Pos(3)},
+                    out_of_time=True)
+    assert error is not None and (error.rank, error.cause, error.victims) == (
+        None, "deadline", [0, 1]), error
+    assert "rank 0 gave up waiting for rank 1 in a collective" in error.detail, error.detail
+    own_deadline = verdict(2, news, 0.5, final=True, positions={0: Pos(3), 1: Pos(3)})
+    assert own_deadline is not None and own_deadline.cause == "raised", own_deadline
+
+
 @pytest.mark.parametrize("world, news, final, positions, stopped, expected", CASES.values(),
                          ids=CASES.keys())
 def test_the_verdict_names_the_rank_that_failed_first_its_cause_and_the_victims(

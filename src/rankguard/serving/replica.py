@@ -423,7 +423,8 @@ class Replica:
                 cause is known or every rank has answered.
             UsageError: the command cannot be pickled (no rank got it).
         """
-        outcome = self.submit(command, until.before(COLLECTIVE_MARGIN_S), until)
+        collectives_until = until.before(COLLECTIVE_MARGIN_S)
+        outcome = self.submit(command, collectives_until, until)
 
         def known(o: Outcome) -> bool:
             return (o.all_accounted(self.world)
@@ -437,7 +438,8 @@ class Replica:
                         stopped={r for r in silent if final and
                                  proctree.is_stopped(self._ranks[r].pid)},
                         arriving={r: sizes for r in silent if final and
-                                  (sizes := self.ends[r].arriving()) is not None})
+                                  (sizes := self.ends[r].arriving()) is not None},
+                        out_of_time=collectives_until.passed())
         if error is not None:
             raise error
         with self._cond:

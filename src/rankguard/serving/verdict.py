@@ -15,7 +15,9 @@ The rules, in order:
    blame (``rank`` None, cause ``deadline``); a silent rank whose answer was still arriving
    (part of it received) is not to blame either: it had finished, and its answer was too large
    to arrive in time;
-4. every rank answered with a collective error and none is to blame: ``rank`` None, ``raised``.
+4. every rank answered with a collective error and none is to blame: ``rank`` None, ``raised``;
+   ``deadline`` when the first of them was a rank giving up as the call's deadline passed
+   (``CollectiveTimeout``: a peer reached the collective late, every rank answered, none died).
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ class Ending:
 
 CHANNEL_CLOSED = Ending("closed its channel")  # counts as an exit
 
+# the error a rank's collective raises when the call's deadline runs out in it
+_TIMED_OUT = "CollectiveTimeout"
+
 
 @dataclass
 class Outcome:
@@ -81,7 +86,8 @@ class Position(Protocol):
 def verdict(world: int, outcome: Outcome, took: float, *, final: bool,
             positions: Mapping[int, Position] | None = None,
             stopped: Collection[int] = (),
-            arriving: Mapping[int, tuple[int, int]] | None = None) -> RequestFailed | None:
+            arriving: Mapping[int, tuple[int, int]] | None = None,
+            out_of_time: bool = False) -> RequestFailed | None:
     """The error for a request that failed, once its root cause is known, or (``final``) at
     its deadline; None while it may still succeed.
 
@@ -95,6 +101,8 @@ def verdict(world: int, outcome: Outcome, took: float, *, final: bool,
         stopped: the silent ranks whose process is stopped. Read only when ``final``.
         arriving: the silent ranks whose answer was partly received: (bytes received, its
             size). Read only when ``final``.
+        out_of_time: the call's own deadline for its collectives has passed, so that a
+            ``CollectiveTimeout`` is the call's (not one of a deadline the function set).
     """
     own, consequences = blame.ordered(_failures(outcome))
     victims = [f.rank for f in consequences]
@@ -134,6 +142,14 @@ def verdict(world: int, outcome: Outcome, took: float, *, final: bool,
         assert root is not None  # not culprits and not silent: every rank answered
         first = root.rank
         answer = outcome.failures[first]
+        if out_of_time and answer["error"] == _TIMED_OUT:  # the call's ran out in a collective
+            waited_for = ", ".join(map(str, answer.get("missing") or ())) or "its peers"
+            return RequestFailed(
+                None, RequestCause.DEADLINE, f"did not finish before the call's deadline: "
+                f"rank {first} gave up waiting for rank {waited_for} in a collective "
+                f"({answer['error']}: {answer['message']}); every rank answered and none "
+                "died, so no rank is at fault (the deadline was too short for the call)",
+                error_type=answer["error"], victims=victims, took=took)
         return RequestFailed(None, RequestCause.RAISED, f"failed: rank {first} raised "
                              f"{answer['error']}: {answer['message']}", error_type=answer["error"],
                              victims=victims, took=took)
