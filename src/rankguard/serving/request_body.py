@@ -78,11 +78,12 @@ def parse(raw: bytes) -> dict[str, Any] | Refused:
 
 def validated(request: dict[str, Any], validate: Validate | None) -> dict[str, Any] | Refused:
     """``validate(request)``, or why it refused: 422 it raised ValueError or TypeError, 500
-    ``ValidateFailed`` another error (a bug of the service's)."""
+    ``ValidateFailed`` another error, or it returned None (it forgot to return the request),
+    both bugs of the service's: ``handle`` would fail on every rank, a fault of each."""
     if validate is None:
         return request
     try:
-        return validate(request)
+        checked = validate(request)
     except (ValueError, TypeError) as error:
         return Refused(422, "InvalidRequest", str(error))
     except Exception as error:  # noqa: BLE001 (a bug of the service's, answered)
@@ -90,6 +91,10 @@ def validated(request: dict[str, Any], validate: Validate | None) -> dict[str, A
         return Refused(500, "ValidateFailed", f"the service's validate raised {kind}: {error} "
                        "(it refuses a request by raising ValueError or TypeError: 422)",
                        error_type=kind)
+    if checked is None:
+        return Refused(500, "ValidateFailed", "the service's validate returned None: it must "
+                       "return the request (or raise ValueError or TypeError to refuse it: 422)")
+    return checked
 
 
 def serve(state: Any, raw: bytes, handle: Handle, validate: Validate | None) -> Any:
