@@ -303,6 +303,10 @@ def test_a_call_timeout_or_deadline_below_the_useful_minimum_is_refused() -> Non
             pool.run(rf.pid, deadline=spent)
         assert unavailable.value.state == "busy" and "min_call_s" in str(unavailable.value)
         assert pool.run(rf.pid, deadline=Deadline.after(TIMEOUT)) == group
+        # the least deadline a server accepts (X-Request-Timeout: min_call_s), begun as the body
+        # was read, a few ms before the call: it starts on an idle replica
+        least = Deadline(time.monotonic() + pool.min_call_s - 0.01, pool.min_call_s)
+        assert pool.run(rf.pid, deadline=least) == group
 
 
 @pytest.mark.deadline(120)

@@ -43,6 +43,10 @@ SHUTDOWN_LEAST_S = 0.1
 BACKOFF_FIRST_S = 0.5
 # Of the pool's timeout: the least time a call must have left to start on a replica.
 MIN_CALL_FRACTION = 0.1
+# A call whose deadline began before it (rankguard serve's, when the request's body was read) may
+# come this much less than min_call_s before its deadline and still start, at most half of it:
+# the hand-off from the server to the pool takes ms, and X-Request-Timeout may be min_call_s.
+CALL_HANDOFF_S = 0.05
 # Of the pool's timeout: how long a call may run before its replica is a suspect (drained, and a
 # spare serves in its place). A healthy call that runs longer only lends the spare for a while.
 SUSPECT_FRACTION = 0.2

@@ -52,6 +52,7 @@ from ..records import private_files
 from ..records.journal import Journal
 from ..inputs.options import seconds, writable_file
 from ..supervisor.guardian import Guardian
+from .budgets import CALL_HANDOFF_S
 from .dispatch import Dispatch
 from .pool_options import HealingMode, PoolOptions
 from .pool_state import PoolState, PoolStatus
@@ -226,7 +227,8 @@ class Pool:
         with less fails with ``PoolUnavailable`` and never reaches the replica. ``deadline``,
         in place of ``timeout``: the call's deadline, begun before the call (a server's, when
         the request arrived); a call that comes with less than ``min_call_s`` of it left
-        fails at once with ``PoolUnavailable("busy")``.
+        (less a hand-off of at most ``CALL_HANDOFF_S``, so that a deadline of ``min_call_s``
+        begun just before can start) fails at once with ``PoolUnavailable("busy")``.
 
         Raises:
             RequestFailed: a rank raised, exited, was killed, froze, or was still running at
@@ -246,7 +248,8 @@ class Pool:
             limit = options.timeout if timeout is None else self.call_timeout(
                 "Pool.run(timeout)", timeout)
             deadline = Deadline.after(limit)  # the call's one deadline, down to the ranks
-        elif deadline.remaining() < options.min_call_s:
+        elif deadline.remaining() < options.min_call_s - min(CALL_HANDOFF_S,
+                                                              options.min_call_s / 2):
             with self._set.cond:
                 self._set.counts["requests_unavailable"] += 1
             raise PoolUnavailable(UnavailableState.BUSY, 1.0, f"only "
