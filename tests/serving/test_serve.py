@@ -565,11 +565,12 @@ def running_signal(path: Path) -> Iterator[Callable[[], None]]:
         yield lambda: _take_word(listener)
 
 
-@pytest.mark.slow  # moved out of the README's 5-minute run; SIGTERM under load stays
-@pytest.mark.deadline(180)
-def test_sigterm_with_a_grace_shorter_than_a_request_answers_it_503_json_and_exits_0(
-        tmp_path: Path) -> None:
-    grace = 1.0
+def stopped_mid_request(tmp_path: Path, grace: float, signal_it: Callable[[Server], float]
+                        ) -> tuple[Reply, float, float]:
+    """A ``serve_apps.sleeper`` server with ``--grace``, stopped by ``signal_it(server)`` (which
+    returns the instant to time from) and then a SIGTERM, while a request of a minute runs on
+    its ranks; checks that it exited 0 without a traceback and returns the request's reply, and
+    the seconds from that instant to the reply and to the exit."""
     server = Server(tmp_path, "--grace", str(grace), app=SLEEPER)
     replies: list[tuple[Reply, float]] = []
 
@@ -582,7 +583,7 @@ def test_sigterm_with_a_grace_shorter_than_a_request_answers_it_503_json_and_exi
         caller.start()
         try:
             wait_running()
-            started = time.monotonic()
+            started = signal_it(server)
             code = server.stop(timeout=60)
             took = time.monotonic() - started
         finally:
@@ -592,16 +593,55 @@ def test_sigterm_with_a_grace_shorter_than_a_request_answers_it_503_json_and_exi
     assert "Traceback" not in server.output and "Cancel" not in server.output, server.output
     assert "rankguard serve: stopped" in server.output
     (reply, answered), = replies
+    return reply, answered - started, took
+
+
+@pytest.mark.slow  # moved out of the README's 5-minute run; SIGTERM under load stays
+@pytest.mark.deadline(180)
+def test_sigterm_with_a_grace_shorter_than_a_request_answers_it_503_json_and_exits_0(
+        tmp_path: Path) -> None:
+    grace = 1.0
+    reply, answered, took = stopped_mid_request(tmp_path, grace, lambda _: time.monotonic())
     assert reply.status == 503, reply
     error = reply.body["error"]
     assert error["type"] == "PoolClosed" and "shutting down" in error["detail"], error
     assert str(grace) in error["detail"] or f"{grace:g}" in error["detail"], error
-    assert grace <= answered - started < grace + HTTP_ANSWER_S, answered - started
+    assert grace <= answered < grace + HTTP_ANSWER_S, answered
     # the ranks still running the request are killed at once, not given CUT_CLOSE_S for a
     # barrier they cannot join, and the process skips the interpreter's finalization (0.6 s
     # idle, seconds loaded): it ended 1.7 to 2.3 s after the grace, now ~0.3 s (2 cores,
     # loaded). A server that waits CUT_CLOSE_S for those ranks cannot pass this bound.
     assert took < grace + CUT_CLOSE_S, took
+
+
+def _interrupt_twice(server: Server) -> float:
+    """Ctrl-C, and once the server stopped accepting (its shutdown began), Ctrl-C again."""
+    server.proc.send_signal(signal.SIGINT)
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    refused_by = time.monotonic() + START_S
+    while True:
+        try:
+            socket.create_connection((host, int(port)), 1).close()
+        except ConnectionRefusedError:
+            break
+        assert time.monotonic() < refused_by, "the server kept accepting"
+        time.sleep(0.05)
+    server.proc.send_signal(signal.SIGINT)
+    return time.monotonic()
+
+
+@pytest.mark.slow  # about 5 s: a server, a request, two signals
+@pytest.mark.deadline(180)
+def test_a_second_sigint_ends_the_grace_at_once_answering_503_json_and_exits_0(
+        tmp_path: Path) -> None:
+    # uvicorn's own "force quit" on a second SIGINT answered a bare 500 with a traceback, and
+    # left the pool's close to wait out its timeout
+    grace = 20.0
+    reply, answered, took = stopped_mid_request(tmp_path, grace, _interrupt_twice)
+    assert reply.status == 503, reply
+    assert reply.body["error"]["type"] == "PoolClosed", reply.body
+    assert "a second SIGINT ended the grace of 20 s after SIGINT" in reply.body["error"]["detail"]
+    assert answered < HTTP_ANSWER_S and took < grace / 2, (answered, took)
 
 
 @pytest.mark.slow

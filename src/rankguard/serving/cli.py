@@ -5,7 +5,8 @@ before anything starts. SIGTERM or SIGINT: stop accepting, let in-flight request
 within ``--grace``, close the pool (every rank process ends: those still running a request at
 once), exit 0 without the interpreter's finalization: the process ends a fraction of a second
 after ``--grace`` (each step after it is bounded: the answers by ``HTTP_ANSWER_S``, the pool's
-close by ``CUT_CLOSE_S`` plus ``CLOSE_JOIN_S``).
+close by ``CUT_CLOSE_S`` plus ``CLOSE_JOIN_S``). A second SIGTERM or SIGINT ends the grace at
+once, the same way.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import signal
 import socket
 import sys
 from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 
 from .. import exit_waits
@@ -213,23 +215,37 @@ def _max_connections(given: str) -> int:
     return value
 
 
-def _graceful_server(uvicorn: Any, grace: float, end_requests: Callable[[float], None]
+def _graceful_server(uvicorn: Any, grace: float, end_requests: Callable[[str], None]
                      ) -> type:
     """uvicorn's Server, except that SIGTERM and SIGINT end it with exit status 0 (uvicorn
     re-raises the signal once it has shut down, which would end the process as killed by it),
-    and that ``grace`` after the shutdown began, ``end_requests(grace)`` answers the requests
-    still running."""
+    that ``grace`` after the shutdown began, ``end_requests(when)`` answers the requests still
+    running, and that a second SIGTERM or SIGINT ends the grace at once the same way (uvicorn's
+    own "force quit" on a second SIGINT would cancel them unanswered, with a traceback each,
+    and skip the pool's close that cuts their ranks)."""
 
     class GracefulServer(uvicorn.Server):  # type: ignore[misc,name-defined]
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-            timer = asyncio.get_running_loop().call_later(grace, end_requests, grace)
+            timer = asyncio.get_running_loop().call_later(
+                grace, end_requests, f"its grace of {grace:g} s after {self._stopped_by} ended")
             try:
                 await super().shutdown(sockets)
             finally:
                 timer.cancel()
 
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if not self.should_exit:
+                self._stopped_by = signal.Signals(sig).name
+                super().handle_exit(sig, frame)
+                return
+            self._loop.call_soon_threadsafe(  # in the signal handler: from the loop, not here
+                end_requests, f"a second {signal.Signals(sig).name} ended the grace of "
+                f"{grace:g} s after {self._stopped_by}")
+
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
+            self._loop = asyncio.get_running_loop()
+            self._stopped_by = "SIGTERM"
             previous = {sig: signal.signal(sig, self.handle_exit) for sig in _STOP_SIGNALS}
             try:
                 yield

@@ -124,12 +124,14 @@ class _Server:
         self._ended = asyncio.Event()  # the grace after SIGTERM is over: requests end now
         self._end_reason = ""
 
-    def end_requests(self, grace: float) -> None:
-        """From the event loop, when the server's ``grace`` after SIGTERM is over: every
-        request still reading its body or running on the ranks is answered 503 now (the ranks
-        are stopped by the pool's close that follows), so that none is cancelled unanswered."""
-        self._end_reason = (f"the server is shutting down: the request was still running when "
-                            f"its grace of {grace:g} s after SIGTERM ended")
+    def end_requests(self, when: str) -> None:
+        """From the event loop, when the server's grace after SIGTERM is over (``when`` says
+        how, e.g. "its grace of 10 s after SIGTERM ended"): every request still reading its
+        body or running on the ranks is answered 503 now (the ranks are stopped by the pool's
+        close that follows), so that none is cancelled unanswered. Only the first call acts."""
+        if self._ended.is_set():
+            return
+        self._end_reason = f"the server is shutting down: the request was still running when {when}"
         self._ended.set()
 
     async def _unless_ended(self, task: asyncio.Future[Any]) -> Any:
@@ -365,7 +367,7 @@ def build(service: Service, *, max_body: int, max_inflight_bytes: int | None = N
     connections did (``head_deadline``), for the metrics. ``pool_options``: further keyword
     arguments of
     :class:`rankguard.Pool` (``journal``, ``log_dir``, ``on_healing``).
-    ``app.state.end_requests(grace)`` answers every request still running 503 (see
+    ``app.state.end_requests(when)`` answers every request still running 503 (see
     ``_Server.end_requests``)."""
     server = _Server(service, max_body, max_inflight_bytes if max_inflight_bytes is not None
                      else INFLIGHT_BODIES * max_body,
