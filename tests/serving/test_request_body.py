@@ -17,6 +17,8 @@ def picky(request: dict[str, Any]) -> dict[str, Any]:
         raise KeyError("oops")
     if request["n"] == "forgot":
         return None  # type: ignore[return-value]  (a validate that forgets to return)
+    if request["n"] == "answered":
+        return True  # type: ignore[return-value]  (a validate that says "it is valid")
     return {**request, "checked": True}
 
 
@@ -36,6 +38,7 @@ REFUSED = {  # body -> (status, kind, a part of the detail)
     b"{}": (422, "InvalidRequest", "'n' is missing"),
     b'{"n": "bug"}': (500, "ValidateFailed", "validate raised KeyError"),
     b'{"n": "forgot"}': (500, "ValidateFailed", "validate returned None"),
+    b'{"n": "answered"}': (500, "ValidateFailed", "validate returned True"),
 }
 
 

@@ -78,8 +78,8 @@ def parse(raw: bytes) -> dict[str, Any] | Refused:
 
 def validated(request: dict[str, Any], validate: Validate | None) -> dict[str, Any] | Refused:
     """``validate(request)``, or why it refused: 422 it raised ValueError or TypeError, 500
-    ``ValidateFailed`` another error, or it returned None (it forgot to return the request),
-    both bugs of the service's: ``handle`` would fail on every rank, a fault of each."""
+    ``ValidateFailed`` another error, or it returned None or a bool, not the request (it forgot
+    to return it, or answered "is it valid?"), both bugs of the service's: ``handle`` would fail on every rank, a fault of each."""
     if validate is None:
         return request
     try:
@@ -91,9 +91,10 @@ def validated(request: dict[str, Any], validate: Validate | None) -> dict[str, A
         return Refused(500, "ValidateFailed", f"the service's validate raised {kind}: {error} "
                        "(it refuses a request by raising ValueError or TypeError: 422)",
                        error_type=kind)
-    if checked is None:
-        return Refused(500, "ValidateFailed", "the service's validate returned None: it must "
-                       "return the request (or raise ValueError or TypeError to refuse it: 422)")
+    if checked is None or isinstance(checked, bool):  # it forgot to return, or said "valid?"
+        return Refused(500, "ValidateFailed", f"the service's validate returned {checked!r}: it "
+                       "must return the request (and raise ValueError or TypeError to refuse "
+                       "it: 422)")
     return checked
 
 
