@@ -101,6 +101,16 @@ CASES = {
     "stopped beats behind": (
         3, outcome((0, "failed", victim("CollectiveTimeout"))), True,
         {0: Pos(6), 1: Pos(5), 2: Pos(6)}, {2}, (2, "frozen", [0], "was frozen")),
+    "a rank that returned without entering the collective its peer timed out in: different "
+    "paths through the call (a validate that refused on one rank only), no rank's fault": (
+        2, outcome((0, "ok", "refused"), (1, "failed", victim("CollectiveTimeout", (0,)))), True,
+        {1: Pos(1)}, (), (None, "raised", [1], "rank 0 returned from the call without entering "
+                          "all_reduce #0, which rank 1 entered and waited in: the ranks took "
+                          "different paths")),
+    "the same while the peer still waits in it: it is not blamed for being slow": (
+        3, outcome((2, "ok", "refused")), True, {0: Pos(2), 1: Pos(2), 2: Pos(1)}, (),
+        (None, "raised", [0, 1], "rank 2 returned from the call without entering all_reduce #1, "
+         "which ranks 0, 1 entered")),
     "every rank answered with a collective error, none to blame": (
         2, outcome((1, "failed", victim("GroupRetired")),
                    (0, "failed", victim("CollectiveTimeout"))), True, {0: Pos(3), 1: Pos(3)}, (),

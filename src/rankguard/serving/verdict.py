@@ -9,8 +9,12 @@ The rules, in order:
    raised an error of its own (``raised``; a collective error is a consequence, not a cause):
    ``blame``'s rule, on the one order the leader has for deaths and answers alike;
 2. at the deadline (``final``), among the ranks that never answered: the stopped ones
-   (``frozen``), else those behind the furthest collective any rank entered (``ledger.behind``),
-   else, when some peer did answer, all of them (``deadline``);
+   (``frozen``); else, when a rank returned its result without entering the furthest collective
+   a peer entered, the ranks took different paths through the call (code that branches on its
+   rank, or a service's ``validate`` that answered differently on different ranks): ``rank``
+   None, ``raised``, naming the rank that returned and the collective its peers waited in;
+   else those behind that collective (``ledger.behind``), else, when some peer did answer, all
+   of the silent ones (``deadline``);
 3. every rank silent and none behind: the call's own deadline was too short, no rank is to
    blame (``rank`` None, cause ``deadline``); a silent rank whose answer was still arriving
    (part of it received) is not to blame either: it had finished, and its answer was too large
@@ -125,6 +129,17 @@ def verdict(world: int, outcome: Outcome, took: float, *, final: bool,
     # silent ranks are to blame when stopped, behind the others, or slower than peers that
     # answered (an answer on its way is not slow); when every rank is silent and none is
     # behind, the deadline was the call's
+    returned = [r for r in absent if r in outcome.results]
+    if returned and not frozen:  # its peers wait (or waited) for it in a collective for nothing
+        waited = sorted(set(range(world)) - set(absent))
+        return RequestFailed(None, RequestCause.RAISED, f"failed: rank {returned[0]} returned "
+                             f"from the call without entering {where}, which rank"
+                             f"{'s' if len(waited) > 1 else ''} {_ranks(waited)} entered and "
+                             "waited in: the ranks took different paths through the call (code "
+                             "that branches on the rank, or a service's validate that answered "
+                             "differently on different ranks: it must give every rank the same "
+                             "answer)", victims=sorted(set(range(world)) - set(outcome.results)),
+                             took=took)
     culprits = frozen or [r for r in silent if r in absent] or (
         [r for r in silent if r not in sending] if outcome.answered else [])
     if not culprits and sending:
@@ -156,13 +171,17 @@ def verdict(world: int, outcome: Outcome, took: float, *, final: bool,
     rank = culprits[0]
     context = f"; it never reached {where}" if rank in absent and where else ""
     if len(culprits) > 1:
-        context += f" (ranks {', '.join(map(str, culprits))} did not answer)"
+        context += f" (ranks {_ranks(culprits)} did not answer)"
     victims = sorted(set(victims) | (set(range(world)) - set(absent) - set(culprits)))
     if rank in frozen:
         return RequestFailed(rank, RequestCause.FROZEN, f"was frozen (its process is stopped) "
                              f"at the request's deadline{context}", victims=victims, took=took)
     return RequestFailed(rank, RequestCause.DEADLINE, f"was still running when the request's "
                          f"deadline passed{context}", victims=victims, took=took)
+
+
+def _ranks(ranks: Collection[int]) -> str:
+    return ", ".join(map(str, ranks))
 
 
 def _arriving(sending: Mapping[int, tuple[int, int]]) -> str:
