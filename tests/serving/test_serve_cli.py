@@ -30,6 +30,9 @@ LAMBDA = ("import rankguard\ndef handle(state, request):\n    return 1\n"
     (["{tmp}/not_a_service.py"], "not_a_service.py:app is a int, not a rankguard.Service"),
     (["{tmp}/broken.py:app"], "ModuleNotFoundError: No module named 'nonexistent_module_xyz'"),
     (["{tmp}/lambda_app.py"], "lambda_app.py:app's validate cannot be sent to the ranks: "),
+    # named after a module Python has (or finds) already: the ranks would take it for the file
+    (["{tmp}/queue.py"], "queue.py has the name of the module 'queue' that Python imports from "),
+    (["{tmp}/calendar.py"], "(rename calendar.py, e.g. my_calendar.py)"),
     ([], "the following arguments are required: APP"),
     (["examples/serve_tp.py:app", "--port", "99999"], "--port: '99999' is above 65535"),
     # an empty host listened on every interface
@@ -73,6 +76,8 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], expected: str,
     (tmp_path / "not_a_service.py").write_text(NOT_A_SERVICE)
     (tmp_path / "broken.py").write_text(BROKEN)
     (tmp_path / "lambda_app.py").write_text(LAMBDA)
+    for shadow in ("queue.py", "calendar.py"):
+        (tmp_path / shadow).write_text(Path(ROOT, "examples", "serve_tp.py").read_text())
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     done = subprocess.run([sys.executable, "-m", "rankguard.cli", "serve", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import os
 import pickle
 import sys
@@ -84,10 +85,34 @@ def _load_file(spec: str, path: str) -> Any:
     if not os.path.isfile(path):
         raise UsageError("APP", f"no such file: {path}", f"check the path in {spec!r}")
     folder = os.path.dirname(os.path.abspath(path))
+    name = os.path.splitext(os.path.basename(path))[0]
+    other = _shadowed(name, folder)
+    if other is not None:
+        raise UsageError("APP", f"{path} has the name of the module {name!r} that Python "
+                         f"imports from {other}: the ranks (and the server) would take that "
+                         "one for your file", f"rename {os.path.basename(path)}, e.g. "
+                         f"my_{name}.py")
     if folder not in sys.path:
         sys.path.insert(0, folder)
     try:
-        return import_file(path, os.path.splitext(os.path.basename(path))[0])
+        return import_file(path, name)
     except Exception as error:  # noqa: BLE001 (any error of the user's file)
         raise UsageError("APP", f"importing {path} failed: {type(error).__name__}: {error}"
                          ) from None
+
+
+def _shadowed(name: str, folder: str) -> str | None:
+    """Where a module ``name`` other than the file of that name in ``folder`` comes from (the
+    standard library's ``queue``, an installed package's): the server has it or imports it, and
+    a rank that unpickles ``name.handle`` would find that module's; None when there is none."""
+    if name in sys.builtin_module_names:
+        return "Python itself (a built-in module)"
+    loaded = sys.modules.get(name)
+    if loaded is not None:  # the file itself, loaded before, is no other
+        where = getattr(loaded, "__file__", None)
+        same = where is not None and os.path.dirname(os.path.abspath(where)) == folder
+        return None if same else where or "Python itself"
+    elsewhere = [entry for entry in sys.path
+                 if os.path.abspath(entry or os.curdir) != folder]
+    found = importlib.machinery.PathFinder.find_spec(name, elsewhere)
+    return None if found is None else (found.origin or f"the package {name}")
