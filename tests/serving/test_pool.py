@@ -307,6 +307,14 @@ def test_a_call_timeout_or_deadline_below_the_useful_minimum_is_refused() -> Non
         # was read, a few ms before the call: it starts on an idle replica
         least = Deadline(time.monotonic() + pool.min_call_s - 0.01, pool.min_call_s)
         assert pool.run(rf.pid, deadline=least) == group
+        # no deadline, one past what the timers hold, or not a Deadline: the caller's mistake,
+        # refused before any replica is touched (an OverflowError retired the replica)
+        for wrong in (Deadline.never(), Deadline.after(1e12), 5.0):
+            with pytest.raises(rankguard.UsageError) as caught:
+                pool.run(rf.pid, deadline=wrong)  # type: ignore[arg-type]
+            assert caught.value.what == "Pool.run(deadline)", wrong
+        assert pool.run(rf.pid) == group
+        assert pool.metrics().get("requests_failed", 0) == 0
 
 
 @pytest.mark.deadline(120)

@@ -45,9 +45,9 @@ import uuid
 from collections import Counter
 from typing import Any, Callable
 
-from ..deadline import Deadline
+from ..deadline import MAX_SECONDS, Deadline
 from ..errors import (PoolClosed, PoolUnavailable, RequestCause, RequestFailed,
-                      UnavailableState, UsageError)
+                      UnavailableState, UsageError, shown)
 from ..records import private_files
 from ..records.journal import Journal
 from ..inputs.options import seconds, writable_file
@@ -241,13 +241,18 @@ class Pool:
                 ``abandon`` was set while the call waited (``abandoned``).
             PoolClosed: the pool was closed.
             UsageError: ``timeout`` is not a finite number of seconds of at least
-                ``min_call_s``, or the call cannot be pickled.
+                ``min_call_s``, ``deadline`` is not a Deadline at most ``MAX_SECONDS`` away
+                (``Deadline.never()``), or the call cannot be pickled.
         """
         options = self.options
         if deadline is None:
             limit = options.timeout if timeout is None else self.call_timeout(
                 "Pool.run(timeout)", timeout)
             deadline = Deadline.after(limit)  # the call's one deadline, down to the ranks
+        elif not isinstance(deadline, Deadline) or not deadline.remaining() <= MAX_SECONDS:
+            raise UsageError("Pool.run(deadline)", f"expected a rankguard Deadline at most "
+                             f"{MAX_SECONDS:g} s away, got {shown(deadline)}",
+                             "give Deadline.after(seconds), or timeout=seconds")
         elif deadline.remaining() < options.min_call_s - min(CALL_HANDOFF_S,
                                                               options.min_call_s / 2):
             with self._set.cond:
