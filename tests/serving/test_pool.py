@@ -286,6 +286,20 @@ def test_every_seconds_argument_is_refused_unless_finite_and_positive(value: obj
         assert caught.value.what == f"Pool({name})"
 
 
+def test_a_close_timeout_that_is_not_seconds_is_refused_and_the_pool_still_closes() -> None:
+    # NaN killed the supervisor thread (a traceback on stderr) and left the pool half-closed
+    pool = rankguard.Pool(1, spares=0, timeout=TIMEOUT, wait=False)
+    try:
+        for value in (math.nan, -1.0, "1", math.inf, 1e12):
+            with pytest.raises(rankguard.UsageError) as caught:
+                pool.close(value, cut_calls=True)  # type: ignore[arg-type]
+            assert caught.value.what == "Pool.close(timeout)", value
+        assert pool.status().state != "closed"
+    finally:
+        pool.close(0)
+    assert pool.status().state == "closed"
+
+
 @pytest.mark.slow  # over 4 s here: out of the quick run
 def test_a_call_timeout_or_deadline_below_the_useful_minimum_is_refused() -> None:
     with rankguard.Pool(1, spares=0, timeout=TIMEOUT) as pool:

@@ -45,7 +45,7 @@ import uuid
 from collections import Counter
 from typing import Any, Callable
 
-from ..deadline import MAX_SECONDS, Deadline
+from ..deadline import MAX_SECONDS, Deadline, check_seconds
 from ..errors import (PoolClosed, PoolUnavailable, RequestCause, RequestFailed,
                       UnavailableState, UsageError, shown)
 from ..records import private_files
@@ -482,7 +482,13 @@ class Pool:
         ``cut_calls``: the callers of the calls still running have their answers already
         (``rankguard serve`` at the end of its ``--grace``): the replicas running them are
         killed at once, not given ``timeout`` to finish them (their ranks cannot join the
-        barrier before), and those calls raise :class:`PoolClosed` then."""
+        barrier before), and those calls raise :class:`PoolClosed` then.
+
+        Raises:
+            UsageError: ``timeout`` is not a number of seconds from 0 to ``MAX_SECONDS`` (the
+                pool is left as it was: close it again with a good one).
+        """
+        timeout = check_seconds("Pool.close(timeout)", timeout, zero=True, text=False)
         joined_by = Deadline.after(timeout + CLOSE_JOIN_S)
         pool = self._set
         with pool.cond:
