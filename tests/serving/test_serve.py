@@ -642,7 +642,8 @@ def test_a_second_sigint_ends_the_grace_at_once_answering_503_json_and_exits_0(
     assert reply.status == 503, reply
     assert reply.body["error"]["type"] == "PoolClosed", reply.body
     assert "a second SIGINT ended the grace of 20 s after SIGINT" in reply.body["error"]["detail"]
-    assert answered < HTTP_ANSWER_S and took < grace / 2, (answered, took)
+    # long before the grace's end: the second signal ended it (generous, for a loaded machine)
+    assert answered < grace / 4 and took < grace / 2, (answered, took)
 
 
 @pytest.mark.slow
