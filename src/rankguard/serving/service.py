@@ -27,8 +27,8 @@ class Service:
         validate: ``validate(request) -> request``, run in every rank before ``handle`` (the
             ranks parse the body: ``serving.request_body``); raising ``ValueError`` or
             ``TypeError`` answers 422 with its message, any other exception (or returning
-            None or a bool) 500 ``ValidateFailed`` naming it; neither is a rank's fault. Module-level, and the
-            same answer on every rank.
+            None or a bool) 500 ``ValidateFailed`` naming it; neither is a rank's fault.
+            Module-level, and the same answer on every rank.
         world_size: ranks per replica.
         replicas: replicas that serve requests at the same time.
         spares: spare replicas kept ready.

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 from .. import blame
 from ..records import ledger as _ledger
 from ..processes import proctree
-from ..errors import RequestCause, RequestFailed
+from ..errors import CollectiveTimeout, RequestCause, RequestFailed
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,8 @@ class Ending:
 
 CHANNEL_CLOSED = Ending("closed its channel")  # counts as an exit
 
-# the error a rank's collective raises when the call's deadline runs out in it
-_TIMED_OUT = "CollectiveTimeout"
+# the error a rank's collective raises when the call's deadline runs out in it, by name
+_TIMED_OUT = CollectiveTimeout.__name__
 
 
 @dataclass
@@ -158,7 +158,7 @@ def verdict(world: int, outcome: Outcome, took: float, *, final: bool,
         first = root.rank
         answer = outcome.failures[first]
         if out_of_time and answer["error"] == _TIMED_OUT:  # the call's ran out in a collective
-            waited_for = ", ".join(map(str, answer.get("missing") or ())) or "its peers"
+            waited_for = _ranks(answer.get("missing") or ()) or "its peers"
             return RequestFailed(
                 None, RequestCause.DEADLINE, f"did not finish before the call's deadline: "
                 f"rank {first} gave up waiting for rank {waited_for} in a collective "
