@@ -118,6 +118,12 @@ def test_passes_its_deadline_in_a_finalizer():
 '''.replace("DEADLINE", str(DEADLINE)) + GOOD
 
 
+FAILS_AFTER_ITS_DEADLINE = FINALIZER.replace(
+    "def test_passes_its_deadline_in_a_finalizer():\n    SlowToFinalize()\n",
+    "def test_fails_on_its_own_after_its_deadline():\n    SlowToFinalize()\n"
+    "    raise ValueError('the test fails on its own')\n")
+
+
 def run(tmp_path: Path, body: str, *args: str):
     return run_suite(tmp_path, {"test_bad.py": body},
                      ["--rankguard-deadline", str(DEADLINE), *args], timeout=DEADLINE * 3 + 30)
@@ -190,6 +196,20 @@ def test_a_deadline_that_passes_in_a_finalizer_still_fails_the_test(tmp_path: Pa
     text = session.text("test_passes_its_deadline_in_a_finalizer")
     assert f"the deadline of {DEADLINE:g} s passed during the call" in text, text
     assert "in __del__" in text, text  # where the main thread was
+    assert session.result("test_good_after") == "passed"
+
+
+def test_a_test_that_fails_on_its_own_after_its_deadline_passed_fails_with_the_report(
+        tmp_path: Path) -> None:
+    # the release may end what the test waits for before the interruption lands (its child):
+    # the test then fails on its own, and the report must not be lost (it was, 5 runs in 8
+    # of the spawned-child case under load); its own error is the report's cause
+    session = run(tmp_path, FAILS_AFTER_ITS_DEADLINE)
+    test = "test_fails_on_its_own_after_its_deadline"
+    assert session.result(test) == "failed", session.output[-3000:]
+    text = session.text(test)
+    assert f"the deadline of {DEADLINE:g} s passed during the call" in text, text
+    assert "ValueError: the test fails on its own" in text, text
     assert session.result("test_good_after") == "passed"
 
 

@@ -263,15 +263,24 @@ class _Guard:
                      item.stash[_KNOWN], getattr(item, "instance", None))
 
     def _guarded(self, item: pytest.Item, when: str) -> Generator[None]:
+        """Run the phase under its deadline. A phase whose deadline passed fails with the
+        report, also when the phase raised an error of its own that the interruption did not
+        replace (the release ended the child it joined, and it went on to fail): that error
+        is the report's cause."""
         phase = self._phase(item, when)
         if phase is not None:
             self.watchdog.arm(phase)
+        raised: BaseException | None = None
         try:
             result = yield
+        except BaseException as error:  # noqa: BLE001 (re-raised below, or the report's cause)
+            raised = error
         finally:
             report = self.watchdog.disarm() if phase is not None else None
-        if report is not None:
-            raise DeadlineExceeded(report)
+        if report is not None and not isinstance(raised, DeadlineExceeded):
+            raise DeadlineExceeded(report) from raised
+        if raised is not None:
+            raise raised
         return result
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
