@@ -26,6 +26,14 @@ def test_collectives_give_up_early_enough_for_the_probe_and_the_report() -> None
     assert margins.EXPLAIN_MARGIN_S - margins.REPORT_MARGIN_S >= margins.ANSWER_WINDOW_S
 
 
+@pytest.mark.parametrize(("left", "window"), [(0.5, 0.5), (3.0, 2.0), (10.0, 5.0),
+                                              (8.0, 4.0), (60.0, 5.0)])
+def test_regroups_second_ask_takes_half_the_time_left_within_its_floor_and_cap(
+        left: float, window: float) -> None:
+    limit = Deadline(time.monotonic() + left, left)
+    assert margins.second_ask_window(limit) == pytest.approx(window, abs=0.05)
+
+
 @pytest.mark.parametrize("seconds", [0.2, 1.0, 4.0, 60.0, 600.0])
 def test_the_steps_of_a_ranks_test_come_in_order_before_its_deadline(seconds: float) -> None:
     deadline = Deadline(time.monotonic() + seconds, seconds)

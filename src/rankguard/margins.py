@@ -40,9 +40,21 @@ ANSWER_WINDOW_S = 0.5
 peer costs the whole window."""
 
 SECOND_ASK_WINDOW_S = 2.0
-"""How long ``regroup()`` waits for the peers that missed ``ANSWER_WINDOW_S``, asked once
-more before it leaves them out: a live rank left out cannot come back, and under load a live
-rank's answer may come after the first window, while a dead one costs only this more."""
+"""The least ``regroup()`` waits for the peers that missed ``ANSWER_WINDOW_S``, asked once
+more before it leaves them out; it waits ``SECOND_ASK_SHARE`` of what is left of its timeout
+when that is longer, at most ``SECOND_ASK_CAP_S``. A live rank left out cannot come back, and under load a live rank's answer
+may come seconds late (CI once saw two live ranks miss 2.5 s, and the group formed without
+them), while a dead one costs only the rank that was not told who failed: one that was (by its
+collective's error, or the launcher's notice) does not ask it, and its membership is adopted."""
+
+SECOND_ASK_SHARE = 0.5
+"""The share of what is left of ``regroup()``'s timeout that its second ask may take (see
+``SECOND_ASK_WINDOW_S``), at most ``SECOND_ASK_CAP_S``; the rest is the members' to join."""
+
+SECOND_ASK_CAP_S = 5.0
+"""The most ``regroup()``'s second ask waits: a dead peer that a rank keeping the size was not
+told of costs it this much of a long timeout (``StepLoop``'s), and a live rank's answer that
+misses 5.5 s in all is a rank stalled as long as a heartbeat timeout (torchft's 5 s) allows."""
 
 IN_PLACE_COLLECTIVE_S = 1800.0
 """The collective deadline of ``rankguard run --recovery in-place`` when ``--collective-timeout``
@@ -53,6 +65,14 @@ survivors of a fault from their collective at once."""
 COLD_START_S = 30.0
 """How long a new rank process may take to start Python, import torch and reach its
 ``init_process_group`` on a loaded 2-core machine (2.5 s idle, up to 10 s under load)."""
+
+
+def second_ask_window(limit: Deadline) -> float:
+    """Seconds ``regroup()`` waits for the answers of the peers it asks a second time:
+    ``SECOND_ASK_SHARE`` of what is left of ``limit``, at least ``SECOND_ASK_WINDOW_S``, at most
+    ``SECOND_ASK_CAP_S``, never past ``limit``."""
+    share = SECOND_ASK_SHARE * limit.remaining()
+    return limit.wait_time(min(SECOND_ASK_CAP_S, max(SECOND_ASK_WINDOW_S, share)))
 
 
 def replace_timeout(hang_timeout: float) -> float:

@@ -161,12 +161,15 @@ class Ranks:
         return self.launcher.wait(timeout)
 
     def output(self) -> str:
-        """What the processes printed so far (only once they have exited)."""
+        """What the processes printed so far (only once they have exited), and the results
+        the ranks reported (a failing wait for one rank shows what the others saw)."""
         texts = []
         for proc in [*self.procs, *([self.launcher] if self.launcher else [])]:
             if proc.poll() is not None and proc.stderr is not None and not proc.stderr.closed:
                 out, err = proc.communicate()
                 texts.append(f"--- pid {proc.pid} exit {proc.returncode}\n{out}{err}")
+        for path in sorted(self.folder.glob("result_*.json")):
+            texts.append(f"--- {path.name}: {path.read_text()}")
         return "\n".join(texts)
 
     def stderr(self, rank: int) -> str:

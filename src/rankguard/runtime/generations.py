@@ -42,7 +42,7 @@ from typing import Any, Callable, TypeVar
 from ..deadline import Deadline, check_seconds
 from ..errors import CollectiveTimeout, GroupRetired, PeerFailed, UsageError, first_line, shown
 from ..margins import (ANSWER_WINDOW_S, CONNECT_FLOOR_S, NCCL_ABORT_S, REGROUP_S,
-                       SECOND_ASK_WINDOW_S)
+                       second_ask_window)
 from . import async_deadline, backend_connect, barrier, generation_keys, groups, nccl_abort
 from . import vacancies
 from .bounded import NO_ANSWER
@@ -141,7 +141,8 @@ def regroup(*, timeout: float = REGROUP_S, exclude: Iterable[int] | None = None,
         timeout: seconds to wait for every member to join.
         exclude: ranks (current numbering) to leave out; default: the ranks that the last
             collective error of this rank named as missing, and the peers that answer neither
-            a probe within half a second nor a second one within two seconds.
+            a probe within half a second nor a second one within half of what is left of
+            ``timeout`` (at least 2 s, at most 5 s).
         keep_size: keep every rank's number and the group's size: the failed ranks' places
             are filled by replacement processes (started with ``RANKGUARD_REPLACING=1`` and the
             ``RANK`` of the place; ``rankguard run --recovery in-place`` starts them), which
@@ -384,8 +385,8 @@ def _silent(rank: int, size: int, known: set[int], limit: Deadline) -> set[int]:
     frozen, or holding the GIL): they cannot join. Needed because a rank that learnt of the
     fault from a peer's notice (GroupRetired) knows nothing of who failed, and its proposal may
     be the one adopted. Returns at once when every peer asked answers; waits the probe's
-    answer window, and ``SECOND_ASK_WINDOW_S`` more for those that missed it, otherwise, each
-    cut to what is left of ``limit`` (a peer that cannot answer by then cannot join either)."""
+    answer window, and ``margins.second_ask_window`` more for those that missed it, otherwise,
+    each cut to what is left of ``limit`` (a peer that cannot answer by then cannot join)."""
     asker = current().asker
     asked = [r for r in range(size) if r != rank and r not in known]
     if asker is None or not asked:
@@ -394,8 +395,9 @@ def _silent(rank: int, size: int, known: set[int], limit: Deadline) -> set[int]:
     late = [peer for peer, answer in answers.items() if answer is None]
     if not late or limit.passed():
         return set(late)
-    answers = asker.ask(WORLD, late, window=limit.wait_time(SECOND_ASK_WINDOW_S))
+    answers = asker.ask(WORLD, late, window=second_ask_window(limit))
     return {peer for peer, answer in answers.items() if answer is None}
+
 
 
 def _agree_and_join(client: Any, number: int, proposal: list[int | None], rank: int,
