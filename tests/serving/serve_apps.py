@@ -4,7 +4,8 @@
 Unix socket PATH, that the request is running on the ranks; every rank then sleeps S seconds.
 The test waits for that connection (an event, not a guess) before it acts on the server.
 
-``picky_app``: echoes ``n``; its ``validate`` raises KeyError on a request without ``n``.
+``picky_app``: echoes ``n`` (as a set: ``"as": "set"``); its ``validate`` raises KeyError on a
+request without ``n``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ sleeper = rankguard.Service(handle=sleep, world_size=2, spares=0, timeout=30.0)
 
 
 def echo(state: Any, request: dict[str, Any]) -> Any:
-    return request["n"]
+    """``n``; a set of it (a result that is not JSON) when the request asks ``"as": "set"``."""
+    return {request["n"]} if request.get("as") == "set" else request["n"]
 
 
 def picky(request: dict[str, Any]) -> dict[str, Any]:

@@ -303,6 +303,10 @@ def test_bad_requests_are_answered_400_413_or_422_and_fail_no_rank(
     # that ended well (3 were served), and none was a fault
     assert sample(metrics, "rankguard_pool_requests_total", outcome="ok") == 18
     assert sample(metrics, "rankguard_pool_requests_total", outcome="failed") == 0
+    assert 'rankguard_pool_requests_total{outcome="refused"}' not in metrics
+    # to a client's eyes (and an SLO's), the 15 refused are not answers that went well
+    assert sample(metrics, "rankguard_request_seconds_count", outcome="refused") == 15
+    assert sample(metrics, "rankguard_request_seconds_count", outcome="ok") == 3
     assert sample(metrics, "rankguard_http_responses_total", route="/run", code="413") == 2
     assert sample(metrics, "rankguard_http_responses_total", route="/run", code="400") == 10
     assert server.events("request_fault") == [] and server.events("group_retire") == []
@@ -843,6 +847,10 @@ def test_a_validate_that_raises_another_error_is_answered_500_json_without_a_tra
         assert server.run({"n": None}).status == 422  # its ValueError still refuses
         reply = server.run({"n": 3})  # and the server serves on
         assert (reply.status, reply.body["result"]) == (200, 3), reply.body
+        reply = server.run({"n": 3, "as": "set"})  # a result that JSON cannot carry
+        assert (reply.status, reply.body["error"]["type"]) == (500, "BadResult"), reply.body
+        assert "rank 0's result is not JSON" in reply.body["error"]["detail"], reply.body
+        assert server.run({"n": 4}).body["result"] == 4
     finally:
         assert server.stop() == 0
     assert "Traceback" not in server.output, server.output

@@ -274,6 +274,8 @@ class _Server:
                                                                          timeout))
             if failure is not None:
                 raise failure
+            if isinstance(result, request_body.Refused):
+                outcome = CallOutcome.REFUSED
         except _ShuttingDown:
             outcome = CallOutcome.CLOSED
             return self.error(503, "PoolClosed", self._end_reason)
@@ -300,9 +302,9 @@ class _Server:
         if isinstance(result, request_body.Refused):
             fields = {} if result.error_type is None else {"error_type": result.error_type}
             return self.error(result.status, result.kind, result.detail, **fields)
-        try:
-            return self.answer(200, {"result": result,
-                                     "took_s": round(time.monotonic() - arrived, 6)})
+        try:  # in a worker thread: a large result's JSON must not hold up other requests
+            return await run_in_threadpool(self.answer, 200, {
+                "result": result, "took_s": round(time.monotonic() - arrived, 6)})
         except (TypeError, ValueError) as error:
             return self.error(500, "BadResult", f"rank 0's result is not JSON: {error}")
 

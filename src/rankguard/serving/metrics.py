@@ -65,9 +65,13 @@ class CallOutcome(enum.StrEnum):
     UNAVAILABLE = "unavailable"  # PoolUnavailable
     CLOSED = "closed"  # PoolClosed (before it started, or cut by the pool's close)
     ABANDONED = "abandoned"  # given up while it waited, its client gone
+    # serve's only: the ranks refused the request's body (its service's validate, or JSON they
+    # could not parse), answered 4xx; a call that ended well to the pool, which counts it ok
+    REFUSED = "refused"
 
 
 OUTCOMES = tuple(CallOutcome)
+POOL_OUTCOMES = tuple(outcome for outcome in CallOutcome if outcome != CallOutcome.REFUSED)
 # seconds: a request is answered within its timeout (at most minutes)
 REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                    120.0, 300.0)
@@ -123,7 +127,7 @@ class _PoolCollector:
         values: Mapping[str, Any] = pool.metrics() if pool is not None else {}
         status = pool.status() if pool is not None else None
         yield _counter("rankguard_pool_requests", "Pool calls by outcome.", "outcome",
-                       {o: values.get(f"requests_{o}", 0) for o in OUTCOMES})
+                       {o: values.get(f"requests_{o}", 0) for o in POOL_OUTCOMES})
         yield _counter("rankguard_pool_faults", "Failed calls by the cause of the fault.",
                        "cause", {c: values.get(f"faults_{c}", 0) for c in CAUSES})
         yield _counter("rankguard_pool_heals", "Times a new replica took over after the "
