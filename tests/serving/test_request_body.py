@@ -28,7 +28,10 @@ def echo(state: Any, request: dict[str, Any]) -> Any:
 
 REFUSED = {  # body -> (status, kind, a part of the detail)
     b'{"x": ': (400, "BadRequest", "not valid JSON"),
-    b"\xff\xfe": (400, "BadRequest", "not valid JSON"),
+    b"\xff\xfe": (400, "BadRequest", "not UTF-8 (invalid start byte at byte 0)"),
+    '{"n": 1}'.encode("utf-16"): (400, "BadRequest", "send JSON encoded as UTF-8"),
+    '{"n": 1}'.encode("utf-32-le"): (400, "BadRequest", "not valid JSON"),  # UTF-8 NULs
+    '\ufeff{"n": 1}'.encode(): (400, "BadRequest", "not valid JSON"),  # a byte order mark
     b"[" * 100_000 + b"]" * 100_000: (400, "BadRequest", "nested too deeply"),
     b'{"n": ' + b"9" * 5000 + b"}": (400, "BadRequest", "not valid JSON"),
     b'{"n": NaN}': (422, "InvalidRequest", "NaN"),

@@ -58,11 +58,17 @@ def _not_finite(text: str) -> float:
 
 
 def parse(raw: bytes) -> dict[str, Any] | Refused:
-    """The request that ``raw`` holds, or why it is refused: 400 not JSON (not UTF-8, an
-    integer too long to read) or nested too deeply; 422 NaN or an infinity, or not an
+    """The request that ``raw`` holds, or why it is refused: 400 not UTF-8 (JSON between
+    systems is UTF-8, RFC 8259; Python's json would take UTF-16 and UTF-32 as well), not JSON
+    (an integer too long to read) or nested too deeply; 422 NaN or an infinity, or not an
     object."""
     try:
-        body = json.loads(raw, parse_float=_finite, parse_constant=_not_finite)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return Refused(400, "BadRequest", f"the body is not UTF-8 ({error.reason} at byte "
+                       f"{error.start}): send JSON encoded as UTF-8")
+    try:
+        body = json.loads(text, parse_float=_finite, parse_constant=_not_finite)
     except _NotFinite as error:
         return Refused(422, "InvalidRequest", f"the body holds {error}, a number that JSON "
                        "cannot carry (NaN and infinities are not JSON)")
@@ -79,7 +85,8 @@ def parse(raw: bytes) -> dict[str, Any] | Refused:
 def validated(request: dict[str, Any], validate: Validate | None) -> dict[str, Any] | Refused:
     """``validate(request)``, or why it refused: 422 it raised ValueError or TypeError, 500
     ``ValidateFailed`` another error, or it returned None or a bool, not the request (it forgot
-    to return it, or answered "is it valid?"), both bugs of the service's: ``handle`` would fail on every rank, a fault of each."""
+    to return it, or answered "is it valid?"), both bugs of the service's: ``handle`` would
+    fail on every rank, a fault of each."""
     if validate is None:
         return request
     try:
