@@ -266,7 +266,7 @@ class _Guard:
         """Run the phase under its deadline. A phase whose deadline passed fails with the
         report, also when the phase raised an error of its own that the interruption did not
         replace (the release ended the child it joined, and it went on to fail): that error
-        is the report's cause."""
+        is the report's cause. A KeyboardInterrupt stays what it is: it ends the session."""
         phase = self._phase(item, when)
         if phase is not None:
             self.watchdog.arm(phase)
@@ -277,7 +277,7 @@ class _Guard:
             raised = error
         finally:
             report = self.watchdog.disarm() if phase is not None else None
-        if report is not None and not isinstance(raised, DeadlineExceeded):
+        if report is not None and not isinstance(raised, (DeadlineExceeded, KeyboardInterrupt)):
             raise DeadlineExceeded(report) from raised
         if raised is not None:
             raise raised
