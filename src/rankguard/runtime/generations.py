@@ -46,7 +46,7 @@ from ..margins import (ANSWER_WINDOW_S, CONNECT_FLOOR_S, NCCL_ABORT_S, REGROUP_S
 from . import async_deadline, backend_connect, barrier, generation_keys, groups, nccl_abort
 from . import vacancies
 from .bounded import NO_ANSWER
-from .probe import clone_client
+from .probe import Asker, clone_client
 from .state import WORLD, current
 from ..store.store_calls import StoreStalled, within
 
@@ -229,7 +229,7 @@ def form_next(limit: Deadline, exclude: Iterable[int] | None = None,
         # and a live but slow one is not taken for failed (keeping the size, it would be a
         # place nobody fills; else a rank that cannot come back)
         known = _known_failed(keep_size)
-        failed = known | _silent(rank, size, known, limit)
+        failed = known | silent(current().asker, rank, size, known, limit)
     proposal: list[int | None] = [None if r in failed else r for r in range(size)] \
         if keep_size else sorted(set(range(size)) - failed)
     try:
@@ -371,7 +371,7 @@ def _known_failed(keep_size: bool) -> set[int]:
     those that did not answer its probe: one that answered is alive (behind, or slow), and a
     place marked vacant would wait for a replacement nobody starts while that rank is left out
     (the launcher stops a failed rank before it posts the notice, so a failed one does not
-    answer). The others are asked again (``_silent``)."""
+    answer). The others are asked again (:func:`silent`)."""
     failure = current().last_failure
     if failure is None:
         return set()
@@ -380,23 +380,27 @@ def _known_failed(keep_size: bool) -> set[int]:
     return {rank for rank in failure.missing if failure.peers.get(rank) == NO_ANSWER}
 
 
-def _silent(rank: int, size: int, known: set[int], limit: Deadline) -> set[int]:
-    """The peers, other than the ``known`` failed ones, that do not answer a probe (dead,
-    frozen, or holding the GIL): they cannot join. Needed because a rank that learnt of the
+def silent(asker: Asker | None, rank: int, size: int, known: set[int], limit: Deadline
+           ) -> set[int]:
+    """The peers, other than the ``known`` failed ones, that do not answer ``asker``'s probe
+    (dead, frozen, or holding the GIL): they cannot join. A peer the probe could not reach (the
+    store stalled) has not answered either; with no ``asker`` (a store without queues) none is
+    taken for silent. Needed because a rank that learnt of the
     fault from a peer's notice (GroupRetired) knows nothing of who failed, and its proposal may
     be the one adopted. Returns at once when every peer asked answers; waits the probe's
     answer window, and ``margins.second_ask_window`` more for those that missed it, otherwise,
     each cut to what is left of ``limit`` (a peer that cannot answer by then cannot join)."""
-    asker = current().asker
     asked = [r for r in range(size) if r != rank and r not in known]
     if asker is None or not asked:
         return set()
+    # taken for one that answered, a dead rank the probe could not reach was kept as a member,
+    # and its peers waited for it out their timeout
     answers = asker.ask(WORLD, asked, window=limit.wait_time(ANSWER_WINDOW_S))
-    late = [peer for peer, answer in answers.items() if answer is None]
+    late = [peer for peer in asked if answers.get(peer) is None]
     if not late or limit.passed():
         return set(late)
     answers = asker.ask(WORLD, late, window=second_ask_window(limit))
-    return {peer for peer, answer in answers.items() if answer is None}
+    return {peer for peer in late if answers.get(peer) is None}
 
 
 
