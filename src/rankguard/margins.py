@@ -42,10 +42,11 @@ peer costs the whole window."""
 SECOND_ASK_WINDOW_S = 2.0
 """The least ``regroup()`` waits for the peers that missed ``ANSWER_WINDOW_S``, asked once
 more before it leaves them out; it waits ``SECOND_ASK_SHARE`` of what is left of its timeout
-when that is longer, at most ``SECOND_ASK_CAP_S``. A live rank left out cannot come back, and under load a live rank's answer
-may come seconds late (CI once saw two live ranks miss 2.5 s, and the group formed without
-them), while a dead one costs only the rank that was not told who failed: one that was (by its
-collective's error, or the launcher's notice) does not ask it, and its membership is adopted."""
+when that is longer, at most ``SECOND_ASK_CAP_S``. A live rank left out cannot come back, and
+under load a live rank's answer may come seconds late (CI once saw two live ranks miss 2.5 s,
+and the group formed without them), while a dead one costs only the rank that was not told
+who failed: one that was (by its collective's error, or the launcher's notice) does not ask
+it, and its membership is adopted."""
 
 SECOND_ASK_SHARE = 0.5
 """The share of what is left of ``regroup()``'s timeout that its second ask may take (see

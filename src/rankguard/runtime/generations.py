@@ -385,9 +385,8 @@ def silent(asker: Asker | None, rank: int, size: int, known: set[int], limit: De
     """The peers, other than the ``known`` failed ones, that do not answer ``asker``'s probe
     (dead, frozen, or holding the GIL): they cannot join. A peer the probe could not reach (the
     store stalled) has not answered either; with no ``asker`` (a store without queues) none is
-    taken for silent. Needed because a rank that learnt of the
-    fault from a peer's notice (GroupRetired) knows nothing of who failed, and its proposal may
-    be the one adopted. Returns at once when every peer asked answers; waits the probe's
+    taken for silent. Needed because a rank that learnt of the fault from a peer's notice
+    (GroupRetired) knows nothing of who failed, and its proposal may be the one adopted. Returns at once when every peer asked answers; waits the probe's
     answer window, and ``margins.second_ask_window`` more for those that missed it, otherwise,
     each cut to what is left of ``limit`` (a peer that cannot answer by then cannot join)."""
     asked = [r for r in range(size) if r != rank and r not in known]
@@ -401,7 +400,6 @@ def silent(asker: Asker | None, rank: int, size: int, known: set[int], limit: De
         return set(late)
     answers = asker.ask(WORLD, late, window=second_ask_window(limit))
     return {peer for peer in late if answers.get(peer) is None}
-
 
 
 def _agree_and_join(client: Any, number: int, proposal: list[int | None], rank: int,
