@@ -8,7 +8,9 @@ checksum of its final parameters.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -16,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, Run, script
+from tests.conftest import ROOT, Run, finish, launch, script
 
 EXAMPLE = str(ROOT / "examples" / "train_inplace.py")
 ARGS = ["--nproc-per-node", "3", "--hang-timeout", "3", "--max-restarts", "3"]
@@ -31,9 +33,6 @@ def _checksum(run: Run) -> str:
 
 @pytest.fixture(scope="module")
 def fault_free(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from tests.conftest import finish, launch
-    import time
-
     log_dir = tmp_path_factory.mktemp("fault_free")
     started = time.monotonic()
     run = finish(launch([*ARGS, *SCRIPT], log_dir), log_dir, 120, started)
@@ -49,7 +48,11 @@ def _events(run: Run, name: str) -> list[dict[str, Any]]:
 @pytest.mark.deadline(240)
 @pytest.mark.parametrize("fault", ["kill:rank=1,at=op20", "stop:rank=2,at=op20",
                                    "raise:rank=0,at=op20", "crash:3:rank=1,at=op25",
-                                   "kill:rank=2,at=step15"])
+                                   "kill:rank=2,at=step15",
+                                   # the survivors fail in DDP's first backward (the first
+                                   # bounded operation of a backward already under way), and
+                                   # in the second step, whose forward lays the buckets out
+                                   "kill:rank=1,at=step0", "kill:rank=1,at=step1"])
 def test_a_replaced_rank_costs_no_step_and_the_run_ends_bit_for_bit(
         run_rankguard: Any, fault_free: str, fault: str) -> None:
     run = run_rankguard([*ARGS, "--recovery", "in-place", "--inject", fault, *SCRIPT],
@@ -93,6 +96,49 @@ def test_two_faults_are_each_repaired(run_rankguard: Any, fault_free: str, secon
     assert not _events(run, "restart")
     if second == "op15":  # the survivor found both silent: one generation fills both places
         assert {e["generation"] for e in replaced} == {1}
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(300)
+def test_ranks_reaped_together_are_replaced_together(tmp_path: Any, fault_free: str) -> None:
+    """Ranks 1 and 2 are SIGKILLed while the launcher is stopped (SIGSTOP), so that it reaps
+    both at once and its fault names one: the other, found dead then, is replaced with it, each
+    for its own death, in one generation (it was refused as "rank 2 has already exited": a
+    restart)."""
+    log_dir = tmp_path / "run"
+    started = time.monotonic()
+    # the fault-free run's steps, slower: the kills land well before the end
+    proc = launch([*ARGS, "--recovery", "in-place", *SCRIPT, "--step-time", "0.25"], log_dir)
+    try:
+        until = time.monotonic() + 120
+        while not any(e["event"] == "first_step" for e in Run(0, "", "", 0, log_dir).events):
+            assert time.monotonic() < until and proc.poll() is None, "no first step"
+            time.sleep(0.05)
+        pids = {e["rank"]: e["pid"] for e in Run(0, "", "", 0, log_dir).events
+                if e["event"] == "rank_start"}
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            for rank in (1, 2):
+                os.kill(pids[rank], signal.SIGKILL)
+            until = time.monotonic() + 30
+            while not (_gone(pids[1]) and _gone(pids[2])):
+                assert time.monotonic() < until, "the killed ranks did not die"
+                time.sleep(0.05)
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+    finally:
+        run = finish(proc, log_dir, 180, started)
+    assert run.code == 0, run.stderr[-4000:]
+    assert _checksum(run) == fault_free
+    assert not _events(run, "replace_refused") and not _events(run, "restart")
+    replace = {e["rank"]: e for e in _events(run, "replace")}
+    assert sorted(replace) == [1, 2], replace
+    for rank in (1, 2):
+        assert replace[rank]["cause"] == f"rank {rank} was killed by SIGKILL", replace[rank]
+        assert replace[rank]["old_pid"] == pids[rank]
+    replaced = _events(run, "replaced")
+    assert sorted(e["rank"] for e in replaced) == [1, 2]
+    assert {e["generation"] for e in replaced} == {1}
 
 
 @pytest.mark.slow

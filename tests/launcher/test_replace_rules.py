@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 
 from rankguard.launcher.outcome import FaultKind
-from rankguard.launcher.replace_rules import Member, refusal
+from rankguard.launcher.replace_rules import Member, culprits, refusal
 
 UP = Member(alive=True)
 JOINING = Member(alive=True, joining=True)
 GONE = Member(alive=False)
+DONE = Member(alive=False, ended_well=True)
 
 ROWS: dict[str, tuple[FaultKind, set[int], dict[int, Member], int, int, str | None]] = {
     "one rank of two died and its peer runs StepLoop: replaced":
@@ -26,8 +27,10 @@ ROWS: dict[str, tuple[FaultKind, set[int], dict[int, Member], int, int, str | No
         (FaultKind.SIGNALLED, {0}, {0: GONE, 1: JOINING, 2: UP}, 5, 3, None),
     "a peer on another node holds the state while this node's replacement joins: replaced":
         (FaultKind.SIGNALLED, {0}, {0: GONE, 1: JOINING}, 5, 4, None),
-    "a peer that has exited cannot give the state":
-        (FaultKind.SIGNALLED, {1}, {0: GONE, 1: GONE}, 5, 2, "rank 0 has already exited"),
+    "a peer that has ended its script cannot give the state":
+        (FaultKind.SIGNALLED, {1}, {0: DONE, 1: GONE, 2: UP}, 5, 3, "rank 0 has already exited"),
+    "two ranks gone in the same operation and one left: both replaced from it":
+        (FaultKind.SIGNALLED, {1, 2}, {0: UP, 1: GONE, 2: GONE}, 5, 3, None),
     "a peer outside StepLoop":
         (FaultKind.SIGNALLED, {1}, {0: Member(alive=True, step_loop=False), 1: GONE}, 5, 2,
          "rank 0 does not run its loop in rankguard.StepLoop"),
@@ -61,3 +64,25 @@ def test_refusal(row: str) -> None:
         assert reason is None
     else:
         assert reason is not None and expected in reason, reason
+
+
+CULPRITS: dict[str, tuple[set[int], dict[int, Member], set[int]]] = {
+    "the rank the fault names":
+        ({1}, {0: UP, 1: GONE}, {1}),
+    "a rank reaped with it (killed in the same operation) is replaced with it":
+        ({1}, {0: UP, 1: GONE, 2: GONE}, {1, 2}),
+    "a rank that ended its script (or was stopped after it) is not":
+        ({1}, {0: DONE, 1: GONE, 2: UP}, {1}),
+    "a replacement still joining is not: its own fault repairs it":
+        ({1}, {0: UP, 1: GONE, 2: Member(alive=False, joining=True)}, {1}),
+    "a live rank is not, whatever its ledger says":
+        ({1}, {0: Member(alive=True, step_loop=False), 1: GONE}, {1}),
+    "a fault that names no rank gains none":
+        (set(), {0: UP, 1: GONE}, set()),
+}
+
+
+@pytest.mark.parametrize("row", CULPRITS)
+def test_culprits(row: str) -> None:
+    named, members, expected = CULPRITS[row]
+    assert culprits(frozenset(named), members) == expected

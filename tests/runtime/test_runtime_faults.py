@@ -255,8 +255,12 @@ def test_a_generation_one_rank_gave_up_on_is_not_formed_later_with_that_rank(
 
 
 @pytest.mark.slow  # over 4 s here: out of the quick run
-def test_ddp_peer_death_raises_peer_failed_from_backward_not_a_crash(tmp_path: Path) -> None:
-    with Ranks("ddp_peer_dies", 2, tmp_path) as ranks:
+@pytest.mark.parametrize("scenario", ["ddp_peer_dies", "ddp_peer_dies_before_the_first_backward"])
+def test_ddp_peer_death_raises_peer_failed_from_backward_not_a_crash(tmp_path: Path,
+                                                                    scenario: str) -> None:
+    """Also when the all-reduce of DDP's first backward is the rank's first bounded operation
+    (rankguard's wrapper of ``backward()`` must be in place before that backward begins)."""
+    with Ranks(scenario, 2, tmp_path) as ranks:
         result = ranks.result(0)
         code = ranks.wait(0, 10)
     assert code == 0

@@ -250,14 +250,15 @@ def step_loop_peer_hangs() -> None:
     os._exit(0)
 
 
-def ddp_peer_dies() -> None:
+def ddp_peer_dies(at_step: int) -> None:
+    """Rank 1 exits before step ``at_step``; rank 0 reports the error its backward raised."""
     torch, dist = group()
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     started = time.monotonic()
     try:
         for step in range(1000):
-            if RANK == 1 and step == 3:
+            if RANK == 1 and step == at_step:
                 os._exit(1)
             optimizer.zero_grad()
             model(torch.randn(4, 8)).sum().backward()
@@ -265,6 +266,41 @@ def ddp_peer_dies() -> None:
             started = time.monotonic()
     except rankguard.CollectiveError as error:
         report(**error_fields(error, started), cause=type(error.__cause__).__name__)
+
+
+def ddp_layouts() -> None:
+    """For a model with a frozen parameter, in DDP's default buckets and in buckets of 0.1 MB:
+    DDP's initial layout, the one ``ddp_layout.predicted`` gives from the first backward's
+    order, the one DDP lays out at its second forward, and that of a DDP built with the
+    predicted one (``ddp_layout.build``)."""
+    torch, dist = group()
+    from rankguard.runtime import ddp_layout
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 300), torch.nn.ReLU(),
+                                torch.nn.Linear(300, 200), torch.nn.ReLU(),
+                                torch.nn.Linear(200, 1))
+    model[0].bias.requires_grad_(False)
+
+    def buckets(ddp) -> list:
+        index = {id(param): i for i, param in enumerate(ddp_layout.bucketed(ddp))}
+        return [[index[id(param)] for param in bucket.parameters()]
+                for bucket in ddp.reducer._get_zeros_like_grad_buckets()]
+
+    found = {}
+    for cap in (None, 0.1):
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap)
+        ready = ddp_layout.ReadyOrder(ddp)
+        initial = buckets(ddp)
+        ddp(torch.randn(4, 32)).sum().backward()
+        predicted = ddp_layout.predicted(ddp, ready.order)
+        ready.close()
+        ddp(torch.randn(4, 32)).sum().backward()
+        rebuilt = ddp_layout.rebuilt(ddp)
+        built = buckets(ddp_layout.build(model, {"bucket_cap_mb": cap}, predicted))
+        found[str(cap)] = {"initial": initial, "predicted": predicted, "rebuilt": rebuilt,
+                           "built": built}
+    report(**found)
 
 
 def wait_for_file(name: str, timeout: float = 30.0) -> None:
@@ -704,7 +740,9 @@ SCENARIOS = {
     "step_loop_peer_hangs": step_loop_peer_hangs,
     "regroup_after_a_solo_failure": regroup_after_a_solo_failure,
     "regroup_short_timeout_peer_frozen": regroup_short_timeout_peer_frozen,
-    "ddp_peer_dies": ddp_peer_dies,
+    "ddp_peer_dies": lambda: ddp_peer_dies(3),
+    "ddp_peer_dies_before_the_first_backward": lambda: ddp_peer_dies(0),
+    "ddp_layouts": ddp_layouts,
     "outsider_writes": outsider_writes,
     "regroup_peer_dies_before_connecting": regroup_peer_dies_before_connecting,
     "regroup_again_after_a_peer_died_before_connecting":

@@ -288,11 +288,11 @@ class Agent:
                 or result.fault.kind == FaultKind.LAUNCHER_SIGNAL):
             return False  # the launcher was told to stop: nothing to repair, nor to say
         fault, hang = result.fault, result.hang
-        culprits = set(hang.blamed) if hang is not None else (
+        named = set(hang.blamed) if hang is not None else (
             {fault.rank} if fault.rank is not None else set())
         left = self.config.max_restarts - ranks.number - replacer.used
-        refusal = replacer.refusal(fault, culprits, ranks, self._read_all(ranks, readers), left,
-                                   self._layout.world)
+        refusal, causes = replacer.refusal(fault, named, ranks, self._read_all(ranks, readers),
+                                             left, self._layout.world)
         if refusal is not None:
             self._journal.write("replace_refused", attempt=ranks.number, reason=refusal,
                                 cause=fault.describe())
@@ -301,10 +301,10 @@ class Agent:
             return False
         if hang is not None:  # its stacks: the replace event's
             self._journal_hang(ranks.number, hang, {})
-        for rank in culprits:
+        for rank in causes:
             monitor.unwatch(rank)
         for member in replacer.replace(ranks, self._layout, self._ledger_dir, fault, hang,
-                                       culprits):
+                                       causes):
             self._seen.append(Seen(ranks.number, member.rank, readers[member.rank].injections()))
             readers[member.rank].close()
             readers[member.rank] = _ledger.LedgerReader(member.ledger_path)

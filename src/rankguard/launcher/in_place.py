@@ -40,7 +40,7 @@ from ..records.journal import Journal
 from ..supervisor import RankFiles, RankProcess, RankProcesses
 from .config import RunConfig
 from .monitor import Verdict
-from .outcome import Fault, FaultKind
+from .outcome import Fault, FaultKind, RankSnapshot, own_fault
 from . import replace_rules
 from .ranks import Layout, launcher_for, rank_env, recovery_path, replacement_env
 
@@ -82,23 +82,31 @@ class InPlace:
         self._pending: dict[int, _Pending] = {}
         self.used = 0  # replacements started so far, in every attempt
 
-    def refusal(self, fault: Fault, culprits: set[int], ranks: RankProcesses,
+    def refusal(self, fault: Fault, named: set[int], ranks: RankProcesses,
                 snaps: dict[int, _ledger.RankProgress], restarts_left: int,
-                world: int) -> str | None:
-        """Why ``fault`` cannot be repaired in place (None: it can): ``replace_rules.refusal``
-        over what the agent knows of ``ranks`` now (``snaps``: their ledgers; a replacement
-        that holds the state by now is journalled ``replaced`` first, and counts as a giver)."""
+                world: int) -> tuple[str | None, dict[int, Fault]]:
+        """Why ``fault`` cannot be repaired in place (None: it can), and the ranks to replace,
+        each with the fault it is replaced for: ``named`` for ``fault``, and those gone with
+        it for their own (``replace_rules.culprits``); ``replace_rules`` decides over what the
+        agent knows of ``ranks`` now (``snaps``: their ledgers; a replacement that holds the
+        state by now is journalled ``replaced`` first, and counts as a giver)."""
         for rank in list(self._pending):
             self._take_joined(rank, time.monotonic())
         members = {m.rank: _member(m, snaps.get(m.rank), m.rank in self._pending)
                    for m in ranks}
-        return replace_rules.refusal(fault.kind, frozenset(culprits), members, restarts_left,
-                                     world)
+        culprits = replace_rules.culprits(frozenset(named), members)
+        causes = {rank: fault if rank in named else
+                  own_fault(RankSnapshot.of(ranks[rank], snaps.get(rank))) or fault
+                  for rank in culprits}
+        return (replace_rules.refusal(fault.kind, culprits, members, restarts_left, world),
+                causes)
 
     def replace(self, ranks: RankProcesses, layout: Layout, ledger_dir: str, fault: Fault,
-                hang: Verdict | None, culprits: set[int]) -> list[RankProcess]:
-        """Stop ``culprits``, release the others, start a replacement for each; returns the
-        replacements (the agent watches them from now on)."""
+                hang: Verdict | None, causes: dict[int, Fault]) -> list[RankProcess]:
+        """Stop the ranks of ``causes``, release the others, start a replacement for each;
+        returns the replacements (the agent watches them from now on). ``fault``: the one the
+        agent decided (``causes``: each culprit's, as ``refusal`` gave them)."""
+        culprits = set(causes)
         stacks = ranks.stacks(Deadline.after(margins.STACKS_S),
                               [r for r in sorted(culprits) if ranks[r].alive])
         self._stop(ranks, culprits, fault.kind == FaultKind.RAISED)
@@ -111,14 +119,14 @@ class InPlace:
                 _ledger.post_notice(member.ledger_path, kind, min(culprits))
         started = []
         for rank in sorted(culprits):
-            old = ranks[rank]
+            old, cause = ranks[rank], causes[rank]
             member, warm, recovery_path = self._start(ranks, layout, ledger_dir, rank)
             self.used += 1
             limit = Deadline.after(margins.replacement_limit(self._config.hang_timeout))
-            self._pending[rank] = _Pending(member, ranks.number, recovery_path, fault.at, limit,
-                                           fault)
+            self._pending[rank] = _Pending(member, ranks.number, recovery_path, cause.at, limit,
+                                           cause)
             self._journal.write("replace", attempt=ranks.number, rank=rank, old_pid=old.pid,
-                                new_pid=member.pid, warm=warm, cause=fault.describe(),
+                                new_pid=member.pid, warm=warm, cause=cause.describe(),
                                 old_ending=_ending(old), stacks=stacks.get(rank) is not None
                                 and old.stacks_path or None)
             how = "a warm spare" if warm else "a new process"
@@ -239,9 +247,10 @@ def _member(member: RankProcess, snap: _ledger.RankProgress | None,
 
 
 def _ended_well(member: RankProcess, snap: _ledger.RankProgress | None) -> bool:
-    """Whether ``member`` left with exit code 0 (its script ended), or is leaving so."""
+    """Whether ``member`` left with exit code 0 (its script ended), or is leaving so: gone with
+    no fault of its own (``outcome.own_fault``)."""
     if not member.alive:
-        return member.returncode == 0
+        return own_fault(RankSnapshot.of(member, snap)) is None
     return snap is not None and snap.fault == _ledger.FAULT_EXITING and snap.exit_code == 0
 
 

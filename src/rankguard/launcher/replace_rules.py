@@ -20,7 +20,8 @@ class Member:
     Attributes:
         alive: its process has not exited (as far as the agent has reaped).
         joining: it is a replacement that does not hold the state yet (it cannot give it).
-        ended_well: it left, or is leaving, with exit code 0 (its script ended).
+        ended_well: it left, or is leaving, with exit code 0 (its script ended), or it was
+            stopped by the launcher after that: it is gone with no fault of its own.
         step_loop: its ledger says it runs inside ``rankguard.StepLoop.run``.
         loop_ended: its ledger says a ``StepLoop.run`` of it has ended (its loop is over: it
             cannot take a replacement in, though it ran one).
@@ -33,6 +34,19 @@ class Member:
     step_loop: bool = True
     loop_ended: bool = False
     bounded: bool = True
+
+
+def culprits(named: frozenset[int], members: Mapping[int, Member]) -> frozenset[int]:
+    """The ranks a fault naming ``named`` replaces: those, and each rank of this node that has
+    exited with a fault of its own by now (not with code 0, and not a replacement still
+    joining: that one's own fault repairs it). Ranks that die in the same operation are reaped
+    together, but a fault names one: the others are replaced with it, in one generation,
+    instead of being found gone (a refusal, then a restart)."""
+    if not named:
+        return named
+    gone = {rank for rank, member in members.items()
+            if not member.alive and not member.ended_well and not member.joining}
+    return named | gone
 
 
 def refusal(kind: FaultKind, culprits: frozenset[int], members: Mapping[int, Member],

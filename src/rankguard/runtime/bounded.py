@@ -264,9 +264,11 @@ class BoundedWork:
 @functools.cache
 def work_class() -> type[BoundedWork]:
     """The class of a bounded work handle: :class:`BoundedWork` on torch's ``Work`` (torch
-    must be imported first). Made once per process."""
+    must be imported first). Made once per process, at its first bounded operation, which
+    patches ``backward()`` too (:func:`patch_autograd_backward`)."""
     import torch.distributed as dist
 
+    patch_autograd_backward()
     return type("BoundedWork", (BoundedWork, dist.Work),
                 {"__module__": __name__, "__doc__": BoundedWork.__doc__})
 
@@ -321,9 +323,12 @@ def patch_autograd_backward() -> None:
     (``RankState.handed_out``), it raises the failure behind them (:func:`failure_behind`)
     instead, chained to torch's error; otherwise torch's error passes unchanged.
 
-    When: the first time a bounded work's future is handed out (``get_future``,
-    ``releasable_future``), torch being imported by then; later calls do nothing. A process
-    that never hands a future to C++ keeps torch's function.
+    When: at the process's first bounded operation (:func:`work_class`), and at the latest
+    when a bounded work's future is handed out (``get_future``, ``releasable_future``); later
+    calls do nothing. Not later: a ``backward()`` already running when the patch is made (the
+    first one of a DDP whose bucket all-reduce is the process's first bounded operation) would
+    call torch's own, and its failure would pass unexplained. A process that never runs a
+    bounded operation keeps torch's function.
     """
     global _backward_patched
     if _backward_patched:

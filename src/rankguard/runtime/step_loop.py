@@ -74,10 +74,11 @@ class Rebuilt:
     the DDP module it holds (``module`` is that DDP). Made by :meth:`StepLoop.ddp`.
 
     Each rebuild keeps the **bucket layout** the previous DDP had rebuilt (DDP lays its
-    buckets out again after its first backward, in the order the gradients became ready). A
-    fresh DDP would start from its initial layout instead, and since gloo's ring all-reduce
-    adds up each element in an order that depends on where it sits in the bucket, the first
-    step after a recovery would differ from the fault-free run in the last bits.
+    buckets out again after its first backward, in the order the gradients became ready), or
+    would have rebuilt in the step the fault cut short (``ddp_layout.predicted``). A fresh DDP
+    would start from its initial layout instead, and since gloo's ring all-reduce adds up each
+    element in an order that depends on where it sits in the bucket, the first step after a
+    recovery would differ from the fault-free run in the last bits.
     """
 
     def __init__(self, module: Any, options: dict[str, Any]) -> None:
@@ -85,6 +86,8 @@ class Rebuilt:
         self._options = options
         self._ddp: Any = None
         self.layout: ddp_layout.Layout | None = None  # the rebuilt one, once known
+        self._ready: ddp_layout.ReadyOrder | None = None  # until the layout is known
+        self._next: ddp_layout.Layout | None = None  # what this DDP's next forward lays out
 
     @property
     def module(self) -> Any:
@@ -101,16 +104,38 @@ class Rebuilt:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
 
-    def note_layout(self) -> None:
-        """After a step: learn the layout the DDP rebuilt, once (a DDP built with a known
-        layout keeps it)."""
-        if self.layout is None and self._ddp is not None:
-            self.layout = ddp_layout.rebuilt(self._ddp)
+    def begin_step(self) -> None:
+        """Before a step: its backward's order is recorded afresh, until the layout is
+        predicted."""
+        if self._ready is not None:
+            self._ready.clear()
+
+    def note_layout(self, failed: bool) -> None:
+        """After a step (``failed``: one a fault cut short): learn the layout the DDP rebuilt,
+        once (a DDP built with a known layout keeps it). Before that, the first step's
+        backward predicts the layout the next forward makes; when that step fails, the step
+        is run again by a new DDP, which must start from the predicted layout."""
+        if self.layout is not None or self._ddp is None:
+            return
+        self.layout = ddp_layout.rebuilt(self._ddp)
+        if self.layout is None and failed:
+            self.layout = self._next
+        elif self.layout is None and self._next is None and self._ready is not None:
+            self._next = ddp_layout.predicted(self._ddp, self._ready.order)
+        if self.layout is not None and self._ready is not None:
+            self._ready.close()
+            self._ready = None
 
     def rebuild(self) -> None:
         """A new DDP on the current default group, laid out as the rebuilt layout if known."""
         self._ddp = None  # the old one's reducer goes before the new one registers its hooks
+        if self._ready is not None:
+            self._ready.close()
+            self._ready = None
+        self._next = None
         self._ddp = ddp_layout.build(self._inner_module, self._options, self.layout)
+        if self.layout is None:
+            self._ready = ddp_layout.ReadyOrder(self._ddp)
 
 
 class StepLoop:
@@ -270,6 +295,8 @@ class StepLoop:
         injector = current().injector
         while self._step < steps:
             fault = None
+            for wrapped in self._wrapped:
+                wrapped.begin_step()
             try:
                 if injector is not None:
                     injector.before_step(self._step)
@@ -278,12 +305,12 @@ class StepLoop:
                 fault = peer_fault(error)
                 if fault is None or len(self.recoveries) >= self._max_recoveries:
                     raise
+            for wrapped in self._wrapped:
+                wrapped.note_layout(failed=fault is not None)
             if fault is not None:
                 self._recover(fault)
                 continue
             self._step += 1
-            for wrapped in self._wrapped:
-                wrapped.note_layout()
 
     def _state_with_layouts(self) -> dict[str, Any]:
         return {"state": self._get_state(),
