@@ -64,7 +64,9 @@ mixed = lambda: {torch_groups()[dist.group.WORLD]} if mode != "wrapped" else set
 sampler = AsyncGroupSampler(LedgerWriter(path), [reader], MIN_TICK_S, False, torch_members,
                             gloo_watched=False, mixed=mixed)
 for count in (3, 2) if mode == "again" else (3,):
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+    # a store in a file of its own: no socket to stall on a loaded machine (one did for 30 s)
+    dist.init_process_group("gloo", init_method=f"file://{path}.store{count}", rank=0,
+                            world_size=1)
     for _ in range(count):
         dist.all_reduce(torch.ones(1))
     deadline = time.monotonic() + 30  # torch counts a gloo completion a moment after the wait
