@@ -18,9 +18,11 @@ the survivors formed, and its loop begins at step 2 with no state.
 
 What the user promises: a step changes the state only after its last collective (as a DDP step
 does: backward's all-reduce, then ``optimizer.step()``), and the state the callables move is all
-the state a step depends on (model, optimizer, scheduler, RNG, data position). Then a step that
-failed on some rank left that rank's state as it was before the step, and running it again
-computes what the fault-free run computes.
+the state a step depends on (model, optimizer, scheduler, data position; random numbers seeded
+from the step, not carried: a cut-short step drew from its rank's RNG before the fault). Then a
+step that failed on some rank left that rank's state as it was before the step, and running it
+again computes what the fault-free run computes. The gradients of ``ddp()``'s modules are
+dropped before a failed step runs again (a replacement starts without any).
 """
 
 from __future__ import annotations
@@ -125,6 +127,14 @@ class Rebuilt:
         if self.layout is not None and self._ready is not None:
             self._ready.close()
             self._ready = None
+
+    def drop_gradients(self) -> None:
+        """Forget the module's gradients (``grad = None``, as a replacement's start): a step
+        cut short leaves in them what its backward had accumulated, which a step that adds to
+        them (``optimizer.zero_grad()`` after ``optimizer.step()``, or micro-batches under
+        ``no_sync()``) would add again when it runs once more."""
+        for param in self._inner_module.parameters():
+            param.grad = None
 
     def rebuild(self) -> None:
         """A new DDP on the current default group, laid out as the rebuilt layout if known."""
@@ -362,6 +372,8 @@ class StepLoop:
                     raise  # the launcher said it replaces nobody: the attempt ends
                 continue
             again = None
+            for wrapped in self._wrapped:
+                wrapped.drop_gradients()
             try:
                 self._resume(generation.number, tuple(generation.replaced),
                              time.monotonic() - started, first_line(fault))
