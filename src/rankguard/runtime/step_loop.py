@@ -232,7 +232,20 @@ class StepLoop:
     def ddp(self, module: Any, **options: Any) -> Rebuilt:
         """``module`` in ``DistributedDataParallel(module, **options)``, built when ``run()``
         starts and again on each new generation. Build the optimizer on ``module``'s
-        parameters: they are the same across rebuilds."""
+        parameters: they are the same across rebuilds.
+
+        Raises:
+            UsageError: ``module`` is not a ``torch.nn.Module``, or this loop wraps it already
+                (two DDPs on one module would each all-reduce its gradients).
+        """
+        import torch
+
+        if not isinstance(module, torch.nn.Module):
+            raise UsageError("StepLoop.ddp()", "expected a torch.nn.Module, got "
+                             f"{type(module).__name__}", "give the model itself")
+        if any(wrapped._inner_module is module for wrapped in self._wrapped):
+            raise UsageError("StepLoop.ddp()", "this loop wraps that module already",
+                             "call ddp() once per module and keep what it returns")
         wrapped = Rebuilt(module, options)
         self._wrapped.append(wrapped)
         self._rebuilds.append(wrapped.rebuild)
@@ -247,7 +260,8 @@ class StepLoop:
         """Call ``step_fn(step)`` for each step from the current one up to ``steps``.
 
         Raises:
-            UsageError: ``steps`` is not a whole number >= 0, no process group exists,
+            UsageError: ``step_fn`` is not callable, ``steps`` is not a whole number >= 0, no
+                process group exists,
                 ``run()`` was called before on this loop, another loop's ``run()`` is in
                 progress (a loop inside a step), or ``get_state()`` returns what a peer could
                 not load (checked before the first step).
@@ -259,6 +273,9 @@ class StepLoop:
         """
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             raise UsageError("StepLoop.run(steps)", f"expected a whole number >= 0, got {steps!r}")
+        if not callable(step_fn):
+            raise UsageError("StepLoop.run(step_fn)", "expected a function of the step number, "
+                             f"got {type(step_fn).__name__}", "pass the step function first")
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
