@@ -37,6 +37,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--width", type=int, default=64, help="hidden units of the model")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cpu (gloo) or cuda (NCCL, a GPU per rank, or shared)")
+    p.add_argument("--zero-grad-after", action="store_true",
+                   help="clear the gradients after optimizer.step(), not before the backward")
     return p.parse_args()
 
 
@@ -72,10 +74,13 @@ def main() -> None:
         rank = dist.get_rank()
         seed = torch.Generator().manual_seed(n * 1000 + rank)
         x = torch.randn(16, 32, generator=seed).to(device)
-        optimizer.zero_grad()
+        if not args.zero_grad_after:
+            optimizer.zero_grad()
         loss = torch.nn.functional.mse_loss(ddp(x), x @ target_w)
         loss.backward()  # DDP's all-reduce: a peer's fault raises here, before the update
         optimizer.step()
+        if args.zero_grad_after:
+            optimizer.zero_grad()
         time.sleep(args.step_time)
         if rank == 0 and n % 10 == 0:
             print(f"step {n} loss {loss.item():.4f}", flush=True)

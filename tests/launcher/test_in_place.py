@@ -84,6 +84,20 @@ def test_a_replaced_rank_costs_no_step_and_the_run_ends_bit_for_bit(
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(240)
+def test_gradients_a_cut_short_step_left_are_not_added_again(run_rankguard: Any,
+                                                              fault_free: str) -> None:
+    # the step clears its gradients after optimizer.step(): the survivors' cut-short backward
+    # left its gradients in place, which the step run again would add to (the same fault-free
+    # run: the first step starts with none either way)
+    run = run_rankguard([*ARGS, "--recovery", "in-place", "--inject", "kill:rank=1,at=op20",
+                         *SCRIPT, "--zero-grad-after"], timeout=180)
+    assert run.code == 0, run.stderr[-4000:]
+    assert len(_events(run, "replaced")) == 1
+    assert _checksum(run) == fault_free
+
+
+@pytest.mark.slow
 @pytest.mark.deadline(300)
 @pytest.mark.parametrize("second", ["op30", "op15"], ids=["in_a_row", "at_once"])
 def test_two_faults_are_each_repaired(run_rankguard: Any, fault_free: str, second: str) -> None:

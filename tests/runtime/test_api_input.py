@@ -114,6 +114,14 @@ class _Stateful:
         pass
 
 
+def _wraps_one_module_twice() -> None:
+    import torch
+
+    loop, model = rankguard.StepLoop(_no_state, print), torch.nn.Linear(2, 2)
+    loop.ddp(model)
+    loop.ddp(model)
+
+
 @pytest.mark.parametrize("make, fragment", [
     (lambda: rankguard.StepLoop(None, None), "get_state and load_state must be callables"),
     (lambda: rankguard.StepLoop(_no_state, print, regroup_timeout=-1), "regroup_timeout"),
@@ -127,6 +135,11 @@ class _Stateful:
     (lambda: rankguard.StepLoop.of({"model": _Stateful}), "'model' is a class"),
     (lambda: rankguard.StepLoop(_no_state, print).run(print, 1.5), "StepLoop.run(steps)"),
     (lambda: rankguard.StepLoop(_no_state, print).run(print, -1), "StepLoop.run(steps)"),
+    # these were a TypeError or an AttributeError from deep inside, restarted like any error
+    (lambda: rankguard.StepLoop(_no_state, print).run(None, 3), "StepLoop.run(step_fn)"),
+    (lambda: rankguard.StepLoop(_no_state, print).ddp("model"), "expected a torch.nn.Module"),
+    # silently accepted: two DDPs on one module, each all-reducing its gradients
+    (_wraps_one_module_twice, "wraps that module already"),
 ])
 def test_step_loop_refuses_bad_arguments_before_any_collective(make: object,
                                                                 fragment: str) -> None:

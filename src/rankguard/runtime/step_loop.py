@@ -18,9 +18,11 @@ the survivors formed, and its loop begins at step 2 with no state.
 
 What the user promises: a step changes the state only after its last collective (as a DDP step
 does: backward's all-reduce, then ``optimizer.step()``), and the state the callables move is all
-the state a step depends on (model, optimizer, scheduler, RNG, data position). Then a step that
-failed on some rank left that rank's state as it was before the step, and running it again
-computes what the fault-free run computes.
+the state a step depends on (model, optimizer, scheduler, data position; random numbers seeded
+from the step, not carried: a cut-short step drew from its rank's RNG before the fault). Then a
+step that failed on some rank left that rank's state as it was before the step, and running it
+again computes what the fault-free run computes. The gradients of ``ddp()``'s modules are
+dropped before a failed step runs again (a replacement starts without any).
 """
 
 from __future__ import annotations
@@ -126,6 +128,14 @@ class Rebuilt:
             self._ready.close()
             self._ready = None
 
+    def drop_gradients(self) -> None:
+        """Forget the module's gradients (``grad = None``, as a replacement's start): a step
+        cut short leaves in them what its backward had accumulated, which a step that adds to
+        them (``optimizer.zero_grad()`` after ``optimizer.step()``, or micro-batches under
+        ``no_sync()``) would add again when it runs once more."""
+        for param in self._inner_module.parameters():
+            param.grad = None
+
     def rebuild(self) -> None:
         """A new DDP on the current default group, laid out as the rebuilt layout if known."""
         self._ddp = None  # the old one's reducer goes before the new one registers its hooks
@@ -222,7 +232,20 @@ class StepLoop:
     def ddp(self, module: Any, **options: Any) -> Rebuilt:
         """``module`` in ``DistributedDataParallel(module, **options)``, built when ``run()``
         starts and again on each new generation. Build the optimizer on ``module``'s
-        parameters: they are the same across rebuilds."""
+        parameters: they are the same across rebuilds.
+
+        Raises:
+            UsageError: ``module`` is not a ``torch.nn.Module``, or this loop wraps it already
+                (two DDPs on one module would each all-reduce its gradients).
+        """
+        import torch
+
+        if not isinstance(module, torch.nn.Module):
+            raise UsageError("StepLoop.ddp()", "expected a torch.nn.Module, got "
+                             f"{type(module).__name__}", "give the model itself")
+        if any(wrapped._inner_module is module for wrapped in self._wrapped):
+            raise UsageError("StepLoop.ddp()", "this loop wraps that module already",
+                             "call ddp() once per module and keep what it returns")
         wrapped = Rebuilt(module, options)
         self._wrapped.append(wrapped)
         self._rebuilds.append(wrapped.rebuild)
@@ -237,7 +260,8 @@ class StepLoop:
         """Call ``step_fn(step)`` for each step from the current one up to ``steps``.
 
         Raises:
-            UsageError: ``steps`` is not a whole number >= 0, no process group exists,
+            UsageError: ``step_fn`` is not callable, ``steps`` is not a whole number >= 0, no
+                process group exists,
                 ``run()`` was called before on this loop, another loop's ``run()`` is in
                 progress (a loop inside a step), or ``get_state()`` returns what a peer could
                 not load (checked before the first step).
@@ -249,6 +273,9 @@ class StepLoop:
         """
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             raise UsageError("StepLoop.run(steps)", f"expected a whole number >= 0, got {steps!r}")
+        if not callable(step_fn):
+            raise UsageError("StepLoop.run(step_fn)", "expected a function of the step number, "
+                             f"got {type(step_fn).__name__}", "pass the step function first")
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
@@ -362,6 +389,8 @@ class StepLoop:
                     raise  # the launcher said it replaces nobody: the attempt ends
                 continue
             again = None
+            for wrapped in self._wrapped:
+                wrapped.drop_gradients()
             try:
                 self._resume(generation.number, tuple(generation.replaced),
                              time.monotonic() - started, first_line(fault))
