@@ -68,6 +68,9 @@ def test_a_replaced_rank_costs_no_step_and_the_run_ends_bit_for_bit(
     assert replaced["source"] != rank and replaced["nbytes"] > 0
     assert not _events(run, "restart")  # one attempt: the survivors never stopped
     assert run.outcomes(0) == {0: "ok", 1: "ok", 2: "ok"}
+    # torch warns of each store wait that times out: waiting for the replacement in slices of
+    # 0.1 s printed some 260 such lines; a few from the probe's longer waits may remain
+    assert run.stderr.count("waitForInput") < 20, run.stderr[-2000:]
     if fault.startswith("stop"):  # found hung, its stacks taken before it was stopped
         assert replace["stacks"] and "hang" in replace["cause"]
         assert replace["old_ending"] == "stopped by the launcher (was killed by SIGKILL)"

@@ -210,4 +210,4 @@ def test_a_rank_told_that_the_missing_will_not_come_stops_waiting_at_once_naming
     thread.join(LONG_S)
     assert not thread.is_alive()
     assert outcome["meeting"].missing == [1] and not outcome["meeting"].complete
-    assert outcome["at"] - told_at < barrier.STOP_SLICE_S + AFTER_DEADLINE_S
+    assert outcome["at"] - told_at < barrier.STOP_POLL_S + AFTER_DEADLINE_S

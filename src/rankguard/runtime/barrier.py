@@ -14,8 +14,8 @@ One call of :func:`meet` on every rank, under a name unique to that meeting:
 4. **name the missing**: at the deadline, the arrivals present (``check``) and authentic
    (``multi_get``) say who came; the others are missing. A caller that may learn, outside the
    store, that a rank will never come (``regroup`` waiting for a replacement the launcher
-   refused to start) gives ``stop``: the wait then goes in slices of ``STOP_SLICE_S`` and ends
-   at the first slice after which ``stop()`` is true, as at the deadline.
+   refused to start) gives ``stop``: the key is then polled every ``STOP_POLL_S`` and the wait ends
+   at the first look after which ``stop()`` is true, as at the deadline.
 
 Every value a rank acts on is sealed with the run's secret (``rankguard.sealed``). The counter is
 only a hint of who may be last: a rank releases only once it read every rank's authentic arrival,
@@ -30,6 +30,7 @@ notices a deadline up to a second late (its own ``wait`` polls).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable
@@ -43,7 +44,7 @@ _WAIT_MIN_S = 0.001
 # a wait that ends sooner than this before its deadline did not time out: the store failed
 _EARLY_S = 0.05
 _ARRIVED = "arrived"
-STOP_SLICE_S = 0.1  # how soon a meeting given ``stop`` sees it become true
+STOP_POLL_S = 0.02  # how often a meeting given ``stop`` looks for its key and at ``stop``
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ def meet(client: Any, name: str, rank: int, size: int, limit: Deadline,
          payload: str = _ARRIVED, stop: Callable[[], bool] | None = None) -> Meeting:
     """Arrive at the barrier ``name`` as ``rank`` of ``size`` and wait until every rank did, or
     until ``limit``, or (given ``stop``) until ``stop()`` is true (checked once arrived, then
-    every ``STOP_SLICE_S``).
+    every ``STOP_POLL_S``).
 
     Args:
         client: a store client of this rank's own (its timeout is set here).
@@ -154,17 +155,24 @@ def _release(client: Any, released: str) -> None:
 def _wait(client: Any, key: str, limit: Deadline, stop: Callable[[], bool] | None = None
           ) -> bool:
     """Whether ``key`` is set before ``limit`` (False once it passed, or once ``stop()`` is
-    true, checked before each slice of ``STOP_SLICE_S``)."""
-    while not limit.passed():  # a store rounds its timeout down to whole milliseconds
-        if stop is not None and stop():
-            return False
-        piece = limit if stop is None else limit.within(STOP_SLICE_S)
-        try:
-            client.wait([key], _time_left(piece, _WAIT_MIN_S))
+    true, checked every ``STOP_POLL_S``).
+
+    With ``stop``, the key is polled (``check``), not waited for in slices: each store wait
+    that times out makes torch print two warnings ("waitForInput ... likely a timeout"), and
+    slices of 0.1 s printed some 260 lines on the terminal in one recovery of three ranks."""
+    if stop is None:
+        while not limit.passed():  # a store rounds its timeout down to whole milliseconds
+            try:
+                client.wait([key], _time_left(limit, _WAIT_MIN_S))
+                return True
+            except RuntimeError:
+                if limit.remaining() > _EARLY_S:  # not a timeout: the store failed
+                    raise
+        return False
+    while not limit.passed() and not stop():
+        if client.check([key]):
             return True
-        except RuntimeError:
-            if piece.remaining() > _EARLY_S:  # not a timeout: the store failed
-                raise
+        time.sleep(limit.wait_time(STOP_POLL_S))
     return False
 
 

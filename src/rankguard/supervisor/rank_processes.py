@@ -370,13 +370,15 @@ class RankProcesses:
 
     def stacks(self, until: Deadline, ranks: Sequence[int] | None = None) -> dict[int, str]:
         """Ask the live ranks of ``ranks`` (default: all) for the Python stacks of all their
-        threads (SIGUSR1 to the main thread; a stopped rank is continued to answer); rank ->
-        the dump, for those that answered before ``until``. Each dump is also appended to
-        the rank's stacks file."""
+        threads (SIGUSR1 to the main thread); rank -> the dump, for those that answered before
+        ``until``. Each dump is also appended to the rank's stacks file. A stopped rank is
+        continued to answer, then stopped again: it is about to be blamed as frozen, and must
+        not go on with its steps meanwhile (it did: two more steps with its peers)."""
         wanted = list(self._members) if ranks is None else [self[r] for r in ranks]
         targets = {m.rank: (m.pid, [m.stacks_path]) for m in wanted if m.proc.poll() is None}
         return stack_requests.ask(  # type: ignore[return-value]
-            targets, until.wait_time(), gone=lambda r: self[r].proc.poll() is not None)
+            targets, until.wait_time(), gone=lambda r: self[r].proc.poll() is not None,
+            keep_stopped=True)
 
     def signal(self, sig: int, members: Sequence[RankProcess] | None = None) -> None:
         """Send ``sig`` to the process tree and process group of each live rank of
