@@ -5,8 +5,11 @@ whole process trees and what left them carrying the set's marker; stacks come be
 from __future__ import annotations
 
 import gc
+import os
+import signal
 import sys
 import threading
+import time
 import weakref
 from pathlib import Path
 
@@ -140,7 +143,11 @@ def test_kill_ends_the_process_trees_and_what_left_them_with_the_marker(ranks, t
     assert wait_gone([orphan], until) == []
 
 
-def test_stacks_are_asked_of_live_ranks_before_a_kill(ranks, tmp_path: Path) -> None:
+@pytest.mark.parametrize("stopped", [False, True], ids=["running", "stopped"])
+def test_stacks_are_asked_of_live_ranks_before_a_kill(ranks, tmp_path: Path,
+                                                      stopped: bool) -> None:
+    """A stopped rank (SIGSTOP) is continued to dump, then stopped again: it is about to be
+    blamed as frozen, and must not go on with its work meanwhile."""
     rs = ranks()
     where = files(tmp_path)
     program = ("import faulthandler, signal, sys, time\n"
@@ -153,9 +160,15 @@ def test_stacks_are_asked_of_live_ranks_before_a_kill(ranks, tmp_path: Path) -> 
     member = start(rs, tmp_path, [sys.executable, "-c", program], pipes=True)
     until = Deadline.after(LONG_S)
     pump_until(rs, until, lambda: "ready" in Path(member.log_path).read_text())
+    if stopped:
+        os.kill(member.pid, signal.SIGSTOP)
+        while not proctree.is_stopped(member.pid):
+            assert not until.passed(), "the rank was not stopped"
+            time.sleep(0.01)
     dumps = rs.stacks(until)
     assert "waiting_here" in dumps[0], dumps
     assert "waiting_here" in Path(where.stacks).read_text()
+    assert proctree.is_stopped(member.pid) == stopped
 
 
 def test_wait_gone_returns_when_the_processes_end_or_names_those_left_at_the_deadline(
