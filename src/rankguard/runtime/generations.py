@@ -386,9 +386,10 @@ def silent(asker: Asker | None, rank: int, size: int, known: set[int], limit: De
     (dead, frozen, or holding the GIL): they cannot join. A peer the probe could not reach (the
     store stalled) has not answered either; with no ``asker`` (a store without queues) none is
     taken for silent. Needed because a rank that learnt of the fault from a peer's notice
-    (GroupRetired) knows nothing of who failed, and its proposal may be the one adopted. Returns at once when every peer asked answers; waits the probe's
-    answer window, and ``margins.second_ask_window`` more for those that missed it, otherwise,
-    each cut to what is left of ``limit`` (a peer that cannot answer by then cannot join)."""
+    (GroupRetired) knows nothing of who failed, and its proposal may be the one adopted.
+    Returns at once when every peer asked answers; waits the probe's answer window, and
+    ``margins.second_ask_window`` more for those that missed it, otherwise, each cut to what is
+    left of ``limit`` (a peer that cannot answer by then cannot join)."""
     asked = [r for r in range(size) if r != rank and r not in known]
     if asker is None or not asked:
         return set()
