@@ -122,8 +122,12 @@ class Rebuilt:
         self.layout = ddp_layout.rebuilt(self._ddp)
         if self.layout is None and failed:
             self.layout = self._next
-        elif self.layout is None and self._next is None and self._ready is not None:
+        elif self.layout is None and self._ready is not None and self._ready.order:
+            # the first step with a backward: the order is known (None: DDP will not lay
+            # them out again); its hooks cost a call per parameter and backward from now on
             self._next = ddp_layout.predicted(self._ddp, self._ready.order)
+            self._ready.close()
+            self._ready = None
         if self.layout is not None and self._ready is not None:
             self._ready.close()
             self._ready = None
