@@ -65,8 +65,8 @@ def predicted(ddp: Any, order: list[int]) -> Layout | None:
 
 class ReadyOrder:
     """The order in which the gradients of a module's bucketed parameters become ready in a
-    backward (each parameter's first time since :meth:`clear`), recorded by a hook on each
-    until :meth:`close`. Costs one Python call per parameter and backward."""
+    backward (each parameter's first time: the micro-batches of a step add nothing), recorded
+    by a hook on each until :meth:`close`. Costs one Python call per parameter and backward."""
 
     def __init__(self, ddp: Any) -> None:
         self._seen: dict[int, None] = {}
@@ -81,9 +81,6 @@ class ReadyOrder:
     @property
     def order(self) -> list[int]:
         return list(self._seen)
-
-    def clear(self) -> None:
-        self._seen.clear()
 
     def close(self) -> None:
         for handle in self._handles:

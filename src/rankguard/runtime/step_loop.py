@@ -106,29 +106,27 @@ class Rebuilt:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
 
-    def begin_step(self) -> None:
-        """Before a step: its backward's order is recorded afresh, until the layout is
-        predicted."""
-        if self._ready is not None:
-            self._ready.clear()
-
     def note_layout(self, failed: bool) -> None:
         """After a step (``failed``: one a fault cut short): learn the layout the DDP rebuilt,
-        once (a DDP built with a known layout keeps it). Before that, the first step's
+        once (a DDP built with a known layout keeps it). Before that, the first step with a
         backward predicts the layout the next forward makes; when that step fails, the step
-        is run again by a new DDP, which must start from the predicted layout."""
+        is run again by a new DDP, which must start from the predicted layout. (A failed
+        step's partial order is never read: the recovery builds a new DDP, recorded anew.)"""
         if self.layout is not None or self._ddp is None:
             return
         self.layout = ddp_layout.rebuilt(self._ddp)
         if self.layout is None and failed:
             self.layout = self._next
         elif self.layout is None and self._ready is not None and self._ready.order:
-            # the first step with a backward: the order is known (None: DDP will not lay
-            # them out again); its hooks cost a call per parameter and backward from now on
+            # None: DDP will not lay them out again
             self._next = ddp_layout.predicted(self._ddp, self._ready.order)
-            self._ready.close()
-            self._ready = None
-        if self.layout is not None and self._ready is not None:
+            self._stop_recording()
+        if self.layout is not None:
+            self._stop_recording()
+
+    def _stop_recording(self) -> None:
+        """Remove the order's hooks: they cost a call per parameter and backward."""
+        if self._ready is not None:
             self._ready.close()
             self._ready = None
 
@@ -143,9 +141,7 @@ class Rebuilt:
     def rebuild(self) -> None:
         """A new DDP on the current default group, laid out as the rebuilt layout if known."""
         self._ddp = None  # the old one's reducer goes before the new one registers its hooks
-        if self._ready is not None:
-            self._ready.close()
-            self._ready = None
+        self._stop_recording()
         self._next = None
         self._ddp = ddp_layout.build(self._inner_module, self._options, self.layout)
         if self.layout is None:
@@ -326,8 +322,6 @@ class StepLoop:
         injector = current().injector
         while self._step < steps:
             fault = None
-            for wrapped in self._wrapped:
-                wrapped.begin_step()
             try:
                 if injector is not None:
                     injector.before_step(self._step)
