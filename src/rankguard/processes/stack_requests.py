@@ -25,6 +25,9 @@ from ..deadline import Deadline
 
 DUMP_POLL_S = 0.005  # between looks at the sizes of the dump files
 DUMP_QUIET_S = 0.02  # faulthandler writes a whole dump within its handler, in a few ms
+# how long a target stopped again is waited for to be seen stopped (the kernel stops it when it
+# is next scheduled: milliseconds, more on a loaded machine)
+RESTOP_SETTLE_S = 2.0
 
 
 def file_size(path: str) -> int:
@@ -83,16 +86,25 @@ def ask(targets: Mapping[Hashable, tuple[int, Sequence[str]]], budget: float,
 
     A stopped target is continued so that it can dump; ``keep_stopped`` (a look at a job that
     must not change it) stops it again once the wait is over, so that it runs only for its
-    dump and the few milliseconds after."""
+    dump and the few milliseconds after, and returns once it is seen stopped (or after
+    :data:`RESTOP_SETTLE_S`): a caller that looks next sees it as it found it."""
     stopped = [pid for pid, _ in targets.values() if keep_stopped and proctree.is_stopped(pid)]
     try:
         return _ask(targets, budget, gone, sig)
     finally:
-        for pid in stopped:
-            try:
-                os.kill(pid, signal.SIGSTOP)
-            except OSError:
-                pass  # gone meanwhile
+        _stop_again(stopped)
+
+
+def _stop_again(pids: Sequence[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except OSError:
+            pass  # gone meanwhile
+    settled = Deadline.after(RESTOP_SETTLE_S)
+    for pid in pids:
+        while proctree.alive(pid) and not proctree.is_stopped(pid) and not settled.passed():
+            time.sleep(DUMP_POLL_S)
 
 
 def _ask(targets: Mapping[Hashable, tuple[int, Sequence[str]]], budget: float,
