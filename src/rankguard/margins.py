@@ -103,6 +103,13 @@ takes milliseconds idle; a member that died in between fails the regroup after t
 after the group's timeout (30 min for gloo), nor after gloo's five times this for a member
 that never dials in (``runtime.backend_connect``)."""
 
+CONNECT_CAP_S = 10.0
+"""The most a new generation's backend is given to connect its members, however much of the
+regroup's timeout is left: every member arrived, so only a member that died or froze since
+needs more, and the others waited for it out the whole join's timeout (30 s under ``rankguard
+run --recovery in-place``: a second rank killed just after a replacement joined cost that much
+before the survivors could form the next generation)."""
+
 EXIT_WAIT_CAP_S = 5.0
 """The most a rank's exit waits for the runtime's own calls still in flight (``exit_waits``): each
 is waited for until its own deadline (a notice to the peers: 0.05 s plus 0.1 s of thread slack;

@@ -159,6 +159,43 @@ def test_ranks_reaped_together_are_replaced_together(tmp_path: Any, fault_free: 
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(300)
+def test_a_survivor_killed_while_the_replacement_joins_is_replaced_too(tmp_path: Any,
+                                                                       fault_free: str) -> None:
+    """Rank 2 is SIGKILLed half a second after rank 1's replacement started: most often it had
+    joined the generation the replacement joins, and died before that generation connected.
+    The survivors gave up on it after the whole join's timeout (30 s), and the replacement
+    exited on its failed connect, to be replaced again (here: three replacements for two
+    faults; on four ranks the two survivors also took each other for dead, a rank without a
+    default group answering probes with nothing, and the run failed blaming a healthy rank).
+    Now both places are filled in the next generation."""
+    log_dir = tmp_path / "run"
+    started = time.monotonic()
+    proc = launch([*ARGS, "--recovery", "in-place", "--inject", "kill:rank=1,at=op20",
+                   *SCRIPT], log_dir)
+    killed = None
+    try:
+        until = time.monotonic() + 120
+        while killed is None:
+            assert time.monotonic() < until and proc.poll() is None, "no replacement started"
+            events = Run(0, "", "", 0, log_dir).events
+            if any(e["event"] == "replace" for e in events):
+                killed = next(e["pid"] for e in events
+                              if e["event"] == "rank_start" and e["rank"] == 2)
+                time.sleep(0.5)
+                os.kill(killed, signal.SIGKILL)
+            time.sleep(0.01)
+    finally:
+        run = finish(proc, log_dir, 240, started)
+    assert run.code == 0, run.stderr[-4000:]
+    assert _checksum(run) == fault_free
+    replace = _events(run, "replace")
+    assert [e["rank"] for e in replace] == [1, 2], replace
+    assert replace[1]["old_pid"] == killed, replace
+    assert not _events(run, "restart") and not _events(run, "replace_refused")
+
+
+@pytest.mark.slow
 @pytest.mark.deadline(240)
 def test_a_script_without_step_loop_falls_back_to_a_restart(run_rankguard: Any) -> None:
     run = run_rankguard([*ARGS, "--recovery", "in-place", "--inject", "kill:rank=1,at=op20",

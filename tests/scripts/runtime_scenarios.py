@@ -364,6 +364,22 @@ def outsider_writes() -> None:
     rankguard.shutdown(timeout=5)
 
 
+def regroup_again_and_reduce(first: dict, started: float) -> None:
+    """After a regroup that failed (``first``: its report): regroup keeping the size, all-reduce
+    ones in the new generation, and report both."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        generation = rankguard.regroup(timeout=60, keep_size=True)
+        total = torch.ones(4)
+        dist.all_reduce(total)
+        report(first=first, type=None, number=generation.number, replaced=generation.replaced,
+               sum=total[0].item())
+    except rankguard.RankguardError as error:
+        report(first=first, **error_fields(error, started))
+
+
 def regroup_peer_dies_before_connecting(again: bool = False) -> None:
     """Rank 1 joins generation 1 with the product's own calls (its arrival at the join
     barrier), then dies before it connects; rank 0 regroups (timeout 2 s) and must fail within
@@ -394,14 +410,7 @@ def regroup_peer_dies_before_connecting(again: bool = False) -> None:
     if not again:
         report(**first)
         return
-    try:
-        generation = rankguard.regroup(timeout=60, keep_size=True)
-        total = torch.ones(4)
-        dist.all_reduce(total)
-        report(first=first, type=None, number=generation.number, replaced=generation.replaced,
-               sum=total[0].item())
-    except rankguard.RankguardError as error:
-        report(first=first, **error_fields(error, started))
+    regroup_again_and_reduce(first, started)
     wait_for_file("result_1.json", timeout=60)  # the store (this process's) outlives the others
 
 
@@ -538,37 +547,42 @@ def regroup_dialer_freezes_after_publishing_its_address() -> None:
     tmp.rename(OUT / "late.json")
 
 
-def replacement_peer_dies_before_connecting() -> None:
-    """Three ranks; rank 1 dies and the test starts its replacement; rank 0 regroups keeping
-    the size (timeout 20 s); rank 2 joins that generation with the product's own calls, then
-    dies before it connects. The replacement's init_process_group and rank 0's regroup must
-    each fail within what was left of the members' wait, not gloo's 30 min group timeout."""
+def members_die_around_a_replacement() -> None:
+    """Four ranks. Rank 1 dies and the test starts its replacement; ranks 0 and 2 regroup
+    keeping the size (timeout 20 s); rank 3 joins that generation with the product's own
+    calls, then dies before it connects, and the test starts its replacement too. The
+    survivors' regroup and the first replacement's connect fail; the survivors regroup again,
+    and all four must form the next generation (the first replacement joins it after its
+    failed connect) and all-reduce in it."""
     from rankguard.deadline import Deadline
     from rankguard.runtime import generations
+    from rankguard.runtime.state import current
 
     started = time.monotonic()
-    if RANK == 1 and os.environ.get("RANKGUARD_REPLACING") == "1":
+    if os.environ.get("RANKGUARD_REPLACING") == "1":
         try:
-            group()
-            report(type=None, elapsed=time.monotonic() - started)
+            torch, dist = group()
+            report(type=None, number=current().generation, elapsed=time.monotonic() - started)
         except rankguard.RankguardError as error:
             report(**error_fields(error, started))
         return
     torch, dist = group()
     if RANK == 1:
         os._exit(3)
-    if RANK == 2:  # its wait, as rank 0's, is 20 s (the first to publish the vacancy sets it)
+    if RANK == 3:  # its wait, as the survivors', is 20 s (the first to publish sets it)
         limit = Deadline.after(20)
         generations.with_store_client(limit, "joining", lambda client: generations
-                                      ._agree_and_join(client, 1, [0, None, 2], 2, limit))
+                                      ._agree_and_join(client, 1, [0, None, 2, 3], 3, limit))
         os._exit(0)
-    started = time.monotonic()
     try:
         rankguard.regroup(timeout=20, exclude=[1], keep_size=True)
-        report(type=None, elapsed=time.monotonic() - started)
+        first = {"type": None}
     except rankguard.RankguardError as error:
-        report(**error_fields(error, started))
-    wait_for_file("result_1.json", timeout=60)  # the store (this process's) outlives the others
+        first = {**error_fields(error, started), "initialized": dist.is_initialized()}
+    regroup_again_and_reduce(first, started)
+    if RANK == 0:  # the store (this process's) outlives the others
+        for rank in (1, 2, 3):
+            wait_for_file(f"result_{rank}.json", timeout=60)
 
 
 def outsider_regroup() -> None:
@@ -747,7 +761,7 @@ SCENARIOS = {
     "regroup_peer_dies_before_connecting": regroup_peer_dies_before_connecting,
     "regroup_again_after_a_peer_died_before_connecting":
         lambda: regroup_peer_dies_before_connecting(again=True),
-    "replacement_peer_dies_before_connecting": replacement_peer_dies_before_connecting,
+    "members_die_around_a_replacement": members_die_around_a_replacement,
     "regroup_dialer_dies_after_publishing_its_address":
         regroup_dialer_dies_after_publishing_its_address,
     "regroup_dialer_freezes_after_publishing_its_address":

@@ -29,6 +29,7 @@ from .state import GroupRecord, current
 
 SLICE = timedelta(milliseconds=50)
 NO_ANSWER = "did not answer (stopped, dead, or holding the GIL)"  # a peer's state in an error
+ABSENT = "has no such group (it left it, or its connect failed)"  # an answer's ``absent``
 _MIN_TIMEOUT_S = 0.001  # gloo's least timeout for an operation whose deadline has passed
 
 
@@ -77,8 +78,8 @@ def explain(record: GroupRecord, entry: int, op: str, waited: float, limit: Dead
     missing, states = [], {}
     for peer in record.peers if answers else []:
         answer = answers.get(peer)
-        if answer is None:
-            states[peer] = NO_ANSWER
+        if answer is None or answer.get("absent"):
+            states[peer] = NO_ANSWER if answer is None else ABSENT
             missing.append(peer)
         elif answer["entered"] < entry:
             behind = _ledger.seq_of(answer["entered"], answer["world"])

@@ -41,8 +41,8 @@ from typing import Any, Callable, TypeVar
 
 from ..deadline import Deadline, check_seconds
 from ..errors import CollectiveTimeout, GroupRetired, PeerFailed, UsageError, first_line, shown
-from ..margins import (ANSWER_WINDOW_S, CONNECT_FLOOR_S, NCCL_ABORT_S, REGROUP_S,
-                       second_ask_window)
+from ..margins import (ANSWER_WINDOW_S, CONNECT_CAP_S, CONNECT_FLOOR_S, NCCL_ABORT_S,
+                       REGROUP_S, second_ask_window)
 from . import async_deadline, backend_connect, barrier, generation_keys, groups, nccl_abort
 from . import vacancies
 from .bounded import NO_ANSWER
@@ -134,7 +134,8 @@ def regroup(*, timeout: float = REGROUP_S, exclude: Iterable[int] | None = None,
     The new group has the old one's backend (gloo, or NCCL: its communicator aborted by the
     error is destroyed). Returns within ``timeout`` (plus half a second for the last reads of
     who joined); the backend's connect of the members takes what is left of it, at least
-    ``margins.CONNECT_FLOOR_S`` (5 s), plus half a second for gloo's own error (a connect
+    ``margins.CONNECT_FLOOR_S`` (5 s) and at most ``margins.CONNECT_CAP_S`` (10 s: every
+    member arrived), plus half a second for gloo's own error (a connect
     still going then is abandoned on a thread of its own, see ``backend_connect``).
 
     Args:
@@ -308,9 +309,23 @@ def _connect(backend: str, store: Any, new_rank: int, members: list[int | None],
     except RuntimeError as error:  # torch's (DistStoreError is one): a peer never connected
         groups.retire_all(f"generation {current().generation} did not connect")
         current().unconnected = (backend, new_rank, len(members))
+        # the next regroup asks the members by this generation's numbers; so do they
+        probe_as(new_rank, len(members))
         raise not_connected(error, connect, began, "regroup", new_rank, started) from error
     current().unconnected = None
     c10d._set_pg_timeout(pg_timeout)
+
+
+def probe_as(rank: int, size: int) -> bool:
+    """Answer the peers' probes, and ask them, as ``rank`` of the current generation (of
+    ``size`` ranks) from now on; False when this process has no responder serving (none made
+    yet: a replacement that has not connected; or it ended)."""
+    state = current()
+    if state.responder is None or not state.responder.serving or state.asker is None:
+        return False
+    state.responder.follow(rank, state.generation, size)
+    state.asker.generation = state.generation
+    return True
 
 
 def not_connected(error: RuntimeError, connect_s: float, began: float, op: str, rank: int,
@@ -327,8 +342,10 @@ def not_connected(error: RuntimeError, connect_s: float, began: float, op: str, 
 
 def connect_bound(limit: Deadline, pg_timeout: timedelta) -> float:
     """Seconds a new generation's backend may take to connect its members: what is left of
-    ``limit``, at least ``margins.CONNECT_FLOOR_S``, at most the group's timeout."""
-    return min(pg_timeout.total_seconds(), max(limit.remaining(), CONNECT_FLOOR_S))
+    ``limit``, at least ``margins.CONNECT_FLOOR_S``, at most ``margins.CONNECT_CAP_S`` and the
+    group's timeout."""
+    return min(pg_timeout.total_seconds(),
+               max(min(limit.remaining(), CONNECT_CAP_S), CONNECT_FLOOR_S))
 
 
 def fill_vacancy(base_store: Any, place: int, limit: Deadline) -> tuple[Any, int, Deadline]:

@@ -76,12 +76,18 @@ def notice_text(notice: dict[str, Any]) -> str:
     return f"rank {notice.get('by')} reported that {notice.get('op')} #{notice.get('seq')} failed"
 
 
-def describe(name: str) -> dict[str, Any] | None:
-    """This rank's progress in the group called ``name``, as a peer's probe wants it."""
+def describe(name: str) -> dict[str, Any]:
+    """This rank's progress in the group called ``name``, as a peer's probe wants it. A rank
+    without such a group (it left it, or its connect failed) answers all the same, with
+    ``absent`` set: it is alive, which is what a regroup asks (taken for silent, such a rank
+    was left out of the next generation by every peer, and each formed one alone)."""
     record = current().groups.by_name(name)
     if record is None:
         sampler = async_groups.sampler()  # a group rankguard does not wrap (NCCL's)?
-        return sampler.describe(name) if sampler is not None else None
+        found = sampler.describe(name) if sampler is not None else None
+        return found if found is not None else {"entered": 0, "done": 0, "op": "none",
+                                                "world": name == WORLD, "retired": "",
+                                                "absent": True}
     slot = record.slot
     entered, done, op = slot.progress() if slot is not None else (0, 0, "none")
     return {"entered": entered, "done": done, "op": op, "world": record.is_world,

@@ -287,9 +287,7 @@ def start_probing(store: Any, rank: int, size: int) -> None:
     them. The responder and asker of the first generation are kept for the later ones: their
     store connections were made once (see ``probe.Responder``)."""
     state = current()
-    if state.responder is not None and state.responder.serving and state.asker is not None:
-        state.responder.follow(rank, state.generation, size)
-        state.asker.generation = state.generation
+    if generations.probe_as(rank, size):
         return
     if state.responder is not None:
         state.responder.close()
@@ -397,30 +395,64 @@ def _launchers_store(init_method: Any, kwargs: dict[str, Any]) -> bool:
     return False
 
 
-def _fill_vacancy(init_method: Any, kwargs: dict[str, Any]) -> tuple[None, dict[str, Any]]:
-    """The arguments that make a replacement's ``init_process_group`` join the survivors'
-    newest generation where its rank's place is vacant (see ``vacancies``), within
-    ``vacancies.REPLACEMENT_WAITS`` times ``RANKGUARD_REPLACE_TIMEOUT`` (default
-    ``vacancies.JOIN_TIMEOUT_S``). Their timeout bounds the backend's connect (as regroup's
-    does, ``generations.connect_bound``); the caller gives the group its own timeout after."""
-    from torch.distributed import distributed_c10d as c10d
+@dataclass
+class _Joining:
+    """A replacement's ``init_process_group``: it joins the survivors' newest generation where
+    its rank's place is vacant (see ``vacancies``), and a later one should that one not
+    connect (a member died after it arrived), all within ``vacancies.REPLACEMENT_WAITS`` times
+    ``RANKGUARD_REPLACE_TIMEOUT`` (default ``vacancies.JOIN_TIMEOUT_S``)."""
 
-    timeout = kwargs.get("timeout") or c10d.default_pg_timeout
-    place = int(kwargs.get("rank", -1))
-    store = kwargs.get("store")
-    if store is None:  # init_process_group wraps a store it made itself, as here
-        store, place, _ = next(c10d.rendezvous(init_method or "env://", place,
-                                               int(kwargs.get("world_size", -1)),
-                                               timeout=timeout))
-        store = c10d.PrefixStore("default_pg", store)
-    if place < 0:
-        place = int(os.environ.get("RANK", "-1"))
-    group_store, size, members_wait = generations.fill_vacancy(store, place, Deadline.after(
-        vacancies.REPLACEMENT_WAITS * vacancies.join_timeout()))
-    connect = generations.connect_bound(members_wait, timeout)
-    kwargs.update(store=group_store, rank=place, world_size=size,
-                  timeout=timedelta(seconds=connect))
-    return None, kwargs
+    store: Any  # the base store, as init_process_group made or took it
+    place: int
+    kwargs: dict[str, Any]  # the script's arguments
+    timeout: timedelta  # the group's, once formed
+    limit: Deadline
+    started: float
+
+    @classmethod
+    def of(cls, init_method: Any, kwargs: dict[str, Any]) -> "_Joining":
+        from torch.distributed import distributed_c10d as c10d
+
+        timeout = kwargs.get("timeout") or c10d.default_pg_timeout
+        place = int(kwargs.get("rank", -1))
+        store = kwargs.get("store")
+        if store is None:  # init_process_group wraps a store it made itself, as here
+            store, place, _ = next(c10d.rendezvous(init_method or "env://", place,
+                                                   int(kwargs.get("world_size", -1)),
+                                                   timeout=timeout))
+            store = c10d.PrefixStore("default_pg", store)
+        if place < 0:
+            place = int(os.environ.get("RANK", "-1"))
+        return cls(store, place, dict(kwargs), timeout, Deadline.after(
+            vacancies.REPLACEMENT_WAITS * vacancies.join_timeout()), time.monotonic())
+
+    def next_generation(self) -> dict[str, Any]:
+        """The arguments that make ``init_process_group`` create the group of the newest
+        generation with this place vacant, once every member arrived. Their timeout bounds the
+        backend's connect (as regroup's does, ``generations.connect_bound``); the caller gives
+        the group its own timeout after.
+
+        Raises:
+            CollectiveTimeout: no such generation formed with this process by the limit.
+        """
+        group_store, size, members_wait = generations.fill_vacancy(self.store, self.place,
+                                                                   self.limit)
+        connect = generations.connect_bound(members_wait, self.timeout)
+        return {**self.kwargs, "store": group_store, "rank": self.place, "world_size": size,
+                "timeout": timedelta(seconds=connect)}
+
+    def can_retry(self) -> bool:
+        """After a connect that failed: whether a later generation may still be joined (time
+        is left, and no abandoned connect still runs in gloo, which would install its group
+        over the next one's); if so, the failed one's group is given up."""
+        if self.limit.passed() or backend_connect.still_connecting():
+            return False
+        groups.retire_all(f"generation {current().generation} did not connect")
+        groups.discard_all()
+        ledger = current().ledger
+        if ledger is not None:
+            ledger.world().reset()
+        return True
 
 
 # the torch.distributed functions that issue one collective each (``--inject ...,at=opN`` counts
@@ -502,9 +534,11 @@ def install() -> None:
             kwargs["timeout"] = timeout
             init_method = None
         group_timeout = kwargs.get("timeout")
+        joining: _Joining | None = None
         if vacancies.replacing() and state.generation == 0:
             group_timeout = group_timeout or c10d.default_pg_timeout
-            init_method, kwargs = _fill_vacancy(init_method, kwargs)
+            joining = _Joining.of(init_method, kwargs)
+            init_method, kwargs = None, joining.next_generation()
             state.awaiting_state = True
         backend = _translate(backend)
         state.pg_timeout = group_timeout
@@ -520,16 +554,23 @@ def install() -> None:
                     if world is not None and forming.entered:
                         world.done()
 
-        if state.awaiting_state:  # a replacement: its connect is bounded, as a regroup's
-            connect = kwargs["timeout"].total_seconds()
-            began = time.monotonic()
-            try:
-                made = backend_connect.within(Deadline.after(connect),
-                                              f"place {kwargs['rank']}'s connect", str(backend),
-                                              form)
-            except RuntimeError as error:
-                raise generations.not_connected(error, connect, began, "join", kwargs["rank"],
-                                                began) from error
+        if joining is not None:  # a replacement: its connect is bounded, as a regroup's
+            while True:
+                connect = kwargs["timeout"].total_seconds()
+                began = time.monotonic()
+                try:
+                    made = backend_connect.within(Deadline.after(connect),
+                                                  f"place {kwargs['rank']}'s connect",
+                                                  str(backend), form)
+                    break
+                except RuntimeError as error:
+                    failed = generations.not_connected(error, connect, began, "join",
+                                                       kwargs["rank"], joining.started)
+                    if not joining.can_retry():
+                        raise failed from error
+                    # a member died between its arrival and the connect: the survivors form
+                    # the next generation with this place vacant again (it answers no probe)
+                    kwargs = joining.next_generation()
         else:
             made = form()
         if group_timeout is not None and kwargs.get("timeout") != group_timeout:
