@@ -218,7 +218,8 @@ CLASSIFY = {
     "a rank that was leaving keeps its script's exit code, though a signal ended it":
         OutcomeCase([_torn_down(0), RankSnapshot(1, leaving(5, 1.0, 3), -9, 2.5, 0, True)],
                     ROOT_1, None, TEARDOWN,
-                    {0: VICTIM0, 1: ("exited", 3, "SIGKILL", "was killed by SIGKILL")}),
+                    {0: VICTIM0, 1: ("exited", 3, "SIGKILL", "its script ended with code 3, "
+                                     "then its process was killed by SIGKILL as it exited")}),
     "a rank that left with code 0 before its peers' collective is the root (exited)":
         OutcomeCase([_torn_down(0), RankSnapshot(1, leaving(5, 1.0, 0), 0, 1.2)],
                     Fault("exited", 1.0, 1, "exited with code 0 before all_reduce #5"), None,
@@ -273,6 +274,12 @@ CLASSIFY = {
         OutcomeCase([RankSnapshot(0, leaving(5, 1.5, 0), 0, TEARDOWN + 0.2),
                      RankSnapshot(1, ledger(world(5)), 3, 1.0)], ROOT_1, None, TEARDOWN,
                     {0: OK0, 1: ("exited", 3, None, "exited with code 3")}),
+    # a daemon thread coming back into the finalizing interpreter aborts it: no fault, and
+    # the journal says both (it read "ok, exit code 0, SIGABRT")
+    "a rank aborted as it exited after its script ended with 0 is ok, and says both":
+        OutcomeCase([RankSnapshot(0, leaving(5, 1.0, 0), -6, 1.5)], None, None, None,
+                    {0: ("ok", 0, "SIGABRT", "its script ended with code 0, then its process "
+                                             "was killed by SIGABRT as it exited")}),
     "a rank whose process exited 7 by itself after its script ended with 0 reports 7":
         OutcomeCase([_torn_down(0), RankSnapshot(1, leaving(5, 1.0, 0), 7, 1.5)],
                     Fault("exited", 1.5, 1,
@@ -318,7 +325,8 @@ def test_every_outcome_kind_is_proven_by_a_row() -> None:
 def test_outcome_carries_the_pid_for_the_journal() -> None:
     [outcome] = classify([RankSnapshot(0, None, -15, 1.0, pid=4242)], None, None, None)
     assert outcome.as_dict() == {"rank": 0, "pid": 4242, "outcome": "signalled",
-                                 "exit_code": None, "signal": "SIGTERM"}
+                                 "exit_code": None, "signal": "SIGTERM",
+                                 "detail": "was killed by SIGTERM"}
 
 
 @pytest.mark.parametrize("fault, launcher_signal, status, code", [  # the README's table

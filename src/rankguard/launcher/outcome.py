@@ -120,7 +120,7 @@ class RankOutcome:
 
     def as_dict(self) -> dict[str, object]:
         return {"rank": self.rank, "pid": self.pid, "outcome": self.outcome,
-                "exit_code": self.exit_code, "signal": self.signal}
+                "exit_code": self.exit_code, "signal": self.signal, "detail": self.detail}
 
 
 @dataclass(frozen=True)
@@ -393,6 +393,9 @@ def classify(states: list[RankSnapshot], root: Fault | None, hang: Verdict | Non
         else:
             outcome = own.kind
         detail = exit_detail(code) if code is not None else "still running"
+        if sig is not None and exit_code is not None:  # its script's code, then the signal
+            detail = f"its script ended with code {exit_code}, then its process {detail} " \
+                     "as it exited"
         results.append(RankOutcome(state.rank, state.pid, outcome, exit_code, sig, detail))
     return results
 
