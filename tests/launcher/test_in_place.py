@@ -160,15 +160,21 @@ def test_ranks_reaped_together_are_replaced_together(tmp_path: Any, fault_free: 
 
 @pytest.mark.slow
 @pytest.mark.deadline(300)
-def test_a_survivor_killed_while_the_replacement_joins_is_replaced_too(tmp_path: Any,
-                                                                       fault_free: str) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "stopped"])
+def test_a_survivor_killed_or_stopped_while_the_replacement_joins_is_replaced_too(
+        tmp_path: Any, fault_free: str, sig: signal.Signals) -> None:
     """Rank 2 is SIGKILLed half a second after rank 1's replacement started: most often it had
     joined the generation the replacement joins, and died before that generation connected.
     The survivors gave up on it after the whole join's timeout (30 s), and the replacement
     exited on its failed connect, to be replaced again (here: three replacements for two
     faults; on four ranks the two survivors also took each other for dead, a rank without a
     default group answering probes with nothing, and the run failed blaming a healthy rank).
-    Now both places are filled in the next generation."""
+    Now both places are filled in the next generation.
+
+    Rank 2 SIGSTOPped instead was not found hung while the replacement joined (the hang rules
+    wait for it): after 66 s rank 1's replacement gave up on it, and was itself replaced as
+    a rank that raised (three replacements for two faults, a healthy rank blamed). Now it is
+    found stopped after --hang-timeout and replaced as the killed one is."""
     log_dir = tmp_path / "run"
     started = time.monotonic()
     proc = launch([*ARGS, "--recovery", "in-place", "--inject", "kill:rank=1,at=op20",
@@ -183,7 +189,7 @@ def test_a_survivor_killed_while_the_replacement_joins_is_replaced_too(tmp_path:
                 killed = next(e["pid"] for e in events
                               if e["event"] == "rank_start" and e["rank"] == 2)
                 time.sleep(0.5)
-                os.kill(killed, signal.SIGKILL)
+                os.kill(killed, sig)
             time.sleep(0.01)
     finally:
         run = finish(proc, log_dir, 240, started)
@@ -192,6 +198,9 @@ def test_a_survivor_killed_while_the_replacement_joins_is_replaced_too(tmp_path:
     replace = _events(run, "replace")
     assert [e["rank"] for e in replace] == [1, 2], replace
     assert replace[1]["old_pid"] == killed, replace
+    if sig == signal.SIGSTOP:
+        assert "was stopped (SIGSTOP) for" in replace[1]["cause"], replace
+        assert replace[1]["ts"] - replace[0]["ts"] < 30, replace  # 3 s stopped, not 66
     assert not _events(run, "restart") and not _events(run, "replace_refused")
 
 

@@ -136,6 +136,12 @@ TICKS = {
         Row(look(RUNNING), (Act.STOP, FaultKind.HUNG, None, (
             ("straggler", (1,)), ("say", "hang"), ("straggler", (1,)))),
             Tick(verdicts=(STRAGGLER, HANG, HANG2, STRAGGLER))),
+    "a rank stopped while a replacement in place is awaited stops the attempt, naming it, "
+    "to be replaced too (the hang rules wait for the replacement)":
+        Row(look(RUNNING, in_place=True), (Act.STOP, FaultKind.HUNG, 2, (
+            ("say", "hang"),)),
+            Tick(verdicts=(HANG,), replacing=True, stopped=Fault(
+                FaultKind.HUNG, 5.0, 2, "was stopped (SIGSTOP) for 3.0 s"))),
     "a hang found while a replacement in place is awaited waits for it":
         Row(look(RUNNING, in_place=True), (Act.GO_ON, None, None, ()),
             Tick(verdicts=(HANG,), replacing=True)),

@@ -345,16 +345,18 @@ class Agent:
                 continue
             self._show_status(ranks, snaps, now)
             self._end_lingering(ranks, monitor, look, snaps)
-            overdue = None
+            overdue = stopped = None
             if self._in_place is not None and self._in_place.pending:
                 overdue = self._in_place.check(now, ranks)
                 if overdue is None and not self._in_place.pending:
                     self._prepare_spares(ranks.number)
+            if self._in_place is not None and overdue is None:
+                stopped = self._in_place.stopped_survivor(now, ranks)
             verdicts: tuple[Verdict, ...] = ()
             if overdue is None:
                 live = {m.rank: snaps[m.rank] for m in ranks.live()}
                 verdicts = tuple(monitor.check(now, live, self._link.remote_ranks(live, now)))
-            tick_look = Tick(overdue, verdicts,
+            tick_look = Tick(overdue, verdicts, stopped=stopped,
                              replacing=self._in_place is not None and self._in_place.pending)
             decision, _ = self._decided(lambda seen: watch_rules.on_tick(seen, tick_look), look)
             self._act(decision, result)

@@ -80,6 +80,7 @@ class InPlace:
         self._say = say
         self._take_spare = take_spare
         self._pending: dict[int, _Pending] = {}
+        self._stopped: dict[int, tuple[int, float]] = {}  # survivor -> (pid, seen stopped since)
         self.used = 0  # replacements started so far, in every attempt
 
     def refusal(self, fault: Fault, named: set[int], ranks: RankProcesses,
@@ -110,6 +111,11 @@ class InPlace:
         stacks = ranks.stacks(Deadline.after(margins.STACKS_S),
                               [r for r in sorted(culprits) if ranks[r].alive])
         self._stop(ranks, culprits, fault.kind == FaultKind.RAISED)
+        # a replacement that came to hold the state since ``refusal`` looked (while the stacks
+        # were taken: a stopped culprit continued for its dump may complete the generation) is
+        # in the culprits' generation: it needs the notice as the other members do
+        for rank in [r for r in self._pending if r not in culprits]:
+            self._take_joined(rank, time.monotonic())
         kind = _ledger.NOTICE_HUNG if hang is not None else _ledger.NOTICE_DIED
         # not to a replacement still joining: it joins a generation formed after this fault
         # (its peers found the failed rank silent), and the notice would break that one; a
@@ -176,6 +182,30 @@ class InPlace:
                 del self._pending[rank]
                 return Fault(FaultKind.REPLACE_FAILED, now, rank, "was replaced, but the replacement "
                              f"did not join within {pending.deadline.seconds:g} s")
+        return None
+
+    def stopped_survivor(self, now: float, ranks: RankProcesses) -> Fault | None:
+        """While a replacement joins, a hang fault naming the lowest live rank (not a
+        replacement) seen stopped (SIGSTOP) for ``--hang-timeout``: the hang rules are off
+        while the ranks wait in the regroup, and a stopped rank cannot join the generation the
+        replacement waits for (its peers would give up on it only after their join timeout,
+        and blame the replacement that gave up with them). None while there is none."""
+        if not self._pending:
+            self._stopped.clear()
+            return None
+        seen: dict[int, tuple[int, float]] = {}
+        for member in ranks.live():
+            if member.rank in self._pending or not is_stopped(member.pid):
+                continue
+            pid, since = self._stopped.get(member.rank, (member.pid, now))
+            seen[member.rank] = (member.pid, since if pid == member.pid else now)
+        self._stopped = seen
+        for rank, (_, since) in sorted(seen.items()):
+            if now - since >= self._config.hang_timeout:
+                del self._stopped[rank]
+                return Fault(FaultKind.HUNG, since, rank, f"was stopped (SIGSTOP) for "
+                             f"{now - since:.1f} s while rank {min(self._pending)}'s "
+                             "replacement joined: it cannot take part in the new generation")
         return None
 
     def _take_joined(self, rank: int, now: float) -> bool:

@@ -96,6 +96,7 @@ class Tick:
     overdue: Fault | None = None  # a replacement in place did not, or can no longer, join
     verdicts: tuple[Verdict, ...] = ()  # the hang rules' (``HangMonitor.check``)
     replacing: bool = False  # a replacement in place is awaited (``in_place``)
+    stopped: Fault | None = None  # a rank stopped while a replacement joins (``in_place``)
 
 
 def on_events(look: Look) -> Decision:
@@ -120,12 +121,16 @@ def on_events(look: Look) -> Decision:
 
 def on_tick(look: Look, tick: Tick) -> Decision:
     """The decision of a tick's look (after :func:`on_events` decided to go on): a replacement
-    in place overdue, then a live rank's own collective deadline (once the cascade window has
-    passed: a peer's death may explain it), the faults the ranks show, and the hang rules'
-    verdicts (but while a replacement is awaited: its own deadline bounds the wait)."""
+    in place overdue, a rank stopped while one joins, then a live rank's own collective
+    deadline (once the cascade window has passed: a peer's death may explain it), the faults
+    the ranks show, and the hang rules' verdicts (but while a replacement is awaited: its own
+    deadline bounds the wait)."""
     if tick.overdue is not None:
         return Decision(Act.STOP, tick.overdue, tick.overdue.verdict, (
             Say(f"rankguard: {tick.overdue.describe()}; stopping the other ranks"),))
+    if tick.stopped is not None:  # replaced in place with the one awaited, if it can be
+        return Decision(Act.STOP, tick.stopped, None,
+                        (Say(f"rankguard: hang: {tick.stopped.describe()}"),))
     raised = [_own_deadline(look, state) for state in look.ranks
               if state.rank in look.live and state.progress is not None
               and state.progress.fault == _ledger.FAULT_RAISED
