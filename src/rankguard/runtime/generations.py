@@ -442,16 +442,33 @@ def _agree_and_join(client: Any, number: int, proposal: list[int | None], rank: 
     if vacant:
         vacancies.publish(client, vacancies.Vacancies(
             number, len(members), vacant, time.time() + limit.remaining()), limit)
-    # a launcher that refused to fill a vacant place says so in the ledger: no use waiting
+    # a launcher that refused to fill a vacant place says so in the ledger, and one that stopped
+    # a member since (to replace it too) posts a notice naming it: no use waiting
     joined = barrier.meet(client, generation_keys.join_barrier(number), members.index(rank),
                           len(members), limit,
-                          stop=(lambda: vacancies.refusal() is not None) if vacant else None)
+                          stop=(lambda: vacancies.refusal() is not None
+                                or names_a_member(_notice(), members, rank)) if vacant else None)
     missing = generation_keys.decide(client, number, None if joined.complete else joined.missing,
                                      limit.later(_STORE_ALLOWANCE_S))
     if missing is None:  # formed: this rank's late reads aside, every member arrived
         return number, members, barrier.Meeting(joined.size, {r: "" for r in range(joined.size)})
     return number, members, barrier.Meeting(
         joined.size, {r: "" for r in range(joined.size) if r not in missing})
+
+
+def names_a_member(notice: tuple[str, int] | None, members: list[int | None], rank: int
+                   ) -> bool:
+    """Whether the launcher's ``notice`` (``LedgerWriter.notice``) names a member of the
+    generation being formed other than ``rank``: it stopped that rank after the members were
+    agreed (found hung or dead while a replacement joined) and replaces it in the next
+    generation, so the others need not wait for it. The notice of the fault that began the
+    regroup names a rank whose place is vacant (None): not a member."""
+    return notice is not None and notice[1] != rank and notice[1] in members
+
+
+def _notice() -> tuple[str, int] | None:
+    ledger = current().ledger
+    return ledger.notice() if ledger is not None else None
 
 
 def _previous(members: list[int | None], place: int) -> int:

@@ -28,7 +28,7 @@ import json
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ..store import sealed
 from ..deadline import Deadline, check_seconds
@@ -167,8 +167,10 @@ def join(client: Any, place: int, limit: Deadline) -> Vacancies:
             continue
         assert record is not None
         tried = record.generation
+        # the members may decide that it failed before its time is up (a member was stopped)
         meeting = barrier.meet(client, generation_keys.join_barrier(record.generation), place,
-                               record.size, limit.within(record.until - time.time()))
+                               record.size, limit.within(record.until - time.time()),
+                               stop=_decided_failed(client, record.generation))
         # the members' decision, not this process's view: a member that gave up just as this
         # one arrived may have decided that the generation failed
         failed_for = generation_keys.decide(client, record.generation,
@@ -179,3 +181,8 @@ def join(client: Any, place: int, limit: Deadline) -> Vacancies:
     raise CollectiveTimeout(f"could not fill place {place}: no generation with it vacant "
                             "formed in time", op="join", seq=tried, group=WORLD, rank=place,
                             missing=missing, waited=time.monotonic() - started)
+
+
+def _decided_failed(client: Any, number: int) -> Callable[[], bool]:
+    """Whether a member decided that generation ``number`` failed (``generation_keys``)."""
+    return lambda: generation_keys.failed_for(client, number) is not None
