@@ -44,7 +44,7 @@ from ..margins import ANSWER_WINDOW_S
 from . import async_groups, fr_progress, nccl_abort
 from . import deadline_scope
 from .async_groups import Overdue
-from .bounded import ABSENT, NO_ANSWER
+from .bounded import not_there
 from .fr_progress import Recorder
 from .groups import notice_text
 from .state import WORLD, current
@@ -173,9 +173,9 @@ def _explain(op: Overdue) -> CollectiveTimeout:
     missing, states = [], {}
     for peer in peers if answers else []:
         answer = answers.get(peer)
-        if answer is None or answer.get("absent"):
+        if (gone := not_there(answer)) is not None:
             missing.append(peer)
-            states[peer] = NO_ANSWER if answer is None else ABSENT
+            states[peer] = gone
         elif int(answer.get("entered", 0)) < op.seq:
             missing.append(peer)
             states[peer] = (f"had enqueued collectives up to #{answer['entered']}"

@@ -30,6 +30,14 @@ from .state import GroupRecord, current
 SLICE = timedelta(milliseconds=50)
 NO_ANSWER = "did not answer (stopped, dead, or holding the GIL)"  # a peer's state in an error
 ABSENT = "has no such group (it left it, or its connect failed)"  # an answer's ``absent``
+
+
+def not_there(answer: dict[str, Any] | None) -> str | None:
+    """Why a peer whose probe ``answer`` this is cannot be in the group's operation
+    (:data:`NO_ANSWER`, :data:`ABSENT`); None when it answered from the group."""
+    if answer is None:
+        return NO_ANSWER
+    return ABSENT if answer.get("absent") else None
 _MIN_TIMEOUT_S = 0.001  # gloo's least timeout for an operation whose deadline has passed
 
 
@@ -78,8 +86,8 @@ def explain(record: GroupRecord, entry: int, op: str, waited: float, limit: Dead
     missing, states = [], {}
     for peer in record.peers if answers else []:
         answer = answers.get(peer)
-        if answer is None or answer.get("absent"):
-            states[peer] = NO_ANSWER if answer is None else ABSENT
+        if (gone := not_there(answer)) is not None:
+            states[peer] = gone
             missing.append(peer)
         elif answer["entered"] < entry:
             behind = _ledger.seq_of(answer["entered"], answer["world"])
@@ -124,8 +132,7 @@ def _budget(limit: Deadline | None, left_at_start: float | None) -> str:
 
 def take_supervisor_notice(record: GroupRecord) -> None:
     """Retire the group if the supervisor posted, in the ledger, that a peer died or hung."""
-    ledger = current().ledger
-    notice = ledger.notice() if ledger is not None else None
+    notice = groups.supervisor_notice()
     if notice is not None and record.retired is None:
         kind, rank = notice
         groups.retire(record, f"the supervisor reported that {_ledger.notice_text(kind, rank)}",

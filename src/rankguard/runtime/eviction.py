@@ -139,8 +139,7 @@ def _leaving_code() -> int:
 def _stopped_because(reason: str) -> str:
     """Why the rank is being torn down, from the launcher's notice in its ledger when there
     is one: ``stopped by the launcher, which blamed this rank for a hang (SIGTERM)``."""
-    ledger = current().ledger
-    notice = ledger.notice() if ledger is not None else None
+    notice = groups.supervisor_notice()
     if notice is None:
         return reason
     kind, failed = notice

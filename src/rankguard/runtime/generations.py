@@ -447,7 +447,8 @@ def _agree_and_join(client: Any, number: int, proposal: list[int | None], rank: 
     joined = barrier.meet(client, generation_keys.join_barrier(number), members.index(rank),
                           len(members), limit,
                           stop=(lambda: vacancies.refusal() is not None
-                                or names_a_member(_notice(), members, rank)) if vacant else None)
+                                or names_a_member(groups.supervisor_notice(), members, rank))
+                          if vacant else None)
     missing = generation_keys.decide(client, number, None if joined.complete else joined.missing,
                                      limit.later(_STORE_ALLOWANCE_S))
     if missing is None:  # formed: this rank's late reads aside, every member arrived
@@ -464,11 +465,6 @@ def names_a_member(notice: tuple[str, int] | None, members: list[int | None], ra
     generation, so the others need not wait for it. The notice of the fault that began the
     regroup names a rank whose place is vacant (None): not a member."""
     return notice is not None and notice[1] != rank and notice[1] in members
-
-
-def _notice() -> tuple[str, int] | None:
-    ledger = current().ledger
-    return ledger.notice() if ledger is not None else None
 
 
 def _previous(members: list[int | None], place: int) -> int:

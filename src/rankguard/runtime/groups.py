@@ -120,11 +120,17 @@ def tell_peers(record: GroupRecord, notice: dict[str, Any], window: float = ANSW
     return asker.ask(record.name, record.peers, notice, window=window, gone=_reported_dead)
 
 
+def supervisor_notice() -> tuple[str, int] | None:
+    """The supervisor's notice in this rank's ledger (``died`` or ``hung``, and the rank it
+    names), None without one or without a ledger."""
+    ledger = current().ledger
+    return ledger.notice() if ledger is not None else None
+
+
 def _reported_dead(peer: int) -> bool:
     """Whether the supervisor's notice in this rank's ledger says ``peer`` died (a rank's
     pool, or ``rankguard run``): such a peer will not answer, and is not waited for."""
-    ledger = current().ledger
-    notice = ledger.notice() if ledger is not None else None
+    notice = supervisor_notice()
     return notice is not None and notice == (_ledger.NOTICE_NAMES[_ledger.NOTICE_DIED], peer)
 
 
