@@ -168,6 +168,7 @@ def test_a_socket_to_another_machine_is_inside_the_job_only_where_its_root_is_co
                     start_new_session=True))
                 time.sleep(1.0 if node is b else 0.0)  # the server listens first
             root, rank = procs[1], procs[2]
+            settle(root.pid, lambda s: s.main.call is Call.SLEEP)  # connected: it sleeps after
             outside = settle(rank.pid, lambda s: s.main.call is Call.FDS)
             assert outside.main.fds == (Fd.OUTSIDE,), outside.main
             inside = settle(rank.pid, lambda s: s.main.call is Call.FDS, JobPeers((root.pid,)))

@@ -1,7 +1,11 @@
 """A process whose script ends while a helper thread's store call, bounded by 2 s, is still in
 torch: a wait on a real TCPStore that times out 0.5 s later, during the interpreter's exit.
 ``store_call_at_exit.py unregistered`` leaves the call out of ``exit_waits`` (as before it).
-Prints ``ended`` when its script ends; exits 0 unless the process aborts."""
+Prints ``ended`` when its script ends; exits 0 unless the process aborts.
+
+The interpreter's finalization is held open for 1.5 s (a module global whose ``__del__``
+sleeps): how long it takes otherwise depends on the machine (under 0.4 s on a fast one, which
+exited before the call came back, so the fault did not show)."""
 import sys
 import threading
 import time
@@ -12,6 +16,15 @@ from torch.distributed import TCPStore
 from rankguard import exit_waits
 from rankguard.deadline import Deadline
 from rankguard.store import store_calls
+
+
+
+class _HoldsFinalizationOpen:
+    def __del__(self, sleep=time.sleep) -> None:
+        sleep(1.5)
+
+
+_held_open = _HoldsFinalizationOpen()
 
 if sys.argv[1:] == ["unregistered"]:
     exit_waits.finish_before_exit = lambda thread, limit: None
