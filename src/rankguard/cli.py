@@ -119,8 +119,12 @@ def _run(argv: list[str]) -> int:
     except early_signals.Interrupted as stop:
         if config is not None:
             remove_empty_dirs(config.made_dirs)
-        print(f"rankguard run: {stop}; nothing was started", file=sys.stderr)
-        return 128 + stop.signum
+        print(f"rankguard run: {stop}; nothing was started", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # not by returning: a store handshake the signal cut short is still blocked on the
+        # endpoint, and the interpreter's exit would wait for it (exit_waits), then abort if it
+        # came back during the finalization
+        os._exit(128 + stop.signum)
     return agent.run()
 
 

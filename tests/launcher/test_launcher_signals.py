@@ -2,6 +2,7 @@
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -113,20 +114,50 @@ def _static_node(node: int, log_dir, port: int) -> subprocess.Popen[str]:
 def test_a_signal_before_the_job_started_ends_it_with_its_code_a_line_and_no_folder(tmp_path,
                                                                                      sig):
     # node 1 of two waits for the job's store at an address where nothing listens yet: the
-    # launcher is still joining the job, before its agent took over the signals
-    from tests.launcher.test_multinode import _free_port
+    # launcher is still joining the job, before its agent took over the signals. The port is
+    # held bound (not listening: a connection is refused) so that no other test's server takes
+    # it meanwhile
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        log_dir = tmp_path / "logs"
+        proc = _static_node(1, log_dir, held.getsockname()[1])
+        started = time.monotonic()
+        time.sleep(JOINING_S)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(sig)
+        _ended_before_the_job_started(finish(proc, log_dir, 30, started), sig, log_dir)
 
-    log_dir = tmp_path / "logs"
-    proc = _static_node(1, log_dir, _free_port())
-    started = time.monotonic()
-    time.sleep(JOINING_S)
-    assert proc.poll() is None, proc.communicate()
-    proc.send_signal(sig)
-    run = finish(proc, log_dir, 30, started)
+
+def _ended_before_the_job_started(run, sig: signal.Signals, log_dir) -> None:
     assert run.code == 128 + sig, run.stderr
     assert "Traceback" not in run.stderr, run.stderr
     assert f"interrupted ({sig.name}) before the job started; nothing was started" in run.stderr
     assert not log_dir.exists(), list(log_dir.rglob("*"))
+
+
+def test_a_signal_while_the_endpoint_leaves_the_store_handshake_unanswered_ends_it_at_once(
+        tmp_path):
+    """Something at the endpoint accepts connections and says nothing (not a store): torch's
+    client waits for its handshake's answer for join_timeout (600 s). A signal meanwhile ends
+    the launcher at once, as before the endpoint answered (it was ignored until then)."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        accepted: list[socket.socket] = []
+        silent.settimeout(30)
+        log_dir = tmp_path / "logs"
+        proc = _static_node(1, log_dir, silent.getsockname()[1])
+        try:
+            for _ in range(2):  # the launcher's look that something listens, then torch's client
+                accepted.append(silent.accept()[0])
+            time.sleep(0.5)  # in torch's handshake (its client sent its part and waits)
+            assert proc.poll() is None, proc.communicate()
+            started = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            run = finish(proc, log_dir, 30, started)
+        finally:
+            for conn in accepted:
+                conn.close()
+    _ended_before_the_job_started(run, signal.SIGTERM, log_dir)
+    assert run.wall_s < 10, run.wall_s  # join_timeout is 600 s
 
 
 def test_a_node_that_waits_for_its_peer_in_the_round_ends_at_once_on_ctrl_c(tmp_path):

@@ -50,3 +50,29 @@ def test_past_the_cap_of_abandoned_calls_a_call_is_refused_at_once(
     with pytest.raises(StoreStalled, match="not tried"):
         within(Deadline.after(5), "checking", lambda: stopped_store.check(["key"]))
     assert time.monotonic() - started < 0.5
+
+
+def test_what_stop_if_raises_ends_the_wait_at_once_and_the_call_is_abandoned(
+        stopped_store: TCPStore) -> None:
+    class Stop(Exception):
+        pass
+
+    asked_after = time.monotonic() + 0.3
+
+    def stop_if() -> None:
+        if time.monotonic() >= asked_after:
+            raise Stop
+
+    before = store_calls.abandoned()
+    with pytest.raises(Stop):
+        within(Deadline.after(30), "checking", lambda: stopped_store.check(["key"]),
+               stop_if=stop_if)
+    assert time.monotonic() - asked_after < 5  # not the 30 s deadline
+    assert store_calls.abandoned() == before + 1
+
+
+def test_stop_if_that_never_raises_changes_nothing(stopped_store: TCPStore) -> None:
+    assert within(Deadline.after(5), "adding", lambda: 1 + 1, stop_if=lambda: None) == 2
+    with pytest.raises(StoreStalled):
+        within(Deadline.after(0.3), "checking", lambda: stopped_store.check(["key"]),
+               stop_if=lambda: None)

@@ -153,7 +153,8 @@ def _connect_c10d(cfg: RendezvousConfig) -> tuple[Any, bool]:
         # listener that accepts and says nothing would hold it for good
         store = within(Deadline.after(left + _ENDPOINT_CONNECT_S), f"joining the store at "
                        f"{cfg.endpoint}", lambda: TCPStore(cfg.host, cfg.port, is_master=False,
-                                                           timeout=timedelta(seconds=left)))
+                                                           timeout=timedelta(seconds=left)),
+                       stop_if=early_signals.check)
     except RuntimeError as exc:  # StoreStalled too
         raise UsageError(_ENDPOINT_OPTION[cfg.backend], f"no store answered at {cfg.endpoint} "
                          f"within join_timeout {cfg.join_timeout} s ({first_line(exc)})",

@@ -29,6 +29,7 @@ from ..deadline import Deadline
 T = TypeVar("T")
 
 MAX_ABANDONED = 8
+STOP_POLL_S = 0.05  # how often a wait given ``stop_if`` asks it
 _abandoned: list[threading.Thread] = []
 _lock = threading.Lock()
 
@@ -42,7 +43,8 @@ class StoreStalled(RuntimeError):
     """
 
 
-def within(limit: Deadline, what: str, call: Callable[[], T]) -> T:
+def within(limit: Deadline, what: str, call: Callable[[], T],
+           stop_if: Callable[[], None] | None = None) -> T:
     """``call()``'s result, or the exception it raised, if it returns by ``limit``.
 
     Args:
@@ -50,6 +52,9 @@ def within(limit: Deadline, what: str, call: Callable[[], T]) -> T:
         what: the call in words, for the error ("the shutdown barrier").
         call: the store calls to make; it must use a client that nothing else uses while it
             runs, and that nobody uses again if it stalls.
+        stop_if: called every :data:`STOP_POLL_S` while the call runs; what it raises ends
+            the wait at once (the call is abandoned, as at ``limit``) and reaches the caller
+            (the launcher's signals before its agent took them over).
 
     Raises:
         StoreStalled: ``call`` had not returned by ``limit``, or ``MAX_ABANDONED`` earlier
@@ -71,15 +76,34 @@ def within(limit: Deadline, what: str, call: Callable[[], T]) -> T:
     thread = threading.Thread(target=run, name="rankguard-store-call", daemon=True)
     thread.start()
     exit_waits.finish_before_exit(thread, limit)
-    thread.join(limit.wait_time_or_none())
+    try:
+        _join(thread, limit, stop_if)
+    except BaseException:
+        _abandon(thread)
+        raise
     if thread.is_alive():
-        with _lock:
-            _abandoned.append(thread)
+        _abandon(thread)
         raise StoreStalled(f"{what}: the store did not answer by the deadline (its server, "
                            "often rank 0's process, is stopped, frozen or overloaded)")
     if "error" in outcome:
         raise outcome["error"]  # type: ignore[misc]
     return outcome["value"]  # type: ignore[return-value]
+
+
+def _join(thread: threading.Thread, limit: Deadline,
+          stop_if: Callable[[], None] | None) -> None:
+    if stop_if is None:
+        thread.join(limit.wait_time_or_none())
+        return
+    while thread.is_alive() and not limit.passed():
+        stop_if()
+        thread.join(limit.wait_time(STOP_POLL_S))
+    stop_if()
+
+
+def _abandon(thread: threading.Thread) -> None:
+    with _lock:
+        _abandoned.append(thread)
 
 
 def abandoned() -> int:
