@@ -53,6 +53,13 @@ def decide(client: Any, number: int, missing: list[int] | None, limit: Deadline
     return missing if decided is None else json.loads(decided)
 
 
+def others_missing(missing: list[int], own: int) -> tuple[list[int], bool]:
+    """A decision's ``missing`` places as one member tells it: the other places, and whether its
+    own is among them (it arrived, but after the member that decided had given up on it: an
+    error must not name the rank that raises it as the one that did not arrive)."""
+    return [place for place in missing if place != own], own in missing
+
+
 def first_authentic(client: Any, key: str, value: str, limit: Deadline) -> str | None:
     """The first authentic value written in ``key`` (``value`` if it is this rank's); None if
     none could be agreed by ``limit``. A forged value found there is replaced by

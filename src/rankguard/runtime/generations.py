@@ -259,10 +259,12 @@ def form_next(limit: Deadline, exclude: Iterable[int] | None = None,
         groups.abandon_world(f"rank {rank} gave up forming generation {number}")
         groups.retire_all(f"generation {number} did not form")
         refused = vacancies.refusal() if None in members else None
+        others, late = generation_keys.others_missing(joined.missing, members.index(rank))
         kind, why = (PeerFailed, refused) if refused is not None else \
-            (CollectiveTimeout, "members failed to join")
+            (CollectiveTimeout, "this rank arrived after the other members had given up on it"
+             if late else "members failed to join")
         raise kind(f"did not form: {why}", op="regroup", seq=number, group=WORLD, rank=rank,
-                   missing=[_previous(members, i) for i in joined.missing],
+                   missing=[_previous(members, i) for i in others],
                    waited=time.monotonic() - started)
     async_deadline.wait_for_abort(limit.wait_time())  # an NCCL deadline's abort: not under it
     # an NCCL communicator of the old generation that no fault aborted (this rank raised, its

@@ -154,6 +154,7 @@ def join(client: Any, place: int, limit: Deadline) -> Vacancies:
                          "RANKGUARD_SECRET_FILE)")
     started, tried = time.monotonic(), -1
     missing: list[int] = []
+    late = False  # the members of the last generation tried had given up on this place
     while not limit.passed():
         record = current_record(client)
         # once this process arrived at a generation that did not form, the survivors count it
@@ -177,9 +178,11 @@ def join(client: Any, place: int, limit: Deadline) -> Vacancies:
                                             None if meeting.complete else meeting.missing, limit)
         if failed_for is None:
             return record
-        missing = failed_for
+        missing, late = generation_keys.others_missing(failed_for, place)
+    why = " (the members of the last one tried gave up on this place before it arrived)" \
+        if late else ""
     raise CollectiveTimeout(f"could not fill place {place}: no generation with it vacant "
-                            "formed in time", op="join", seq=tried, group=WORLD, rank=place,
+                            f"formed in time{why}", op="join", seq=tried, group=WORLD, rank=place,
                             missing=missing, waited=time.monotonic() - started)
 
 
