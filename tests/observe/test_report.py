@@ -16,7 +16,7 @@ from rankguard import cli
 from rankguard.records import recent_file
 from rankguard.observe import flight_recorder, report, timeline
 
-from ..conftest import ROOT, script
+from ..conftest import ROOT, script, text_now
 from . import browser, fr_dumps
 
 T = 1_800_000_000.0  # a wall-clock time
@@ -232,6 +232,15 @@ def test_flight_recorder_completes_what_the_group_proves_and_the_ledger_had_not_
         rank: [op.t_enter for op in kept.ops] for rank, kept in recent.items()}
 
 
+def _await_event(log: Path, event: str, timeout: float) -> None:
+    import time as clock
+
+    until = clock.monotonic() + timeout
+    while f'"event": "{event}"' not in text_now(log):
+        assert clock.monotonic() < until, f"no {event} event in {timeout} s:\n{text_now(log)}"
+        clock.sleep(0.1)
+
+
 def _report(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "rankguard.cli", "report", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
@@ -424,6 +433,9 @@ def test_a_pools_journal_becomes_a_report_with_a_lane_per_group_its_faults_and_h
             with pytest.raises(rankguard.RequestFailed):
                 pool.run(rf.forward, 1.0, fault=(1, kind))
             assert pool.run(rf.forward, 2.0) == rf.expected(2.0, 2)
+        # the hung call's heal takes the stacks after the pool's timeout (2 s) for the ranks to
+        # finish it; a close before then (under load) kills the replica first, as it promises
+        _await_event(log, "stacks", 30.0)
     made = _report(str(log), "-o", str(tmp_path / "pool.html"))
     assert made.returncode == 0, made.stderr
     assert "request fault(s); closed" in made.stdout
