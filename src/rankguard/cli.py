@@ -92,7 +92,7 @@ def _run(argv: list[str]) -> int:
     from .launcher import early_signals
 
     early_signals.hold()
-    config = None
+    config = agent = None
     try:
         from .launcher import cli as run_cli
         from .launcher import store
@@ -117,6 +117,8 @@ def _run(argv: list[str]) -> int:
         print(f"rankguard run: error: {exc}", file=sys.stderr)
         return 2
     except early_signals.Interrupted as stop:
+        if agent is not None:
+            agent.abandon()
         if config is not None:
             remove_empty_dirs(config.made_dirs)
         print(f"rankguard run: {stop}; nothing was started", file=sys.stderr, flush=True)

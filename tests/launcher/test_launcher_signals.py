@@ -135,6 +135,26 @@ def _ended_before_the_job_started(run, sig: signal.Signals, log_dir) -> None:
     assert not log_dir.exists(), list(log_dir.rglob("*"))
 
 
+def test_a_signal_while_a_one_node_launcher_imports_leaves_no_journal_and_no_folder(tmp_path):
+    """The signal comes once the launcher holds the signals, while it imports torch: it ends
+    with the one line, and the log folder it was to make (and the journal it opened before
+    looking at the signal) is not left behind (it was: an empty journal.jsonl in it)."""
+    from rankguard.processes import proctree
+
+    log_dir = tmp_path / "logs"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rankguard.cli", "run", "--nproc-per-node", "1",
+         "--master-port", "0", "--log-dir", str(log_dir), script("sleeper.py")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(ROOT),
+        start_new_session=True)
+    started = time.monotonic()
+    while not proctree.catches(proc.pid, signal.SIGTERM):  # held (early_signals.hold)
+        assert proc.poll() is None and time.monotonic() - started < 30, proc.communicate()
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGTERM)
+    _ended_before_the_job_started(finish(proc, log_dir, 30, started), signal.SIGTERM, log_dir)
+
+
 def test_a_signal_while_the_endpoint_leaves_the_store_handshake_unanswered_ends_it_at_once(
         tmp_path):
     """Something at the endpoint accepts connections and says nothing (not a store): torch's

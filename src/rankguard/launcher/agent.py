@@ -95,6 +95,11 @@ class Agent:
                                       lambda: self._signal, self._wake,
                                       self._spares, self._in_place))
 
+    def abandon(self) -> None:
+        """Undo the constructor, for a launcher that ends before :meth:`run` (a signal came
+        first): its journal is closed, and removed if it is still the empty file it made."""
+        self._journal.discard()
+
     def run(self) -> int:
         """Run every attempt; returns the exit code. An error of rankguard's own (not of a
         rank) still stops every rank, and gives ``EXIT_INTERNAL`` with the traceback saved; a

@@ -8,6 +8,7 @@ add fields, never rename or remove them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -71,6 +72,7 @@ class Journal:
         self.path = path
         self.run_id = run_id
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self._created = not os.path.lexists(path)
         # 0600 like the ranks' output; a symbolic link, a file of someone else's or with other
         # names found at the path (which may be in /tmp) is refused, never written through
         self._file = open(path, "a", buffering=1,  # noqa: SIM115 (closed by close())
@@ -96,6 +98,15 @@ class Journal:
 
     def close(self) -> None:
         self._file.close()
+
+    def discard(self) -> None:
+        """Close it, and remove the file where this journal created it and wrote nothing (a run
+        that ended before it started leaves no empty journal behind)."""
+        self.close()
+        if self._created:
+            with contextlib.suppress(OSError):
+                if os.path.getsize(self.path) == 0:
+                    os.unlink(self.path)
 
 
 def of_pool(events: Iterable[dict[str, Any]]) -> bool:
