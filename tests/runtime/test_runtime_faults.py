@@ -359,3 +359,18 @@ def test_a_connect_that_ends_after_regroup_gave_up_on_it_leaves_a_retired_group_
         assert codes == [0, 0], (codes, dialer, output)
         return
     pytest.fail(f"the rank that was to wait formed at once in both tries: {seen}")
+
+
+@pytest.mark.slow  # about 10 s
+def test_a_rank_left_out_by_regroup_shuts_down_at_once_naming_no_peer(tmp_path: Path) -> None:
+    # the left-out rank met on its old generation's barrier, which nobody else reaches: it
+    # waited its whole timeout, then said "ranks 0, 1 did not arrive" (they had, at theirs)
+    with Ranks("shutdown_after_left_out", 3, tmp_path) as ranks:
+        results = [ranks.result(r, timeout=60) for r in range(3)]
+    for survivor in results[:2]:
+        assert survivor["members"] == 2 and survivor["clean"] is True, survivor
+    out = results[2]
+    assert out["regroup"] == "GroupRetired", out
+    assert (out["clean"], out["missing"]) == (False, []), out
+    assert "left out of generation 1" in out["detail"], out
+    assert out["took"] < 2.0, out  # not the 4 s timeout

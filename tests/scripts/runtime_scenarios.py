@@ -162,6 +162,32 @@ def send_recv_slow() -> None:
     report(**fields)
 
 
+def shutdown_after_left_out() -> None:
+    """Rank 2 sleeps past the others' 2 s deadline; they regroup without it, and its own
+    regroup leaves it out. Then every rank shuts down (4 s): the report of each."""
+    torch, dist = group()
+    fields: dict = {}
+    try:
+        if RANK == 2:
+            time.sleep(5)
+        with rankguard.deadline(2.0):
+            dist.all_reduce(torch.ones(4))
+    except (rankguard.CollectiveError, rankguard.GroupRetired) as error:
+        fields["fault"] = type(error).__name__
+        try:
+            fields["members"] = rankguard.regroup(timeout=5).world_size
+        except (rankguard.CollectiveError, rankguard.GroupRetired) as regroup_error:
+            fields["regroup"] = type(regroup_error).__name__
+            fields["regroup_said"] = str(regroup_error)
+    started = time.monotonic()
+    done = rankguard.shutdown(timeout=4)
+    report(**fields, clean=done.clean, missing=done.missing, detail=done.detail,
+           took=time.monotonic() - started)
+    until = time.monotonic() + 30  # rank 0's process hosts the store: it stays for rank 2's
+    while RANK != 2 and not (OUT / "result_2.json").exists() and time.monotonic() < until:
+        time.sleep(0.05)
+
+
 def regroup_after_kill() -> None:
     torch, dist = group()
     started = time.monotonic()
@@ -751,6 +777,7 @@ SCENARIOS = {
     "store_host_leaves_first_after_shutdown": lambda: store_host_leaves_first(True),
     "send_recv_slow": send_recv_slow,
     "regroup_after_kill": regroup_after_kill,
+    "shutdown_after_left_out": shutdown_after_left_out,
     "step_loop_peer_hangs": step_loop_peer_hangs,
     "regroup_after_a_solo_failure": regroup_after_a_solo_failure,
     "regroup_short_timeout_peer_frozen": regroup_short_timeout_peer_frozen,

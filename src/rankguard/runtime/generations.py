@@ -252,6 +252,8 @@ def form_next(limit: Deadline, exclude: Iterable[int] | None = None,
                                 waited=time.monotonic() - started)
     if joined is None:
         groups.retire_all(f"left out of generation {number}")
+        current().left_out = (f"this rank was left out of generation {number} by its peers "
+                              f"(members: {members}): nobody meets it")
         raise GroupRetired(WORLD, f"this rank was left out of generation {number} "
                                   f"(members: {members})")
     if not joined.complete:

@@ -259,6 +259,7 @@ def _create_group(options: Any, backend_options: Any) -> Any:
     state.groups.add(group, record)
     if is_world:
         state.aborted = None  # a new default group: an earlier shutdown's abort is over
+        state.left_out = None
     if forming is not None and forming.entered and slot is not None:
         # formed with every peer: what follows is this rank's own (a store connection for the
         # probes), which no peer waits for; slow on a loaded machine while the peers went on,

@@ -70,9 +70,12 @@ def shut_down(limit: Deadline, *, strict: bool = False) -> ShutdownReport:
             raise TeardownTimeout(aborted.missing, aborted.waited, aborted.detail)
         return aborted  # an earlier call aborted the groups: that is still the outcome
     current().aborted = None
+    rank, size = dist.get_rank(), dist.get_world_size()
+    left_out = current().left_out
+    if left_out is not None:  # its peers meet in their generation, without it
+        return _unclean(rank, [], 0.0, left_out, strict)
 
     started = time.monotonic()
-    rank, size = dist.get_rank(), dist.get_world_size()
     ledger = current().ledger
     world = ledger.world() if ledger is not None else None
     if world is not None:
@@ -84,6 +87,12 @@ def shut_down(limit: Deadline, *, strict: bool = False) -> ShutdownReport:
     if not missing and not detail:
         dist.destroy_process_group()
         return ShutdownReport(True, waited=waited)
+    return _unclean(rank, missing, waited, detail, strict)
+
+
+def _unclean(rank: int, missing: list[int], waited: float, detail: str, strict: bool
+             ) -> ShutdownReport:
+    """Abort this rank's groups; the unclean report (kept for a later call), or raised."""
     _abort()
     report = ShutdownReport(False, missing, waited, detail or
                             f"ranks {', '.join(map(str, missing))} did not arrive")

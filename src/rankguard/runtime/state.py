@@ -168,6 +168,9 @@ class RankState:
         usage_exit: why the process is about to end on a mistake of the user's that every
             attempt would make again (the pytest plugin's ranks that collected different
             tests): its non-zero exit is recorded as a usage error, not restarted.
+        left_out: why this rank has no place in the generation its peers formed last
+            (``regroup()`` left it out): a ``shutdown()`` has nobody to meet. None once a
+            default group is created again.
         unconnected: ``(backend, rank, size)`` of the generation whose connect failed (a
             member died after it joined), which left this rank without a default group: the
             next ``regroup()`` forms the one after it from these. None once a group connects.
@@ -195,6 +198,7 @@ class RankState:
     record_only: bool = True
     awaiting_state: bool = False
     usage_exit: str | None = None
+    left_out: str | None = None
     unconnected: tuple[str, int, int] | None = None
 
     def enable_bounded(self) -> None:
