@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, Run, finish, launch, script
+from tests.conftest import ROOT, Run, finish, launch, script, text_now
 
 EXAMPLE = str(ROOT / "examples" / "train_inplace.py")
 ARGS = ["--nproc-per-node", "3", "--hang-timeout", "3", "--max-restarts", "3"]
@@ -412,6 +412,39 @@ def test_when_every_rank_dies_at_once_the_attempt_restarts_at_once(run_rankguard
     assert "SIGKILL" in restart["root_cause"], restart
     assert len(_events(run, "replace")) <= 1
     assert run.wall_s < 40, run.wall_s
+
+
+@pytest.mark.slow
+@pytest.mark.deadline(150)
+def test_when_the_only_giver_dies_while_the_replacement_joins_the_first_death_is_the_cause(
+        tmp_path: Any) -> None:
+    """Rank 1 dies; rank 0, the only rank that can give its replacement the state, is killed
+    once the replacement started: the repair is refused and the attempt restarts, its root
+    cause rank 1's death, the first in time (it was rank 0's: adversarial pass, 2 of 2)."""
+    import json
+    import os
+    import signal
+    import time
+
+    log_dir = tmp_path / "logs"
+    started = time.monotonic()
+    proc = launch([*TWO, "--max-restarts", "3", "--inject", "kill:rank=1,at=step5",
+                   *SMALL], log_dir)
+    journal = log_dir / "journal.jsonl"
+    giver = None
+    while giver is None and time.monotonic() - started < 60 and proc.poll() is None:
+        events = [json.loads(line) for line in text_now(journal).splitlines()]
+        if any(e["event"] == "replace" for e in events):
+            giver = next(e for e in events if e["event"] == "rank_start" and e["rank"] == 0)
+            os.kill(giver["pid"], signal.SIGKILL)
+        time.sleep(0.01)
+    run = finish(proc, log_dir, 120, started)
+    assert giver is not None, run.stderr[-3000:]
+    assert run.code == 0, run.stderr[-4000:]
+    (refused,) = _events(run, "replace_refused")
+    assert "no other rank holds the state" in refused["reason"], refused
+    (restart,) = _events(run, "restart")
+    assert restart["root_cause"].startswith("rank 1 "), restart
 
 
 @pytest.mark.slow

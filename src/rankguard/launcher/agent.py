@@ -303,6 +303,9 @@ class Agent:
                                 cause=fault.describe())
             self._say(f"rankguard: no replacement in place: {refusal}")
             result.refusal = refusal
+            first = replacer.first_repaired()
+            if first is not None and first.at <= fault.at:  # the root cause: the first fault
+                result.fault, result.hang = first, None
             return False
         if hang is not None:  # its stacks: the replace event's
             self._journal_hang(ranks.number, hang, {})

@@ -102,6 +102,12 @@ class InPlace:
         return (replace_rules.refusal(fault.kind, culprits, members, restarts_left, world),
                 causes)
 
+    def first_repaired(self) -> Fault | None:
+        """The earliest fault that a replacement still joining repairs, if any: the cause of
+        an attempt that a later fault ends before it joined (the first in time)."""
+        return min((p.fault for p in self._pending.values() if p.fault is not None),
+                   key=lambda fault: fault.at, default=None)
+
     def replace(self, ranks: RankProcesses, layout: Layout, ledger_dir: str, fault: Fault,
                 hang: Verdict | None, causes: dict[int, Fault]) -> list[RankProcess]:
         """Stop the ranks of ``causes``, release the others, start a replacement for each;
