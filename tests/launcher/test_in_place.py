@@ -278,9 +278,6 @@ def test_a_refused_repair_ends_the_survivors_at_once_not_after_the_grace(
 @pytest.mark.deadline(240)
 def test_a_replacement_killed_while_it_joins_is_replaced_in_turn(tmp_path: Any,
                                                                    fault_free: str) -> None:
-    import json
-    import os
-    import signal
     import time
 
     from tests.conftest import finish, launch
@@ -289,16 +286,7 @@ def test_a_replacement_killed_while_it_joins_is_replaced_in_turn(tmp_path: Any,
     started = time.monotonic()
     proc = launch([*ARGS, "--recovery", "in-place", "--inject", "kill:rank=1,at=op20",
                    *SCRIPT], log_dir)
-    journal = log_dir / "journal.jsonl"
-    killed = None
-    while killed is None and time.monotonic() - started < 120 and proc.poll() is None:
-        events = [json.loads(line) for line in journal.read_text().splitlines()] \
-            if journal.exists() else []
-        replace = next((e for e in events if e["event"] == "replace"), None)
-        if replace is not None:
-            killed = replace["new_pid"]
-            os.kill(killed, signal.SIGKILL)
-        time.sleep(0.01)
+    killed = _kill_once_replaced(proc, log_dir, 120, lambda replace, events: replace["new_pid"])
     run = finish(proc, log_dir, 180, started)
     assert killed is not None, run.stderr[-3000:]
     assert run.code == 0, run.stderr[-4000:]
@@ -308,6 +296,27 @@ def test_a_replacement_killed_while_it_joins_is_replaced_in_turn(tmp_path: Any,
     (replaced,) = _events(run, "replaced")
     assert replaced["pid"] == replaces[1]["new_pid"]
     assert not _events(run, "restart")
+
+
+def _kill_once_replaced(proc: Any, log_dir: Any, timeout: float,
+                       pick: Any) -> int | None:
+    """SIGKILL the process ``pick(replace_event, events)`` names once the journal shows the
+    first ``replace`` (within ``timeout``); its pid, or None if none came."""
+    import json
+    import os
+    import signal
+    import time
+
+    until = time.monotonic() + timeout
+    while time.monotonic() < until and proc.poll() is None:
+        events = [json.loads(line) for line in text_now(log_dir / "journal.jsonl").splitlines()]
+        replace = next((e for e in events if e["event"] == "replace"), None)
+        if replace is not None:
+            pid = pick(replace, events)
+            os.kill(pid, signal.SIGKILL)
+            return pid
+        time.sleep(0.01)
+    return None
 
 
 @pytest.mark.slow
@@ -421,23 +430,14 @@ def test_when_the_only_giver_dies_while_the_replacement_joins_the_first_death_is
     """Rank 1 dies; rank 0, the only rank that can give its replacement the state, is killed
     once the replacement started: the repair is refused and the attempt restarts, its root
     cause rank 1's death, the first in time (it was rank 0's: adversarial pass, 2 of 2)."""
-    import json
-    import os
-    import signal
     import time
 
     log_dir = tmp_path / "logs"
     started = time.monotonic()
     proc = launch([*TWO, "--max-restarts", "3", "--inject", "kill:rank=1,at=step5",
                    *SMALL], log_dir)
-    journal = log_dir / "journal.jsonl"
-    giver = None
-    while giver is None and time.monotonic() - started < 60 and proc.poll() is None:
-        events = [json.loads(line) for line in text_now(journal).splitlines()]
-        if any(e["event"] == "replace" for e in events):
-            giver = next(e for e in events if e["event"] == "rank_start" and e["rank"] == 0)
-            os.kill(giver["pid"], signal.SIGKILL)
-        time.sleep(0.01)
+    giver = _kill_once_replaced(proc, log_dir, 60, lambda replace, events: next(
+        e["pid"] for e in events if e["event"] == "rank_start" and e["rank"] == 0))
     run = finish(proc, log_dir, 120, started)
     assert giver is not None, run.stderr[-3000:]
     assert run.code == 0, run.stderr[-4000:]
