@@ -29,7 +29,7 @@ from ..deadline import Deadline
 T = TypeVar("T")
 
 MAX_ABANDONED = 8
-STOP_POLL_S = 0.05  # how often a wait given ``stop_if`` asks it
+STOP_IF_EVERY_S = 0.05  # how often a wait given ``stop_if`` asks it
 _abandoned: list[threading.Thread] = []
 _lock = threading.Lock()
 
@@ -52,7 +52,7 @@ def within(limit: Deadline, what: str, call: Callable[[], T],
         what: the call in words, for the error ("the shutdown barrier").
         call: the store calls to make; it must use a client that nothing else uses while it
             runs, and that nobody uses again if it stalls.
-        stop_if: called every :data:`STOP_POLL_S` while the call runs; what it raises ends
+        stop_if: called every :data:`STOP_IF_EVERY_S` while the call runs; what it raises ends
             the wait at once (the call is abandoned, as at ``limit``) and reaches the caller
             (the launcher's signals before its agent took them over).
 
@@ -97,7 +97,7 @@ def _join(thread: threading.Thread, limit: Deadline,
         return
     while thread.is_alive() and not limit.passed():
         stop_if()
-        thread.join(limit.wait_time(STOP_POLL_S))
+        thread.join(limit.wait_time(STOP_IF_EVERY_S))
     stop_if()
 
 
