@@ -65,6 +65,9 @@ class _Attempt:
     refusal: str | None = None  # why its fault was not repaired in place (``--recovery in-place``)
 
 
+DEATHS = (FaultKind.SIGNALLED, FaultKind.EXITED)  # a rank's process ended under it
+
+
 class Agent:
     """The launcher's agent on this node: runs ``config`` to the end; ``run()`` returns the
     process exit code."""
@@ -303,8 +306,10 @@ class Agent:
                                 cause=fault.describe())
             self._say(f"rankguard: no replacement in place: {refusal}")
             result.refusal = refusal
+            # a death while a replacement joins: the root cause is the first one (a rank that
+            # raised, its get_state say, or hung is a fault of its own that says more)
             first = replacer.first_repaired()
-            if first is not None and first.at <= fault.at:  # the root cause: the first fault
+            if first is not None and first.at <= fault.at and fault.kind in DEATHS:
                 result.fault, result.hang = first, None
             return False
         if hang is not None:  # its stacks: the replace event's
