@@ -123,6 +123,13 @@ FAILS_AFTER_ITS_DEADLINE = FINALIZER.replace(
     "def test_fails_on_its_own_after_its_deadline():\n    SlowToFinalize()\n"
     "    raise ValueError('the test fails on its own')\n")
 
+# unittest records a test's own error and returns: pytest reports the error it recorded
+FAILS_AFTER_ITS_DEADLINE_IN_A_UNITTEST_CASE = FAILS_AFTER_ITS_DEADLINE.replace(
+    "def test_fails_on_its_own_after_its_deadline():\n    SlowToFinalize()\n    raise",
+    "import unittest\n\nclass TestCase(unittest.TestCase):\n"
+    "    def test_fails_on_its_own_after_its_deadline(self):\n"
+    "        SlowToFinalize()\n        raise")
+
 
 def run(tmp_path: Path, body: str, *args: str):
     return run_suite(tmp_path, {"test_bad.py": body},
@@ -199,12 +206,16 @@ def test_a_deadline_that_passes_in_a_finalizer_still_fails_the_test(tmp_path: Pa
     assert session.result("test_good_after") == "passed"
 
 
+@pytest.mark.parametrize("body", [FAILS_AFTER_ITS_DEADLINE,
+                                  FAILS_AFTER_ITS_DEADLINE_IN_A_UNITTEST_CASE],
+                         ids=["function", "unittest"])
 def test_a_test_that_fails_on_its_own_after_its_deadline_passed_fails_with_the_report(
-        tmp_path: Path) -> None:
+        tmp_path: Path, body: str) -> None:
     # the release may end what the test waits for before the interruption lands (its child):
     # the test then fails on its own, and the report must not be lost (it was, 5 runs in 8
-    # of the spawned-child case under load); its own error is the report's cause
-    session = run(tmp_path, FAILS_AFTER_ITS_DEADLINE)
+    # of the spawned-child case under load, and in CI for a torch MultiProcessTestCase, a
+    # unittest case, whose ranks the release ended); its own error is the report's cause
+    session = run(tmp_path, body)
     test = "test_fails_on_its_own_after_its_deadline"
     assert session.result(test) == "failed", session.output[-3000:]
     text = session.text(test)

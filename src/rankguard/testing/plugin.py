@@ -380,7 +380,15 @@ class _Guard:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: Any) -> Generator[None]:
+        expired = call.excinfo.value if call.excinfo is not None and isinstance(
+            call.excinfo.value, DeadlineExceeded) else None
         report = yield
+        if expired is not None and not isinstance(call.excinfo.value, DeadlineExceeded):
+            # a unittest case records its own error and returns, and pytest reports that
+            # one: the phase's expiry stays what fails it, the error its cause
+            expired.__cause__ = expired.__cause__ or call.excinfo.value
+            report.outcome = "failed"
+            report.longrepr = item.repr_failure(pytest.ExceptionInfo.from_exception(expired))
         if call.excinfo is not None and (
                 isinstance(call.excinfo.value, (RanksFailed, PoolUnavailable))
                 or call.excinfo.value is item.stash.get(_BAD_MARKER, None)):
