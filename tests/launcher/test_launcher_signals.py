@@ -49,6 +49,43 @@ def test_signal_to_launcher_stops_every_rank_within_grace(tmp_path, args, sig, c
     assert run.event("run_end")["root_cause"] == f"the launcher received {sig.name}"
 
 
+# an optional module torch tries at its import (torch.backends.opt_einsum), found first on
+# PYTHONPATH and slow to import: it says who imports it, then sleeps
+SLOW_OPTIONAL_MODULE = """
+import os
+import time
+
+open(os.path.join(os.environ["SLOW_IMPORT_MARKS"], str(os.getpid())), "w").close()
+time.sleep(60)
+"""
+
+
+def test_a_signal_while_the_launcher_imports_torch_to_host_the_store_stops_the_run_at_once(
+        tmp_path):
+    """Once the first attempt's ranks started, the launcher hosts the job's store, importing
+    torch on its main thread (over 10 s under load). A signal meanwhile stops the run at once,
+    not once the import ended (it did, 2 to 14 s late, the summary saying "detected in
+    0.00 s"). Here the import takes 60 s."""
+    modules, marks, log_dir = tmp_path / "modules", tmp_path / "marks", tmp_path / "logs"
+    modules.mkdir()
+    marks.mkdir()
+    (modules / "opt_einsum.py").write_text(SLOW_OPTIONAL_MODULE)
+    path = os.pathsep.join(p for p in (str(modules), os.environ.get("PYTHONPATH")) if p)
+    proc = launch(["--nproc-per-node", "1", "--grace", "2", script("sleeper.py")], log_dir,
+                  env={"PYTHONPATH": path, "SLOW_IMPORT_MARKS": str(marks)})
+    started = time.monotonic()
+    while not (marks / str(proc.pid)).exists():  # the launcher is inside torch's import
+        assert proc.poll() is None and time.monotonic() - started < 60, proc.communicate()
+        time.sleep(0.05)
+    sent = time.monotonic()
+    os.kill(proc.pid, signal.SIGTERM)
+    run = finish(proc, log_dir, 40, started)
+    assert run.code == 143, run.stderr
+    assert time.monotonic() - sent < 30, run.stderr  # the import had 60 s to go
+    assert run.event("run_end")["root_cause"] == "the launcher received SIGTERM"
+    assert "Traceback" not in run.stderr, run.stderr
+
+
 def test_a_launcher_started_under_nohup_outlives_a_hangup(tmp_path):
     log_dir = tmp_path / "logs"
     proc = launch(["--nproc-per-node", "1", "--grace", "2", script("sleeper.py")], log_dir,

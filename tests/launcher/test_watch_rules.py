@@ -176,6 +176,14 @@ def test_on_tick(row: Row) -> None:
     assert seen(on_tick(row.look, row.tick)) == row.want
 
 
+def test_a_signal_dates_from_its_arrival_not_from_the_look_that_saw_it() -> None:
+    # the loop sees a signal late while the store's first hosting imports torch on its thread
+    late = on_events(look(RUNNING, now=6.0, signal=signal.SIGINT, signal_at=2.5))
+    at_once = on_events(look(RUNNING, now=6.0, signal=signal.SIGINT))
+    assert late.fault is not None and late.fault.at == 2.5
+    assert at_once.fault is not None and at_once.fault.at == 6.0
+
+
 def test_a_hang_began_when_its_peers_started_waiting() -> None:
     decision = on_tick(look(RUNNING, now=10.0), Tick(verdicts=(HANG,)))
     assert decision.fault is not None and decision.hang is HANG

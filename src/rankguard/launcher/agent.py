@@ -83,6 +83,7 @@ class Agent:
         self._terminal = Terminal(status=config.streams.any_shown(config.nproc))
         self._status_at = -math.inf  # when the status line was last drawn (monotonic)
         self._signal: int | None = None
+        self._signal_at: float | None = None  # when it came (monotonic)
         self._ranks: RankProcesses | None = None  # the attempt's, once started
         self._wakeup_r, self._wakeup_w = os.pipe()
         self._guardian: Guardian | None = None
@@ -386,7 +387,7 @@ class Agent:
         """What the loop observed at ``now``: ``snaps``, the ledgers read then (if read)."""
         return Look(now, tuple(RankSnapshot.of(m, snaps.get(m.rank)) for m in ranks),
                     frozenset(m.rank for m in ranks.live()), exited=exited, outside=outside,
-                    signal=self._signal, theirs=self._link.leaves_to_others,
+                    signal=self._signal, signal_at=self._signal_at, theirs=self._link.leaves_to_others,
                     cascade_window=self._link.cascade_window,
                     hang_timeout=self.config.hang_timeout, in_place=self._in_place is not None)
 
@@ -531,6 +532,7 @@ class Agent:
         """A signal handler: sets the flag the loops read and wakes the link's waits. A second
         Ctrl-C ends the grace of this node's ranks: they are killed at once."""
         if self._signal is None:
+            self._signal_at = time.monotonic()
             self._signal = signum  # the attempt's loop says so and acts
         elif signum == signal.SIGINT and self._ranks is not None:
             self._ranks.hurry()

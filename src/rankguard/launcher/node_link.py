@@ -120,13 +120,24 @@ class NodeLink(Protocol):
 
     def interrupt(self) -> None:
         """A signal came: wake whatever of the link's waits the launcher is in. Called from the
-        signal handler: sets events, never raises."""
+        signal handler: sets events; raises only inside the link's own call that it cuts short
+        (and catches), never in the launcher's code."""
         ...
+
+
+class _HostingInterrupted(BaseException):
+    """A signal came while the store's first hosting imported torch. A BaseException, so that
+    none of torch's own ``except Exception`` around an optional import takes it."""
 
 
 class OneNode:
     """The node link of a run on one node: the job is this node's; it hosts the job's store on
-    ``listen_socket`` (``store.reserve_port``), from the first attempt's start to the end."""
+    ``listen_socket`` (``store.reserve_port``), from the first attempt's start to the end.
+
+    Hosting imports torch on the launcher's main thread (2 s, over 10 s under load) while the
+    first attempt's ranks import it too; a signal to the launcher meanwhile cuts it short, so
+    that the attempt's loop stops the ranks at once rather than after the import (a signal
+    ends the run: no later attempt needs the store)."""
 
     cascade_window = margins.CASCADE_WINDOW_S
 
@@ -135,6 +146,8 @@ class OneNode:
         self._socket = listen_socket  # the store's once it is hosted
         self.port: int = listen_socket.getsockname()[1]
         self._store: Any = None
+        self._hosting = False  # a signal now raises _HostingInterrupted (see ``interrupt``)
+        self._signalled = False
 
     def run_fields(self) -> dict[str, Any]:
         return {}
@@ -146,8 +159,16 @@ class OneNode:
         return False
 
     def started(self, ranks: RankProcesses) -> None:
-        if self._store is None:  # while the ranks import torch
-            self._store = _store.host(self._socket, self._config.master_addr)
+        if self._store is not None or self._signalled:
+            return
+        try:
+            try:  # while the ranks import torch
+                self._hosting = True
+                self._store = _store.host(self._socket, self._config.master_addr)
+            finally:
+                self._hosting = False
+        except _HostingInterrupted:
+            pass  # the attempt's loop acts on the signal
 
     def outside_fault(self, now: float) -> Fault | None:
         return None
@@ -182,4 +203,8 @@ class OneNode:
         pass
 
     def interrupt(self) -> None:
-        pass
+        """Cuts the store's first hosting short (raises inside it), if it is under way."""
+        self._signalled = True
+        if self._hosting:
+            self._hosting = False
+            raise _HostingInterrupted()

@@ -80,6 +80,7 @@ class Look:
     exited: tuple[int, ...] = ()  # the ranks whose exit this look saw
     outside: Fault | None = None  # what ended the round elsewhere (the node link)
     signal: int | None = None  # the signal the launcher received, if any
+    signal_at: float | None = None  # when it came (monotonic; None: at ``now``)
     # whether the node link leaves a verdict to another node (on one node: never)
     theirs: Callable[[Verdict], bool] = field(default=lambda verdict: False)
     # the node link's answer on the ranks' fault, once asked (None: not asked)
@@ -113,7 +114,10 @@ def on_events(look: Look) -> Decision:
         decided = _ledgers(look, decided.reports)
     if decided.act is Act.GO_ON and look.signal is not None:
         name = proctree.signal_name(look.signal)
-        fault = Fault(FaultKind.LAUNCHER_SIGNAL, look.now, None, f"the launcher received {name}")
+        # dated from its arrival: the loop may see it late (the store's first hosting imports
+        # torch on this thread, seconds under load), and the summary says how late
+        at = look.now if look.signal_at is None else min(look.signal_at, look.now)
+        fault = Fault(FaultKind.LAUNCHER_SIGNAL, at, None, f"the launcher received {name}")
         return Decision(Act.STOP, fault, None, decided.reports + (
             Say(f"rankguard: received {name}; stopping all ranks"),))
     return decided

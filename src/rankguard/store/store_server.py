@@ -10,7 +10,9 @@ the pytest plugin's warm ranks) both host their stores this way.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
 import socket
 from datetime import timedelta
 from typing import Any
@@ -57,15 +59,20 @@ def reserve_port(addr: str, port: int, *, addr_option: str, port_option: str,
 def host(sock: socket.socket, addr: str, timeout_s: float = 1800.0) -> Any:
     """Start a TCPStore server on ``sock`` (from :func:`reserve_port`); imports torch (about
     2 s the first time). The store takes the socket over: ``sock`` is detached and the store
-    closes the listening socket when it is destroyed. ``timeout_s`` bounds the store's own
-    waits (its ``get`` and ``wait``)."""
-    from torch.distributed import TCPStore
-
+    closes the listening socket when it is destroyed (or this function does, when an exception
+    ends it, a signal handler's included: nothing closes it twice). ``timeout_s`` bounds the
+    store's own waits (its ``get`` and ``wait``)."""
     port = sock.getsockname()[1]
-    store = TCPStore(addr, port, is_master=True, master_listen_fd=sock.fileno(),
-                     wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
-    sock.detach()
-    return store
+    fd = sock.detach()
+    try:
+        from torch.distributed import TCPStore
+
+        return TCPStore(addr, port, is_master=True, master_listen_fd=fd,
+                        wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+    except BaseException:
+        with contextlib.suppress(OSError):  # the store's, if it took the socket over
+            os.close(fd)
+        raise
 
 
 def host_on_loopback(timeout_s: float) -> Any:
