@@ -146,6 +146,22 @@ def test_a_store_host_that_froze_or_died_bounds_every_runtime_call_and_the_exit(
         assert all("could not be asked" in r["message"] for r in results), results
 
 
+@pytest.mark.slow  # about 15 s
+def test_a_rank_late_to_shutdown_past_the_others_timeout_aborts_too_and_says_why(
+        tmp_path: Path) -> None:
+    # the late rank completed the barrier and reported clean, destroying a group its peers
+    # had aborted: the outcome is now the first view written, the same on every rank
+    with Ranks("shutdown_late", 3, tmp_path) as ranks:
+        results = [ranks.result(rank, timeout=60) for rank in range(3)]
+    for early in results[:2]:
+        assert (early["clean"], early["missing"], early["initialized"]) == (False, [2], False), \
+            early
+    late = results[2]
+    assert (late["clean"], late["missing"], late["initialized"]) == (False, [], False), late
+    assert "the other ranks stopped waiting at the barrier" in late["detail"], late
+    assert late["elapsed"] < 1.5, late  # it found the outcome decided: no wait of its own
+
+
 @pytest.mark.slow  # over 4 s here: out of the quick run
 def test_shutdown_is_clean_and_destroys_the_group_when_every_rank_arrives(tmp_path: Path
                                                                           ) -> None:

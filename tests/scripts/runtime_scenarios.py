@@ -89,6 +89,17 @@ def shutdown_peer(fault: str) -> None:
            elapsed=time.monotonic() - started, initialized=dist.is_initialized())
 
 
+def shutdown_late() -> None:
+    """Rank 2 comes to shutdown() 3 s after the others, whose timeout is 1.5 s."""
+    torch, dist = group()
+    if RANK == 2:
+        time.sleep(3)
+    started = time.monotonic()
+    result = rankguard.shutdown(timeout=1.5)
+    report(clean=result.clean, missing=result.missing, detail=result.detail,
+           elapsed=time.monotonic() - started, initialized=dist.is_initialized())
+
+
 def shutdown_all() -> None:
     group()
     started = time.monotonic()
@@ -771,6 +782,7 @@ SCENARIOS = {
     "shutdown_peer_frozen": lambda: shutdown_peer("frozen"),
     "shutdown_peer_dead": lambda: shutdown_peer("dead"),
     "shutdown_all": shutdown_all,
+    "shutdown_late": shutdown_late,
     "deadline_peer_frozen": lambda: deadline_peer_frozen("all_reduce"),
     "deadline_barrier_peer_frozen": lambda: deadline_peer_frozen("barrier"),
     "store_host_leaves_first": lambda: store_host_leaves_first(False),

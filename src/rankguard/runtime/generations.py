@@ -50,7 +50,7 @@ from .probe import Asker, clone_client
 from .state import WORLD, current
 from ..store.store_calls import StoreStalled, within
 
-_STORE_ALLOWANCE_S = 0.5  # a barrier's last reads, after the deadline, of who arrived
+STORE_ALLOWANCE_S = 0.5  # a barrier's last reads, after the deadline, of who arrived
 T = TypeVar("T")
 
 
@@ -105,7 +105,7 @@ def store_client(limit: Deadline) -> Any:
 
 def with_store_client(limit: Deadline, what: str, calls: Callable[[Any], T]) -> T:
     """``calls(client)`` on this process's :func:`store_client`, bounded by ``limit`` plus
-    ``_STORE_ALLOWANCE_S`` (for reads of who arrived once ``limit`` passed) whatever state the
+    ``STORE_ALLOWANCE_S`` (for reads of who arrived once ``limit`` passed) whatever state the
     store is in (see ``store_calls``).
 
     Raises:
@@ -114,7 +114,7 @@ def with_store_client(limit: Deadline, what: str, calls: Callable[[Any], T]) -> 
         RuntimeError: torch's, when the store failed (its server is gone).
     """
     try:
-        return within(limit.later(_STORE_ALLOWANCE_S), what,
+        return within(limit.later(STORE_ALLOWANCE_S), what,
                       lambda: calls(store_client(limit)))
     except StoreStalled:
         current().lineage_client = None  # stuck in a call: never used again
@@ -454,7 +454,7 @@ def _agree_and_join(client: Any, number: int, proposal: list[int | None], rank: 
                                 or names_a_member(groups.supervisor_notice(), members, rank))
                           if vacant else None)
     missing = generation_keys.decide(client, number, None if joined.complete else joined.missing,
-                                     limit.later(_STORE_ALLOWANCE_S))
+                                     limit.later(STORE_ALLOWANCE_S))
     if missing is None:  # formed: this rank's late reads aside, every member arrived
         return number, members, barrier.Meeting(joined.size, {r: "" for r in range(joined.size)})
     return number, members, barrier.Meeting(

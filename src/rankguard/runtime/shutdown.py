@@ -11,6 +11,10 @@ the run's secret), which names the ranks that never arrived, on every rank that 
   thread), NCCL communicators aborted, and torch.distributed deinitialised so the process can
   exit or start over. A line names the missing ranks; ``strict=True`` raises instead of
   returning.
+- The outcome is one for every rank: the first view written in the store (``first_authentic``).
+  A rank that comes after another one's timeout passed completes the barrier, but that one
+  aborted its groups already: the late rank aborts too, and says that the others stopped
+  waiting for it.
 
 Bound: the deadline, plus half a second for the barrier's last reads of who arrived
 (``generations.with_store_client``), plus ``_DESTROY_ALLOWANCE_S`` for the destroy or abort
@@ -22,14 +26,16 @@ blocking for its own timeout.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import time
+from typing import Any
 
 from ..records import ledger as _ledger
 from ..deadline import Deadline, check_seconds
 from ..errors import TeardownTimeout, first_line
 from ..margins import NCCL_ABORT_S
-from . import barrier, generations, groups, nccl_abort
+from . import barrier, generation_keys, generations, groups, nccl_abort
 from .shutdown_report import ShutdownReport
 from .state import current
 
@@ -105,15 +111,27 @@ def _unclean(rank: int, missing: list[int], waited: float, detail: str, strict: 
 
 
 def _barrier(rank: int, size: int, limit: Deadline) -> tuple[list[int], str]:
-    """Missing ranks, and a reason when they cannot be known (the store is gone or stalled).
-    Returns by ``limit`` + half a second, whatever state the store is in."""
+    """Missing ranks (the other ones), and a reason when the barrier failed: the store is gone
+    or stalled, or the others stopped waiting before this rank came. Returns by ``limit`` + half
+    a second, whatever state the store is in."""
     name = f"rankguard/shutdown/g{current().generation}/{next(_calls)}"
+
+    def meet(client: Any) -> list[int] | None:
+        meeting = barrier.meet(client, name, rank, size, limit)
+        view = None if meeting.complete else meeting.missing
+        decided = generation_keys.first_authentic(client, f"{name}/outcome", json.dumps(view),
+                                                  limit.later(generations.STORE_ALLOWANCE_S))
+        return view if decided is None else json.loads(decided)
+
     try:
-        return generations.with_store_client(
-            limit, "the shutdown barrier",
-            lambda client: barrier.meet(client, name, rank, size, limit).missing), ""
+        missing = generations.with_store_client(limit, "the shutdown barrier", meet)
     except Exception as error:  # noqa: BLE001 (the store's server died or froze)
         return [], f"the store is unreachable: {first_line(error)}"
+    if missing is None:
+        return [], ""
+    others, late = generation_keys.others_missing(missing, rank)
+    return others, ("the other ranks stopped waiting at the barrier (their timeout passed) "
+                    "before this rank arrived" if late else "")
 
 
 def _abort() -> None:
