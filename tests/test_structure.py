@@ -74,7 +74,9 @@ def test_no_class_derives_from_the_launchers_agent():
 
 def test_no_signal_handler_of_the_launcher_raises():
     """A signal handler sets a flag and wakes waits; the loops act (a raise from a handler
-    lands wherever the main thread happens to be)."""
+    lands wherever the main thread happens to be). The one raise a handler may reach is
+    ``Interruptible.cut``'s, inside the one call its ``run`` makes and catches (see
+    ``test_only_the_interruptible_call_is_cut_short``)."""
     launcher = SRC / "launcher"
     handlers = [(path, node) for path in sorted(launcher.glob("*.py"))
                 for node in ast.walk(ast.parse(path.read_text()))
@@ -84,6 +86,17 @@ def test_no_signal_handler_of_the_launcher_raises():
     found = [f"{path.relative_to(SRC)}:{node.lineno}: {node.name}" for path, node in handlers
              if any(isinstance(inner, ast.Raise) for inner in ast.walk(node))]
     assert not found, "\n".join(found)
+
+
+def test_only_the_interruptible_call_is_cut_short():
+    """``interruptible`` raises in one place, ``cut``, and catches what it raises in ``run``."""
+    tree = ast.parse((SRC / "launcher" / "interruptible.py").read_text())
+    raising = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+               and any(isinstance(inner, ast.Raise) for inner in ast.walk(node))}
+    catching = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+                and any(isinstance(inner, ast.ExceptHandler) and isinstance(inner.type, ast.Name)
+                        and inner.type.id == "CutShort" for inner in ast.walk(node))}
+    assert (raising, catching) == ({"cut"}, {"run"})
 
 
 def test_the_subclass_check_finds_what_it_looks_for():

@@ -23,6 +23,7 @@ from ..supervisor import RankProcesses
 from . import store as _store
 from .config import RunConfig
 from .in_place import InPlace
+from .interruptible import Interruptible
 from .monitor import Verdict
 from .outcome import Fault, run_status
 from .ranks import Layout
@@ -120,14 +121,9 @@ class NodeLink(Protocol):
 
     def interrupt(self) -> None:
         """A signal came: wake whatever of the link's waits the launcher is in. Called from the
-        signal handler: sets events; raises only inside the link's own call that it cuts short
-        (and catches), never in the launcher's code."""
+        signal handler: sets events, and raises only inside a call of the link's own that
+        ``interruptible`` cuts short (and catches), never in the launcher's code."""
         ...
-
-
-class _HostingInterrupted(BaseException):
-    """A signal came while the store's first hosting imported torch. A BaseException, so that
-    none of torch's own ``except Exception`` around an optional import takes it."""
 
 
 class OneNode:
@@ -146,8 +142,7 @@ class OneNode:
         self._socket = listen_socket  # the store's once it is hosted
         self.port: int = listen_socket.getsockname()[1]
         self._store: Any = None
-        self._hosting = False  # a signal now raises _HostingInterrupted (see ``interrupt``)
-        self._signalled = False
+        self._hosting = Interruptible()
 
     def run_fields(self) -> dict[str, Any]:
         return {}
@@ -159,16 +154,9 @@ class OneNode:
         return False
 
     def started(self, ranks: RankProcesses) -> None:
-        if self._store is not None or self._signalled:
-            return
-        try:
-            try:  # while the ranks import torch
-                self._hosting = True
-                self._store = _store.host(self._socket, self._config.master_addr)
-            finally:
-                self._hosting = False
-        except _HostingInterrupted:
-            pass  # the attempt's loop acts on the signal
+        if self._store is None:  # while the ranks import torch; None if a signal cut it short
+            self._store = self._hosting.run(
+                lambda: _store.host(self._socket, self._config.master_addr))
 
     def outside_fault(self, now: float) -> Fault | None:
         return None
@@ -203,8 +191,5 @@ class OneNode:
         pass
 
     def interrupt(self) -> None:
-        """Cuts the store's first hosting short (raises inside it), if it is under way."""
-        self._signalled = True
-        if self._hosting:
-            self._hosting = False
-            raise _HostingInterrupted()
+        """Cuts the store's first hosting short, if it is under way (``interruptible``)."""
+        self._hosting.cut()

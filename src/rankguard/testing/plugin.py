@@ -383,11 +383,11 @@ class _Guard:
         expired = call.excinfo.value if call.excinfo is not None and isinstance(
             call.excinfo.value, DeadlineExceeded) else None
         report = yield
-        if expired is not None and not isinstance(call.excinfo.value, DeadlineExceeded):
+        if (expired is not None and report.failed
+                and not isinstance(call.excinfo.value, DeadlineExceeded)):
             # a unittest case records its own error and returns, and pytest reports that
             # one: the phase's expiry stays what fails it, the error its cause
             expired.__cause__ = expired.__cause__ or call.excinfo.value
-            report.outcome = "failed"
             report.longrepr = item.repr_failure(pytest.ExceptionInfo.from_exception(expired))
         if call.excinfo is not None and (
                 isinstance(call.excinfo.value, (RanksFailed, PoolUnavailable))
