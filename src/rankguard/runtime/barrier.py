@@ -148,6 +148,12 @@ def _arrive(client: Any, name: str, keys: list[str], rank: int, payload: str
     return None
 
 
+def arrivals(client: Any, name: str, size: int) -> dict[int, str]:
+    """rank -> payload of every authentic arrival at the barrier ``name`` of ``size`` ranks,
+    now (a read, no wait)."""
+    return _authentic(client, [arrival_key(name, r) for r in range(size)])
+
+
 def _release(client: Any, released: str) -> None:
     client.set(released, sealed.seal(released, "released"))
 

@@ -29,6 +29,7 @@ import itertools
 import json
 import os
 import time
+from datetime import timedelta
 from typing import Any
 
 from ..records import ledger as _ledger
@@ -115,23 +116,33 @@ def _barrier(rank: int, size: int, limit: Deadline) -> tuple[list[int], str]:
     or stalled, or the others stopped waiting before this rank came. Returns by ``limit`` + half
     a second, whatever state the store is in."""
     name = f"rankguard/shutdown/g{current().generation}/{next(_calls)}"
+    outcome = f"{name}/outcome"
 
-    def meet(client: Any) -> list[int] | None:
-        meeting = barrier.meet(client, name, rank, size, limit)
+    def meet(client: Any) -> tuple[list[int] | None, dict[int, str]]:
+        client.set_timeout(timedelta(seconds=limit.wait_time(at_least=barrier.STORE_OP_MIN_S)))
+        if client.check([outcome]):  # decided already: the others gave up; no wait of its own
+            barrier.arrive(client, name, rank, size, limit)
+            meeting = barrier.Meeting(size, barrier.arrivals(client, name, size))
+        else:
+            meeting = barrier.meet(client, name, rank, size, limit)
         view = None if meeting.complete else meeting.missing
-        decided = generation_keys.first_authentic(client, f"{name}/outcome", json.dumps(view),
+        decided = generation_keys.first_authentic(client, outcome, json.dumps(view),
                                                   limit.later(generations.STORE_ALLOWANCE_S))
-        return view if decided is None else json.loads(decided)
+        return (view if decided is None else json.loads(decided)), meeting.arrived
 
     try:
-        missing = generations.with_store_client(limit, "the shutdown barrier", meet)
+        missing, arrived = generations.with_store_client(limit, "the shutdown barrier", meet)
     except Exception as error:  # noqa: BLE001 (the store's server died or froze)
         return [], f"the store is unreachable: {first_line(error)}"
     if missing is None:
         return [], ""
-    others, late = generation_keys.others_missing(missing, rank)
-    return others, ("the other ranks stopped waiting at the barrier (their timeout passed) "
-                    "before this rank arrived" if late else "")
+    if rank not in missing:
+        return missing, ""
+    # late: the others gave up on it; of the ranks they gave up on, name only those that this
+    # rank did not see arrive either
+    return ([r for r in missing if r != rank and r not in arrived],
+            "the other ranks stopped waiting at the barrier (their timeout passed) before this "
+            "rank arrived")
 
 
 def _abort() -> None:
