@@ -149,6 +149,14 @@ def _stopped_because(reason: str) -> str:
     return f"stopped by the launcher because {_ledger.notice_text(kind, failed)} ({reason})"
 
 
+def _torch_importing() -> bool:
+    """Whether torch is being imported (the SIGTERM came while the script imported it): a
+    module that is still executing is marked so on its spec, as Python's own "partially
+    initialized module" error reads it."""
+    return any(getattr(getattr(sys.modules.get(name), "__spec__", None), "_initializing", False)
+               for name in ("torch", "torch.cuda", "torch.distributed"))
+
+
 def _steps(reason: str, progress: dict[str, str]) -> None:
     state = current()
     ledger = state.ledger
@@ -165,16 +173,17 @@ def _steps(reason: str, progress: dict[str, str]) -> None:
     released = []
     if live:
         released.append(f"{len(live)} process group{'s' * (len(live) > 1)} released")
-    progress["step"] = "write torch's Flight Recorder dump"
-    if async_groups.keep_torch_dump() is not None:  # before the abort completes every op
-        released.append("torch's Flight Recorder dump kept")
-    progress["step"] = "abort NCCL communicators"
-    aborted = nccl_abort.abort(nccl_abort.nccl_groups(), NCCL_ABORT_S)
-    if aborted.groups:
-        released.append(_abort_said(aborted))
-    progress["step"] = "torch.cuda.synchronize"
-    if aborted.finished and not nccl_abort.synchronize(NCCL_SYNC_S):
-        released.append(f"device work left running after {NCCL_SYNC_S:g} s")
+    if not _torch_importing():  # else its modules are partial, and no group can exist yet
+        progress["step"] = "write torch's Flight Recorder dump"
+        if async_groups.keep_torch_dump() is not None:  # before the abort completes every op
+            released.append("torch's Flight Recorder dump kept")
+        progress["step"] = "abort NCCL communicators"
+        aborted = nccl_abort.abort(nccl_abort.nccl_groups(), NCCL_ABORT_S)
+        if aborted.groups:
+            released.append(_abort_said(aborted))
+        progress["step"] = "torch.cuda.synchronize"
+        if aborted.finished and not nccl_abort.synchronize(NCCL_SYNC_S):
+            released.append(f"device work left running after {NCCL_SYNC_S:g} s")
     if released:
         progress["released"] = f" ({'; '.join(released)})"
     progress["step"] = "flush output"
