@@ -130,6 +130,10 @@ FAILS_AFTER_ITS_DEADLINE_IN_A_UNITTEST_CASE = FAILS_AFTER_ITS_DEADLINE.replace(
     "    def test_fails_on_its_own_after_its_deadline(self):\n"
     "        SlowToFinalize()\n        raise")
 
+# and one that skips itself after its deadline passed: not a skip, a failure
+SKIPS_AFTER_ITS_DEADLINE_IN_A_UNITTEST_CASE = FAILS_AFTER_ITS_DEADLINE_IN_A_UNITTEST_CASE.replace(
+    "raise ValueError('the test fails on its own')", "self.skipTest('it skips on its own')")
+
 
 def run(tmp_path: Path, body: str, *args: str):
     return run_suite(tmp_path, {"test_bad.py": body},
@@ -206,11 +210,13 @@ def test_a_deadline_that_passes_in_a_finalizer_still_fails_the_test(tmp_path: Pa
     assert session.result("test_good_after") == "passed"
 
 
-@pytest.mark.parametrize("body", [FAILS_AFTER_ITS_DEADLINE,
-                                  FAILS_AFTER_ITS_DEADLINE_IN_A_UNITTEST_CASE],
-                         ids=["function", "unittest"])
+@pytest.mark.parametrize("body, own", [
+    (FAILS_AFTER_ITS_DEADLINE, "ValueError: the test fails on its own"),
+    (FAILS_AFTER_ITS_DEADLINE_IN_A_UNITTEST_CASE, "ValueError: the test fails on its own"),
+    (SKIPS_AFTER_ITS_DEADLINE_IN_A_UNITTEST_CASE, "it skips on its own")],
+    ids=["function", "unittest", "unittest_skip"])
 def test_a_test_that_fails_on_its_own_after_its_deadline_passed_fails_with_the_report(
-        tmp_path: Path, body: str) -> None:
+        tmp_path: Path, body: str, own: str) -> None:
     # the release may end what the test waits for before the interruption lands (its child):
     # the test then fails on its own, and the report must not be lost (it was, 5 runs in 8
     # of the spawned-child case under load, and in CI for a torch MultiProcessTestCase, a
@@ -220,7 +226,7 @@ def test_a_test_that_fails_on_its_own_after_its_deadline_passed_fails_with_the_r
     assert session.result(test) == "failed", session.output[-3000:]
     text = session.text(test)
     assert f"the deadline of {DEADLINE:g} s passed during the call" in text, text
-    assert "ValueError: the test fails on its own" in text, text
+    assert own in text, text
     assert session.result("test_good_after") == "passed"
 
 

@@ -42,7 +42,7 @@ import tempfile
 import uuid
 import warnings
 from collections.abc import Generator
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -57,6 +57,8 @@ from .warm_ranks import WarmRanks
 from ..serving.placement import Names, ReplicaPlacement
 from ..serving.pool_options import placed
 from .watchdog import DeadlineExceeded, Phase, Watchdog
+
+PYTEST_FAILED: Literal["failed"] = "failed"  # pytest's word for a failed phase
 
 DEFAULT_DEADLINE_S = 600.0
 
@@ -383,11 +385,11 @@ class _Guard:
         expired = call.excinfo.value if call.excinfo is not None and isinstance(
             call.excinfo.value, DeadlineExceeded) else None
         report = yield
-        if (expired is not None and report.failed
-                and not isinstance(call.excinfo.value, DeadlineExceeded)):
-            # a unittest case records its own error and returns, and pytest reports that
-            # one: the phase's expiry stays what fails it, the error its cause
+        if expired is not None and not isinstance(call.excinfo.value, DeadlineExceeded):
+            # a unittest case records its own error (or skip) and returns, and pytest reports
+            # that one: the phase's expiry stays what fails it, the error its cause
             expired.__cause__ = expired.__cause__ or call.excinfo.value
+            report.outcome = PYTEST_FAILED
             report.longrepr = item.repr_failure(pytest.ExceptionInfo.from_exception(expired))
         if call.excinfo is not None and (
                 isinstance(call.excinfo.value, (RanksFailed, PoolUnavailable))
