@@ -49,8 +49,8 @@ def test_signal_to_launcher_stops_every_rank_within_grace(tmp_path, args, sig, c
     assert run.event("run_end")["root_cause"] == f"the launcher received {sig.name}"
 
 
-# an optional module torch tries at its import (torch.backends.opt_einsum), found first on
-# PYTHONPATH and slow to import: it says who imports it, then sleeps
+# an optional module torch tries at its import, found first on PYTHONPATH and slow to import:
+# it says who imports it, then sleeps
 SLOW_OPTIONAL_MODULE = """
 import os
 import time

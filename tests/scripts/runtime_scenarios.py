@@ -89,20 +89,29 @@ def shutdown_peer(fault: str) -> None:
            elapsed=time.monotonic() - started, initialized=dist.is_initialized())
 
 
+LATE = [int(r) for r in os.environ.get("SCENARIO_LATE", "2").split(",")]
+
+
+def stay_until_reported(ranks: list[int], timeout: float = 30.0) -> None:
+    """Keep this process (under plain processes rank 0's hosts the store) until ``ranks``
+    reported, for at most ``timeout``."""
+    end = time.monotonic() + timeout
+    while any(not (OUT / f"result_{r}.json").exists() for r in ranks) and time.monotonic() < end:
+        time.sleep(0.05)
+
+
 def shutdown_late() -> None:
     """The ranks of ``$SCENARIO_LATE`` (default: 2) come to shutdown() 3 s after the others,
     whose timeout is 1.5 s."""
     torch, dist = group()
-    if str(RANK) in os.environ.get("SCENARIO_LATE", "2").split(","):
+    if RANK in LATE:
         time.sleep(3)
     started = time.monotonic()
     result = rankguard.shutdown(timeout=1.5)
     report(clean=result.clean, missing=result.missing, detail=result.detail,
            elapsed=time.monotonic() - started, initialized=dist.is_initialized())
-    if RANK == 0:  # it hosts the store (plain processes): until rank 2 is done with it
-        end = time.monotonic() + 20
-        while not (OUT / "result_2.json").exists() and time.monotonic() < end:
-            time.sleep(0.05)
+    if RANK == 0:
+        stay_until_reported(LATE)
 
 
 def shutdown_all() -> None:
@@ -199,9 +208,8 @@ def shutdown_after_left_out() -> None:
     done = rankguard.shutdown(timeout=4)
     report(**fields, clean=done.clean, missing=done.missing, detail=done.detail,
            took=time.monotonic() - started)
-    until = time.monotonic() + 30  # rank 0's process hosts the store: it stays for rank 2's
-    while RANK != 2 and not (OUT / "result_2.json").exists() and time.monotonic() < until:
-        time.sleep(0.05)
+    if RANK != 2:
+        stay_until_reported([2])
 
 
 def regroup_after_kill() -> None:
