@@ -51,3 +51,32 @@ def test_a_signal_outside_a_call_raises_nothing_and_no_later_call_starts(
 def test_a_calls_own_error_is_not_taken_for_a_cut() -> None:
     with pytest.raises(ValueError, match="its own"):
         Interruptible().run(lambda: (_ for _ in ()).throw(ValueError("its own")))
+
+
+def _swallowing_the_first_cut() -> None:
+    """As C code may do with an exception raised inside it (numpy's extension does)."""
+    try:
+        time.sleep(30)
+    except BaseException:  # noqa: BLE001 - the point of this callee
+        pass
+    time.sleep(30)
+
+
+def _making_its_own_error_of_the_cut() -> None:
+    """As torch's import does once numpy's extension failed with the cut."""
+    try:
+        time.sleep(30)
+    except BaseException as cut:
+        raise ImportError("cannot load module more than once per process") from cut
+
+
+@pytest.mark.parametrize("callee", [_swallowing_the_first_cut, _making_its_own_error_of_the_cut])
+def test_a_cut_ends_a_call_that_swallows_it_or_makes_its_own_error_of_it(
+        cut_on_sigusr1: Interruptible, callee: Any) -> None:
+    before = signal.getsignal(signal.SIGALRM)
+    started = time.monotonic()
+    _signal_in(0.2)
+    assert cut_on_sigusr1.run(callee) is None
+    assert time.monotonic() - started < 10  # not the 30 s of the rest of the call
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # the repeats stopped
+    assert signal.getsignal(signal.SIGALRM) is before

@@ -6,13 +6,21 @@ job store's first hosting, which imports torch on the main thread (2 s, over 10 
 while the first attempt's ranks start. :class:`Interruptible` lets a handler cut that call short,
 and only that call: :meth:`Interruptible.cut` raises :class:`CutShort` only while
 :meth:`Interruptible.run` is running its call, which catches it.
+
+A raise can land in C code that swallows it or makes an error of its own of it (numpy's
+extension, imported by torch's: its module fails with the cut, torch goes on without it, and
+its next import fails with "cannot load module more than once per process"). So a cut repeats
+every :data:`REPEAT_S` until the call ends, and whatever the call raises once cut is the cut's.
 """
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+import signal
+from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
+
+REPEAT_S = 0.05  # between the raises of a cut until the call ends (SIGALRM's timer)
 
 
 class CutShort(BaseException):
@@ -26,10 +34,11 @@ class Interruptible:
     def __init__(self) -> None:
         self._running = False
         self._cut = False
+        self._before_repeats: Any = None  # SIGALRM's handler while a cut repeats
 
     def run(self, call: Callable[[], T]) -> T | None:
-        """``call()``; None if it was cut short, or if a cut came before (it is not started).
-        Whatever else it raises propagates."""
+        """``call()``; None if it was cut short (whatever it raised then), or if a cut came
+        before (it is not started). Whatever else it raises propagates."""
         if self._cut:
             return None
         try:
@@ -37,15 +46,32 @@ class Interruptible:
                 self._running = True
                 return call()
             finally:
-                self._running = False
+                self._running = False  # a repeat landing before this is caught below
         except CutShort:
             return None
+        except BaseException:
+            if self._cut:
+                return None
+            raise
+        finally:
+            self._stop_repeating()
 
     def cut(self) -> None:
-        """From a signal handler: ends the call under way (raises inside it, once), and keeps any
-        later one from starting. Outside a call it only records the cut: it never raises
-        there."""
+        """From a signal handler: ends the call under way (raises inside it, then again every
+        :data:`REPEAT_S` until it ends), and keeps any later one from starting. Outside a call
+        it only records the cut: it never raises there."""
         self._cut = True
         if self._running:
-            self._running = False
+            self._before_repeats = signal.signal(signal.SIGALRM, self._repeat)
+            signal.setitimer(signal.ITIMER_REAL, REPEAT_S, REPEAT_S)
             raise CutShort()
+
+    def _repeat(self, _signum: int, _frame: object) -> None:
+        if self._running:
+            raise CutShort()
+
+    def _stop_repeating(self) -> None:
+        if self._before_repeats is not None:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self._before_repeats)
+            self._before_repeats = None
