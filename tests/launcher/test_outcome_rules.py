@@ -20,7 +20,8 @@ from rankguard.launcher.outcome import (OUTCOMES, Fault, FaultKind, RankOutcome,
                                         classify, deadline_verdict, first_fault, lingering,
                                         restarts_after, run_status)
 from rankguard.launcher.summary import AttemptReport, render
-from tests.launcher.snapshots import group, leaving, ledger, raised_in, usage_error, world
+from tests.launcher.snapshots import (group, leaving, ledger, nccl, raised_in, usage_error,
+                                      world)
 
 WINDOW, HANG = 0.3, 3.0
 
@@ -70,6 +71,19 @@ FIRST_FAULT = {
     "a peer in its StepLoop that did no more than the leaver: no fault": FaultCase(
         [RankSnapshot(0, _in_step_loop(ledger(world(11)))), RankSnapshot(1, leaving(11, 0.9, 0))],
         0.9 + HANG + 5, None),
+    # busy rank 1 caught up with the operations rank 0 enqueued long before, then left with
+    # its sampler's last tick behind its last operations: rank 0's completions still move
+    "an asynchronous peer whose completions moved within --hang-timeout proves nothing yet":
+        FaultCase([RankSnapshot(0, ledger(nccl(13, -1, 12, t_enter=1.0, t_done=8.5))),
+                   RankSnapshot(1, dataclasses.replace(
+                       leaving(11, 8.9, 0), groups=(nccl(11, -1, 11, 8.0, 8.0),)))],
+                  8.5 + HANG - 0.1, None),
+    "an asynchronous peer whose completions stalled --hang-timeout after a rank left with 0":
+        FaultCase([RankSnapshot(0, ledger(nccl(13, -1, 12, t_enter=1.0, t_done=8.5))),
+                   RankSnapshot(1, dataclasses.replace(
+                       leaving(11, 8.9, 0), groups=(nccl(11, -1, 11, 8.0, 8.0),)))],
+                  8.9 + HANG, (1, "rank 1 exited with code 0 before all_reduce #12 (rank 0 "
+                               "went on to it)", 8.9)),
     "a peer waiting less than --hang-timeout proves nothing yet": FaultCase(
         [RankSnapshot(0, ledger(world(12, 11, t_enter=1.0))), RankSnapshot(1, leaving(11, 0.9, 0))],
         1.0 + HANG - 0.1, None),

@@ -4,6 +4,7 @@ supervisor's notices from a real ledger."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 import pytest
@@ -143,3 +144,51 @@ def test_each_notice_of_the_supervisor_is_taken_once_and_the_next_after_a_regrou
     post_notice(path, NOTICE_HUNG, 0)
     sampler.sample()
     assert taken == [("died", 1), ("hung", 0)]
+
+
+# A one-rank gloo group of torch's recorder, watched by a real sampler and ledger; the
+# sampler's thread is late for its tick when stop() is called (a loaded machine: the launcher
+# took a rank that left with stale counts for one that left before its peers' operations).
+LATE_TICK = """
+import sys, threading, time
+import torch
+import torch.distributed as dist
+from rankguard.records.ledger import LedgerReader, LedgerWriter, create
+from rankguard.runtime.async_groups import STOP_WAIT_S, AsyncGroupSampler, torch_members
+from rankguard.runtime.fr_progress import FlightRecorderReader, Recorder
+
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+create(sys.argv[1], 1)
+late = threading.Event()
+
+def clock():
+    if late.is_set() and threading.current_thread() is not threading.main_thread():
+        late.clear()
+        time.sleep(STOP_WAIT_S * 1.5)  # longer than stop() waits for the thread
+    return time.monotonic()
+
+sampler = AsyncGroupSampler(LedgerWriter(sys.argv[1]), [FlightRecorderReader(Recorder.CPU)],
+                            0.05, False, torch_members, clock=clock)
+sampler.start()
+dist.all_reduce(torch.ones(4))
+time.sleep(0.3)  # published: 1
+late.set()
+time.sleep(0.2)  # the thread is in its late tick
+for _ in range(5):
+    dist.all_reduce(torch.ones(4))
+sampler.stop()
+print("LEFT_WITH", [g.entered for g in LedgerReader(sys.argv[1]).read().groups], flush=True)
+"""
+
+
+def test_a_rank_leaves_with_its_last_counts_when_the_samplers_thread_is_late(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "late_tick.py"
+    script.write_text(LATE_TICK)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "ledger")],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "TORCH_FR_BUFFER_SIZE": "2000"})
+    assert done.returncode == 0, done.stderr
+    assert "LEFT_WITH [6]" in done.stdout, done.stdout + done.stderr

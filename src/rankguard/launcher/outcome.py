@@ -271,7 +271,8 @@ def early_exit(state: RankSnapshot, states: list[RankSnapshot], now: float,
                hang_timeout: float) -> Fault | None:
     """The fault of a rank that left with code 0 before an operation its peers went on to:
     some peer entered more operations of a group they share than the leaver did, and either
-    failed inside its last one, or (alive) has waited in it ``hang_timeout``, or (alive, in
+    failed inside its last one, or (alive) has waited in it ``hang_timeout`` since the departure
+    (an asynchronous group: with no completion; see :func:`_stalled_since`), or (alive, in
     ``rankguard.StepLoop``) is still in its loop ``hang_timeout`` after the departure. The fault is
     timed from the departure, or from the peer's failure when that was seen first (the exit of
     a process is seen after the fact). Point-to-point operations are not counted on: ranks
@@ -293,7 +294,7 @@ def early_exit(state: RankSnapshot, states: list[RankSnapshot], now: float,
             if failed and group is last:
                 at = min(left, progress.t_fault)
             elif peer.returncode is None and group.waiting and \
-                    now - group.t_enter >= hang_timeout:
+                    now - max(_stalled_since(group), left) >= hang_timeout:
                 at = left
             elif peer.returncode is None and progress.flags & _ledger.FLAG_STEP_LOOP and \
                     now - left >= hang_timeout:
@@ -302,11 +303,20 @@ def early_exit(state: RankSnapshot, states: list[RankSnapshot], now: float,
                 at = left
             else:
                 continue
-            where = _ledger.op_label(group.kind, group.seq_at(group.entered),
+            # the first the leaver did not enter (an asynchronous peer may have enqueued more)
+            where = _ledger.op_label(group.kind, group.seq_at(own.entered + 1),
                              group_label(group))
             return Fault(FaultKind.EXITED, at, state.rank,
                          f"exited with code 0 before {where} (rank {peer.rank} went on to it)")
     return None
+
+
+def _stalled_since(group: _ledger.GroupProgress) -> float:
+    """Since when a waiting group has made no progress: the entry into the operation it waits
+    in; an asynchronous group's, its last completion (its CPU enqueued operations ahead, long
+    before: a rank that leaves as the last completes may have published fewer of them, its
+    sampler's tick being later than its exit)."""
+    return group.t_done if group.asynchronous else group.t_enter
 
 
 def remote_departure(departed: Mapping[int, tuple[_ledger.RankProgress, float]],

@@ -440,19 +440,24 @@ class AsyncGroupSampler:
                 return
 
     def stop(self) -> None:
-        """End the thread, waiting at most ``STOP_WAIT_S`` for its tick in progress, then
-        publish the groups' last counts (the ones a rank leaves with)."""
+        """End the thread, then publish the groups' last counts: the ones a rank leaves with,
+        which the launcher judges its departure by (``outcome.early_exit``). Waits at most
+        ``STOP_WAIT_S`` for the thread, and as long again for a tick it is still in (a loaded
+        machine's thread may not be scheduled in time, and the last counts must not be
+        skipped for that: they were); a tick stuck longer is left, and so are the counts."""
         self._stop.set()
         if self._thread is None or self._thread is threading.current_thread():
             return
         self._thread.join(STOP_WAIT_S)
-        if not self._thread.is_alive():
-            try:
-                self.sample()
-                for reader in list(self.readers):  # the recent operations it leaves with
-                    self.keep_recent(reader.recorder, reader.entries_of(reader.dump()))
-            except Exception:  # noqa: BLE001 (leaving: the last counts are a nicety)
-                pass
+        if not self._lock.acquire(timeout=STOP_WAIT_S):
+            return
+        self._lock.release()  # no tick in progress: the thread ends without another
+        try:
+            self.sample()
+            for reader in list(self.readers):  # the recent operations it leaves with
+                self.keep_recent(reader.recorder, reader.entries_of(reader.dump()))
+        except Exception:  # noqa: BLE001 (leaving: a broken read must not fail the exit)
+            pass
 
 
 _untracked_said = False
