@@ -8,6 +8,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from rankguard import exit_waits
 from rankguard.deadline import Deadline
 
@@ -21,6 +23,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=60)
 
 
+@pytest.mark.slow  # out of the quick run (its 5 minutes)
 def test_a_store_call_that_comes_back_while_the_interpreter_exits_no_longer_aborts_it() -> None:
     """A helper's store call returning during the interpreter's finalization aborted the process
     (SIGABRT: torch's binding takes the GIL back in a destructor, and CPython unwinds the
@@ -31,6 +34,7 @@ def test_a_store_call_that_comes_back_while_the_interpreter_exits_no_longer_abor
     assert "terminate called" not in done.stderr, done.stderr[-2000:]
 
 
+@pytest.mark.slow  # out of the quick run, with the case above it proves
 def test_the_same_call_left_out_of_the_exit_wait_aborts_the_process() -> None:
     """The fault the wait prevents, shown with the call left out (so the test above can fail)."""
     done = _run("unregistered")

@@ -19,7 +19,8 @@ HANG_S = 2.0  # --hang-timeout of the hang cases
 
 
 @pytest.mark.parametrize("spec, outcome, detail", [
-    ("crash:3:rank=1,at=op5", "exited", "rank 1 exited with code 3"),
+    pytest.param("crash:3:rank=1,at=op5", "exited", "rank 1 exited with code 3",
+                 marks=pytest.mark.slow),  # out of the quick run (its 5 minutes)
     ("kill:rank=1,at=op5", "signalled", "rank 1 was killed by SIGKILL"),
     pytest.param("term:rank=1,at=op5", "signalled",
                  "rank 1 got SIGTERM (tore itself down, exited with code 0)",

@@ -104,6 +104,7 @@ def test_a_signal_while_the_launcher_imports_torch_to_host_the_store_stops_the_r
     assert "Traceback" not in run.stderr + rank_log, run.stderr + rank_log
 
 
+@pytest.mark.slow  # out of the quick run (its 5 minutes)
 def test_a_launcher_started_under_nohup_outlives_a_hangup(tmp_path):
     log_dir = tmp_path / "logs"
     proc = launch(["--nproc-per-node", "1", "--grace", "2", script("sleeper.py")], log_dir,

@@ -196,6 +196,7 @@ except rankguard.UsageError as error:
 """
 
 
+@pytest.mark.slow  # out of the quick run (its 5 minutes)
 def test_a_state_a_peer_could_not_load_is_refused_before_the_first_step(tmp_path: Path) -> None:
     # before, it was found at the first fault, when the run could no longer recover
     proc = _script(UNSENDABLE, str(tmp_path / "store"))

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.runtime.ranks import Ranks
 
 
+@pytest.mark.slow  # out of the quick run (its 5 minutes)
 def test_the_predicted_layout_is_the_one_ddp_lays_out_and_builds(tmp_path: Path) -> None:
     with Ranks("ddp_layouts", 2, tmp_path) as ranks:
         results = [ranks.result(rank, timeout=60) for rank in (0, 1)]

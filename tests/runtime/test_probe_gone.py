@@ -45,6 +45,7 @@ def test_without_news_of_its_death_a_silent_peer_is_waited_for_the_whole_window(
     assert time.monotonic() - started >= 0.4
 
 
+@pytest.mark.slow  # out of the quick run (its 5 minutes)
 def test_a_peer_the_probe_could_not_reach_is_silent_to_regroup(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The ask's requests are out, then the store's server stops (a frozen host, or a loaded

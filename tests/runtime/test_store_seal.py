@@ -95,6 +95,7 @@ def test_forged_notice_probe_and_stop_are_ignored_and_the_next_collective_succee
     assert answered == [False, False]  # the forged probe got no answer
 
 
+@pytest.mark.slow  # out of the quick run (its 5 minutes)
 def test_a_notice_sealed_with_the_runs_secret_is_honoured(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(sealed.ENV, SECRET)  # this test is the host: ranks inherit its secret
@@ -117,7 +118,8 @@ def test_a_notice_sealed_with_the_runs_secret_is_honoured(tmp_path: Path,
     assert answer is not None and json.loads(answer)["op"] == "all_reduce"
 
 
-@pytest.mark.parametrize("secret", [None, SECRET], ids=["forged", "sealed"])
+@pytest.mark.parametrize("secret", [None, pytest.param(SECRET, marks=pytest.mark.slow)],
+                         ids=["forged", "sealed"])  # sealed: out of the quick run (5 minutes)
 def test_a_membership_written_by_an_outsider_is_not_adopted_by_regroup(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, secret: str | None) -> None:
     if secret:

@@ -111,6 +111,7 @@ def test_a_sigkilled_launcher_leaves_no_ledger_behind(tmp_path: Path) -> None:
     assert left == []
 
 
+@pytest.mark.slow  # out of the quick run (its 5 minutes)
 def test_ledgers_of_a_launcher_killed_with_its_guardian_are_removed_by_the_next_run(
         tmp_path: Path, run_rankguard) -> None:
     report = tmp_path / "ledger"

@@ -120,6 +120,7 @@ def test_when_the_new_process_fails_its_setup_the_replica_is_killed_and_a_new_on
     assert [e["group"] for e in events(log, "group_start")] == [1, 2]
 
 
+@pytest.mark.slow  # out of the quick run (its 5 minutes)
 @pytest.mark.deadline(120)
 def test_a_peer_waiting_for_a_rank_that_died_is_released_at_once_not_at_the_deadline(
         tmp_path: Path) -> None:

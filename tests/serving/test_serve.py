@@ -368,6 +368,7 @@ def body_of_size(size: int) -> bytes:
     return body
 
 
+@pytest.mark.slow  # out of the quick run (its 5 minutes)
 @pytest.mark.serve_args("--max-body", str(MAX_BODY), "--max-inflight-bytes",
                         str(MAX_BODY * 3 // 2), "--timeout", "20")
 def test_the_request_bodies_held_at_once_are_bounded_and_given_back_when_answered(
@@ -412,6 +413,7 @@ def test_the_request_bodies_held_at_once_are_bounded_and_given_back_when_answere
     assert_served(server.request("POST", "/run", body_of_size(MAX_BODY)))
 
 
+@pytest.mark.slow  # out of the quick run (its 5 minutes)
 @pytest.mark.deadline(180)
 @pytest.mark.serve_args("--spares", "0", "--on-healing", "fail", "--timeout", "2",
                         "--no-zygote")  # a cold start: long enough to be seen healing
@@ -518,6 +520,7 @@ def test_load_2000_requests_8_clients_5_percent_faults_every_answer_is_the_right
     assert slowest < 30 + 2  # no request waited past its deadline
 
 
+@pytest.mark.slow  # out of the quick run (its 5 minutes)
 @pytest.mark.deadline(120)
 @pytest.mark.serve_args("--grace", "5", "--timeout", "3")
 def test_sigterm_under_load_finishes_or_fails_in_flight_requests_and_exits_0(
@@ -773,6 +776,7 @@ def test_a_client_that_leaves_while_its_request_waits_gives_up_its_place(
     assert "Traceback" not in server.output, server.output
 
 
+@pytest.mark.slow  # out of the quick run (its 5 minutes)
 @pytest.mark.deadline(180)
 @pytest.mark.serve_args("--spares", "0", "--on-healing", "fail", "--timeout", "2",
                         "--no-zygote")  # a cold start: long enough to answer 503s meanwhile

@@ -63,6 +63,7 @@ def test_forks_get_their_environment_session_log_descriptors_and_exit_codes(
     assert "zygote_child.py']" in log  # argv as with python -m
 
 
+@pytest.mark.slow  # out of the quick run (its 5 minutes)
 @pytest.mark.deadline(120)
 def test_ranks_are_forked_from_the_zygote_unless_it_is_off(tmp_path: Path) -> None:
     log = tmp_path / "journal.jsonl"

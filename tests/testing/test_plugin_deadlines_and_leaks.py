@@ -213,7 +213,8 @@ def test_a_deadline_that_passes_in_a_finalizer_still_fails_the_test(tmp_path: Pa
 @pytest.mark.parametrize("body, own", [
     (FAILS_AFTER_ITS_DEADLINE, "ValueError: the test fails on its own"),
     (FAILS_AFTER_ITS_DEADLINE_IN_A_UNITTEST_CASE, "ValueError: the test fails on its own"),
-    (SKIPS_AFTER_ITS_DEADLINE_IN_A_UNITTEST_CASE, "it skips on its own")],
+    pytest.param(SKIPS_AFTER_ITS_DEADLINE_IN_A_UNITTEST_CASE, "it skips on its own",
+                 marks=pytest.mark.slow)],  # out of the quick run (its 5 minutes)
     ids=["function", "unittest", "unittest_skip"])
 def test_a_test_that_fails_on_its_own_after_its_deadline_passed_fails_with_the_report(
         tmp_path: Path, body: str, own: str) -> None:
