@@ -405,6 +405,26 @@ TWO = ["--nproc-per-node", "2", "--hang-timeout", "3", "--recovery", "in-place"]
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(150)
+def test_a_replacement_whose_first_resume_fails_in_the_rebuild_reports_once_it_holds_the_state(
+        run_rankguard: Any, tmp_path: Any) -> None:
+    """Rank 1's replacement receives the state, then a peer dies in the rebuild (its on_regroup
+    collective): that resume fails and the next generation's, with rank 2 replaced too, ends
+    well. The replacement reported only after a resume that brought it the state, so it never
+    reported: the launcher waited for it out the replacement limit, then restarted a job whose
+    ranks had all finished (slow set, 1 in about 10 runs of the SIGSTOP double fault)."""
+    run = run_rankguard(["--nproc-per-node", "3", "--hang-timeout", "3", "--recovery", "in-place",
+                         "--max-restarts", "3", "--inject", "kill:rank=1,at=step5", *SMALL],
+                        timeout=120, env={"KILL_IN_REBUILD": "2", "PID_DIR": str(tmp_path),
+                                          "STEPS": "40"})
+    assert run.code == 0, run.stderr[-4000:]
+    assert (tmp_path / "killed").exists(), run.stderr[-4000:]  # the fault happened
+    assert [e["rank"] for e in _events(run, "replace")] == [1, 2], _events(run, "replace")
+    assert sorted(e["rank"] for e in _events(run, "replaced")) == [1, 2], run.stderr[-4000:]
+    assert not _events(run, "restart") and not _events(run, "replace_refused")
+
+
+@pytest.mark.slow
 @pytest.mark.deadline(120)
 def test_when_every_rank_dies_at_once_the_attempt_restarts_at_once(run_rankguard: Any) -> None:
     run = run_rankguard([*TWO, "--max-restarts", "5", "--inject", "kill:rank=0,at=step5",

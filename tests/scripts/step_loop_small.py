@@ -3,7 +3,10 @@
 ``sleep`` child that outlives it unless its tree is stopped (its pid goes to
 ``CHILD_DIR/rank<R>-<pid>``). ``EXIT_AFTER=R``: rank R exits with code 3 once its loop has ended,
 in the first attempt (the others wait 2 s after their loop). ``STOP_REPLACEMENT=1``: a
-replacement stops itself (SIGSTOP) before it joins."""
+replacement stops itself (SIGSTOP) before it joins. ``KILL_IN_REBUILD=R`` (with ``PID_DIR``,
+where each rank's process writes its pid): every rank all-reduces in its ``on_regroup``
+callback, and the first replacement of another rank, holding the state, SIGKILLs rank R's process
+there first, once: the resume that brought it the state fails in the rebuild."""
 
 import os
 import signal
@@ -37,7 +40,23 @@ def step(n: int) -> None:
     time.sleep(float(os.environ.get("ST", "0.05")))
 
 
-rankguard.StepLoop(lambda: {"w": w}, load_state).run(step, int(os.environ.get("STEPS", "20")))
+loop = rankguard.StepLoop(lambda: {"w": w}, load_state)
+if os.environ.get("KILL_IN_REBUILD"):
+    victim, pids = int(os.environ["KILL_IN_REBUILD"]), os.environ["PID_DIR"]
+    with open(os.path.join(pids, f"rank{rank}"), "w") as f:
+        f.write(str(os.getpid()))
+
+    def rebuild() -> None:
+        killed = os.path.join(pids, "killed")
+        if os.environ.get("RANKGUARD_REPLACING") == "1" and rank != victim \
+                and not os.path.exists(killed):
+            open(killed, "w").close()
+            with open(os.path.join(pids, f"rank{victim}")) as f:
+                os.kill(int(f.read()), signal.SIGKILL)
+        dist.all_reduce(torch.ones(1))
+
+    loop.on_regroup(rebuild)
+loop.run(step, int(os.environ.get("STEPS", "20")))
 print(f"rank {rank} done w={w.tolist()}", flush=True)
 if os.environ.get("EXIT_AFTER") and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
     if os.environ["EXIT_AFTER"] == str(rank):

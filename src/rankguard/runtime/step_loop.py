@@ -183,6 +183,10 @@ class StepLoop:
                              f"expected a whole number >= 0, got {max_recoveries!r}")
         self._max_recoveries = max_recoveries
         self._step = peer_state.NO_STATE if vacancies.replacing() else 0
+        # a replacement tells its launcher once it holds the state and its wrappers are rebuilt
+        # (recovery_file): after the first resume that ends well, which may not be the one that
+        # brought the state (a peer that fails during the rebuild ends that one)
+        self._to_report = vacancies.replacing()
         self._rebuilds: list[Callable[[], None]] = []
         self._wrapped: list[Rebuilt] = []
         self._ran = False
@@ -349,14 +353,14 @@ class StepLoop:
     def _resume(self, generation: int = 0, replaced: tuple[int, ...] = (),
                 regroup_s: float = 0.0, cause: str = "") -> None:
         """Agree on the step, move the state to the ranks behind, rebuild the wrappers."""
-        received = self._step == peer_state.NO_STATE
         shared = peer_state.share(self._step, self._state_with_layouts,
                                   self._load_with_layouts, timeout=self._share_timeout)
         self._step = shared.step
         for rebuild in self._rebuilds:
             rebuild()
-        if received:
+        if self._to_report:
             recovery_file.write(shared, current().generation)
+            self._to_report = False
         if cause:
             self.recoveries.append(Recovery(generation, shared.step, replaced, shared.source,
                                             shared.nbytes, regroup_s, shared.took, cause))
