@@ -104,6 +104,31 @@ def test_a_signal_while_the_launcher_imports_torch_to_host_the_store_stops_the_r
     assert "Traceback" not in run.stderr + rank_log, run.stderr + rank_log
 
 
+@pytest.mark.slow
+def test_signals_that_keep_coming_until_the_launcher_exits_leave_the_first_ones_exit_code(
+        tmp_path):
+    """A Ctrl-C after the first signal only hurries the ranks; one that came as the interpreter
+    exited, which gives the signals their default action back, killed the launcher by it (-2
+    where SIGTERM's 143 was decided and written in the journal). The Ctrl-Cs begin once the
+    launcher took SIGTERM: two signals pending in the kernel at once are delivered lowest
+    number first, their order lost before any code of ours runs."""
+    log_dir = tmp_path / "logs"
+    proc = launch(["--nproc-per-node", "1", "--grace", "2", script("sleeper.py")], log_dir)
+    started = time.monotonic()
+    _wait_for_ranks(log_dir, 1)
+    os.kill(proc.pid, signal.SIGTERM)
+    until = time.monotonic() + 30
+    while '"launcher_signal"' not in text_now(log_dir / "journal.jsonl"):
+        assert proc.poll() is None and time.monotonic() < until, "SIGTERM was not taken"
+        time.sleep(0.005)
+    while proc.poll() is None and time.monotonic() < until:
+        os.kill(proc.pid, signal.SIGINT)
+        time.sleep(0.005)
+    run = finish(proc, log_dir, 10, started)
+    assert run.code == 143, run.stderr
+    assert run.event("run_end")["exit_code"] == 143
+
+
 @pytest.mark.slow  # out of the quick run (its 5 minutes)
 def test_a_launcher_started_under_nohup_outlives_a_hangup(tmp_path):
     log_dir = tmp_path / "logs"

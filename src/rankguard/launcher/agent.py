@@ -35,7 +35,7 @@ from ..records.journal import Journal
 from ..processes.proctree import MARKER
 from ..supervisor import RankProcesses
 from ..supervisor.guardian import Guardian
-from . import early_signals, teardown
+from . import early_signals, signal_order, teardown
 from .config import RunConfig
 from .ranks import start_attempt
 from .monitor import HangMonitor, Verdict
@@ -128,6 +128,11 @@ class Agent:
             return EXIT_INTERNAL
         finally:
             self._terminal.flush(Deadline.after(margins.FLUSH_S))
+            # the exit code is decided: a signal during the interpreter's exit, which gives the
+            # signals their default action back, would kill the launcher by it instead (-2 for
+            # a second Ctrl-C); an ignored one stays ignored (nothing of the job is left)
+            for sig in self.config.signals:
+                signal.signal(sig, signal.SIG_IGN)
 
     def _say(self, line: str) -> None:
         self._terminal.say(line)
@@ -517,6 +522,7 @@ class Agent:
 
     def _install_signal_handlers(self) -> None:
         os.set_blocking(self._wakeup_w, False)
+        os.set_blocking(self._wakeup_r, False)  # read by the handlers too (signal_order)
         signal.set_wakeup_fd(self._wakeup_w)
 
         def on_signal(signum: int, _frame: Any) -> None:
@@ -525,16 +531,25 @@ class Agent:
         early_signals.release(tuple(self.config.signals))
         for sig in self.config.signals:
             signal.signal(sig, on_signal)
-        if early_signals.pending() in self.config.signals:  # it came as the agent took over
-            self._on_signal(early_signals.pending())
+        first = early_signals.pending()
+        if first in self.config.signals:  # it came before the agent took over: before any other
+            self._signal = None
+            self._on_signal(first, came_first=True)
 
-    def _on_signal(self, signum: int) -> None:
-        """A signal handler: sets the flag the loops read and wakes the link's waits. A second
-        Ctrl-C ends the grace of this node's ranks: they are killed at once."""
-        if self._signal is None:
+    def _on_signal(self, signum: int, came_first: bool = False) -> None:
+        """A signal handler: sets the flag the loops read (the first signal to arrive, which
+        may not be the first whose handler runs: ``signal_order``) and wakes the link's waits.
+        A Ctrl-C after the first signal ends the grace of this node's ranks: they are killed
+        at once."""
+        later = self._signal is not None
+        if not later:
             self._signal_at = time.monotonic()
-            self._signal = signum  # the attempt's loop says so and acts
-        elif signum == signal.SIGINT and self._ranks is not None:
+            # the attempt's loop says so and acts
+            self._signal = signum if came_first else signal_order.first_arrived(
+                self._wakeup_r, self.config.signals, signum)
+            later = self._signal != signum
+            self._wake()  # its wakeup byte may have been read here
+        if later and signum == signal.SIGINT and self._ranks is not None:
             self._ranks.hurry()
             with contextlib.suppress(OSError):  # not the terminal's lock: it may be held here
                 os.write(2, b"rankguard: second SIGINT: the ranks' grace is over; killing them "

@@ -12,8 +12,11 @@ the process ignores (``nohup``'s SIGHUP) stays ignored.
 
 from __future__ import annotations
 
+import os
 import signal
 from typing import Any
+
+from . import signal_order
 
 HELD = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
@@ -28,14 +31,25 @@ class Interrupted(Exception):
         super().__init__(f"interrupted ({signal.Signals(signum).name}) before the job started")
 
 
+_wakeup: tuple[int, int] | None = None  # the wakeup fd's pipe while held (``signal_order``)
+
+
 def _record(signum: int, _frame: Any) -> None:
     global _pending
     if _pending is None:
-        _pending = signum
+        _pending = signum if _wakeup is None else \
+            signal_order.first_arrived(_wakeup[0], HELD, signum)
 
 
 def hold() -> None:
-    """Record, rather than act on, each of :data:`HELD` not ignored here. Main thread only."""
+    """Record, rather than act on, each of :data:`HELD` not ignored here (the first to arrive).
+    Main thread only."""
+    global _wakeup
+    if _wakeup is None:
+        _wakeup = os.pipe()
+        for end in _wakeup:
+            os.set_blocking(end, False)
+        signal.set_wakeup_fd(_wakeup[1], warn_on_full_buffer=False)
     for sig in HELD:
         if signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler):
             signal.signal(sig, _record)
