@@ -440,7 +440,7 @@ def test_when_every_rank_dies_at_once_the_attempt_restarts_at_once(run_rankguard
     (restart,) = _events(run, "restart")
     assert "SIGKILL" in restart["root_cause"], restart
     assert len(_events(run, "replace")) <= 1
-    assert run.wall_s < 40, run.wall_s
+    assert run.wall_s < 70, run.wall_s  # not the replacement limit (96 s at --hang-timeout 3)
 
 
 @pytest.mark.slow
@@ -480,7 +480,7 @@ def test_a_survivor_that_ends_while_its_peer_is_replaced_ends_the_wait_at_once(
     (restart,) = _events(run, "restart")
     assert "SIGSTOP" in restart["root_cause"], restart
     assert "can no longer join" in run.stderr
-    assert run.wall_s < 40, run.wall_s
+    assert run.wall_s < 70, run.wall_s  # not the replacement limit (96 s at --hang-timeout 3)
 
 
 @pytest.mark.slow
