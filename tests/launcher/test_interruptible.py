@@ -80,3 +80,24 @@ def test_a_cut_ends_a_call_that_swallows_it_or_makes_its_own_error_of_it(
     assert time.monotonic() - started < 10  # not the 30 s of the rest of the call
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # the repeats stopped
     assert signal.getsignal(signal.SIGALRM) is before
+
+
+def test_a_second_cut_during_the_repeats_leaves_sigalrm_as_it_was(
+        cut_on_sigusr1: Interruptible) -> None:
+    """The launcher cuts on every signal: a second one came while the first cut's repeats ran
+    (TERM, then Ctrl-C), and SIGALRM's handler was left as the repeats' own."""
+    def swallowing_every_cut_for_a_while() -> None:
+        until = time.monotonic() + 0.6  # both signals come in this, the repeats too
+        while time.monotonic() < until:
+            try:
+                time.sleep(0.01)
+            except BaseException:  # noqa: BLE001 - the point of this callee
+                pass
+        time.sleep(30)
+
+    before = signal.getsignal(signal.SIGALRM)
+    _signal_in(0.2)
+    _signal_in(0.3)
+    assert cut_on_sigusr1.run(swallowing_every_cut_for_a_while) is None
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) is before

@@ -62,8 +62,9 @@ class Interruptible:
         it only records the cut: it never raises there."""
         self._cut = True
         if self._running:
-            self._before_repeats = signal.signal(signal.SIGALRM, self._repeat)
-            signal.setitimer(signal.ITIMER_REAL, REPEAT_S, REPEAT_S)
+            if self._before_repeats is None:  # a second cut: the repeats run already
+                self._before_repeats = signal.signal(signal.SIGALRM, self._repeat)
+                signal.setitimer(signal.ITIMER_REAL, REPEAT_S, REPEAT_S)
             raise CutShort()
 
     def _repeat(self, _signum: int, _frame: object) -> None:
