@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -61,6 +62,7 @@ _ENDPOINT_OPTION = {"c10d": "--rdzv-endpoint", "etcd-v2": "--rdzv-endpoint",
                     "static": "--master-addr/--master-port"}
 _ENDPOINT_CONNECT_S = 1.0  # the most one connection attempt to the endpoint may take
 _ENDPOINT_RETRY_S = 0.05  # between attempts: an endpoint whose agent is starting is found this soon
+_TELL_AFTER_S = 3.0  # an endpoint unreachable this long is told, once per reason
 
 
 @dataclass(frozen=True)
@@ -179,8 +181,12 @@ def _bind(cfg: RendezvousConfig) -> socket.socket | None:
 def _await_listener(cfg: RendezvousConfig, until: Deadline) -> None:
     """Return once something accepts a TCP connection at the endpoint; raise UsageError if
     nothing did before ``until``. Plain sockets, so that an endpoint that is not up yet costs
-    no torch retries (and no C++ warnings)."""
+    no torch retries (and no C++ warnings). Each reason the endpoint cannot be reached is told
+    once on stderr after ``_TELL_AFTER_S`` of waiting (a name that does not resolve, a refused
+    connection), as it may be a typo rather than a node that is still starting."""
     last = "no attempt"
+    told: set[str] = set()
+    started = time.monotonic()
     while True:
         try:
             with socket.create_connection(
@@ -188,7 +194,12 @@ def _await_listener(cfg: RendezvousConfig, until: Deadline) -> None:
                     timeout=until.wait_time(_ENDPOINT_CONNECT_S, at_least=0.001)):
                 return
         except OSError as exc:
-            last = exc.strerror or type(exc).__name__
+            last = _unreachable_because(exc)
+        if last not in told and time.monotonic() - started >= _TELL_AFTER_S:
+            told.add(last)
+            print(f"rankguard: waiting for {cfg.endpoint} ({_ENDPOINT_OPTION[cfg.backend]}) to "
+                  f"accept connections: {last}; retrying until join_timeout "
+                  f"{cfg.join_timeout} s", file=sys.stderr, flush=True)
         early_signals.check()
         if until.passed():
             raise UsageError(_ENDPOINT_OPTION[cfg.backend], f"nothing answered at "
@@ -197,6 +208,14 @@ def _await_listener(cfg: RendezvousConfig, until: Deadline) -> None:
                              "server), check the address, or raise --rdzv-conf join_timeout")
         # the pace of connection attempts: nothing signals that a remote port opened
         time.sleep(until.wait_time(_ENDPOINT_RETRY_S))
+
+
+def _unreachable_because(exc: OSError) -> str:
+    if isinstance(exc, socket.gaierror):
+        return f"the name does not resolve: {exc.strerror}"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused, nothing listens there yet"
+    return exc.strerror or type(exc).__name__
 
 
 
