@@ -166,6 +166,7 @@ def test_bounded_ranks_get_the_launchers_notice_and_raise_peer_failed_before_any
     assert "the supervisor reported that rank 1 hung" in run.stderr
 
 
+@pytest.mark.slow  # out of the quick run (its 5 minutes)
 def test_a_rank_that_finished_before_a_peer_failed_is_ok_though_it_exits_after_the_teardown(
         run_rankguard, tmp_path):
     fifo = tmp_path / "done.fifo"

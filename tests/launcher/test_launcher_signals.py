@@ -168,6 +168,7 @@ def test_internal_error_stops_every_rank_and_exits_4(tmp_path):
     # every rank is gone: the autouse fixture fails the test otherwise
 
 
+@pytest.mark.slow  # out of the quick run (its 5 minutes)
 def test_a_log_dir_broken_during_the_run_stops_every_rank_and_exits_2(tmp_path):
     log_dir = tmp_path / "logs"
     proc = launch(["--nproc-per-node", "2", "--max-restarts", "1", "--no-spares",

@@ -47,7 +47,8 @@ def test_the_first_fault_stands_and_the_last_node_done_ends_the_round_ok():
             channel.close()
 
 
-@pytest.mark.parametrize("request_name", ["publish", "done"])
+@pytest.mark.parametrize("request_name", [
+    "publish", pytest.param("done", marks=pytest.mark.slow)])  # done: out of the quick run
 def test_a_request_to_a_frozen_store_raises_within_its_bound_and_leaves_no_thread_behind(
         request_name):
     """The channel is made once the store is frozen: its watcher connects to a store that never
@@ -69,6 +70,7 @@ def test_a_request_to_a_frozen_store_raises_within_its_bound_and_leaves_no_threa
         channel.close()
 
 
+@pytest.mark.slow  # out of the quick run (its 5 minutes)
 def test_an_end_without_the_jobs_seal_ends_the_round_as_a_fault_that_names_it(monkeypatch):
     monkeypatch.setenv("RANKGUARD_SECRET", "ab" * 32)  # the nodes share one
     with store_process() as (_, port):

@@ -218,6 +218,7 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
 """
 
 
+@pytest.mark.slow  # out of the quick run (its 5 minutes)
 def test_the_check_of_a_state_copies_no_tensors_data() -> None:
     # 2 GiB of tensors never touched: saving them would raise the peak memory by 2 GiB
     proc = _script(LARGE)
@@ -286,6 +287,7 @@ except rankguard.UsageError as error:
 """
 
 
+@pytest.mark.slow  # out of the quick run (its 5 minutes)
 def test_a_step_loop_run_inside_another_loops_step_is_refused(tmp_path: Path) -> None:
     proc = _script(NESTED, str(tmp_path / "store"))
     lines = proc.stdout.splitlines()
@@ -311,6 +313,7 @@ print("still", rankguard.regroup(timeout=5, exclude=[]).world_size)
 """
 
 
+@pytest.mark.slow  # out of the quick run (its 5 minutes)
 def test_regroup_refuses_an_exclude_that_is_not_ranks_of_the_group_in_one_line(
         tmp_path: Path) -> None:
     # exclude=3 raised TypeError from inside regroup; "1", [None], [True], [1] were ignored

@@ -181,6 +181,7 @@ print("LEFT_WITH", [g.entered for g in LedgerReader(sys.argv[1]).read().groups],
 """
 
 
+@pytest.mark.slow  # out of the quick run (its 5 minutes)
 def test_a_rank_leaves_with_its_last_counts_when_the_samplers_thread_is_late(tmp_path):
     import subprocess
     import sys

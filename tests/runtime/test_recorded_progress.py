@@ -36,6 +36,7 @@ def test_groups_beyond_the_ledgers_slots_are_said_to_be_unwatched(run_rankguard)
     assert "process group '64'" in said[0] and "collective deadlines still apply" in said[0]
 
 
+@pytest.mark.slow  # out of the quick run (its 5 minutes)
 def test_sigterm_while_the_main_thread_holds_the_completions_queue_tears_down_at_once(
         run_rankguard):
     # the signal handler waits in the main thread for the teardown, which must not wait for

@@ -83,9 +83,9 @@ print(json.dumps([[g.key == group_key("world/gloo"), g.is_world, g.asynchronous,
 
 @pytest.mark.parametrize("mode, published", [
     ("mixed", [[True, False, True, True, 3, 1]]),
-    ("wrapped", []),
+    pytest.param("wrapped", [], marks=pytest.mark.slow),  # out of the quick run (5 minutes)
     # one slot, the new group's (before: a second slot of the same name beside the old one's)
-    ("again", [[True, False, True, True, 2, 1]])])
+    pytest.param("again", [[True, False, True, True, 2, 1]], marks=pytest.mark.slow)])
 def test_the_sampler_publishes_a_real_gloo_recorders_group_only_as_a_mixed_groups_half(
         tmp_path, mode, published):
     done = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "ledger"), mode],

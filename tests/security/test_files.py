@@ -61,6 +61,7 @@ def test_creating_a_ledger_replaces_a_planted_symlink_instead_of_writing_through
     reader.close()
 
 
+@pytest.mark.slow  # out of the quick run (its 5 minutes)
 def test_the_launcher_ignores_ledgers_planted_at_predictable_paths_and_keeps_its_own_private(
         tmp_path: Path, run_rankguard) -> None:
     victim = _victim(tmp_path)

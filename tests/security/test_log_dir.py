@@ -170,8 +170,9 @@ def test_run_refuses_what_is_planted_at_its_default_log_folders_name(
     assert list(written.iterdir()) == []
 
 
-@pytest.mark.parametrize("found", ["nothing", "a symlink", pytest.param(
-    "a file of another user's", marks=pytest.mark.slow)])  # out of the quick run (5 minutes)
+@pytest.mark.parametrize("found", [pytest.param("nothing", marks=pytest.mark.slow), "a symlink",
+                                   pytest.param("a file of another user's",
+                                                marks=pytest.mark.slow)])  # out of the quick run
 def test_the_traceback_of_an_internal_error_is_private_and_written_through_no_planted_name(
         tmp_path: Path, found: str) -> None:
     logs = tmp_path / "team"

@@ -331,6 +331,7 @@ def test_a_call_timeout_or_deadline_below_the_useful_minimum_is_refused() -> Non
         assert pool.metrics().get("requests_failed", 0) == 0
 
 
+@pytest.mark.slow  # out of the quick run (its 5 minutes)
 @pytest.mark.deadline(120)
 def test_a_queued_call_that_cannot_start_in_useful_time_fails_unavailable_and_spares_the_group(
         tmp_path: Path) -> None:
@@ -416,6 +417,7 @@ def test_a_call_that_destroys_the_process_group_fails_and_the_next_one_is_served
     assert events(log, "group_retire")[0]["reason"] == "raised"
 
 
+@pytest.mark.slow  # out of the quick run (its 5 minutes)
 @pytest.mark.deadline(120)
 def test_when_every_rank_raises_a_collective_error_the_verdict_comes_at_once() -> None:
     with rankguard.Pool(2, rf.load, spares=0, timeout=10.0) as pool:
@@ -506,9 +508,10 @@ def test_closing_the_pool_during_a_call_fails_it_as_pool_closed_and_blames_no_ra
 @pytest.mark.parametrize("env, expected", [
     ({}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_ENABLE_MONITORING": "0",
           "TORCH_NCCL_DUMP_ON_TIMEOUT": "0", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0"}),
-    ({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"},
-     {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_NCCL_ENABLE_MONITORING": "0",
-      "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0"}),
+    pytest.param({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"},
+                 {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_NCCL_ENABLE_MONITORING": "0",
+                  "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0"},
+                 marks=pytest.mark.slow),  # out of the quick run (its 5 minutes)
 ])
 def test_ranks_get_the_nccl_settings_of_rankguard_run_and_keep_the_users(
         monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: dict[str, str]) -> None:

@@ -57,13 +57,15 @@ LAMBDA = ("import rankguard\ndef handle(state, request):\n    return 1\n"
     (["examples/serve_tp.py:app", "--world-size", "600", "--spares", "1"],
      "more than 1024 rank processes"),
     (["examples/serve_tp.py:app", "--devices", "a,b"], "--devices: 'a' is not a CUDA device index"),
-    (["examples/serve_tp.py:app", "--devices", "0,1,2"],
-     "--devices: 3 device(s) [0, 1, 2] for 2 rank(s) per replica (give one CUDA device index "
-     "per rank, e.g. 0,1, or one such list per replica, spares included, e.g. 0,1/2,3)"),
+    pytest.param(["examples/serve_tp.py:app", "--devices", "0,1,2"],
+                 "--devices: 3 device(s) [0, 1, 2] for 2 rank(s) per replica (give one CUDA "
+                 "device index per rank, e.g. 0,1, or one such list per replica, spares "
+                 "included, e.g. 0,1/2,3)", marks=pytest.mark.slow),  # 3 s: out of the quick run
     # out of range where GPUs are visible, none visible elsewhere: both name the device
     (["examples/serve_tp.py:app", "--devices", "1000,1000"], "--devices: device 1000 "),
-    (["examples/serve_tp.py:app", "--devices", "0,1", "--gpus-per-replica", "1"],
-     "--devices and --gpus-per-replica: both were given"),
+    pytest.param(["examples/serve_tp.py:app", "--devices", "0,1", "--gpus-per-replica", "1"],
+                 "--devices and --gpus-per-replica: both were given",
+                 marks=pytest.mark.slow),  # 3 s: out of the quick run
     (["examples/serve_tp.py:app", "--gpus-per-replica", "0"], "--gpus-per-replica: '0' is below 1"),
     (["examples/serve_tp.py:app", "--warm-spares", "-1"], "--warm-spares: '-1' is below 0"),
     (["examples/serve_tp.py:app", "--warm-spares", "one"], "--warm-spares: 'one' is not"),

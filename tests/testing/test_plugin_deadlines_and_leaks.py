@@ -198,6 +198,7 @@ def test_a_test_deadlocked_in_c_holding_the_gil_still_ends_the_session_with_its_
     assert session.wall_s < DEADLINE + BACKSTOP_S + 15
 
 
+@pytest.mark.slow  # out of the quick run (its 5 minutes)
 def test_a_deadline_that_passes_in_a_finalizer_still_fails_the_test(tmp_path: Path) -> None:
     # Python only prints an exception raised in a finalizer ("Exception ignored in"): the
     # interruption's is lost there, and the report must reach the test another way
@@ -212,7 +213,8 @@ def test_a_deadline_that_passes_in_a_finalizer_still_fails_the_test(tmp_path: Pa
 
 @pytest.mark.parametrize("body, own", [
     (FAILS_AFTER_ITS_DEADLINE, "ValueError: the test fails on its own"),
-    (FAILS_AFTER_ITS_DEADLINE_IN_A_UNITTEST_CASE, "ValueError: the test fails on its own"),
+    pytest.param(FAILS_AFTER_ITS_DEADLINE_IN_A_UNITTEST_CASE,
+                 "ValueError: the test fails on its own", marks=pytest.mark.slow),
     pytest.param(SKIPS_AFTER_ITS_DEADLINE_IN_A_UNITTEST_CASE, "it skips on its own",
                  marks=pytest.mark.slow)],  # out of the quick run (its 5 minutes)
     ids=["function", "unittest", "unittest_skip"])
@@ -347,6 +349,7 @@ BAD_MARKERS = {  # test name: (marker, what the one-line error says)
 }
 
 
+@pytest.mark.slow  # out of the quick run (its 5 minutes)
 def test_a_bad_marker_is_one_error_of_its_test_naming_the_marker_and_the_fix(
         tmp_path: Path) -> None:
     body = "import pytest\n" + "".join(
@@ -485,6 +488,7 @@ def test_owns_sigusr2_then_sleeps():
 ''' + GOOD
 
 
+@pytest.mark.slow  # out of the quick run (its 5 minutes)
 def test_a_test_with_its_own_sigusr2_handler_that_hangs_is_reported_in_its_sleep(
         tmp_path: Path) -> None:
     session = run(tmp_path, OWN_SIGUSR2_HANDLER)
