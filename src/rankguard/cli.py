@@ -90,6 +90,7 @@ def _run(argv: list[str]) -> int:
     handles every signal from then on."""
     from .inputs.options import remove_empty_dirs
     from .launcher import early_signals
+    from .store import store_calls
 
     early_signals.hold()
     config = agent = None
@@ -114,7 +115,10 @@ def _run(argv: list[str]) -> int:
     except UsageError as exc:  # nothing started, and no folder made for it is left
         if config is not None:
             remove_empty_dirs(config.made_dirs)
-        print(f"rankguard run: error: {exc}", file=sys.stderr)
+        print(f"rankguard run: error: {exc}", file=sys.stderr, flush=True)
+        if store_calls.abandoned():  # see below
+            sys.stdout.flush()
+            os._exit(2)
         return 2
     except early_signals.Interrupted as stop:
         if agent is not None:

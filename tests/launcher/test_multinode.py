@@ -197,6 +197,39 @@ def test_an_unreachable_endpoint_is_a_bounded_join_failure_naming_it(tmp_path):
     assert list(tmp_path.iterdir()) == []  # nothing started: no log folder made is left
 
 
+@pytest.mark.slow  # join_timeout 4 s and torch's retries
+@pytest.mark.parametrize("speaks_first", [True, False], ids=["banner", "answers_junk"])
+def test_an_endpoint_that_is_not_a_store_is_a_usage_error_not_an_abort(tmp_path, speaks_first):
+    """Something else listens at the endpoint: one that speaks first is refused at once; one
+    that answers torch's handshake with junk, at join_timeout. Exit 2 with the line naming the
+    endpoint either way (torch's client, given up while it retried, aborted the interpreter's
+    exit: 134, "terminate called without an active exception")."""
+    from tests.launcher.test_endpoint_wait import _server
+
+    server, stop, thread = _server(reply_first=speaks_first)
+    port = server.getsockname()[1]
+    try:
+        started = time.monotonic()
+        proc = _run([*NODES, "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-conf",
+                     "join_timeout=4,is_host=0", script("node_env.py")], tmp_path)
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        thread.join(5)
+        server.close()
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "terminate called" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("rankguard run: error: --rdzv-endpoint: ") and f"127.0.0.1:{port}" \
+        in last, proc.stderr[-3000:]
+    if speaks_first:
+        assert "is not a torch store: it spoke first" in last and took < 30
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    else:
+        assert "within join_timeout 4 s" in last and 4 <= took < 4 + 30
+    assert list(tmp_path.iterdir()) == []  # nothing started: no log folder made is left
+
+
 def _backend(port: int, etcd: str | None) -> list[str]:
     if etcd:
         return ["--rdzv-backend", "etcd-v2", "--rdzv-endpoint", etcd]

@@ -50,7 +50,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 from ..store import sealed, store_server
 from ..deadline import Deadline
-from ..errors import RendezvousError, UsageError, first_line
+from ..errors import RendezvousError, UsageError, first_line, shown
 from ..store.store_calls import within
 from . import early_signals, round_store
 from . import store_keys
@@ -63,6 +63,7 @@ _ENDPOINT_OPTION = {"c10d": "--rdzv-endpoint", "etcd-v2": "--rdzv-endpoint",
 _ENDPOINT_CONNECT_S = 1.0  # the most one connection attempt to the endpoint may take
 _ENDPOINT_RETRY_S = 0.05  # between attempts: an endpoint whose agent is starting is found this soon
 _TELL_AFTER_S = 3.0  # an endpoint unreachable this long is told, once per reason
+_SPEAKS_FIRST_S = 0.2  # what the endpoint may send unasked within this is not a store's
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,7 @@ def _connect_c10d(cfg: RendezvousConfig) -> tuple[Any, bool]:
             return store_server.host(sock, cfg.host, cfg.read_timeout), True
     until = Deadline.after(cfg.join_timeout)
     _await_listener(cfg, until)
+    _refuse_a_server_that_speaks_first(cfg)
     from torch.distributed import TCPStore
 
     left = until.wait_time(at_least=_ENDPOINT_CONNECT_S)
@@ -208,6 +210,22 @@ def _await_listener(cfg: RendezvousConfig, until: Deadline) -> None:
                              "server), check the address, or raise --rdzv-conf join_timeout")
         # the pace of connection attempts: nothing signals that a remote port opened
         time.sleep(until.wait_time(_ENDPOINT_RETRY_S))
+
+
+def _refuse_a_server_that_speaks_first(cfg: RendezvousConfig) -> None:
+    """Raise UsageError if what listens at the endpoint sends something before it is asked (an
+    SSH server's banner: a port given by mistake). A torch store never speaks first, and torch's
+    client would retry such a server until join_timeout, printing a C++ stack each time."""
+    try:
+        with socket.create_connection((cfg.host, cfg.port), timeout=_ENDPOINT_CONNECT_S) as conn:
+            conn.settimeout(_SPEAKS_FIRST_S)
+            said = conn.recv(64)
+    except OSError:  # silent (a store), or closed: torch's client tells, within join_timeout
+        return
+    if said:
+        raise UsageError(_ENDPOINT_OPTION[cfg.backend], f"what listens at {cfg.endpoint} is not "
+                         f"a torch store: it spoke first ({shown(said)})",
+                         "give the address and port of the job's store (node 0's)")
 
 
 def _unreachable_because(exc: OSError) -> str:
