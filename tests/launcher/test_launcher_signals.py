@@ -292,6 +292,33 @@ def test_a_node_that_waits_for_its_peer_in_the_round_ends_at_once_on_ctrl_c(tmp_
     assert "the agent received a signal while it waited for the round" in run.stderr
 
 
+def test_a_signal_while_a_faults_ranks_are_stopped_ends_the_run_without_the_restart(tmp_path):
+    """Rank 1 exits 5, rank 0 ignores SIGTERM (its teardown takes --grace); SIGTERM to the
+    launcher during that teardown: no restart (one was started, then torn down again)."""
+    log_dir = tmp_path / "logs"
+    grace = 2.0
+    proc = launch(["--nproc-per-node", "2", "--max-restarts", "2", "--grace", str(grace),
+                   script("ignore_term.py")], log_dir)
+    started = time.monotonic()
+    journal = log_dir / "journal.jsonl"
+    deadline = time.monotonic() + 60
+    while '"escalate"' not in text_now(journal):  # the attempt's ranks are being stopped
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    sent = time.monotonic()
+    os.kill(proc.pid, signal.SIGTERM)
+    run = finish(proc, log_dir, 60, started)
+    assert run.code == 143, run.stderr
+    assert time.monotonic() - sent < stopped_within_s(grace)
+    assert "received SIGTERM while the ranks were being stopped; no restart" in run.stderr
+    assert "restarting" not in run.stderr, run.stderr
+    assert [e["attempt"] for e in run.events if e["event"] == "attempt_start"] == [0]
+    assert not [e for e in run.events if e["event"] == "restart"]
+    end = run.event("run_end")
+    assert end["status"] == "interrupted" and end["exit_code"] == 143, end
+    assert end["root_cause"] == "rank 1 exited with code 5", end  # the fault came first
+
+
 @pytest.mark.slow  # over 4 s here: out of the quick run
 def test_a_second_ctrl_c_ends_the_grace_and_kills_the_ranks_at_once(tmp_path):
     log_dir = tmp_path / "logs"

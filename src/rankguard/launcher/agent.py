@@ -154,6 +154,9 @@ class Agent:
         attempt_result = _Attempt()
         try:
             for attempt in range(cfg.max_restarts + 1):
+                if attempt and self._signal is not None:  # it came while the last was stopped
+                    attempt_result = _Attempt(fault=self._no_restart_for_the_signal())
+                    break
                 if attempt:
                     self._journal.write("restart", attempt=attempt,
                                         root_cause=last_fault.describe() if last_fault else None)
@@ -493,6 +496,16 @@ class Agent:
         for member in ranks.live():
             _ledger.post_notice(member.ledger_path, kind,
                                 member.rank if member.rank in culprits else first)
+
+    def _no_restart_for_the_signal(self) -> Fault:
+        """The run's end when a signal came while an attempt's ranks were being stopped after
+        its fault: no restart; the exit code is the signal's, the root cause the fault's."""
+        assert self._signal is not None
+        name = proctree.signal_name(self._signal)
+        self._say(f"rankguard: received {name} while the ranks were being stopped; no restart")
+        at = self._signal_at if self._signal_at is not None else time.monotonic()
+        return Fault(FaultKind.LAUNCHER_SIGNAL, at, None,
+                     f"the launcher received {name} before the restart")
 
     def _final(self, fault: Fault) -> bool:
         """Whether no restart is tried after ``fault`` (see ``outcome.restarts_after``; with
