@@ -86,6 +86,7 @@ class Agent:
         self._signal_at: float | None = None  # when it came (monotonic)
         self._ranks: RankProcesses | None = None  # the attempt's, once started
         self._wakeup_r, self._wakeup_w = os.pipe()
+        self._arrivals = signal_order.Arrivals(self._wakeup_r, config.signals)
         self._guardian: Guardian | None = None
         self._tracking: proctree.Tracking | None = None
         self._ledger_dir = ""
@@ -558,8 +559,7 @@ class Agent:
         if not later:
             self._signal_at = time.monotonic()
             # the attempt's loop says so and acts
-            self._signal = signum if came_first else signal_order.first_arrived(
-                self._wakeup_r, self.config.signals, signum)
+            self._signal = signum if came_first else self._arrivals.first(signum)
             later = self._signal != signum
             self._wake()  # its wakeup byte may have been read here
         if later and signum == signal.SIGINT and self._ranks is not None:
@@ -577,10 +577,7 @@ class Agent:
             pass  # full: it is awake already
 
     def _drain_wakeup(self) -> None:
-        try:
-            os.read(self._wakeup_r, 512)
-        except BlockingIOError:
-            pass
+        self._arrivals.read()
 
     def _start_guardian(self) -> None:
         self._ledger_dir = _ledger.make_dir(self.config.run_id)  # the guardian removes it

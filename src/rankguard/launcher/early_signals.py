@@ -31,25 +31,25 @@ class Interrupted(Exception):
         super().__init__(f"interrupted ({signal.Signals(signum).name}) before the job started")
 
 
-_wakeup: tuple[int, int] | None = None  # the wakeup fd's pipe while held (``signal_order``)
+_arrivals: signal_order.Arrivals | None = None  # from the wakeup fd's pipe, while held
 
 
 def _record(signum: int, _frame: Any) -> None:
     global _pending
     if _pending is None:
-        _pending = signum if _wakeup is None else \
-            signal_order.first_arrived(_wakeup[0], HELD, signum)
+        _pending = signum if _arrivals is None else _arrivals.first(signum)
 
 
 def hold() -> None:
     """Record, rather than act on, each of :data:`HELD` not ignored here (the first to arrive).
     Main thread only."""
-    global _wakeup
-    if _wakeup is None:
-        _wakeup = os.pipe()
-        for end in _wakeup:
+    global _arrivals
+    if _arrivals is None:
+        wakeup = os.pipe()
+        for end in wakeup:
             os.set_blocking(end, False)
-        signal.set_wakeup_fd(_wakeup[1], warn_on_full_buffer=False)
+        signal.set_wakeup_fd(wakeup[1], warn_on_full_buffer=False)
+        _arrivals = signal_order.Arrivals(wakeup[0], HELD)
     for sig in HELD:
         if signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler):
             signal.signal(sig, _record)

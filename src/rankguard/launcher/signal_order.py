@@ -3,8 +3,16 @@
 Python runs the handlers of the signals that arrived while its main thread was inside C (an
 import, a blocking call) together, in the order of their numbers: SIGINT's before SIGTERM's,
 whatever the order they came in. The launcher's exit code and root cause are the first
-signal's, so its handlers ask :func:`first_arrived`: Python's C-level handler writes each
-signal's number to the wakeup fd (``signal.set_wakeup_fd``) as it arrives, in that order.
+signal's, so its handlers ask :class:`Arrivals`: Python's C-level handler writes each signal's
+number to the wakeup fd (``signal.set_wakeup_fd``) as it arrives, in that order.
+
+The same pipe wakes the launcher's event loop, which reads it too: every reader goes through
+:meth:`Arrivals.read`, which keeps the order of what it read, so that a signal whose byte the
+loop consumed before the handlers ran is still known to have come first (SIGHUP then SIGTERM
+sent back to back: the loop woke on SIGHUP's byte, SIGTERM's came, then both handlers ran).
+Two signals sent within a few milliseconds, before the process ran again, have no order to
+keep: the kernel gives the second to another thread (the first is pending on the main one),
+and that thread's C-level handler may write first.
 """
 
 from __future__ import annotations
@@ -13,12 +21,29 @@ import os
 from collections.abc import Collection
 
 
-def first_arrived(wakeup_r: int, handled: Collection[int], signum: int) -> int:
-    """The first of ``handled`` whose number waits in ``wakeup_r`` (the read end of the wakeup
-    fd's pipe, non-blocking; what is read is consumed: the pipe only wakes its reader, and the
-    caller wakes it again), else ``signum``, the signal whose handler runs. Never blocks."""
-    try:
-        waiting = os.read(wakeup_r, 4096)
-    except OSError:  # BlockingIOError: nothing waits
-        return signum
-    return next((number for number in waiting if number in handled), signum)
+class Arrivals:
+    """The order in which the signals of ``handled`` arrived, from the read end of the wakeup
+    fd's pipe (non-blocking). Never blocks."""
+
+    def __init__(self, wakeup_r: int, handled: Collection[int]) -> None:
+        self._wakeup_r = wakeup_r
+        self._handled = frozenset(int(sig) for sig in handled)
+        self._order: list[int] = []
+
+    def read(self) -> None:
+        """Consume what waits in the pipe (its wakes too: the pipe only wakes its reader),
+        keeping the handled signals' numbers in their order."""
+        while True:
+            try:
+                waiting = os.read(self._wakeup_r, 4096)
+            except OSError:  # BlockingIOError: nothing (more) waits
+                return
+            if not waiting:
+                return
+            self._order.extend(number for number in waiting if number in self._handled)
+
+    def first(self, signum: int) -> int:
+        """The first handled signal to arrive so far, else ``signum`` (the signal whose handler
+        runs, when its byte was not seen: a pipe full or read by someone else)."""
+        self.read()
+        return self._order[0] if self._order else signum
