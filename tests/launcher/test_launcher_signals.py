@@ -287,9 +287,11 @@ def test_a_signal_while_the_endpoint_leaves_the_store_handshake_unanswered_ends_
         log_dir = tmp_path / "logs"
         proc = _static_node(1, log_dir, silent.getsockname()[1])
         try:
-            for _ in range(2):  # the launcher's look that something listens, then torch's client
+            # the launcher's look that something listens, its look that it does not speak
+            # first, then torch's client
+            for _ in range(3):
                 accepted.append(silent.accept()[0])
-            time.sleep(0.5)  # in torch's handshake (its client sent its part and waits)
+            time.sleep(3.5)  # in torch's handshake (its client sent its part and waits)
             assert proc.poll() is None, proc.communicate()
             started = time.monotonic()
             proc.send_signal(signal.SIGTERM)
@@ -299,6 +301,9 @@ def test_a_signal_while_the_endpoint_leaves_the_store_handshake_unanswered_ends_
                 conn.close()
     _ended_before_the_job_started(run, signal.SIGTERM, log_dir)
     assert run.wall_s < 10, run.wall_s  # join_timeout is 600 s
+    # after 3 s, once: what the agent waits for
+    assert run.stderr.count("rankguard: waiting for the store at 127.0.0.1:") == 1, run.stderr
+    assert "it accepts connections but has not answered torch's handshake" in run.stderr
 
 
 def test_a_node_that_waits_for_its_peer_in_the_round_ends_at_once_on_ctrl_c(tmp_path):

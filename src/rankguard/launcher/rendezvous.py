@@ -172,13 +172,32 @@ def _connect_c10d(cfg: RendezvousConfig) -> tuple[Any, bool]:
         store = within(Deadline.after(left + _ENDPOINT_CONNECT_S), f"joining the store at "
                        f"{cfg.endpoint}", lambda: TCPStore(cfg.host, cfg.port, is_master=False,
                                                            timeout=timedelta(seconds=left)),
-                       stop_if=early_signals.check)
+                       stop_if=_told_once_unanswered(cfg))
     except RuntimeError as exc:  # StoreStalled too
         raise UsageError(_ENDPOINT_OPTION[cfg.backend], f"no store answered at {cfg.endpoint} "
                          f"within join_timeout {cfg.join_timeout} s ({first_line(exc)})",
                          "is something else listening there?") from None
     store.set_timeout(timedelta(seconds=cfg.read_timeout))
     return store, False
+
+
+def _told_once_unanswered(cfg: RendezvousConfig) -> Callable[[], None]:
+    """The ``stop_if`` of the wait for the store's handshake: the signals (``early_signals``),
+    and once, after ``_TELL_AFTER_S``, a line saying what the agent waits for (something that
+    accepts connections and says nothing may hold it for join_timeout, 600 s by default)."""
+    started = time.monotonic()
+    told = False
+
+    def look() -> None:
+        nonlocal told
+        early_signals.check()
+        if not told and time.monotonic() - started >= _TELL_AFTER_S:
+            told = True
+            print(f"rankguard: waiting for the store at {cfg.endpoint} "
+                  f"({_ENDPOINT_OPTION[cfg.backend]}) to answer: it accepts connections but has "
+                  f"not answered torch's handshake; waiting until join_timeout "
+                  f"{cfg.join_timeout} s", file=sys.stderr, flush=True)
+    return look
 
 
 def _bind(cfg: RendezvousConfig) -> socket.socket | None:
