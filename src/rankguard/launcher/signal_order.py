@@ -7,7 +7,7 @@ signal's, so its handlers ask :class:`Arrivals`: Python's C-level handler writes
 number to the wakeup fd (``signal.set_wakeup_fd``) as it arrives, in that order.
 
 The same pipe wakes the launcher's event loop, which reads it too: every reader goes through
-:meth:`Arrivals.read`, which keeps the order of what it read, so that a signal whose byte the
+:meth:`Arrivals.read`, which keeps the first signal it read, so that a signal whose byte the
 loop consumed before the handlers ran is still known to have come first (SIGHUP then SIGTERM
 sent back to back: the loop woke on SIGHUP's byte, SIGTERM's came, then both handlers ran).
 Two signals sent within a few milliseconds, before the process ran again, have no order to
@@ -22,17 +22,17 @@ from collections.abc import Collection
 
 
 class Arrivals:
-    """The order in which the signals of ``handled`` arrived, from the read end of the wakeup
-    fd's pipe (non-blocking). Never blocks."""
+    """Which of the signals of ``handled`` arrived first, from the read end of the wakeup fd's
+    pipe (non-blocking). Never blocks."""
 
     def __init__(self, wakeup_r: int, handled: Collection[int]) -> None:
         self._wakeup_r = wakeup_r
         self._handled = frozenset(int(sig) for sig in handled)
-        self._order: list[int] = []
+        self._first: int | None = None  # the later ones' order is of no use
 
     def read(self) -> None:
         """Consume what waits in the pipe (its wakes too: the pipe only wakes its reader),
-        keeping the handled signals' numbers in their order."""
+        keeping the first handled signal's number."""
         while True:
             try:
                 waiting = os.read(self._wakeup_r, 4096)
@@ -40,10 +40,11 @@ class Arrivals:
                 return
             if not waiting:
                 return
-            self._order.extend(number for number in waiting if number in self._handled)
+            if self._first is None:
+                self._first = next((n for n in waiting if n in self._handled), None)
 
     def first(self, signum: int) -> int:
         """The first handled signal to arrive so far, else ``signum`` (the signal whose handler
         runs, when its byte was not seen: a pipe full or read by someone else)."""
         self.read()
-        return self._order[0] if self._order else signum
+        return signum if self._first is None else self._first
