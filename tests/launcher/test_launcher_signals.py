@@ -227,35 +227,6 @@ def _ended_before_the_job_started(run, sig: signal.Signals, log_dir) -> None:
     assert not log_dir.exists(), list(log_dir.rglob("*"))
 
 
-@pytest.mark.parametrize("node", [0, 1], ids=["hosting", "joining"])
-def test_a_signal_while_a_node_agent_imports_torch_ends_it_at_once(tmp_path, node):
-    """Node 0 of a static job imports torch to host the job's store, node 1 to join it (node 0
-    is there, silent); the import takes 60 s here (a slow module torch imports): a signal
-    meanwhile ends the agent at once (it did once the import ended, seconds under load)."""
-    modules, marks, log_dir = tmp_path / "modules", tmp_path / "marks", tmp_path / "logs"
-    modules.mkdir()
-    marks.mkdir()
-    (modules / "opt_einsum.py").write_text(SLOW_OPTIONAL_MODULE)
-    path = os.pathsep.join(p for p in (str(modules), os.environ.get("PYTHONPATH")) if p)
-    env = {"PYTHONPATH": path, "SLOW_IMPORT_MARKS": str(marks)}
-    with socket.create_server(("127.0.0.1", 0)) as there:
-        port = there.getsockname()[1]
-        if node == 0:
-            there.close()  # node 0 binds it itself
-        proc = _static_node(node, log_dir, port, env)
-        started = time.monotonic()
-        while not (marks / str(proc.pid)).exists():
-            if proc.poll() is not None or time.monotonic() - started > 60:
-                run = finish(proc, log_dir, 5, started)
-                pytest.fail(f"the agent did not reach torch's import: {run}")
-            time.sleep(0.05)
-        sent = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        run = finish(proc, log_dir, 40, started)
-    _ended_before_the_job_started(run, signal.SIGTERM, log_dir)
-    assert time.monotonic() - sent < 20, run.stderr  # the import had 60 s to go
-
-
 def test_a_signal_while_a_one_node_launcher_imports_leaves_no_journal_and_no_folder(tmp_path):
     """The signal comes once the launcher holds the signals, while it imports torch: it ends
     with the one line, and the log folder it was to make (and the journal it opened before

@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any, Callable, TypeVar
+from typing import Any
 
 from . import signal_order
-from .interruptible import Interruptible
-
-T = TypeVar("T")
 
 HELD = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
@@ -35,14 +32,12 @@ class Interrupted(Exception):
 
 
 _arrivals: signal_order.Arrivals | None = None  # from the wakeup fd's pipe, while held
-_long_calls = Interruptible()  # the phase's calls that cannot look at the flag (torch's import)
 
 
 def _record(signum: int, _frame: Any) -> None:
     global _pending
     if _pending is None:
         _pending = signum if _arrivals is None else _arrivals.first(signum)
-    _long_calls.cut()  # raises inside the call under way, if one is (see cut_short)
 
 
 def hold() -> None:
@@ -72,19 +67,6 @@ def release(kept: tuple[int, ...]) -> None:
 def pending() -> int | None:
     """The first signal that came while held, if any."""
     return _pending
-
-
-def cut_short(call: Callable[[], T]) -> T:
-    """``call()`` (one that imports torch: seconds, over 10 s under load), which a held signal
-    cuts short (``interruptible``), as one that came before it keeps it from starting.
-
-    Raises:
-        Interrupted: a held signal came before or during the call.
-    """
-    value = _long_calls.run(call)
-    check()
-    assert value is not None
-    return value
 
 
 def check() -> None:

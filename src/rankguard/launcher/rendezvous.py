@@ -122,23 +122,13 @@ def connect(cfg: RendezvousConfig, run_id: str) -> JobStore:
     store, hosting = _connect_c10d(cfg)
     if cfg.backend == "static":
         return JobStore(store, None, hosting, False)
-    backend = early_signals.cut_short(_c10d_backend_class)
-    return JobStore(store, backend(store, run_id), hosting, False)
-
-
-# torch's imports (seconds, over 10 s under load), run by ``early_signals.cut_short``: a signal
-# meanwhile ends the launcher at once
-def _c10d_backend_class() -> Any:
+    # imported once the endpoint answered: the wait for it looks at the signals, an import
+    # cannot (a raise from a handler inside torch's C++ aborts the process)
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
         C10dRendezvousBackend)
 
-    return C10dRendezvousBackend
-
-
-def _tcp_store_class() -> Any:
-    from torch.distributed import TCPStore
-
-    return TCPStore
+    early_signals.check()
+    return JobStore(store, C10dRendezvousBackend(store, run_id), hosting, False)
 
 
 def _connect_etcd(cfg: RendezvousConfig, run_id: str) -> JobStore:
@@ -158,12 +148,11 @@ def _connect_c10d(cfg: RendezvousConfig) -> tuple[Any, bool]:
     if cfg.is_host is not False:
         sock = _bind(cfg)
         if sock is not None:
-            return early_signals.cut_short(
-                lambda: store_server.host(sock, cfg.host, cfg.read_timeout)), True
+            return store_server.host(sock, cfg.host, cfg.read_timeout), True
     until = Deadline.after(cfg.join_timeout)
     _await_listener(cfg, until)
     _refuse_a_server_that_speaks_first(cfg)
-    TCPStore = early_signals.cut_short(_tcp_store_class)
+    from torch.distributed import TCPStore
 
     left = until.wait_time(at_least=_ENDPOINT_CONNECT_S)
     try:
