@@ -501,11 +501,10 @@ class Agent:
     def _no_restart_for_the_signal(self) -> Fault:
         """The run's end when a signal came while an attempt's ranks were being stopped after
         its fault: no restart; the exit code is the signal's, the root cause the fault's."""
-        assert self._signal is not None
+        assert self._signal is not None and self._signal_at is not None  # set together
         name = proctree.signal_name(self._signal)
         self._say(f"rankguard: received {name} while the ranks were being stopped; no restart")
-        at = self._signal_at if self._signal_at is not None else time.monotonic()
-        return Fault(FaultKind.LAUNCHER_SIGNAL, at, None,
+        return Fault(FaultKind.LAUNCHER_SIGNAL, self._signal_at, None,
                      f"the launcher received {name} before the restart")
 
     def _final(self, fault: Fault) -> bool:

@@ -127,7 +127,6 @@ def connect(cfg: RendezvousConfig, run_id: str) -> JobStore:
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
         C10dRendezvousBackend)
 
-    early_signals.check()
     return JobStore(store, C10dRendezvousBackend(store, run_id), hosting, False)
 
 
@@ -182,11 +181,15 @@ def _told_once_unanswered(cfg: RendezvousConfig) -> Callable[[], None]:
         early_signals.check()
         if not told and time.monotonic() - started >= _TELL_AFTER_S:
             told = True
-            print(f"rankguard: waiting for the store at {cfg.endpoint} "
-                  f"({_ENDPOINT_OPTION[cfg.backend]}) to answer: it accepts connections but has "
-                  f"not answered torch's handshake; waiting until join_timeout "
-                  f"{cfg.join_timeout} s", file=sys.stderr, flush=True)
+            _say_waiting(cfg, f"the store at {cfg.endpoint}", "answer: it accepts connections "
+                         "but has not answered torch's handshake", "waiting")
     return look
+
+
+def _say_waiting(cfg: RendezvousConfig, what: str, why: str, how: str) -> None:
+    """The line of an agent waiting for its endpoint (told once per reason, ``_TELL_AFTER_S``)."""
+    print(f"rankguard: waiting for {what} ({_ENDPOINT_OPTION[cfg.backend]}) to {why}; {how} "
+          f"until join_timeout {cfg.join_timeout} s", file=sys.stderr, flush=True)
 
 
 def _bind(cfg: RendezvousConfig) -> socket.socket | None:
@@ -221,9 +224,7 @@ def _await_listener(cfg: RendezvousConfig, until: Deadline) -> None:
             last = _unreachable_because(exc)
         if last not in told and time.monotonic() - started >= _TELL_AFTER_S:
             told.add(last)
-            print(f"rankguard: waiting for {cfg.endpoint} ({_ENDPOINT_OPTION[cfg.backend]}) to "
-                  f"accept connections: {last}; retrying until join_timeout "
-                  f"{cfg.join_timeout} s", file=sys.stderr, flush=True)
+            _say_waiting(cfg, cfg.endpoint, f"accept connections: {last}", "retrying")
         early_signals.check()
         if until.passed():
             raise UsageError(_ENDPOINT_OPTION[cfg.backend], f"nothing answered at "
